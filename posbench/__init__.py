@@ -1,0 +1,16 @@
+"""posbench: which positional encoding keeps working past the length it was trained on?
+
+Python API (stable):
+
+    model, cfg = posbench.load_run("outputs/2026-11-30/12-00-00_rope")
+    logits = model(tokens)                               # (batch, time) bytes -> (batch, time, 256)
+    records = posbench.evaluate_run(run_dir, [1024, 4096])   # results.json eval records
+    records = posbench.evaluate(model, tokens, [1024])       # any model, any byte tensor
+"""
+
+from posbench.evaluate import evaluate, evaluate_run
+from posbench.runs import load_run
+from posbench.train import train
+
+__version__ = "0.1.0"
+__all__ = ["evaluate", "evaluate_run", "load_run", "train"]

@@ -1,0 +1,171 @@
+"""Config schemas: typed dataclasses registered in Hydra's ConfigStore.
+
+The YAML files in the top-level ``conf/`` hold the values users see; these schemas give them
+types, so a typo or a wrong type fails when the config is composed, not halfway through a run.
+``validate`` adds the range checks that types cannot express.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from enum import Enum
+from pathlib import Path
+from typing import Any
+
+import torch
+from hydra import compose, initialize_config_dir
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING, DictConfig
+
+from posbench.data import DATA_SCHEMAS
+from posbench.encodings import ENCODINGS
+from posbench.errors import PosbenchError
+
+DEFAULT_LENGTH_MULTIPLES = (1, 2, 4, 8, 16)
+
+
+class Device(Enum):
+    auto = "auto"  # cuda when available, else cpu
+    cpu = "cpu"
+    cuda = "cuda"
+
+
+@dataclass
+class ModelConfig:
+    n_layer: int = 2
+    n_head: int = 4
+    d_model: int = 128
+    mlp_ratio: int = 4
+    dropout: float = 0.0
+
+
+@dataclass
+class TrainConfig:
+    seq_len: int = 128
+    steps: int = 600
+    batch_size: int = 32
+    lr: float = 3e-3
+    min_lr: float = 3e-4
+    warmup_steps: int = 60
+    weight_decay: float = 0.1
+    beta1: float = 0.9
+    beta2: float = 0.95
+    grad_clip: float = 1.0
+    log_every: int = 10
+    val_every: int = 100
+    val_batches: int = 8
+
+
+@dataclass
+class EvalConfig:
+    # null: 1x, 2x, 4x, 8x and 16x train.seq_len
+    lengths: list[int] | None = None
+    # null: non-overlapping windows; S: sliding windows advancing S tokens
+    stride: int | None = None
+    # windows per forward pass; null: as many as fit in ~64k tokens
+    batch_size: int | None = None
+    # score at most this many validation tokens per length (null: the whole split)
+    max_tokens: int | None = 262144
+
+
+@dataclass
+class PosbenchConfig:
+    encoding: Any = MISSING
+    model: ModelConfig = MISSING
+    data: Any = MISSING
+    train: TrainConfig = field(default_factory=TrainConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    seed: int = 0
+    device: Device = Device.auto
+
+
+def register_schemas() -> None:
+    """Put every schema into Hydra's ConfigStore (idempotent).
+
+    conf/config.yaml extends ``posbench_schema``; each group file extends its schema with
+    ``/schema/<group>/<name>@_here_``, so groups stay free of schema-only options.
+    """
+    store = ConfigStore.instance()
+    store.store(name="posbench_schema", node=PosbenchConfig)
+    store.store(group="schema/model", name="model", node=ModelConfig)
+    for name, encoding in ENCODINGS.items():
+        store.store(group="schema/encoding", name=name, node=encoding.Config)
+    for name, schema in DATA_SCHEMAS.items():
+        store.store(group="schema/data", name=name, node=schema)
+
+
+def config_dir() -> Path:
+    """The directory holding config.yaml: inside the package when installed from a wheel,
+    the repository's top-level conf/ when running from a source checkout (editable install)."""
+    package = Path(__file__).resolve().parent
+    for candidate in (package / "conf", package.parent / "conf"):
+        if (candidate / "config.yaml").is_file():
+            return candidate
+    raise PosbenchError(f"posbench's conf/ directory is missing next to {package}; reinstall")
+
+
+def compose_config(overrides: Sequence[str] = ()) -> DictConfig:
+    """The config ``posbench train`` composes for ``overrides`` (Hydra's compose API)."""
+    register_schemas()
+    with initialize_config_dir(str(config_dir()), version_base="1.3", job_name="posbench"):
+        return compose("config", overrides=list(overrides))
+
+
+def eval_lengths(cfg: DictConfig) -> list[int]:
+    """The evaluation lengths: ``eval.lengths`` or the default multiples of ``train.seq_len``."""
+    if cfg.eval.lengths is not None:
+        return list(cfg.eval.lengths)
+    return [m * cfg.train.seq_len for m in DEFAULT_LENGTH_MULTIPLES]
+
+
+def validate(cfg: DictConfig) -> None:
+    """Range checks the schemas' types cannot express; raise PosbenchError on the first one."""
+    positive = {
+        "model.n_layer": cfg.model.n_layer,
+        "model.n_head": cfg.model.n_head,
+        "model.d_model": cfg.model.d_model,
+        "model.mlp_ratio": cfg.model.mlp_ratio,
+        "train.seq_len": cfg.train.seq_len,
+        "train.steps": cfg.train.steps,
+        "train.batch_size": cfg.train.batch_size,
+        "train.lr": cfg.train.lr,
+        "train.log_every": cfg.train.log_every,
+        "train.val_every": cfg.train.val_every,
+        "train.val_batches": cfg.train.val_batches,
+        "eval.stride": cfg.eval.stride,
+        "eval.batch_size": cfg.eval.batch_size,
+        "eval.max_tokens": cfg.eval.max_tokens,
+    }
+    for key, value in positive.items():
+        if value is not None and value <= 0:
+            raise PosbenchError(f"{key} must be positive (got {value})")
+    non_negative = {
+        "train.min_lr": cfg.train.min_lr,
+        "train.warmup_steps": cfg.train.warmup_steps,
+        "train.weight_decay": cfg.train.weight_decay,
+        "train.grad_clip": cfg.train.grad_clip,
+    }
+    for key, value in non_negative.items():
+        if value < 0:
+            raise PosbenchError(f"{key} must be >= 0 (got {value})")
+    if not 0 <= cfg.model.dropout < 1:
+        raise PosbenchError(f"model.dropout must be in [0, 1) (got {cfg.model.dropout})")
+    lengths = eval_lengths(cfg)
+    if not lengths or min(lengths) <= 0:
+        raise PosbenchError(f"eval.lengths must be positive integers (got {lengths})")
+    if cfg.eval.stride is not None and cfg.eval.stride > min(lengths):
+        raise PosbenchError(
+            f"eval.stride ({cfg.eval.stride}) must not exceed the shortest eval length "
+            f"({min(lengths)})"
+        )
+
+
+def resolve_device(device: str | Device) -> torch.device:
+    """``auto`` means CUDA when available, else CPU."""
+    name = device.value if isinstance(device, Device) else device
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise PosbenchError("device=cuda but no CUDA GPU is visible; use device=cpu or auto")
+    return torch.device(name)

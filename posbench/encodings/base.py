@@ -1,0 +1,58 @@
+"""The interface every positional encoding implements.
+
+A decoder asks its encoding for three things, each with a neutral default, and never looks
+at the encoding's name:
+
+* ``embed``  - add position information to the token embeddings (absolute encodings);
+* ``rotate`` - transform queries and keys per head before their dot product (RoPE);
+* ``score_bias`` - an additive bias on the attention logits (ALiBi, T5-style biases).
+
+``max_length`` says how long a sequence the encoding can represent (``None``: any length),
+so evaluation can report a length as unsupported instead of silently clamping positions.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+
+@dataclass
+class EncodingConfig:
+    """Fields shared by every encoding's config; subclasses add their own parameters."""
+
+    name: str = "none"
+
+
+class PositionalEncoding(nn.Module):
+    """Base class: a no-op encoding. Subclasses override only the hooks they need."""
+
+    Config: type[EncodingConfig] = EncodingConfig
+
+    def __init__(self, config: EncodingConfig, d_model: int, n_head: int) -> None:
+        super().__init__()
+        self.config = config
+        self.d_model = d_model
+        self.n_head = n_head
+        self.head_dim = d_model // n_head
+
+    @property
+    def max_length(self) -> int | None:
+        """Longest sequence this encoding represents; ``None`` means unbounded."""
+        return None
+
+    def embed(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """Token embeddings ``x`` (B, T, C) at integer ``positions`` (T,) -> (B, T, C)."""
+        return x
+
+    def rotate(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """Queries or keys ``x`` (B, H, T, hs) at ``positions`` (T,) -> (B, H, T, hs)."""
+        return x
+
+    def score_bias(
+        self, query_positions: torch.Tensor, key_positions: torch.Tensor
+    ) -> torch.Tensor | None:
+        """Additive attention-logit bias (H, Tq, Tk), or ``None`` for no bias."""
+        return None

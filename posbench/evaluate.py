@@ -1,0 +1,146 @@
+"""Perplexity of a trained model at any length: the "test long" half of posbench.
+
+Protocol (as in the ALiBi paper, Press et al. 2022, https://arxiv.org/abs/2108.12409):
+
+* ``stride=None``: the validation bytes are cut into non-overlapping windows of ``length``
+  tokens and every token of every window is scored, so a token's context ranges from 0 to
+  ``length - 1`` tokens.
+* ``stride=S``: sliding windows of ``length`` tokens that advance by S; the first window
+  scores all its tokens, each later one only its last S, so every scored token after the
+  first window sees at least ``length - S`` tokens of context.
+
+Perplexity is exp(mean NLL) over the scored tokens; with byte tokens, bits per byte is
+mean NLL / ln 2.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from tqdm.auto import tqdm
+
+from posbench.config import resolve_device
+from posbench.data import load_corpus
+from posbench.model import Transformer
+from posbench.runs import load_run
+
+TOKENS_PER_BATCH = 65536  # default eval batch: about this many tokens per forward pass
+
+
+def windows(n_tokens: int, length: int, stride: int | None) -> Iterator[tuple[int, int]]:
+    """(start, first scored index) of each window over ``n_tokens`` inputs with targets.
+
+    A window holds inputs ``[start, start + length)`` and predicts the next token of each;
+    tokens before ``first scored index`` (relative to start) are context only.
+    """
+    step = stride or length
+    for start in range(0, n_tokens - length, step):
+        yield start, 0 if start == 0 or stride is None else length - stride
+
+
+def unsupported(length: int, stride: int | None, reason: str) -> dict[str, Any]:
+    return {
+        "length": length,
+        "stride": stride,
+        "ppl": None,
+        "bits_per_byte": None,
+        "tokens": 0,
+        "status": "unsupported",
+        "reason": reason,
+    }
+
+
+@torch.inference_mode()
+def evaluate_length(
+    model: Transformer,
+    tokens: torch.Tensor,
+    length: int,
+    stride: int | None = None,
+    batch_size: int | None = None,
+) -> dict[str, Any]:
+    """One results.json eval record: the model's perplexity on ``tokens`` at ``length``."""
+    assert stride is None or 0 < stride <= length, "stride must be in (0, length]"
+    if model.max_length is not None and length > model.max_length:
+        return unsupported(
+            length,
+            stride,
+            f"the {model.encoding.config.name} encoding represents {model.max_length} "
+            f"positions; retrain with encoding.max_length>={length}",
+        )
+    spans = list(windows(len(tokens), length, stride))
+    if not spans:
+        return unsupported(
+            length,
+            stride,
+            f"the validation split has {len(tokens)} tokens; length {length} needs "
+            f"at least {length + 1}",
+        )
+    model.eval()
+    device = next(model.parameters()).device
+    batch_size = batch_size or max(1, TOKENS_PER_BATCH // length)
+    total_nll = 0.0
+    scored = 0
+    with tqdm(total=len(spans), desc=f"eval length {length}", unit="window", leave=False) as bar:
+        for i in range(0, len(spans), batch_size):
+            batch = spans[i : i + batch_size]
+            rows = torch.stack([tokens[s : s + length + 1] for s, _ in batch]).long().to(device)
+            logits = model(rows[:, :-1])  # (B, T, vocab)
+            nll = F.cross_entropy(logits.transpose(1, 2).float(), rows[:, 1:], reduction="none")
+            for row, (_, first) in enumerate(batch):
+                total_nll += nll[row, first:].double().sum().item()
+                scored += length - first
+            bar.update(len(batch))
+    mean_nll = total_nll / scored
+    return {
+        "length": length,
+        "stride": stride,
+        "ppl": math.exp(mean_nll),
+        "bits_per_byte": mean_nll / math.log(2),
+        "tokens": scored,
+        "status": "ok",
+        "reason": None,
+    }
+
+
+def evaluate(
+    model: Transformer,
+    tokens: torch.Tensor,
+    lengths: Sequence[int],
+    stride: int | None = None,
+    batch_size: int | None = None,
+    max_tokens: int | None = None,
+) -> list[dict[str, Any]]:
+    """Evaluate ``model`` on the byte tensor ``tokens`` at each length.
+
+    Every length scores the same leading ``max_tokens`` tokens (all of them when ``None``),
+    so perplexities at different lengths are measured on the same text.
+    Returns results.json eval records: length, stride, ppl, bits_per_byte, tokens, status, reason.
+    """
+    if max_tokens is not None:
+        tokens = tokens[: max_tokens + 1]
+    return [evaluate_length(model, tokens, n, stride, batch_size) for n in lengths]
+
+
+def evaluate_run(
+    run_dir: str | Path,
+    lengths: Sequence[int],
+    stride: int | None = None,
+    batch_size: int | None = None,
+    device: str = "auto",
+    max_tokens: int | None = None,
+) -> list[dict[str, Any]]:
+    """Evaluate a trained run on its own validation split; returns results.json eval records.
+
+    ``max_tokens`` defaults to the run's ``eval.max_tokens``, so the numbers are comparable
+    with the ones measured at the end of training.
+    """
+    model, cfg = load_run(run_dir, resolve_device(device))
+    corpus = load_corpus(cfg.data)
+    if max_tokens is None:
+        max_tokens = cfg.eval.max_tokens
+    return evaluate(model, corpus.val, lengths, stride, batch_size, max_tokens)

@@ -1,0 +1,164 @@
+"""A run directory on disk: weights, config and results, written atomically, read back safely.
+
+    <run>/model.safetensors  weights + (in the header metadata) everything needed to rebuild them
+    <run>/config.yaml        the fully resolved config the run was trained with
+    <run>/results.json       training summary and one record per evaluated length
+    <run>/events.out.tfevents.*  TensorBoard scalars, hparams and figures
+    <run>/.hydra/            Hydra's own record of the composed config and overrides
+
+Weights are safetensors, so loading a run never executes code from the file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Iterable
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+from safetensors import SafetensorError, safe_open
+from safetensors.torch import load_model, save_model
+
+from posbench.errors import PosbenchError
+from posbench.model import Transformer, build_model
+
+WEIGHTS_FILE = "model.safetensors"
+CONFIG_FILE = "config.yaml"
+RESULTS_FILE = "results.json"
+METADATA_KEY = "posbench"
+
+
+def atomic_write(path: Path, data: bytes) -> None:
+    """Write ``data`` so that ``path`` holds either its old content or all of the new one:
+    a temp file in the same directory, flushed and fsynced, then renamed over ``path``."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_json(path: Path, obj: Any) -> None:
+    atomic_write(path, (json.dumps(obj, indent=2) + "\n").encode())
+
+
+def save_weights(run_dir: Path, model: Transformer) -> Path:
+    """Save the weights with the model's architecture and encoding in the file's metadata."""
+    description = {"model": model.args.to_dict(), "encoding": asdict(model.encoding.config)}
+    path = Path(run_dir) / WEIGHTS_FILE
+    with tempfile.TemporaryDirectory(dir=run_dir) as tmp:
+        staged = Path(tmp) / WEIGHTS_FILE
+        # save_model (unlike save_file) handles the tied input/output embedding.
+        save_model(model, str(staged), metadata={METADATA_KEY: json.dumps(description)})
+        atomic_write(path, staged.read_bytes())
+    return path
+
+
+def load_weights(path: Path, device: str | torch.device = "cpu") -> Transformer:
+    """Rebuild a model from a weights file written by ``save_weights``."""
+    path = Path(path)
+    if not path.is_file():
+        raise PosbenchError(f"no weights at {path}; train a run with `posbench train` first")
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            metadata = f.metadata() or {}
+        description = json.loads(metadata[METADATA_KEY])
+        model = build_model(description["model"], description["encoding"])
+    except (SafetensorError, KeyError, ValueError, TypeError) as err:
+        raise PosbenchError(
+            f"{path} is not a posbench weights file (truncated or foreign: {err}); "
+            "retrain the run or point at another one"
+        ) from None
+    try:
+        load_model(model, str(path), strict=True, device=str(device))
+    except (SafetensorError, RuntimeError) as err:
+        first_line = str(err).strip().splitlines()[0]
+        raise PosbenchError(f"{path} does not match its model description: {first_line}") from None
+    return model.to(device)
+
+
+def save_config(run_dir: Path, cfg: DictConfig) -> None:
+    atomic_write(Path(run_dir) / CONFIG_FILE, OmegaConf.to_yaml(cfg, resolve=True).encode())
+
+
+def check_run_dir(run_dir: Path) -> Path:
+    """``run_dir`` as a Path, or a one-line error if it is not a trained run."""
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise PosbenchError(
+            f"run directory {run_dir} not found; pass --run with a directory made by "
+            "`posbench train`"
+        )
+    if not (run_dir / WEIGHTS_FILE).is_file():
+        raise PosbenchError(
+            f"{run_dir} holds no {WEIGHTS_FILE}; pass --run with a finished `posbench train` run"
+        )
+    return run_dir
+
+
+def load_run(
+    run_dir: str | Path, device: str | torch.device = "cpu"
+) -> tuple[Transformer, DictConfig]:
+    """Rebuild a trained run: ``(model, config)``, the model in eval mode on ``device``.
+
+    ``model(tokens)`` takes a LongTensor (batch, time) of byte ids and returns logits
+    (batch, time, 256); ``config`` is the resolved config the run was trained with.
+    """
+    run_dir = check_run_dir(Path(run_dir))
+    config_path = run_dir / CONFIG_FILE
+    if not config_path.is_file():
+        raise PosbenchError(f"{run_dir} holds no {CONFIG_FILE}; it is not a posbench run")
+    model = load_weights(run_dir / WEIGHTS_FILE, device)
+    return model.eval(), OmegaConf.load(config_path)
+
+
+def latest_run(root: str | Path = "outputs") -> Path:
+    """The most recently trained run below ``root`` (by the time its weights were written)."""
+    root = Path(root)
+    candidates = list(root.glob(f"**/{WEIGHTS_FILE}")) if root.is_dir() else []
+    if not candidates:
+        raise PosbenchError(
+            f"no trained run under {root}/; train one with `posbench train` or pass --run DIR"
+        )
+    return max(candidates, key=lambda p: p.stat().st_mtime).parent
+
+
+def read_results(run_dir: Path) -> dict[str, Any]:
+    path = Path(run_dir) / RESULTS_FILE
+    if not path.is_file():
+        return {}
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as err:
+        raise PosbenchError(f"{path} is not valid JSON ({err}); delete or restore it") from None
+
+
+def record_key(record: dict[str, Any]) -> tuple:
+    """What identifies one measurement: the same key measured again replaces the old record."""
+    return (record["length"], record["stride"], record.get("scaling"))
+
+
+def merge_eval_records(results: dict[str, Any], records: Iterable[dict[str, Any]]) -> dict:
+    """``results`` with ``records`` added; records of other lengths/strides are kept as they are."""
+    new = {record_key(r): r for r in records}
+    kept = [r for r in results.get("eval", []) if record_key(r) not in new]
+    merged = sorted([*kept, *new.values()], key=lambda r: (r["length"], r["stride"] or 0))
+    return {**results, "eval": merged}
+
+
+def append_eval_results(run_dir: Path, records: list[dict[str, Any]]) -> dict[str, Any]:
+    """Add evaluation records to the run's results.json (atomically) and return the new content."""
+    results = merge_eval_records(read_results(run_dir), records)
+    write_json(Path(run_dir) / RESULTS_FILE, results)
+    return results

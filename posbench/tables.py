@@ -1,0 +1,32 @@
+"""Results as text tables for the terminal."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+
+def eval_table(records: Sequence[dict[str, Any]], train_seq_len: int) -> str:
+    """Length -> perplexity, with each perplexity's ratio to the one at the training length
+    (same stride), i.e. how much worse the model gets past the length it was trained on."""
+    reference = {
+        r["stride"]: r["ppl"]
+        for r in records
+        if r["length"] == train_seq_len and r["status"] == "ok"
+    }
+    header = (
+        f"{'length':>8}  {'stride':>6}  {'ppl':>9}  {'ratio':>6}  {'bits/byte':>9}  {'tokens':>9}"
+    )
+    lines = [header, "-" * len(header)]
+    for r in records:
+        stride = "-" if r["stride"] is None else str(r["stride"])
+        if r["status"] != "ok":
+            lines.append(f"{r['length']:>8}  {stride:>6}  unsupported: {r['reason']}")
+            continue
+        base = reference.get(r["stride"])
+        ratio = f"{r['ppl'] / base:6.2f}" if base else f"{'-':>6}"
+        lines.append(
+            f"{r['length']:>8}  {stride:>6}  {r['ppl']:9.3f}  {ratio}  "
+            f"{r['bits_per_byte']:9.3f}  {r['tokens']:>9,}"
+        )
+    return "\n".join(lines)

@@ -1,0 +1,43 @@
+"""Shared fixtures: a tiny but real configuration that trains in seconds on a CPU."""
+
+import os
+
+# Tests never touch the network, and progress bars would only clutter the logs.
+os.environ["HF_DATASETS_OFFLINE"] = "1"
+os.environ["HF_HUB_OFFLINE"] = "1"
+os.environ["TQDM_DISABLE"] = "1"
+
+import pytest
+
+# One layer, width 32, 16-token training windows: every encoding trains in a few seconds.
+TINY = [
+    "model.n_layer=1",
+    "model.n_head=2",
+    "model.d_model=32",
+    "train.seq_len=16",
+    "train.steps=40",
+    "train.batch_size=16",
+    "train.warmup_steps=5",
+    "train.log_every=5",
+    "train.val_every=20",
+    "train.val_batches=2",
+    "eval.lengths=[16,32,64]",
+    "eval.max_tokens=4096",
+    "data.train_tokens=40000",
+    "data.val_tokens=8192",
+    "data.lags=[3,7]",
+]
+
+
+@pytest.fixture(scope="session")
+def cache_dir(tmp_path_factory):
+    """One data cache for the whole session, also used by CLI subprocesses."""
+    path = tmp_path_factory.mktemp("posbench-cache")
+    os.environ["POSBENCH_CACHE"] = str(path)
+    return path
+
+
+@pytest.fixture
+def tiny(cache_dir):
+    """Overrides for a tiny run with the session's data cache."""
+    return [*TINY, f"data.cache_dir={cache_dir}"]

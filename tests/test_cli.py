@@ -1,0 +1,198 @@
+"""The posbench command end to end, through subprocesses, as a user runs it."""
+
+import json
+import subprocess
+import sys
+import venv
+from pathlib import Path
+
+import pytest
+from conftest import TINY
+
+pytestmark = pytest.mark.slow
+REPO = Path(__file__).resolve().parents[1]
+
+
+def posbench(*args, cwd, executable="posbench", check=True):
+    result = subprocess.run(
+        [executable, *args], cwd=cwd, capture_output=True, text=True, timeout=600
+    )
+    if check and result.returncode != 0:
+        raise AssertionError(f"posbench {' '.join(args)} failed:\n{result.stderr}")
+    return result
+
+
+def run_dirs(root: Path) -> list[Path]:
+    return sorted(p.parent for p in root.glob("outputs/**/results.json"))
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory, cache_dir):
+    """One tiny `posbench train` run, shared by the eval tests below."""
+    workdir = tmp_path_factory.mktemp("cli")
+    result = posbench("train", "encoding=rope", *TINY, cwd=workdir)
+    (run_dir,) = run_dirs(workdir)
+    return workdir, run_dir, result
+
+
+def results_of(run_dir: Path) -> dict:
+    return json.loads((run_dir / "results.json").read_text())
+
+
+def test_top_level_help_lists_commands_encodings_and_key_options(tmp_path):
+    out = posbench("--help", cwd=tmp_path).stdout
+    for word in [
+        "train",
+        "eval",
+        "none",
+        "learned",
+        "sinusoidal",
+        "rope",
+        "train.seq_len",
+        "eval.lengths",
+        "model=",
+        "data=",
+    ]:
+        assert word in out
+
+
+def test_train_help_lists_groups_and_the_composed_config(tmp_path):
+    out = posbench("train", "--help", "encoding=learned", cwd=tmp_path).stdout
+    assert "encoding  learned, none, rope, sinusoidal" in out
+    assert "max_length" in out  # the learned encoding's own option, composed
+    assert "seq_len: 128" in out
+
+
+def test_train_writes_a_complete_run_directory(trained):
+    _, run_dir, result = trained
+    names = {p.name for p in run_dir.iterdir()}
+    assert {"model.safetensors", "config.yaml", "results.json", ".hydra", "train.log"} <= names
+    assert any(n.startswith("events.out.tfevents") for n in names)
+    assert [r["length"] for r in results_of(run_dir)["eval"]] == [16, 32, 64]
+    assert "ratio" in result.stdout and "64" in result.stdout  # the summary table
+
+
+def test_eval_appends_new_lengths_to_the_newest_run(trained):
+    workdir, run_dir, _ = trained
+    before = results_of(run_dir)["eval"]
+    out = posbench("eval", "--length", "48", cwd=workdir).stdout
+    assert "48" in out
+    after = results_of(run_dir)["eval"]
+    assert [r for r in after if r["length"] != 48] == before
+    (new,) = [r for r in after if r["length"] == 48]
+    assert new["status"] == "ok" and new["stride"] is None
+
+
+def test_eval_with_a_chosen_run_several_lengths_and_a_stride(trained):
+    workdir, run_dir, _ = trained
+    posbench(
+        "eval",
+        "--run",
+        str(run_dir),
+        "--length",
+        "32",
+        "--length",
+        "128",
+        "--stride",
+        "8",
+        cwd=workdir,
+    )
+    strided = {r["length"]: r for r in results_of(run_dir)["eval"] if r["stride"] == 8}
+    assert set(strided) == {32, 128}
+    assert all(r["status"] == "ok" and r["ppl"] > 1 for r in strided.values())
+
+
+def test_eval_of_the_training_length_reproduces_the_training_run_number(trained):
+    workdir, run_dir, _ = trained
+    trained_ppl = results_of(run_dir)["eval"][0]["ppl"]
+    posbench("eval", "--run", str(run_dir), "--length", "16", cwd=workdir)
+    (again,) = [r for r in results_of(run_dir)["eval"] if r["length"] == 16 and r["stride"] is None]
+    assert again["ppl"] == pytest.approx(trained_ppl, rel=1e-6)
+
+
+def test_multirun_sweep_makes_one_run_directory_per_job(tmp_path, cache_dir):
+    posbench("train", "-m", "encoding=none,learned", *TINY, cwd=tmp_path)
+    runs = {results_of(d)["encoding"]: results_of(d) for d in run_dirs(tmp_path)}
+    assert set(runs) == {"none", "learned"}
+    learned = {r["length"]: r["status"] for r in runs["learned"]["eval"]}
+    assert learned == {16: "ok", 32: "unsupported", 64: "unsupported"}
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["train", "encoding=nope"], "unknown encoding 'nope'; choose one of"),
+        (["train", "model.d_model=36", "model.n_head=4"], "head dim"),
+        (["train", "train.steps=-5"], "train.steps must be positive"),
+        (["eval", "--length", "0"], "positive integer"),
+        (["eval", "--length", "many"], "positive integer"),
+        (["eval", "--length", "16", "--run", "no/such/run"], "not found"),
+        (["eval", "--length", "16"], "no trained run under outputs/"),
+    ],
+)
+def test_bad_input_is_one_line_on_stderr_and_a_nonzero_exit(tmp_path, args, message):
+    result = posbench(*args, cwd=tmp_path, check=False)
+    assert result.returncode != 0
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("error:") and message in lines[0]
+
+
+def test_an_empty_text_corpus_is_one_line_naming_the_fix(tmp_path, cache_dir):
+    empty = tmp_path / "empty.txt"
+    empty.write_text("")
+    result = posbench(
+        "train", "data=text", f"data.path={empty}", *TINY[:12], cwd=tmp_path, check=False
+    )
+    assert result.returncode != 0
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert "data.path" in lines[0] and "Traceback" not in result.stderr
+
+
+def test_installed_wheel_runs_with_its_bundled_configs(tmp_path, cache_dir):
+    """A plain `pip install` (no source tree) finds conf/ inside the package."""
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "-q",
+            "-w",
+            str(tmp_path / "dist"),
+            str(REPO),
+        ],
+        check=True,
+        capture_output=True,
+    )
+    (wheel,) = (tmp_path / "dist").glob("posbench-*.whl")
+    env_dir = tmp_path / "venv"
+    venv.create(env_dir, system_site_packages=True, with_pip=True)
+    python = env_dir / "bin" / "python"
+    subprocess.run(
+        [python, "-m", "pip", "install", "--no-deps", "-q", str(wheel)],
+        check=True,
+        capture_output=True,
+    )
+    where = subprocess.run(
+        [python, "-c", "import posbench.config as c; print(c.config_dir())"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    assert where.startswith(str(env_dir)) and where.endswith("posbench/conf")
+    workdir = tmp_path / "work"
+    workdir.mkdir()
+    posbench(
+        "train",
+        "encoding=sinusoidal",
+        *TINY,
+        cwd=workdir,
+        executable=str(env_dir / "bin" / "posbench"),
+    )
+    (run_dir,) = run_dirs(workdir)
+    assert results_of(run_dir)["encoding"] == "sinusoidal"

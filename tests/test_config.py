@@ -1,0 +1,75 @@
+"""Config composition: every group option composes, typos and bad values fail early."""
+
+import pytest
+from hydra.errors import ConfigCompositionException, MissingConfigException
+
+from posbench.config import compose_config, config_dir, eval_lengths, validate
+from posbench.encodings import encoding_names
+from posbench.errors import PosbenchError
+
+
+@pytest.mark.parametrize("encoding", encoding_names())
+def test_every_registered_encoding_has_a_config_file_that_composes(encoding):
+    cfg = compose_config([f"encoding={encoding}"])
+    assert cfg.encoding.name == encoding
+
+
+@pytest.mark.parametrize("group", ["model", "data"])
+def test_every_option_of_a_group_composes(group):
+    for path in sorted((config_dir() / group).glob("*.yaml")):
+        cfg = compose_config(
+            [f"{group}={path.stem}", "data.path=x"]
+            if path.stem == "text"
+            else [f"{group}={path.stem}"]
+        )
+        assert cfg[group] is not None
+
+
+def test_defaults_are_rope_tiny_synthetic():
+    cfg = compose_config()
+    assert (cfg.encoding.name, cfg.data.name) == ("rope", "synthetic")
+    assert cfg.model.n_layer == 2
+
+
+def test_learned_table_defaults_to_the_training_length():
+    cfg = compose_config(["encoding=learned", "train.seq_len=96"])
+    assert cfg.encoding.max_length == 96
+
+
+def test_default_eval_lengths_are_1x_to_16x_the_training_length():
+    assert eval_lengths(compose_config(["train.seq_len=64"])) == [64, 128, 256, 512, 1024]
+    assert eval_lengths(compose_config(["eval.lengths=[10,20]"])) == [10, 20]
+
+
+def test_a_misspelt_key_fails_at_compose_time():
+    with pytest.raises(ConfigCompositionException):
+        compose_config(["train.stpes=3"])
+
+
+def test_a_wrongly_typed_value_fails_at_compose_time():
+    with pytest.raises(ConfigCompositionException):
+        compose_config(["train.steps=many"])
+    with pytest.raises(ConfigCompositionException):
+        compose_config(["encoding.base=big"])
+
+
+def test_an_unknown_encoding_fails_at_compose_time():
+    with pytest.raises(MissingConfigException):
+        compose_config(["encoding=nope"])
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("train.steps=0", "train.steps must be positive"),
+        ("train.lr=-1", "train.lr must be positive"),
+        ("train.batch_size=-2", "train.batch_size must be positive"),
+        ("eval.lengths=[128,0]", "eval.lengths must be positive"),
+        ("eval.stride=1000", "eval.stride"),
+        ("model.dropout=1.5", "model.dropout"),
+    ],
+)
+def test_out_of_range_values_are_one_line_errors(override, message):
+    with pytest.raises(PosbenchError, match=message) as err:
+        validate(compose_config([override]))
+    assert "\n" not in str(err.value)

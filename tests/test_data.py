@@ -1,0 +1,419 @@
+"""posbench.data: the synthetic process, local text and hub loading, the cache, batches."""
+
+import json
+import math
+import time
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+from posbench import data
+from posbench.data import ALPHABET, CopyMarkovProcess, load_corpus, sample_batch
+from posbench.errors import PosbenchError
+
+TEXT = "first line\nzweite Zeile: größer, ŝ, 数据\n\n  indented\tand tabbed\nno final newline"
+
+
+@pytest.fixture
+def synthetic(tmp_path):
+    """A small synthetic config with its own cache."""
+    return {
+        "source": "synthetic",
+        "train_tokens": 20_000,
+        "val_tokens": 5_000,
+        "cache_dir": str(tmp_path / "cache"),
+    }
+
+
+@pytest.fixture
+def process():
+    return CopyMarkovProcess.random(
+        vocab_size=16, successors=3, copy_prob=0.4, lags=[4, 9, 20], rng=np.random.default_rng(0)
+    )
+
+
+@pytest.fixture
+def offline(monkeypatch, tmp_path):
+    """datasets in offline mode, with its own cache under tmp_path."""
+    import datasets
+    import huggingface_hub
+
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    # Both libraries read those variables once, at import, which may have happened already.
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", str(tmp_path / "hf"))
+    return datasets
+
+
+def text_config(tmp_path, path, **overrides):
+    return {"source": "text", "path": str(path), "cache_dir": str(tmp_path / "cache"), **overrides}
+
+
+def as_bytes(tokens: torch.Tensor) -> bytes:
+    return tokens.numpy().tobytes()
+
+
+def write(path, text: str):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(text.encode())
+    return path
+
+
+def one_line_error(call) -> str:
+    with pytest.raises(PosbenchError) as error:
+        call()
+    message = str(error.value)
+    assert "\n" not in message
+    return message
+
+
+# The synthetic process --------------------------------------------------------------------------
+
+
+def test_synthetic_corpus_is_deterministic_from_the_seed(synthetic, tmp_path):
+    first = load_corpus(synthetic)
+    again = load_corpus({**synthetic, "cache_dir": str(tmp_path / "other")})
+    reseeded = load_corpus({**synthetic, "seed": 1})
+    assert torch.equal(first.train, again.train) and torch.equal(first.val, again.val)
+    assert first.stats == again.stats
+    assert not torch.equal(first.train, reseeded.train)
+
+
+def test_synthetic_val_is_not_a_window_of_train(synthetic):
+    corpus = load_corpus(synthetic)
+    train, val = as_bytes(corpus.train), as_bytes(corpus.val)
+    assert train[:64] not in val and val[:64] not in train and val[-64:] not in train
+
+
+def test_synthetic_bytes_are_the_first_vocab_size_printable_characters(synthetic):
+    corpus = load_corpus({**synthetic, "vocab_size": 20})
+    assert set(as_bytes(corpus.train)) == set(ALPHABET[:20])
+    assert as_bytes(corpus.val).decode("ascii").isprintable()
+
+
+def test_synthetic_corpus_has_both_splits_and_json_float_stats(synthetic):
+    corpus = load_corpus(synthetic)
+    assert corpus.train.dtype == corpus.val.dtype == torch.uint8
+    assert (len(corpus.train), len(corpus.val)) == (20_000, 5_000)
+    assert set(corpus.stats) == {"unigram_bits_per_byte", "entropy_floor_bits_per_byte"}
+    assert all(type(v) is float for v in corpus.stats.values())
+    assert json.loads(json.dumps(corpus.stats)) == corpus.stats
+
+
+def test_byte_histogram_is_the_same_in_both_halves_of_a_stream(process):
+    stream = process.sample(200_000, np.random.default_rng(1))[process.burn_in :]
+    first, second = np.array_split(stream, 2)
+    p, q = (np.bincount(half, minlength=16) / len(half) for half in (first, second))
+    assert 0.5 * np.abs(p - q).sum() < 0.02  # total variation distance
+
+
+def test_ideal_loss_does_not_depend_on_position_in_the_stream(process):
+    rng = np.random.default_rng(2)
+    bits = np.stack([process.bits(process.sample(80, rng)) for _ in range(1000)])  # (streams, t)
+    by_quarter = bits.reshape(1000, 4, 20).mean(axis=(0, 2))
+    long_run = process.bits(process.sample(100_000, rng)).mean()
+    assert np.allclose(by_quarter, long_run, atol=0.05)
+
+
+def test_match_rate_at_each_distance_is_copy_prob_over_lags_plus_chance(process):
+    """At a lag e, x_t equals x_{t-e} when copied from it (probability c / len(lags)) or by
+    chance: drawn by the chain or copied from another lag, which P(x_t | past) gives exactly."""
+    stream = process.sample(200_000, np.random.default_rng(3))
+    t0, n, c, lags = process.burn_in, len(stream), process.copy_prob, process.lags
+    for e in (*lags, 5, 11):
+        target = stream[t0 - e : n - e]
+        markov = process.transition[stream[t0 - 1 : n - 1], target]
+        others = sum(stream[t0 - d : n - d] == target for d in lags if d != e)
+        chance = np.mean((1 - c) * markov + c / len(lags) * others)
+        copied = c / len(lags) if e in lags else 0.0
+        assert np.mean(stream[t0:] == target) == pytest.approx(copied + chance, abs=0.006)
+
+
+def test_entropy_floor_matches_a_brute_force_reference(process):
+    stream = process.sample(300, np.random.default_rng(4)).tolist()
+    reference = []
+    for t in range(process.burn_in, len(stream)):
+        p = (1 - process.copy_prob) * process.transition[stream[t - 1], stream[t]]
+        for d in process.lags:
+            if stream[t - d] == stream[t]:
+                p += process.copy_prob / len(process.lags)
+        reference.append(-math.log2(p))
+    assert process.bits(np.asarray(stream)) == pytest.approx(reference, rel=1e-12)
+
+
+def test_entropy_floor_without_copies_is_the_markov_entropy_rate():
+    process = CopyMarkovProcess.random(12, 3, 0.0, [5], np.random.default_rng(5))
+    eigenvalues, eigenvectors = np.linalg.eig(process.transition.T)
+    stationary = np.real(eigenvectors[:, np.argmax(np.real(eigenvalues))])
+    stationary /= stationary.sum()
+    logs = np.log2(np.where(process.transition > 0, process.transition, 1))
+    rate = -(stationary[:, None] * process.transition * logs).sum()
+    floor = process.bits(process.sample(200_000, np.random.default_rng(6))).mean()
+    assert floor == pytest.approx(rate, abs=0.02)
+
+
+def test_entropy_floor_is_well_below_the_unigram_baseline(synthetic):
+    stats = load_corpus(synthetic).stats
+    assert stats["entropy_floor_bits_per_byte"] < stats["unigram_bits_per_byte"] - 1
+
+
+@pytest.mark.parametrize(
+    ("override", "key"),
+    [
+        ({"vocab_size": 1}, "data.vocab_size"),
+        ({"vocab_size": 96}, "data.vocab_size"),
+        ({"successors": 0}, "data.successors"),
+        ({"vocab_size": 8, "successors": 9}, "data.successors"),
+        ({"copy_prob": 1.0}, "data.copy_prob"),
+        ({"copy_prob": -0.1}, "data.copy_prob"),
+        ({"lags": []}, "data.lags"),
+        ({"lags": [4, 0]}, "data.lags"),
+        ({"train_tokens": 0}, "data.train_tokens"),
+        ({"val_tokens": -5}, "data.val_tokens"),
+    ],
+)
+def test_invalid_synthetic_parameters_raise_one_line_errors(synthetic, override, key):
+    assert key in one_line_error(lambda: load_corpus({**synthetic, **override}))
+
+
+def test_unknown_source_names_the_choices():
+    assert "synthetic, text, hub" in one_line_error(lambda: load_corpus({"source": "web"}))
+
+
+def test_unigram_bits_per_byte_is_add_one_smoothed_cross_entropy():
+    train = np.array([65, 65, 66], dtype=np.uint8)  # counts + 1: A=3, B=2, others 1; total 259
+    val = np.array([65, 67], dtype=np.uint8)
+    expected = -(math.log2(3 / 259) + math.log2(1 / 259)) / 2
+    assert data.unigram_bits_per_byte(train, val) == pytest.approx(expected)
+
+
+# Local text --------------------------------------------------------------------------------------
+
+
+def test_text_file_is_split_at_the_exact_val_fraction_and_round_trips(tmp_path):
+    path = write(tmp_path / "corpus.txt", TEXT * 80)
+    corpus = load_corpus(text_config(tmp_path, path, val_fraction=0.25))
+    raw = path.read_bytes()
+    split = len(raw) - round(0.25 * len(raw))
+    assert as_bytes(corpus.train) == raw[:split] and as_bytes(corpus.val) == raw[split:]
+    assert corpus.name == "text" and set(corpus.stats) == {"unigram_bits_per_byte"}
+
+
+def test_text_directory_concatenates_its_files_recursively_in_sorted_order(tmp_path):
+    write(tmp_path / "books" / "b.txt", "B" * 600)
+    write(tmp_path / "books" / "a" / "z.txt", "AZ" * 300)
+    write(tmp_path / "books" / ".git" / "HEAD", "ref: main\n")
+    val = write(tmp_path / "val.txt", TEXT * 30)
+    corpus = load_corpus(text_config(tmp_path, tmp_path / "books", val_path=str(val)))
+    assert as_bytes(corpus.train) == b"AZ" * 300 + b"B" * 600
+    assert as_bytes(corpus.val) == val.read_bytes()
+
+
+def test_text_glob_reads_only_matching_files(tmp_path):
+    write(tmp_path / "docs" / "one.txt", TEXT * 30)
+    write(tmp_path / "docs" / "deep" / "two.txt", "second\n" * 2000)
+    write(tmp_path / "docs" / "notes.md", "# not text\n" * 200)
+    corpus = load_corpus(text_config(tmp_path, tmp_path / "docs" / "**" / "*.txt"))
+    assert as_bytes(corpus.train) + as_bytes(corpus.val) == ("second\n" * 2000 + TEXT * 30).encode()
+
+
+def test_text_cache_is_invalidated_when_a_file_changes(tmp_path):
+    path = write(tmp_path / "corpus.txt", "a" * 10_000 + "b" * 10_000)
+    assert as_bytes(load_corpus(text_config(tmp_path, path)).val) == b"b" * 2000
+    write(path, "c" * 30_000)
+    assert as_bytes(load_corpus(text_config(tmp_path, path)).val) == b"c" * 3000
+
+
+def test_empty_text_file_raises_a_one_line_error(tmp_path):
+    path = write(tmp_path / "empty.txt", "")
+    assert "contains no text" in one_line_error(lambda: load_corpus(text_config(tmp_path, path)))
+
+
+def test_missing_text_path_raises_a_one_line_error(tmp_path):
+    config = text_config(tmp_path, tmp_path / "nowhere" / "*.txt")
+    assert "matches no file" in one_line_error(lambda: load_corpus(config))
+
+
+def test_unset_text_path_raises_a_one_line_error():
+    assert "data.path" in one_line_error(lambda: load_corpus({"source": "text"}))
+
+
+@pytest.mark.parametrize("fraction", [0.0, 1.0, 1.5])
+def test_val_fraction_outside_the_unit_interval_is_rejected(tmp_path, fraction):
+    config = text_config(tmp_path, write(tmp_path / "c.txt", TEXT * 40), val_fraction=fraction)
+    assert "data.val_fraction" in one_line_error(lambda: load_corpus(config))
+
+
+def test_too_short_validation_split_is_rejected(tmp_path):
+    config = text_config(tmp_path, write(tmp_path / "c.txt", "x" * 5000), val_fraction=0.01)
+    assert "val split" in one_line_error(lambda: load_corpus(config))
+
+
+def test_non_utf8_text_is_rejected(tmp_path):
+    path = tmp_path / "latin1.txt"
+    path.write_bytes("café\n".encode("latin-1") * 500)
+    assert "UTF-8" in one_line_error(lambda: load_corpus(text_config(tmp_path, path)))
+
+
+# Hub corpora -------------------------------------------------------------------------------------
+
+
+# Rows as wikitext (each ends in a newline, blank lines are empty rows) and pg19 (books without
+# a final newline) store them, and the bytes they must become.
+HUB_ROWS = ["", " = Title = \n", "wikitext-like row\n", "a book without a final newline"]
+HUB_TEXT = "\n = Title = \nwikitext-like row\na book without a final newline\n"
+
+
+@pytest.fixture
+def local_hub_dataset(tmp_path):
+    """A dataset directory laid out like a hub repository: one parquet file per split."""
+    root = tmp_path / "hub"
+    (root / "data").mkdir(parents=True)
+    pq.write_table(pa.table({"text": HUB_ROWS * 100}), root / "data" / "train-00000.parquet")
+    pq.write_table(pa.table({"text": ["ünïcode"] * 300}), root / "data" / "validation.parquet")
+    return root
+
+
+def hub_config(tmp_path, hub_path, **overrides):
+    return {
+        "source": "hub",
+        "name": "local",
+        "hub_path": str(hub_path),
+        "cache_dir": str(tmp_path / "cache"),
+        **overrides,
+    }
+
+
+def test_hub_rows_become_lines(offline, tmp_path, local_hub_dataset):
+    corpus = load_corpus(hub_config(tmp_path, local_hub_dataset))
+    assert as_bytes(corpus.train) == (HUB_TEXT * 100).encode()
+    assert as_bytes(corpus.val) == ("ünïcode\n" * 300).encode()
+
+
+def test_hub_byte_caps_cut_each_split_exactly(offline, tmp_path, local_hub_dataset):
+    config = hub_config(tmp_path, local_hub_dataset, max_train_bytes=1500, max_val_bytes=1100)
+    corpus = load_corpus(config)
+    assert as_bytes(corpus.train) == (HUB_TEXT * 100).encode()[:1500]
+    assert as_bytes(corpus.val) == ("ünïcode\n" * 300).encode()[:1100]
+
+
+def test_hub_missing_text_field_is_rejected(offline, tmp_path, local_hub_dataset):
+    config = hub_config(tmp_path, local_hub_dataset, text_field="content")
+    assert "data.text_field 'content'" in one_line_error(lambda: load_corpus(config))
+
+
+def test_hub_unknown_split_is_rejected(offline, tmp_path, local_hub_dataset):
+    config = hub_config(tmp_path, local_hub_dataset, val_split="test")
+    assert "split 'test'" in one_line_error(lambda: load_corpus(config))
+
+
+def test_offline_hub_corpus_fails_with_one_line_pointing_to_local_text(offline, tmp_path):
+    config = hub_config(
+        tmp_path, "Salesforce/wikitext", name="wikitext2", hub_name="wikitext-2-raw-v1"
+    )
+    assert "data=text data.path=" in one_line_error(lambda: load_corpus(config))
+
+
+def test_unreachable_hub_fails_fast_outside_offline_mode(offline, monkeypatch, tmp_path):
+    import huggingface_hub
+
+    monkeypatch.setattr(offline.config, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+    # Nothing listens on the discard port, so every request made in this test fails at once.
+    monkeypatch.setattr(offline.config, "HF_ENDPOINT", "http://127.0.0.1:9")
+    config = hub_config(tmp_path, "Salesforce/wikitext", hub_name="wikitext-2-raw-v1")
+    start = time.monotonic()
+    assert "unreachable" in one_line_error(lambda: load_corpus(config))
+    assert time.monotonic() - start < 5
+
+
+# The cache ---------------------------------------------------------------------------------------
+
+
+def fail_if_called(config):
+    raise AssertionError("the corpus was rebuilt instead of read from the cache")
+
+
+def test_second_load_is_read_from_the_cache(synthetic, monkeypatch):
+    first = load_corpus(synthetic)
+    monkeypatch.setitem(data._BUILDERS, "synthetic", fail_if_called)
+    second = load_corpus({**synthetic, "name": "renamed"})
+    assert torch.equal(first.train, second.train) and torch.equal(first.val, second.val)
+    assert second.stats == first.stats and second.name == "renamed"
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [
+        lambda entry: (entry / "train.npy").write_bytes((entry / "train.npy").read_bytes()[:500]),
+        lambda entry: (entry / "val.npy").write_bytes((entry / "val.npy").read_bytes()[:-1] + b"!"),
+        lambda entry: (entry / "train.npy").write_bytes(b""),
+        lambda entry: (entry / "meta.json").write_text("{"),
+    ],
+    ids=["truncated", "flipped byte", "empty", "bad json"],
+)
+def test_damaged_cache_entry_is_rebuilt(synthetic, tmp_path, damage):
+    first = load_corpus(synthetic)
+    (entry,) = (tmp_path / "cache").iterdir()
+    damage(entry)
+    second = load_corpus(synthetic)
+    assert torch.equal(first.train, second.train) and torch.equal(first.val, second.val)
+    assert load_corpus(synthetic).stats == first.stats
+
+
+def test_cache_entry_without_its_meta_file_is_rebuilt(synthetic, tmp_path):
+    first = load_corpus(synthetic)
+    (entry,) = (tmp_path / "cache").iterdir()
+    (entry / "meta.json").unlink()  # as if killed before the last write
+    assert torch.equal(load_corpus(synthetic).val, first.val)
+    assert sorted(p.name for p in entry.iterdir()) == ["meta.json", "train.npy", "val.npy"]
+
+
+def test_cache_directory_falls_back_to_posbench_cache_then_xdg(synthetic, tmp_path, monkeypatch):
+    config = {**synthetic, "cache_dir": None}
+    monkeypatch.setenv("POSBENCH_CACHE", str(tmp_path / "env"))
+    load_corpus(config)
+    monkeypatch.delenv("POSBENCH_CACHE")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    load_corpus(config)
+    assert len(list((tmp_path / "env").iterdir())) == 1
+    assert len(list((tmp_path / "xdg" / "posbench").iterdir())) == 1
+
+
+# Batches -----------------------------------------------------------------------------------------
+
+
+def test_sample_batch_targets_are_inputs_shifted_by_one():
+    tokens = torch.arange(200, dtype=torch.uint8)
+    x, y = sample_batch(tokens, 8, 16, torch.Generator().manual_seed(0))
+    assert x.shape == y.shape == (8, 16) and x.dtype == y.dtype == torch.int64
+    assert torch.equal(y[:, :-1], x[:, 1:]) and torch.equal(y[:, -1], x[:, -1] + 1)
+
+
+def test_sample_batch_is_deterministic_for_a_seeded_generator():
+    tokens = torch.randint(
+        256, (5000,), dtype=torch.uint8, generator=torch.Generator().manual_seed(0)
+    )
+    first = sample_batch(tokens, 4, 32, torch.Generator().manual_seed(7))
+    again = sample_batch(tokens, 4, 32, torch.Generator().manual_seed(7))
+    other = sample_batch(tokens, 4, 32, torch.Generator().manual_seed(8))
+    assert all(torch.equal(a, b) for a, b in zip(first, again, strict=True))
+    assert not torch.equal(first[0], other[0])
+
+
+def test_sample_batch_fits_a_split_of_exactly_seq_len_plus_one():
+    tokens = torch.arange(17, dtype=torch.uint8)
+    x, y = sample_batch(tokens, 3, 16, torch.Generator().manual_seed(0))
+    assert torch.equal(x, tokens[:16].long().expand(3, 16))
+    assert torch.equal(y, tokens[1:].long().expand(3, 16))
+
+
+def test_sample_batch_rejects_a_split_shorter_than_seq_len_plus_one():
+    tokens = torch.zeros(16, dtype=torch.uint8)
+    message = one_line_error(lambda: sample_batch(tokens, 1, 16, torch.Generator()))
+    assert "seq_len 16" in message

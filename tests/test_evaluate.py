@@ -1,0 +1,118 @@
+"""The evaluation protocol: which tokens are scored, with how much context, and the maths."""
+
+import math
+
+import pytest
+import torch
+
+from posbench.encodings import build_encoding
+from posbench.evaluate import evaluate, evaluate_length, windows
+from posbench.model import ModelArgs, Transformer
+
+
+def uniform_model(encoding: str = "none", **encoding_options) -> Transformer:
+    """A model whose logits are all zero: it predicts every byte with probability 1/256."""
+    args = ModelArgs(n_layer=1, n_head=2, d_model=8)
+    model = Transformer(args, build_encoding({"name": encoding, **encoding_options}, 8, 2))
+    torch.nn.init.zeros_(model.token_embedding.weight)  # tied: also zeroes the output layer
+    return model
+
+
+def scored_positions(n_tokens: int, length: int, stride: int | None) -> list[tuple[int, int]]:
+    """(target index, context size) of every scored token."""
+    return [
+        (start + i + 1, i)
+        for start, first in windows(n_tokens, length, stride)
+        for i in range(first, length)
+    ]
+
+
+@pytest.mark.parametrize("stride", [None, 1, 3, 8])
+def test_every_target_is_scored_at_most_once(stride):
+    targets = [t for t, _ in scored_positions(100, 8, stride)]
+    assert len(targets) == len(set(targets))
+    assert min(targets) == 1
+
+
+def test_non_overlapping_windows_tile_the_tokens():
+    assert [s for s, _ in windows(33, 8, None)] == [0, 8, 16, 24]
+    assert [t for t, _ in scored_positions(33, 8, None)] == list(range(1, 33))
+
+
+@pytest.mark.parametrize("stride", [1, 3, 8])
+def test_sliding_windows_give_each_later_token_length_minus_stride_context(stride):
+    length = 8
+    for target, context in scored_positions(200, length, stride):
+        if target > length:  # past the first window
+            assert context >= length - stride
+
+
+def test_uniform_model_has_perplexity_256_and_8_bits_per_byte():
+    tokens = torch.randint(0, 256, (1000,), dtype=torch.uint8)
+    record = evaluate_length(uniform_model(), tokens, length=32)
+    assert record["ppl"] == pytest.approx(256.0)
+    assert record["bits_per_byte"] == pytest.approx(8.0)
+    assert record["tokens"] == (999 // 32) * 32
+    assert record["status"] == "ok" and record["reason"] is None
+
+
+def test_perplexity_is_exp_of_mean_nll_against_a_direct_computation():
+    torch.manual_seed(0)
+    model = Transformer(
+        ModelArgs(n_layer=1, n_head=2, d_model=16), build_encoding({"name": "rope"}, 16, 2)
+    )
+    tokens = torch.randint(0, 256, (65,), dtype=torch.uint8)
+    record = evaluate_length(model, tokens, length=16)
+    rows = tokens[:65].long().view(1, -1)
+    with torch.no_grad():
+        nll = [
+            torch.nn.functional.cross_entropy(
+                model(rows[:, s : s + 16])[0], rows[0, s + 1 : s + 17], reduction="sum"
+            )
+            for s in range(0, 64, 16)
+        ]
+    assert record["ppl"] == pytest.approx(math.exp(float(sum(nll)) / 64), rel=1e-5)
+
+
+def test_stride_equal_to_length_matches_non_overlapping_windows():
+    torch.manual_seed(0)
+    model = Transformer(
+        ModelArgs(n_layer=1, n_head=2, d_model=16), build_encoding({"name": "rope"}, 16, 2)
+    )
+    tokens = torch.randint(0, 256, (300,), dtype=torch.uint8)
+    plain = evaluate_length(model, tokens, length=16)
+    strided = evaluate_length(model, tokens, length=16, stride=16)
+    assert strided["ppl"] == pytest.approx(plain["ppl"], rel=1e-6)
+    assert strided["tokens"] == plain["tokens"]
+
+
+def test_batch_size_does_not_change_the_result():
+    torch.manual_seed(0)
+    model = Transformer(
+        ModelArgs(n_layer=1, n_head=2, d_model=16), build_encoding({"name": "rope"}, 16, 2)
+    )
+    tokens = torch.randint(0, 256, (500,), dtype=torch.uint8)
+    one = evaluate_length(model, tokens, length=16, stride=4, batch_size=1)
+    many = evaluate_length(model, tokens, length=16, stride=4, batch_size=7)
+    assert many["ppl"] == pytest.approx(one["ppl"], rel=1e-6)
+
+
+def test_lengths_past_a_learned_table_are_unsupported_not_clamped():
+    model = uniform_model("learned", max_length=16)
+    tokens = torch.randint(0, 256, (200,), dtype=torch.uint8)
+    ok, beyond = evaluate(model, tokens, [16, 32])
+    assert ok["status"] == "ok"
+    assert beyond["status"] == "unsupported" and beyond["ppl"] is None
+    assert "encoding.max_length>=32" in beyond["reason"]
+
+
+def test_length_longer_than_the_split_is_unsupported_with_the_reason():
+    (record,) = evaluate(uniform_model(), torch.zeros(50, dtype=torch.uint8), [64])
+    assert record["status"] == "unsupported"
+    assert "needs at least 65" in record["reason"]
+
+
+def test_max_tokens_makes_every_length_score_the_same_tokens():
+    tokens = torch.randint(0, 256, (5000,), dtype=torch.uint8)
+    records = evaluate(uniform_model(), tokens, [16, 32, 64], max_tokens=1024)
+    assert {r["tokens"] for r in records} == {1024}

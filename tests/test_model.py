@@ -1,0 +1,257 @@
+"""Specification of the decoder: its shape contract, how it uses its encoding's three hooks,
+causality and its behaviour at lengths far beyond training, for every registered encoding.
+
+Two encodings are defined here, for tests only, to reach the hooks no registered encoding
+uses yet: an ALiBi-shaped score bias and a position-dependent scaling of queries and keys.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from posbench.encodings import EncodingConfig, PositionalEncoding, build_encoding, encoding_names
+from posbench.errors import PosbenchError
+from posbench.model import CausalSelfAttention, ModelArgs, Transformer, causal_bias
+
+F64 = torch.float64
+SMALL = ModelArgs(n_layer=2, n_head=2, d_model=16)
+
+
+@dataclass
+class ForTestConfig(EncodingConfig):
+    name: str = "for-test"
+
+
+class DistanceBias(PositionalEncoding):
+    """ALiBi-shaped (Press et al. 2022): head h adds -slope_h * |i - j| to the logit of (i, j)."""
+
+    Config = ForTestConfig
+
+    def __init__(self, config: EncodingConfig, d_model: int, n_head: int) -> None:
+        super().__init__(config, d_model, n_head)
+        self.register_buffer("slopes", torch.linspace(1.0, 0.25, n_head))
+
+    def score_bias(self, query_positions, key_positions):
+        distance = (query_positions[:, None] - key_positions[None, :]).abs()  # (Tq, Tk)
+        return -self.slopes[:, None, None] * distance  # (H, Tq, Tk)
+
+
+class PositionScaledQK(PositionalEncoding):
+    """Scales the query or key at position t by 1 + t / 4, as a stand-in for a rotation."""
+
+    Config = ForTestConfig
+
+    def rotate(self, x, positions):
+        return x * (1 + positions[:, None] / 4)
+
+
+def make_encoding(name: str, args: ModelArgs) -> PositionalEncoding:
+    if name == "distance-bias":
+        return DistanceBias(ForTestConfig(), args.d_model, args.n_head)
+    return build_encoding({"name": name}, args.d_model, args.n_head)
+
+
+# Every registered encoding, plus the bias path that none of them takes yet.
+ENCODINGS_UNDER_TEST = [*encoding_names(), "distance-bias"]
+
+
+@functools.cache
+def small_model(name: str) -> Transformer:
+    """A small model whose weights are large enough that a leak from the future would move the
+    logits far above the test tolerance (at GPT-2's std 0.02 a leak can stay below 1e-5)."""
+    torch.manual_seed(0)
+    model = Transformer(SMALL, make_encoding(name, SMALL)).eval()
+    with torch.no_grad():
+        for parameter in model.parameters():
+            if parameter.dim() == 2:
+                parameter.normal_(std=0.3)
+    return model
+
+
+UNBOUNDED = [name for name in ENCODINGS_UNDER_TEST if small_model(name).max_length is None]
+BOUNDED = [name for name in ENCODINGS_UNDER_TEST if small_model(name).max_length is not None]
+
+
+def reference_attention(
+    attention: CausalSelfAttention,
+    x: torch.Tensor,
+    bias: torch.Tensor | float = 0.0,
+    qk_scale: torch.Tensor | float = 1.0,
+) -> torch.Tensor:
+    """softmax(QK^T / sqrt(hs) + bias + causal mask) V, then the output projection, written out.
+
+    ``qk_scale`` (T, 1) multiplies queries and keys (not values) before their product."""
+    B, T, C = x.shape
+    H = attention.n_head
+    hs = C // H
+    q, k, v = (x @ attention.qkv.weight.T).split(C, dim=-1)
+    q, k, v = (t.reshape(B, T, H, hs).transpose(1, 2) for t in (q, k, v))  # (B, H, T, hs)
+    scores = (q * qk_scale) @ (k * qk_scale).transpose(-1, -2) / math.sqrt(hs) + bias
+    rows, cols = torch.meshgrid(torch.arange(T), torch.arange(T), indexing="ij")
+    scores = scores.masked_fill(cols > rows, float("-inf"))
+    y = torch.softmax(scores, dim=-1) @ v  # (B, H, T, hs)
+    return y.transpose(1, 2).reshape(B, T, C) @ attention.proj.weight.T
+
+
+def random_attention(seed: int) -> CausalSelfAttention:
+    torch.manual_seed(seed)
+    attention = CausalSelfAttention(SMALL.d_model, SMALL.n_head, dropout=0.0).double()
+    with torch.no_grad():
+        for parameter in attention.parameters():
+            parameter.normal_(std=0.5)
+    return attention
+
+
+# --- shape contract ---------------------------------------------------------------------------
+
+
+def test_model_maps_tokens_to_one_logit_per_byte_value():
+    model = Transformer(SMALL, make_encoding("none", SMALL))
+    logits = model(torch.randint(0, 256, (3, 11)))
+    assert logits.shape == (3, 11, 256)
+
+
+def test_output_layer_shares_its_weight_with_the_token_embedding():
+    model = Transformer(SMALL, make_encoding("none", SMALL))
+    assert model.lm_head.weight is model.token_embedding.weight
+
+
+def test_num_parameters_counts_the_tied_embedding_once():
+    model = Transformer(SMALL, make_encoding("none", SMALL))
+    d, layers = SMALL.d_model, SMALL.n_layer
+    embedding = 256 * d
+    per_layer = 2 * (2 * d) + 3 * d * d + d * d + 2 * (4 * d * d)  # 2 LayerNorms, qkv, proj, MLP
+    assert model.num_parameters() == embedding + layers * per_layer + 2 * d
+
+
+def test_n_head_that_does_not_divide_d_model_is_refused_naming_both():
+    with pytest.raises(PosbenchError, match=r"model\.n_head") as info:
+        args = ModelArgs(n_layer=1, n_head=3, d_model=16)
+        Transformer(args, make_encoding("none", args))
+    assert "model.d_model" in str(info.value)
+
+
+def test_model_args_round_trip_through_a_dict():
+    assert ModelArgs(**SMALL.to_dict()) == SMALL
+
+
+# --- how the model uses its encoding ----------------------------------------------------------
+
+
+def test_model_gives_its_encoding_positions_zero_to_length_minus_one():
+    seen = []
+
+    class Recording(PositionalEncoding):
+        Config = ForTestConfig
+
+        def embed(self, x, positions):
+            seen.append(positions)
+            return x
+
+        def rotate(self, x, positions):
+            seen.append(positions)
+            return x
+
+        def score_bias(self, query_positions, key_positions):
+            seen.extend((query_positions, key_positions))
+            return None
+
+    Transformer(SMALL, Recording(ForTestConfig(), SMALL.d_model, SMALL.n_head))(
+        torch.zeros(2, 7, dtype=torch.long)
+    )
+    # embed once, then per layer: rotate queries, rotate keys, score_bias (queries, keys).
+    assert len(seen) == 1 + SMALL.n_layer * 4
+    for positions in seen:
+        assert torch.equal(positions, torch.arange(7))
+
+
+def test_attention_adds_the_encodings_score_bias_to_the_logits():
+    attention = random_attention(seed=1)
+    encoding = DistanceBias(ForTestConfig(), SMALL.d_model, SMALL.n_head).double()
+    x = torch.randn(2, 9, SMALL.d_model, dtype=F64)
+    T = x.shape[1]
+    slopes = torch.tensor([1.0, 0.25], dtype=F64)[:, None, None]  # linspace(1, 0.25, 2)
+    distance = torch.tensor([[abs(i - j) for j in range(T)] for i in range(T)], dtype=F64)
+    out = attention(x, torch.arange(T), encoding)
+    expected = reference_attention(attention, x, bias=-slopes * distance)
+    torch.testing.assert_close(out, expected, rtol=1e-10, atol=1e-12)
+
+
+def test_attention_rotates_queries_and_keys_but_not_values():
+    attention = random_attention(seed=2)
+    encoding = PositionScaledQK(ForTestConfig(), SMALL.d_model, SMALL.n_head)
+    x = torch.randn(2, 9, SMALL.d_model, dtype=F64)
+    positions = torch.arange(9)
+    out = attention(x, positions, encoding)
+    expected = reference_attention(attention, x, qk_scale=(1 + positions[:, None] / 4).double())
+    torch.testing.assert_close(out, expected, rtol=1e-10, atol=1e-12)
+
+
+def test_causal_bias_puts_minus_infinity_strictly_above_the_diagonal_and_keeps_the_rest():
+    bias = torch.randn(2, 5, 5, dtype=F64)
+    out = causal_bias(bias)
+    for h in range(2):
+        for i in range(5):
+            for j in range(5):
+                expected = float("-inf") if j > i else float(bias[h, i, j])
+                assert float(out[h, i, j]) == expected
+
+
+# --- causality and length ---------------------------------------------------------------------
+
+
+@st.composite
+def sequence_and_future_edit(draw) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """Tokens (1, T), the same tokens with every position from ``cut`` on changed, and cut."""
+    length = draw(st.integers(2, 48))
+    cut = draw(st.integers(1, length - 1))
+    tokens = draw(st.lists(st.integers(0, 255), min_size=length, max_size=length))
+    shifts = draw(st.lists(st.integers(1, 255), min_size=length - cut, max_size=length - cut))
+    edited = tokens[:cut] + [(t + s) % 256 for t, s in zip(tokens[cut:], shifts, strict=True)]
+    return torch.tensor([tokens]), torch.tensor([edited]), cut
+
+
+@pytest.mark.parametrize("name", ENCODINGS_UNDER_TEST)
+@settings(max_examples=25, deadline=None)
+@given(case=sequence_and_future_edit())
+def test_changing_future_tokens_leaves_earlier_logits_unchanged(name, case):
+    tokens, edited, cut = case
+    model = small_model(name)
+    with torch.no_grad():
+        before, after = model(tokens)[:, :cut], model(edited)[:, :cut]
+    torch.testing.assert_close(after, before, rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", UNBOUNDED)
+def test_unbounded_models_run_far_beyond_any_training_length(name):
+    with torch.no_grad():
+        logits = small_model(name)(torch.randint(0, 256, (1, 4096)))
+    assert logits.shape == (1, 4096, 256)
+    assert torch.isfinite(logits).all()
+
+
+def test_only_learned_positions_bound_the_input_length():
+    assert BOUNDED == ["learned"]
+
+
+def test_learned_model_max_length_is_the_tables_rows():
+    model = Transformer(SMALL, build_encoding({"name": "learned", "max_length": 32}, 16, 2))
+    assert model.max_length == 32
+
+
+def test_learned_model_refuses_inputs_longer_than_its_table():
+    model = Transformer(SMALL, build_encoding({"name": "learned", "max_length": 32}, 16, 2))
+    with pytest.raises(PosbenchError, match="33"):
+        model(torch.zeros(1, 33, dtype=torch.long))
+
+
+def test_learned_model_accepts_inputs_exactly_as_long_as_its_table():
+    model = Transformer(SMALL, build_encoding({"name": "learned", "max_length": 32}, 16, 2))
+    assert model(torch.zeros(1, 32, dtype=torch.long)).shape == (1, 32, 256)
