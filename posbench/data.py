@@ -43,8 +43,8 @@ import torch
 from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
 
+from posbench.atomic import atomic_write, write_json
 from posbench.errors import PosbenchError
-from posbench.runs import atomic_write, write_json
 
 log = logging.getLogger(__name__)
 

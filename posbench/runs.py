@@ -12,7 +12,6 @@ Weights are safetensors, so loading a run never executes code from the file.
 from __future__ import annotations
 
 import json
-import os
 import tempfile
 from collections.abc import Iterable
 from dataclasses import asdict
@@ -24,6 +23,7 @@ from omegaconf import DictConfig, OmegaConf
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_model, save_model
 
+from posbench.atomic import atomic_write, write_json
 from posbench.errors import PosbenchError
 from posbench.model import Transformer, build_model
 
@@ -31,26 +31,6 @@ WEIGHTS_FILE = "model.safetensors"
 CONFIG_FILE = "config.yaml"
 RESULTS_FILE = "results.json"
 METADATA_KEY = "posbench"
-
-
-def atomic_write(path: Path, data: bytes) -> None:
-    """Write ``data`` so that ``path`` holds either its old content or all of the new one:
-    a temp file in the same directory, flushed and fsynced, then renamed over ``path``."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def write_json(path: Path, obj: Any) -> None:
-    atomic_write(path, (json.dumps(obj, indent=2) + "\n").encode())
 
 
 def save_weights(run_dir: Path, model: Transformer) -> Path:

@@ -7,7 +7,7 @@ import venv
 from pathlib import Path
 
 import pytest
-from conftest import TINY
+from conftest import TINY, TINY_RUN
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[1]
@@ -142,7 +142,7 @@ def test_an_empty_text_corpus_is_one_line_naming_the_fix(tmp_path, cache_dir):
     empty = tmp_path / "empty.txt"
     empty.write_text("")
     result = posbench(
-        "train", "data=text", f"data.path={empty}", *TINY[:12], cwd=tmp_path, check=False
+        "train", "data=text", f"data.path={empty}", *TINY_RUN, cwd=tmp_path, check=False
     )
     assert result.returncode != 0
     lines = result.stderr.strip().splitlines()

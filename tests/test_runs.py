@@ -7,12 +7,12 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
+from posbench.atomic import atomic_write
 from posbench.encodings import build_encoding
 from posbench.errors import PosbenchError
 from posbench.model import ModelArgs, Transformer
 from posbench.runs import (
     WEIGHTS_FILE,
-    atomic_write,
     latest_run,
     load_weights,
     merge_eval_records,

@@ -1,0 +1,140 @@
+"""train(cfg, run_dir): it learns, it is deterministic, and it writes what it promises."""
+
+import json
+import math
+
+import pytest
+import torch
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from posbench.config import compose_config
+from posbench.encodings import encoding_names
+from posbench.model import build_model
+from posbench.train import lr_at, make_optimizer, train
+
+
+def scalars(run_dir, tag):
+    events = EventAccumulator(str(run_dir))
+    events.Reload()
+    return [(e.step, e.value) for e in events.Scalars(tag)]
+
+
+@pytest.fixture(scope="module")
+def rope_run(tmp_path_factory, cache_dir):
+    from conftest import TINY
+
+    run_dir = tmp_path_factory.mktemp("rope")
+    results = train(compose_config([*TINY, f"data.cache_dir={cache_dir}"]), run_dir)
+    return run_dir, results
+
+
+@pytest.mark.parametrize("encoding", encoding_names())
+def test_training_lowers_the_loss_for_every_encoding(encoding, tiny, tmp_path):
+    results = train(compose_config([f"encoding={encoding}", *tiny]), tmp_path)
+    first_step, first_loss = scalars(tmp_path, "train/loss")[0]
+    assert first_step == 5
+    assert results["train"]["final_loss"] < 0.75 * first_loss
+    assert results["train"]["final_loss"] < math.log(256) * 0.75
+
+
+def test_the_same_seed_gives_the_same_numbers(tiny, tmp_path):
+    cfg = compose_config(["encoding=learned", *tiny])
+    first = train(cfg, tmp_path / "a")
+    second = train(cfg, tmp_path / "b")
+    assert scalars(tmp_path / "a", "train/loss") == scalars(tmp_path / "b", "train/loss")
+    assert first["eval"] == second["eval"]
+
+
+def test_another_seed_gives_other_numbers(tiny, tmp_path):
+    first = train(compose_config([*tiny, "seed=1"]), tmp_path / "a")
+    second = train(compose_config([*tiny, "seed=2"]), tmp_path / "b")
+    assert first["train"]["final_loss"] != second["train"]["final_loss"]
+
+
+def test_results_json_has_the_documented_fields_and_types(rope_run):
+    run_dir, returned = rope_run
+    results = json.loads((run_dir / "results.json").read_text())
+    assert results == returned
+    assert results["encoding"] == "rope" and results["train_seq_len"] == 16
+    train_types = {"steps": int, "final_loss": float, "tokens_per_s": float, "wall_s": float}
+    for key, kind in train_types.items():
+        assert isinstance(results["train"][key], kind), key
+    assert [r["length"] for r in results["eval"]] == [16, 32, 64]
+    for record in results["eval"]:
+        assert set(record) >= {
+            "length",
+            "stride",
+            "ppl",
+            "bits_per_byte",
+            "tokens",
+            "status",
+            "reason",
+        }
+        assert record["status"] == "ok" and record["reason"] is None and record["stride"] is None
+        assert record["bits_per_byte"] == pytest.approx(math.log2(record["ppl"]))
+        assert record["tokens"] == 4096
+
+
+def test_results_report_the_data_baselines_and_the_model_beats_the_unigram(rope_run):
+    _, results = rope_run
+    data = results["data"]
+    assert data["entropy_floor_bits_per_byte"] < data["unigram_bits_per_byte"]
+    assert results["eval"][0]["bits_per_byte"] < data["unigram_bits_per_byte"]
+
+
+def test_tensorboard_has_training_validation_and_extrapolation_scalars(rope_run):
+    run_dir, results = rope_run
+    events = EventAccumulator(str(run_dir))
+    events.Reload()
+    tags = set(events.Tags()["scalars"])
+    assert {
+        "train/loss",
+        "train/lr",
+        "train/tokens_per_s",
+        "val/ppl",
+        "eval/ppl",
+        "eval/bits_per_byte",
+    } <= tags
+    curve = [(e.step, e.value) for e in events.Scalars("eval/ppl")]
+    assert curve == [(r["length"], pytest.approx(r["ppl"])) for r in results["eval"]]
+    assert [e.step for e in events.Scalars("val/ppl")] == [20, 40]
+    assert "eval/ppl_vs_length" in events.Tags()["images"]
+
+
+def test_tensorboard_hparams_record_the_encoding_and_final_metrics(rope_run):
+    run_dir, _ = rope_run
+    events = EventAccumulator(str(run_dir))
+    events.Reload()
+    assert "hparams" in events.PluginTagToContent("hparams") or events.PluginTagToContent("hparams")
+    tags = set(events.Tags()["scalars"])
+    assert {"hparam/val_ppl", "hparam/ppl_at_16", "hparam/ppl_at_64"} <= tags
+    content = b"".join(events.PluginTagToContent("hparams").values())
+    assert b"encoding" in content and b"rope" in content
+
+
+def test_learning_rate_warms_up_linearly_then_decays_to_the_minimum():
+    cfg = compose_config(
+        ["train.steps=100", "train.warmup_steps=10", "train.lr=1.0", "train.min_lr=0.1"]
+    ).train
+    assert lr_at(0, cfg) == pytest.approx(0.1)
+    assert lr_at(9, cfg) == pytest.approx(1.0)
+    assert lr_at(10, cfg) == pytest.approx(1.0)
+    assert lr_at(55, cfg) == pytest.approx(0.55)
+    assert lr_at(100, cfg) == pytest.approx(0.1)
+    assert all(lr_at(s, cfg) >= lr_at(s + 1, cfg) for s in range(10, 100))
+
+
+def test_weight_decay_skips_embeddings_norms_and_position_tables():
+    cfg = compose_config(["encoding=learned"])
+    model = build_model(cfg.model, cfg.encoding)
+    decayed, plain = make_optimizer(model, cfg.train).param_groups
+    decayed_ids = {id(p) for p in decayed["params"]}
+    assert id(model.token_embedding.weight) not in decayed_ids
+    assert id(model.encoding.table.weight) not in decayed_ids
+    assert id(model.blocks[0].attn.qkv.weight) in decayed_ids
+    assert all(p.dim() == 1 for p in plain["params"] if p.dim() < 2)
+    assert decayed["weight_decay"] > 0 and plain["weight_decay"] == 0
+    assert sum(p.numel() for g in (decayed, plain) for p in g["params"]) == sum(
+        p.numel() for p in model.parameters()
+    )
+    assert torch.is_tensor(model.token_embedding.weight)
