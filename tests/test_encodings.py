@@ -104,12 +104,24 @@ def test_sinusoidal_encoding_has_no_length_cap():
 
 
 def test_sinusoidal_embed_adds_exactly_the_table_to_the_embeddings():
-    encoding = build_encoding({"name": "sinusoidal"}, d_model=8, n_head=2)
+    encoding = build_encoding(
+        {"name": "sinusoidal", "scale_embeddings": False}, d_model=8, n_head=2
+    )
     positions = [0, 1, 5, 1000, 50_000]
     x = torch.randn(3, len(positions), 8, generator=torch.Generator().manual_seed(0))
     expected = x.double() + torch.stack([sinusoid_reference(p, 8) for p in positions])
     out = encoding.embed(x, torch.tensor(positions))
     torch.testing.assert_close(out.double(), expected, rtol=0, atol=1e-6)
+
+
+def test_sinusoidal_embed_scales_embeddings_by_sqrt_d_model_by_default():
+    """Vaswani et al. 2017, section 3.4: embeddings are multiplied by sqrt(d_model)."""
+    encoding = build_encoding({"name": "sinusoidal"}, d_model=16, n_head=2)
+    positions = [0, 3, 700]
+    x = torch.randn(2, len(positions), 16, generator=torch.Generator().manual_seed(1))
+    expected = 4.0 * x.double() + torch.stack([sinusoid_reference(p, 16) for p in positions])
+    out = encoding.embed(x, torch.tensor(positions))
+    torch.testing.assert_close(out.double(), expected, rtol=0, atol=1e-5)
 
 
 def test_sinusoidal_embed_uses_the_configured_base():

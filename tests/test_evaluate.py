@@ -18,6 +18,13 @@ def uniform_model(encoding: str = "none", **encoding_options) -> Transformer:
     return model
 
 
+def random_rope_model() -> Transformer:
+    torch.manual_seed(0)
+    return Transformer(
+        ModelArgs(n_layer=1, n_head=2, d_model=16), build_encoding({"name": "rope"}, 16, 2)
+    )
+
+
 def scored_positions(n_tokens: int, length: int, stride: int | None) -> list[tuple[int, int]]:
     """(target index, context size) of every scored token."""
     return [
@@ -57,10 +64,7 @@ def test_uniform_model_has_perplexity_256_and_8_bits_per_byte():
 
 
 def test_perplexity_is_exp_of_mean_nll_against_a_direct_computation():
-    torch.manual_seed(0)
-    model = Transformer(
-        ModelArgs(n_layer=1, n_head=2, d_model=16), build_encoding({"name": "rope"}, 16, 2)
-    )
+    model = random_rope_model()
     tokens = torch.randint(0, 256, (65,), dtype=torch.uint8)
     record = evaluate_length(model, tokens, length=16)
     rows = tokens[:65].long().view(1, -1)
@@ -75,10 +79,7 @@ def test_perplexity_is_exp_of_mean_nll_against_a_direct_computation():
 
 
 def test_stride_equal_to_length_matches_non_overlapping_windows():
-    torch.manual_seed(0)
-    model = Transformer(
-        ModelArgs(n_layer=1, n_head=2, d_model=16), build_encoding({"name": "rope"}, 16, 2)
-    )
+    model = random_rope_model()
     tokens = torch.randint(0, 256, (300,), dtype=torch.uint8)
     plain = evaluate_length(model, tokens, length=16)
     strided = evaluate_length(model, tokens, length=16, stride=16)
@@ -87,10 +88,7 @@ def test_stride_equal_to_length_matches_non_overlapping_windows():
 
 
 def test_batch_size_does_not_change_the_result():
-    torch.manual_seed(0)
-    model = Transformer(
-        ModelArgs(n_layer=1, n_head=2, d_model=16), build_encoding({"name": "rope"}, 16, 2)
-    )
+    model = random_rope_model()
     tokens = torch.randint(0, 256, (500,), dtype=torch.uint8)
     one = evaluate_length(model, tokens, length=16, stride=4, batch_size=1)
     many = evaluate_length(model, tokens, length=16, stride=4, batch_size=7)

