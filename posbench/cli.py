@@ -7,7 +7,6 @@ posbench eval --length N [--run DIR] ...  re-evaluate a trained run at other len
 from __future__ import annotations
 
 import argparse
-import logging
 import re
 import sys
 from collections.abc import Sequence
@@ -31,11 +30,9 @@ from posbench.errors import PosbenchError
 from posbench.evaluate import evaluate_run
 from posbench.model import build_model
 from posbench.runs import append_eval_results, latest_run, load_run
-from posbench.tables import eval_table
+from posbench.tables import data_baselines, eval_table
 from posbench.tensorboard_log import log_eval_records
 from posbench.train import train
-
-log = logging.getLogger("posbench")
 
 KEY_OPTIONS = (
     "seed, device (auto|cpu|cuda), model.n_layer, model.n_head, model.d_model, "
@@ -148,6 +145,7 @@ def train_job(cfg: DictConfig) -> float | None:
         fail(str(err))
     print(f"\n{cfg.encoding.name} trained at {cfg.train.seq_len} -> {run_dir}")
     print(eval_table(results["eval"], cfg.train.seq_len))
+    print(data_baselines(results["data"]))
     return results["train"]["val_ppl"]  # for optimising sweepers (e.g. Optuna)
 
 
@@ -160,7 +158,7 @@ def train_help(overrides: Sequence[str]) -> str:
     return f"""usage: posbench train [KEY=VALUE ...] [-m KEY=A,B ...] [--cfg job] [--hydra-help]
 
 Train at train.seq_len, evaluate at eval.lengths; writes outputs/<date>/<time>_<encoding>/.
-Sweeps: -m (--multirun) runs one job per combination, e.g. -m encoding=rope,alibi seed=0,1.
+Sweeps: -m (--multirun) runs one job per combination, e.g. -m encoding=rope,learned seed=0,1.
 
 config groups (GROUP=OPTION):
 {groups}

@@ -30,3 +30,12 @@ def eval_table(records: Sequence[dict[str, Any]], train_seq_len: int) -> str:
             f"{r['bits_per_byte']:9.3f}  {r['tokens']:>9,}"
         )
     return "\n".join(lines)
+
+
+def data_baselines(data: dict[str, Any]) -> str:
+    """The reference points a perplexity should be read against, in bits per byte."""
+    line = f"data {data['name']}: unigram {data['unigram_bits_per_byte']:.3f} bits/byte"
+    floor = data.get("entropy_floor_bits_per_byte")
+    if floor is not None:
+        line += f", entropy floor {floor:.3f} bits/byte (the best any model can do)"
+    return line

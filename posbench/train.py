@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+from collections import deque
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -82,7 +83,7 @@ def train_steps(
     device = next(model.parameters()).device
     optimizer = make_optimizer(model, tcfg)
     generator = torch.Generator().manual_seed(cfg.seed)  # batch order depends on the seed only
-    recent_losses: list[float] = []
+    recent_losses: deque[float] = deque(maxlen=tcfg.log_every)  # for final_loss
     tokens_seen, train_time = 0, 0.0
     model.train()
     bar = tqdm(range(tcfg.steps), desc=f"train {cfg.encoding.name}", unit="step")
@@ -101,7 +102,7 @@ def train_steps(
         loss_value = loss.item()  # also waits for the device, so the timing below is honest
         train_time += time.perf_counter() - started
         tokens_seen += x.numel()
-        recent_losses = [*recent_losses[-(tcfg.log_every - 1) :], loss_value]
+        recent_losses.append(loss_value)
         if (step + 1) % tcfg.log_every == 0 or step + 1 == tcfg.steps:
             writer.add_scalar("train/loss", loss_value, step + 1)
             writer.add_scalar("train/lr", lr_at(step, tcfg), step + 1)
@@ -130,8 +131,8 @@ def train(cfg: DictConfig, run_dir: str | Path) -> dict[str, Any]:
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     device = resolve_device(cfg.device)
-    torch.manual_seed(cfg.seed)
     corpus = load_corpus(cfg.data)
+    torch.manual_seed(cfg.seed)  # model init (and dropout) depend on the seed alone
     model = build_model(cfg.model, cfg.encoding).to(device)
     save_config(run_dir, cfg)
     log.info(

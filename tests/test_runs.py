@@ -140,3 +140,12 @@ def test_latest_run_is_the_newest_trained_one(tmp_path):
 def test_no_runs_is_a_clear_error(tmp_path):
     with pytest.raises(PosbenchError, match="posbench train"):
         latest_run(tmp_path / "outputs")
+
+
+def test_atomic_write_creates_files_with_the_usual_permissions(tmp_path):
+    mask = os.umask(0o022)
+    try:
+        atomic_write(tmp_path / "results.json", b"{}")
+    finally:
+        os.umask(mask)
+    assert (tmp_path / "results.json").stat().st_mode & 0o777 == 0o644

@@ -2,6 +2,7 @@
 
 import json
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -137,3 +138,25 @@ def test_weight_decay_skips_embeddings_norms_and_position_tables():
         p.numel() for p in model.parameters()
     )
     assert torch.is_tensor(model.token_embedding.weight)
+
+
+WIKITEXT2 = Path(__file__).resolve().parents[2] / "shared" / "data" / "wikitext-2"
+
+
+@pytest.mark.skipif(not WIKITEXT2.is_dir(), reason="WikiText-2 copy in ../shared/data absent")
+def test_training_on_real_english_text_beats_its_unigram_baseline(tmp_path, cache_dir):
+    from conftest import TINY_RUN
+
+    cfg = compose_config(
+        [
+            *TINY_RUN,
+            "data=text",
+            f"data.path={WIKITEXT2 / 'test.txt'}",
+            f"data.val_path={WIKITEXT2 / 'valid.txt'}",
+            f"data.cache_dir={cache_dir}",
+            "train.steps=60",
+        ]
+    )
+    results = train(cfg, tmp_path)
+    assert results["data"]["name"] == "text"
+    assert results["eval"][0]["bits_per_byte"] < results["data"]["unigram_bits_per_byte"]
