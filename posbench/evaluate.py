@@ -83,7 +83,7 @@ def evaluate_length(
     model.eval()
     device = next(model.parameters()).device
     batch_size = batch_size or max(1, TOKENS_PER_BATCH // length)
-    total_nll = 0.0
+    total_nll = torch.zeros((), dtype=torch.float64, device=device)  # summed on the device
     scored = 0
     with tqdm(total=len(spans), desc=f"eval length {length}", unit="window", leave=False) as bar:
         for i in range(0, len(spans), batch_size):
@@ -91,11 +91,12 @@ def evaluate_length(
             rows = torch.stack([tokens[s : s + length + 1] for s, _ in batch]).long().to(device)
             logits = model(rows[:, :-1])  # (B, T, vocab)
             nll = F.cross_entropy(logits.transpose(1, 2).float(), rows[:, 1:], reduction="none")
-            for row, (_, first) in enumerate(batch):
-                total_nll += nll[row, first:].double().sum().item()
-                scored += length - first
+            first = torch.tensor([f for _, f in batch], device=device)  # (B,)
+            is_scored = torch.arange(length, device=device) >= first[:, None]  # (B, T)
+            total_nll += nll.double().masked_fill(~is_scored, 0.0).sum()
+            scored += sum(length - f for _, f in batch)
             bar.update(len(batch))
-    mean_nll = total_nll / scored
+    mean_nll = total_nll.item() / scored
     return {
         "length": length,
         "stride": stride,
