@@ -1,55 +1,66 @@
 """Training and evaluation throughput of every encoding, as ratios to NoPE in one process.
 
-    python benchmarks/throughput.py [--threads 1] [--length 2048] [--device cpu]
+    python benchmarks/throughput.py [--threads 1] [--length 2048] [--rounds 15] [--device cpu]
 
 Timings on a shared machine are noisy, so the numbers that matter are the ratios measured in
-the same run with the thread count pinned; absolute tokens/s are printed for reference.
+the same run with the thread count pinned. Encodings are timed in interleaved rounds (one step
+of each per round) and the median per encoding is reported, so a burst of load from another
+process hits every encoding alike instead of one of them.
 """
 
 from __future__ import annotations
 
 import argparse
+import statistics
 import time
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 
+from posbench.config import compose_config
 from posbench.encodings import encoding_names
 from posbench.model import build_model
 
 MODEL = {"n_layer": 2, "n_head": 4, "d_model": 128, "mlp_ratio": 4, "dropout": 0.0}
 
 
-def tokens_per_second(step, tokens: int, repeats: int) -> float:
-    step()  # warm-up: caches, allocator
-    started = time.perf_counter()
-    for _ in range(repeats):
-        step()
-    return tokens * repeats / (time.perf_counter() - started)
-
-
-def measure(encoding: str, seq_len: int, batch: int, eval_length: int, device: str) -> tuple:
+def steps_for(
+    encoding: str, seq_len: int, batch: int, eval_length: int, device: str
+) -> tuple[Callable[[], None], Callable[[], None]]:
+    """A training step at ``seq_len`` and an evaluation forward at ``eval_length``."""
+    # Composed as `posbench train` would; seq_len=eval_length sizes a learned table to fit.
+    cfg = compose_config([f"encoding={encoding}", f"train.seq_len={eval_length}"])
     torch.manual_seed(0)
-    model = build_model(MODEL, {"name": encoding, "max_length": eval_length}).to(device)
+    model = build_model(MODEL, cfg.encoding).to(device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     x = torch.randint(0, 256, (batch, seq_len + 1), device=device)
+    long = torch.randint(0, 256, (1, eval_length), device=device)
 
     def train_step() -> None:
         loss = F.cross_entropy(model(x[:, :-1]).flatten(0, 1), x[:, 1:].flatten())
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
-
-    long = torch.randint(0, 256, (1, eval_length), device=device)
+        loss.item()  # wait for the device
 
     @torch.inference_mode()
     def eval_step() -> None:
-        model(long)
+        model(long).sum().item()
 
-    return (
-        tokens_per_second(train_step, batch * seq_len, repeats=10),
-        tokens_per_second(eval_step, eval_length, repeats=3),
-    )
+    return train_step, eval_step
+
+
+def median_seconds(steps: dict[str, Callable[[], None]], rounds: int) -> dict[str, float]:
+    """Median wall time of each step over interleaved rounds (after one warm-up round)."""
+    times: dict[str, list[float]] = {name: [] for name in steps}
+    for round_index in range(rounds + 1):
+        for name, step in steps.items():
+            started = time.perf_counter()
+            step()
+            if round_index:  # round 0 warms caches and the allocator
+                times[name].append(time.perf_counter() - started)
+    return {name: statistics.median(values) for name, values in times.items()}
 
 
 def main() -> None:
@@ -58,20 +69,23 @@ def main() -> None:
     parser.add_argument("--seq-len", type=int, default=128)
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--length", type=int, default=2048, help="evaluation length")
+    parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--device", default="cpu")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    results = {
-        name: measure(name, args.seq_len, args.batch, args.length, args.device)
+    steps = {
+        name: steps_for(name, args.seq_len, args.batch, args.length, args.device)
         for name in encoding_names()
     }
-    train_base, eval_base = results["none"]
+    train = median_seconds({name: pair[0] for name, pair in steps.items()}, args.rounds)
+    evals = median_seconds({name: pair[1] for name, pair in steps.items()}, args.rounds)
+    train_tokens, eval_tokens = args.batch * args.seq_len, args.length
     print(f"threads={args.threads} train {args.batch}x{args.seq_len}, eval 1x{args.length}")
     print(f"{'encoding':<12}{'train tok/s':>12}{'ratio':>7}{'eval tok/s':>12}{'ratio':>7}")
-    for name, (train_rate, eval_rate) in results.items():
+    for name in steps:
         print(
-            f"{name:<12}{train_rate:>12,.0f}{train_rate / train_base:>7.2f}"
-            f"{eval_rate:>12,.0f}{eval_rate / eval_base:>7.2f}"
+            f"{name:<12}{train_tokens / train[name]:>12,.0f}{train['none'] / train[name]:>7.2f}"
+            f"{eval_tokens / evals[name]:>12,.0f}{evals['none'] / evals[name]:>7.2f}"
         )
 
 

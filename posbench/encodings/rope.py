@@ -32,10 +32,18 @@ def rope_angles(positions: torch.Tensor, head_dim: int, base: float = 10000.0) -
 def rotate_pairs(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """Rotate the interleaved pairs (x[2i], x[2i+1]) of ``x`` (..., T, hs) by angles whose
     cosines and sines are ``cos``, ``sin`` (T, hs/2)."""
-    pairs = x.unflatten(-1, (-1, 2))  # (..., T, hs/2, 2)
-    even, odd = pairs[..., 0], pairs[..., 1]
-    rotated = torch.stack((even * cos - odd * sin, even * sin + odd * cos), dim=-1)
-    return rotated.flatten(-2)
+    return rotate_by(x, torch.complex(cos, sin))
+
+
+def rotate_by(x: torch.Tensor, rotation: torch.Tensor) -> torch.Tensor:
+    """Rotate the interleaved pairs of ``x`` (..., T, hs) by the unit complex numbers
+    ``rotation`` (T, hs/2): pair (a, b) is the complex a + ib, and a rotation by angle phi is a
+    product with e^(i phi). One complex product is several times faster (forward and backward)
+    than the four real products and the re-interleaving it replaces."""
+    precise = x.double() if x.dtype == torch.float64 else x.float()  # no complex bf16/fp16
+    pairs = torch.view_as_complex(precise.unflatten(-1, (-1, 2)).contiguous())  # (..., T, hs/2)
+    rotated = torch.view_as_real(pairs * rotation.to(pairs.dtype)).flatten(-2)
+    return rotated.type_as(x)
 
 
 def apply_rope(x: torch.Tensor, positions: torch.Tensor, base: float = 10000.0) -> torch.Tensor:
@@ -43,7 +51,7 @@ def apply_rope(x: torch.Tensor, positions: torch.Tensor, base: float = 10000.0) 
     if x.shape[-1] % 2:
         raise PosbenchError(f"RoPE needs an even head dimension (got {x.shape[-1]})")
     angles = rope_angles(positions, x.shape[-1], base)
-    return rotate_pairs(x, angles.cos().to(x.dtype), angles.sin().to(x.dtype))
+    return rotate_by(x, torch.polar(torch.ones_like(angles), angles))
 
 
 @register("rope")
@@ -57,26 +65,19 @@ class RotaryPositionalEncoding(PositionalEncoding):
                 f"rope rotates pairs of dimensions, so the head dim d_model/n_head must be even "
                 f"(got {d_model}/{n_head} = {self.head_dim}); change model.d_model or model.n_head"
             )
-        # cos/sin of every position seen so far; recomputable, so not saved in checkpoints.
-        self.register_buffer(
-            "cos_cached", torch.empty(0, self.head_dim // 2, dtype=torch.float64), persistent=False
-        )
-        self.register_buffer(
-            "sin_cached", torch.empty(0, self.head_dim // 2, dtype=torch.float64), persistent=False
-        )
+        # e^(i m theta) for every position m seen so far, in complex128 so that a float64
+        # model is exact; recomputable, so not saved in checkpoints.
+        empty = torch.empty(0, self.head_dim // 2, dtype=torch.complex128)
+        self.register_buffer("rotations", empty, persistent=False)
 
     def _extend_cache(self, length: int, device: torch.device) -> None:
-        """Grow the cos/sin tables to cover ``length`` positions (doubling, to amortise)."""
-        size = max(length, 2 * self.cos_cached.shape[0])
+        """Grow the rotation table to cover ``length`` positions (doubling, to amortise)."""
+        size = max(length, 2 * self.rotations.shape[0])
         angles = rope_angles(torch.arange(size, device=device), self.head_dim, self.config.base)
-        # float64, cast per call: exact for a float64 model, and free to cast down.
-        self.cos_cached = angles.cos()
-        self.sin_cached = angles.sin()
+        self.rotations = torch.polar(torch.ones_like(angles), angles)
 
     def rotate(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         needed = int(positions.max()) + 1
-        if needed > self.cos_cached.shape[0] or self.cos_cached.device != x.device:
+        if needed > self.rotations.shape[0] or self.rotations.device != x.device:
             self._extend_cache(needed, x.device)
-        cos = self.cos_cached[positions].to(x.dtype)  # (T, hs/2)
-        sin = self.sin_cached[positions].to(x.dtype)
-        return rotate_pairs(x, cos, sin)
+        return rotate_by(x, self.rotations[positions])  # (T, hs/2) rotations
