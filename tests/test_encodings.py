@@ -23,10 +23,11 @@ from posbench.encodings import (
     encoding_names,
     sinusoidal_table,
 )
-from posbench.encodings.rope import rotate_pairs
+from posbench.encodings.rope import rotate_by
 from posbench.errors import PosbenchError
 
 F64 = torch.float64
+C128 = torch.complex128  # a unit complex per (position, pair) is a rotation
 
 
 def sinusoid_reference(position: int, dim: int, base: float = 10000.0) -> torch.Tensor:
@@ -143,13 +144,12 @@ def test_rope_reproduces_the_seed_example_score_of_minus_one_over_root_two():
     # q = [1, 0] at m = 0 and k = [0, 1] at n = 3 with theta = pi/4: k turns by 3*pi/4.
     theta = math.pi / 4
 
-    def rotate_by(x: torch.Tensor, angle: float) -> torch.Tensor:
-        cos = torch.tensor([[math.cos(angle)]], dtype=F64)  # (T=1, hs/2=1)
-        sin = torch.tensor([[math.sin(angle)]], dtype=F64)
-        return rotate_pairs(x, cos, sin)
+    def rotate_by_angle(x: torch.Tensor, angle: float) -> torch.Tensor:
+        rotation = torch.tensor([[complex(math.cos(angle), math.sin(angle))]], dtype=C128)
+        return rotate_by(x, rotation)
 
-    q = rotate_by(torch.tensor([[1.0, 0.0]], dtype=F64), 0 * theta)
-    k = rotate_by(torch.tensor([[0.0, 1.0]], dtype=F64), 3 * theta)
+    q = rotate_by_angle(torch.tensor([[1.0, 0.0]], dtype=F64), 0 * theta)
+    k = rotate_by_angle(torch.tensor([[0.0, 1.0]], dtype=F64), 3 * theta)
     # R(3pi/4) [0, 1] = [-sin(3pi/4), cos(3pi/4)] = [-1, -1] / sqrt(2); the seed prints the
     # second entry as +1/sqrt(2), a slip that does not touch the score (it only reads entry 0).
     torch.testing.assert_close(k[0], torch.tensor([-1.0, -1.0], dtype=F64) / math.sqrt(2))

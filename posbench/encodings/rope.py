@@ -29,12 +29,6 @@ def rope_angles(positions: torch.Tensor, head_dim: int, base: float = 10000.0) -
     return positions.to(torch.float64)[:, None] * inv_freq
 
 
-def rotate_pairs(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate the interleaved pairs (x[2i], x[2i+1]) of ``x`` (..., T, hs) by angles whose
-    cosines and sines are ``cos``, ``sin`` (T, hs/2)."""
-    return rotate_by(x, torch.complex(cos, sin))
-
-
 def rotate_by(x: torch.Tensor, rotation: torch.Tensor) -> torch.Tensor:
     """Rotate the interleaved pairs of ``x`` (..., T, hs) by the unit complex numbers
     ``rotation`` (T, hs/2): pair (a, b) is the complex a + ib, and a rotation by angle phi is a
