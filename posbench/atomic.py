@@ -5,26 +5,37 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 
-def atomic_write(path: Path, data: bytes) -> None:
-    """Write ``data`` so that ``path`` holds either its old content or all of the new one:
-    a temp file in the same directory, flushed and fsynced, then renamed over ``path``."""
+@contextmanager
+def atomic_path(path: Path) -> Iterator[Path]:
+    """A temp path beside ``path`` for the caller to write; on leaving the block it is fsynced
+    and renamed over ``path``, so ``path`` holds either its old content or all of the new one.
+    If the block raises, the temp file is removed and ``path`` is untouched."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    tmp = Path(name)
     try:
-        os.fchmod(fd, 0o666 & ~_umask())  # mkstemp's 0600 would hide results from others
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
+        yield tmp
+        with open(tmp, "rb+") as f:
+            os.fchmod(f.fileno(), 0o666 & ~_umask())  # mkstemp's 0600 would hide it from others
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        tmp.unlink(missing_ok=True)
         raise
     _fsync_directory(path.parent)
+
+
+def atomic_write(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` atomically (see ``atomic_path``)."""
+    with atomic_path(path) as tmp:
+        tmp.write_bytes(data)
 
 
 def _umask() -> int:

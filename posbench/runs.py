@@ -12,7 +12,6 @@ Weights are safetensors, so loading a run never executes code from the file.
 from __future__ import annotations
 
 import json
-import tempfile
 from collections.abc import Iterable
 from dataclasses import asdict
 from pathlib import Path
@@ -23,7 +22,7 @@ from omegaconf import DictConfig, OmegaConf
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_model, save_model
 
-from posbench.atomic import atomic_write, write_json
+from posbench.atomic import atomic_path, atomic_write, write_json
 from posbench.errors import PosbenchError
 from posbench.model import Transformer, build_model
 
@@ -37,11 +36,9 @@ def save_weights(run_dir: Path, model: Transformer) -> Path:
     """Save the weights with the model's architecture and encoding in the file's metadata."""
     description = {"model": model.args.to_dict(), "encoding": asdict(model.encoding.config)}
     path = Path(run_dir) / WEIGHTS_FILE
-    with tempfile.TemporaryDirectory(dir=run_dir) as tmp:
-        staged = Path(tmp) / WEIGHTS_FILE
+    with atomic_path(path) as tmp:
         # save_model (unlike save_file) handles the tied input/output embedding.
-        save_model(model, str(staged), metadata={METADATA_KEY: json.dumps(description)})
-        atomic_write(path, staged.read_bytes())
+        save_model(model, str(tmp), metadata={METADATA_KEY: json.dumps(description)})
     return path
 
 
