@@ -29,7 +29,7 @@ from posbench.encodings import encoding_names
 from posbench.errors import PosbenchError
 from posbench.evaluate import evaluate_run
 from posbench.model import build_model
-from posbench.runs import append_eval_results, latest_run, load_run
+from posbench.runs import append_eval_results, latest_run, load_run_config
 from posbench.tables import data_baselines, eval_table
 from posbench.tensorboard_log import log_eval_records
 from posbench.train import train
@@ -242,7 +242,7 @@ def eval_parser() -> argparse.ArgumentParser:
 def run_eval(args: Sequence[str]) -> None:
     options = eval_parser().parse_args(list(args))
     run_dir = options.run if options.run is not None else latest_run(Path("outputs"))
-    _, cfg = load_run(run_dir)
+    cfg = load_run_config(run_dir)  # for the defaults; evaluate_run loads the weights
     lengths = options.length or eval_lengths(cfg)
     if options.stride is not None and options.stride > min(lengths):
         fail(f"--stride {options.stride} must not exceed the shortest --length ({min(lengths)})")

@@ -92,12 +92,18 @@ def load_run(
     ``model(tokens)`` takes a LongTensor (batch, time) of byte ids and returns logits
     (batch, time, 256); ``config`` is the resolved config the run was trained with.
     """
+    config = load_run_config(run_dir)
+    model = load_weights(Path(run_dir) / WEIGHTS_FILE, device)
+    return model.eval(), config
+
+
+def load_run_config(run_dir: str | Path) -> DictConfig:
+    """The resolved config a trained run was trained with (without loading its weights)."""
     run_dir = check_run_dir(Path(run_dir))
     config_path = run_dir / CONFIG_FILE
     if not config_path.is_file():
         raise PosbenchError(f"{run_dir} holds no {CONFIG_FILE}; it is not a posbench run")
-    model = load_weights(run_dir / WEIGHTS_FILE, device)
-    return model.eval(), OmegaConf.load(config_path)
+    return OmegaConf.load(config_path)
 
 
 def latest_run(root: str | Path = "outputs") -> Path:
