@@ -10,6 +10,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+TEMP_SUFFIX = ".tmp"
+
 
 @contextmanager
 def atomic_path(path: Path) -> Iterator[Path]:
@@ -17,7 +19,7 @@ def atomic_path(path: Path) -> Iterator[Path]:
     and renamed over ``path``, so ``path`` holds either its old content or all of the new one.
     If the block raises, the temp file is removed and ``path`` is untouched."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=TEMP_SUFFIX)
     os.close(fd)
     tmp = Path(name)
     try:
@@ -36,6 +38,11 @@ def atomic_write(path: Path, data: bytes) -> None:
     """Write ``data`` to ``path`` atomically (see ``atomic_path``)."""
     with atomic_path(path) as tmp:
         tmp.write_bytes(data)
+
+
+def leftover_temp_files(directory: Path) -> list[Path]:
+    """Temp files of ``atomic_path`` that a killed process left in ``directory``."""
+    return sorted(Path(directory).glob(f".*{TEMP_SUFFIX}"))
 
 
 def _umask() -> int:

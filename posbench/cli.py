@@ -7,8 +7,13 @@ posbench eval --length N [--run DIR] ...  re-evaluate a trained run at other len
 from __future__ import annotations
 
 import argparse
+import os
 import re
+import shlex
+import shutil
+import signal
 import sys
+import traceback
 from collections.abc import Sequence
 from pathlib import Path
 from typing import NoReturn
@@ -24,15 +29,23 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 from torch.utils.tensorboard import SummaryWriter
 
+from posbench.checkpoint import CHECKPOINT_FILE
 from posbench.config import compose_config, config_dir, eval_lengths, register_schemas, validate
 from posbench.encodings import encoding_names
 from posbench.errors import PosbenchError
 from posbench.evaluate import evaluate_run
 from posbench.model import build_model
-from posbench.runs import append_eval_results, latest_run, load_run_config
+from posbench.runs import (
+    CONFIG_FILE,
+    append_eval_results,
+    check_can_create,
+    latest_run,
+    load_run_config,
+    saved_config,
+)
 from posbench.tables import data_baselines, eval_table
 from posbench.tensorboard_log import log_eval_records
-from posbench.train import train
+from posbench.train import TrainingInterrupted, train
 
 KEY_OPTIONS = (
     "seed, device (auto|cpu|cuda), model.n_layer, model.n_head, model.d_model, "
@@ -46,7 +59,7 @@ def group_options(group: str) -> list[str]:
 
 
 def main_help() -> str:
-    return f"""usage: posbench {{train,eval}} ...
+    return f"""usage: posbench [--debug] {{train,eval}} ...
 
 Train a small decoder-only transformer at a short context with a chosen positional
 encoding, then measure perplexity at longer lengths ("train short, test long").
@@ -54,6 +67,8 @@ encoding, then measure perplexity at longer lengths ("train short, test long").
 commands:
   train    train and evaluate; Hydra overrides key=value, -m for sweeps (posbench train --help)
   eval     re-evaluate a trained run at any length (posbench eval --help)
+
+--debug (or HYDRA_FULL_ERROR=1) shows the traceback behind an error message.
 
 encodings (encoding=...): {", ".join(encoding_names())}
 models    (model=...):    {", ".join(group_options("model"))}
@@ -64,6 +79,7 @@ examples:
   posbench train encoding=rope
   posbench train encoding=learned model=small train.seq_len=256 seed=3
   posbench train -m encoding=none,learned,sinusoidal,rope
+  posbench train --resume outputs/<date>/<time>_rope/
   posbench eval --length 2048
   posbench eval --length 1024 --length 4096 --run outputs/<date>/<time>_rope/
 """
@@ -72,6 +88,24 @@ examples:
 def fail(message: str) -> NoReturn:
     print(f"error: {message}", file=sys.stderr)
     raise SystemExit(2)
+
+
+def debugging() -> bool:
+    """``--debug`` sets HYDRA_FULL_ERROR, so Hydra shows full tracebacks too."""
+    return os.environ.get("HYDRA_FULL_ERROR") == "1"
+
+
+def report(err: BaseException) -> NoReturn:
+    """``err`` as one line (and its traceback first under --debug), exit 2."""
+    if debugging():
+        traceback.print_exception(err)
+    fail(str(err) or type(err).__name__)
+
+
+def stop(message: str, exit_code: int) -> NoReturn:
+    """A deliberate stop (a signal): one line, the shell's exit code for that signal."""
+    print(message, file=sys.stderr)
+    raise SystemExit(exit_code)
 
 
 # ---------------------------------------------------------------------------- train
@@ -116,16 +150,17 @@ def check_overrides(overrides: Sequence[str], multirun: bool) -> None:
     typo is one line here instead of a multi-line report or a failure deep in a sweep."""
     candidates = expand_sweeps(overrides) if multirun else [list(overrides)]
     for candidate in candidates:
-        cfg = compose_or_fail(candidate)
+        cfg = compose_or_fail(candidate, with_hydra=True)
         validate(cfg)
         with torch.device("meta"):  # shapes only: checks the encoding fits the model, instantly
             build_model(cfg.model, cfg.encoding)
+        check_can_create(Path(cfg.hydra.sweep.dir if multirun else cfg.hydra.run.dir))
 
 
-def compose_or_fail(overrides: Sequence[str]) -> DictConfig:
+def compose_or_fail(overrides: Sequence[str], with_hydra: bool = False) -> DictConfig:
     """The composed config for ``overrides``, or a one-line error."""
     try:
-        return compose_config(overrides)
+        return compose_config(overrides, with_hydra)
     except (HydraException, OmegaConfBaseException) as err:
         fail(hydra_error_line(err))
 
@@ -137,16 +172,62 @@ class JobFailed(CompactHydraException):
 def train_job(cfg: DictConfig) -> float | None:
     """Hydra's task function: one training run in Hydra's output directory."""
     run_dir = Path(HydraConfig.get().runtime.output_dir)
+    resume_hint = f"resume with: posbench train --resume {shlex.quote(str(run_dir))}"
     try:
+        if cfg.train.resume:
+            cfg = resumed_config(cfg, run_dir)
         results = train(cfg, run_dir)
+    except TrainingInterrupted as err:
+        stop(f"interrupted: {err}; {resume_hint}", err.exit_code)
+    except KeyboardInterrupt:  # outside the training loop: loading data, evaluating
+        remove_if_worthless(run_dir)
+        saved = (run_dir / CHECKPOINT_FILE).is_file()
+        stop(f"interrupted{'; ' + resume_hint if saved else ''}", 128 + signal.SIGINT)
     except PosbenchError as err:
+        remove_if_worthless(run_dir)
         if HydraConfig.get().mode == RunMode.MULTIRUN:
             raise JobFailed(str(err)) from None
-        fail(str(err))
+        report(err)
     print(f"\n{cfg.encoding.name} trained at {cfg.train.seq_len} -> {run_dir}")
     print(eval_table(results["eval"], cfg.train.seq_len))
     print(data_baselines(results["data"]))
     return results["train"]["val_ppl"]  # for optimising sweepers (e.g. Optuna)
+
+
+def resumed_config(cfg: DictConfig, run_dir: Path) -> DictConfig:
+    """With ``train.resume``: the run's saved config with only the keys this command line
+    sets put on top, so a resume need not repeat the run's overrides (train() refuses those
+    that would change the result). Without a checkpoint yet, the composed config as is."""
+    if not (run_dir / CHECKPOINT_FILE).is_file():
+        return cfg
+    resumed = saved_config(run_dir)
+    for override in OverridesParser.create().parse_overrides(HydraConfig.get().overrides.task):
+        key = override.get_key_element().lstrip("+~")
+        if not key.startswith("hydra."):
+            OmegaConf.update(resumed, key, OmegaConf.select(cfg, key), merge=False)
+    return resumed
+
+
+def remove_if_worthless(run_dir: Path) -> None:
+    """Remove the directory of a run that failed before writing a checkpoint, weights or
+    results, when it holds only what Hydra and posbench put there at the start (never the
+    current directory, nor one holding anything else)."""
+    created_at_start = {".hydra", f"{HydraConfig.get().job.name}.log", CONFIG_FILE}
+    names = {p.name for p in run_dir.iterdir()} if run_dir.is_dir() else set()
+    leftovers = {n for n in names if n not in created_at_start and "tfevents" not in n}
+    if names and not leftovers and not Path.cwd().resolve().is_relative_to(run_dir.resolve()):
+        shutil.rmtree(run_dir, ignore_errors=True)
+        remove_empty_parents(run_dir)
+
+
+def remove_empty_parents(path: Path) -> None:
+    """Remove the directories above ``path`` that it alone filled (outputs/<date>/), up to
+    the current directory."""
+    cwd = Path.cwd().resolve()
+    for parent in path.resolve().parents:
+        if parent == cwd or not parent.is_relative_to(cwd) or any(parent.iterdir()):
+            return
+        parent.rmdir()
 
 
 def train_help(overrides: Sequence[str]) -> str:
@@ -170,8 +251,25 @@ Hydra's own flags (--cfg, --info, --multirun, hydra.* keys, launchers): posbench
 """
 
 
+def resume_arguments(args: Sequence[str]) -> list[str]:
+    """``--resume DIR`` as the Hydra overrides that continue DIR's run in DIR."""
+    args = list(args)
+    if "--resume" not in args:
+        return args
+    at = args.index("--resume")
+    if at + 1 == len(args) or "=" in args[at + 1]:
+        fail("--resume needs the run directory: posbench train --resume DIR [train.steps=N]")
+    run_dir = Path(args[at + 1])
+    if not (run_dir / CHECKPOINT_FILE).is_file():
+        fail(f"{run_dir} holds no {CHECKPOINT_FILE} to resume from; pass a run directory")
+    if "-m" in args or "--multirun" in args:
+        fail("--resume takes one run; resume a sweep with train.resume=true hydra.sweep.dir=DIR")
+    return [*args[:at], *args[at + 2 :], f"hydra.run.dir='{run_dir}'", "train.resume=true"]
+
+
 def run_train(args: Sequence[str]) -> None:
-    parsed = get_args_parser().parse_args(list(args))
+    args = resume_arguments(args)
+    parsed = get_args_parser().parse_args(args)
     if parsed.help:
         print(train_help(parsed.overrides))
         return
@@ -261,6 +359,9 @@ def run_eval(args: Sequence[str]) -> None:
 
 def main(argv: Sequence[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if "--debug" in argv:  # before the command (posbench --debug train) or among its flags
+        argv = [arg for arg in argv if arg != "--debug"]
+        os.environ["HYDRA_FULL_ERROR"] = "1"
     register_schemas()
     command, rest = (argv[0], argv[1:]) if argv else (None, [])
     try:
@@ -273,7 +374,13 @@ def main(argv: Sequence[str] | None = None) -> None:
         else:
             fail(f"unknown command {command!r}; use `posbench train` or `posbench eval`")
     except PosbenchError as err:
-        fail(str(err))
+        report(err)
+    except KeyboardInterrupt:
+        if debugging():
+            traceback.print_exc()
+        stop("interrupted", 128 + signal.SIGINT)
+    except OSError as err:  # the file system: a full disk, a permission, a vanished file
+        report(err)
 
 
 if __name__ == "__main__":

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from hydra import compose, initialize_config_dir
 from hydra.core.config_store import ConfigStore
-from omegaconf import MISSING, DictConfig
+from omegaconf import MISSING, DictConfig, OmegaConf
 
 from posbench.data import DATA_SCHEMAS
 from posbench.encodings import ENCODINGS
@@ -55,6 +55,10 @@ class TrainConfig:
     log_every: int = 10
     val_every: int = 100
     val_batches: int = 8
+    # write <run>/checkpoint.pt every N steps (0: only at the end and on SIGINT/SIGTERM)
+    checkpoint_every: int = 100
+    # continue from <run>/checkpoint.pt if there is one (posbench train --resume DIR)
+    resume: bool = False
 
 
 @dataclass
@@ -105,11 +109,12 @@ def config_dir() -> Path:
     raise PosbenchError(f"posbench's conf/ directory is missing next to {package}; reinstall")
 
 
-def compose_config(overrides: Sequence[str] = ()) -> DictConfig:
-    """The config ``posbench train`` composes for ``overrides`` (Hydra's compose API)."""
+def compose_config(overrides: Sequence[str] = (), with_hydra: bool = False) -> DictConfig:
+    """The config ``posbench train`` composes for ``overrides`` (Hydra's compose API), with
+    Hydra's own ``hydra`` node (run directories, ...) when ``with_hydra``."""
     register_schemas()
     with initialize_config_dir(str(config_dir()), version_base="1.3", job_name="posbench"):
-        return compose("config", overrides=list(overrides))
+        return compose("config", overrides=list(overrides), return_hydra_config=with_hydra)
 
 
 def eval_lengths(cfg: DictConfig) -> list[int]:
@@ -145,6 +150,7 @@ def validate(cfg: DictConfig) -> None:
         "train.warmup_steps": cfg.train.warmup_steps,
         "train.weight_decay": cfg.train.weight_decay,
         "train.grad_clip": cfg.train.grad_clip,
+        "train.checkpoint_every": cfg.train.checkpoint_every,
     }
     for key, value in non_negative.items():
         if value < 0:
@@ -159,6 +165,44 @@ def validate(cfg: DictConfig) -> None:
             f"eval.stride ({cfg.eval.stride}) must not exceed the shortest eval length "
             f"({min(lengths)})"
         )
+
+
+# What a resumed run may change: none of it alters the trained weights (train.steps moves the
+# end of the LR schedule, so extending a run is allowed but is not a run of that length).
+RESUMABLE_KEYS = (
+    "train.steps",
+    "train.checkpoint_every",
+    "train.resume",
+    "eval.",
+    "data.cache_dir",
+)
+
+
+def check_resumable(saved: DictConfig, cfg: DictConfig, run_dir: Path) -> None:
+    """Refuse to resume a run saved with ``saved`` under a config that trains differently."""
+    before, after = flat_config(saved), flat_config(cfg)
+    for key in sorted(before.keys() | after.keys()):
+        if before.get(key) != after.get(key) and not key.startswith(RESUMABLE_KEYS):
+            raise PosbenchError(
+                f"{run_dir} was trained with {key}={before.get(key)}, not {after.get(key)}; a "
+                "resumed run keeps its config (only train.steps, train.checkpoint_every and "
+                "eval.* may change): drop that override or start a new run"
+            )
+
+
+def flat_config(cfg: DictConfig) -> dict[str, Any]:
+    """``{"train.lr": 0.003, ...}``: every leaf of ``cfg`` under its dotted key."""
+    flat = {}
+
+    def visit(node: Any, prefix: str) -> None:
+        if isinstance(node, dict):
+            for key, value in node.items():
+                visit(value, f"{prefix}{key}.")
+        else:
+            flat[prefix[:-1]] = node
+
+    visit(OmegaConf.to_container(cfg, resolve=True, enum_to_str=True), "")
+    return flat
 
 
 def resolve_device(device: str | Device) -> torch.device:

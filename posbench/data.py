@@ -349,7 +349,8 @@ def _hidden(relative: Path) -> bool:
 
 
 def _read_text(pattern: str, key: str) -> np.ndarray:
-    """The files of ``data.<key>`` concatenated like ``cat``, as UTF-8 bytes.
+    """The files of ``data.<key>`` concatenated like ``cat``, as UTF-8 bytes (raw bytes when
+    they are not UTF-8 text).
 
     datasets' text builder keeps every line break but reads in universal-newline mode, so
     ``\\r\\n`` and ``\\r`` arrive as ``\\n``. Streaming reads the files directly, without
@@ -363,10 +364,11 @@ def _read_text(pattern: str, key: str) -> np.ndarray:
     )
     try:
         data = _encode(_column(rows, "text"))
-    except UnicodeDecodeError as error:
-        raise PosbenchError(
-            f"data.{key} '{pattern}' is not UTF-8 text ({error.reason}); convert it to UTF-8"
-        ) from error
+    except UnicodeDecodeError:
+        # The model reads bytes, so any file is a corpus: one that is not UTF-8 text (a binary
+        # file, Latin-1 text) is taken byte for byte, with no newline translation.
+        log.warning("data.%s '%s' is not UTF-8 text: training on its raw bytes", key, pattern)
+        data = np.concatenate([np.fromfile(f, dtype=np.uint8) for f in files])
     if not len(data):
         raise PosbenchError(
             f"data.{key} '{pattern}' contains no text; point it at a non-empty text file"

@@ -12,6 +12,8 @@ Weights are safetensors, so loading a run never executes code from the file.
 from __future__ import annotations
 
 import json
+import os
+import tempfile
 from collections.abc import Iterable
 from dataclasses import asdict
 from pathlib import Path
@@ -22,7 +24,7 @@ from omegaconf import DictConfig, OmegaConf
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_model, save_model
 
-from posbench.atomic import atomic_path, atomic_write, write_json
+from posbench.atomic import atomic_path, atomic_write, leftover_temp_files, write_json
 from posbench.errors import PosbenchError
 from posbench.model import Transformer, build_model
 
@@ -94,16 +96,72 @@ def load_run(
     """
     config = load_run_config(run_dir)
     model = load_weights(Path(run_dir) / WEIGHTS_FILE, device)
+    check_weights_match_config(model, config, Path(run_dir))
     return model.eval(), config
+
+
+def check_weights_match_config(model: Transformer, config: DictConfig, run_dir: Path) -> None:
+    """The weights describe their own shape; a config.yaml that disagrees means the
+    directory mixes two runs, and its numbers would be attributed to the wrong config."""
+    weights = model.args.to_dict()
+    differ = [key for key in weights if key in config.model and config.model[key] != weights[key]]
+    if differ:
+        held = ", ".join(f"{key}={weights[key]}" for key in differ)
+        said = ", ".join(f"{key}={config.model[key]}" for key in differ)
+        raise PosbenchError(
+            f"{run_dir / WEIGHTS_FILE} holds a model with {held} but {CONFIG_FILE} says {said}; "
+            "the directory mixes two runs: retrain it or restore the matching weights"
+        )
 
 
 def load_run_config(run_dir: str | Path) -> DictConfig:
     """The resolved config a trained run was trained with (without loading its weights)."""
-    run_dir = check_run_dir(Path(run_dir))
-    config_path = run_dir / CONFIG_FILE
+    return saved_config(check_run_dir(Path(run_dir)))
+
+
+def saved_config(run_dir: Path) -> DictConfig:
+    """``run_dir/config.yaml``, whether or not the run has finished."""
+    config_path = Path(run_dir) / CONFIG_FILE
     if not config_path.is_file():
         raise PosbenchError(f"{run_dir} holds no {CONFIG_FILE}; it is not a posbench run")
     return OmegaConf.load(config_path)
+
+
+def check_can_create(run_dir: Path) -> None:
+    """A one-line error, before anything runs, when ``run_dir`` could not be created or
+    written (``prepare_run_dir`` checks again by writing, which also catches what
+    permissions do not show, e.g. a read-only file system)."""
+    existing = Path(run_dir).absolute()
+    while not existing.exists():
+        existing = existing.parent
+    if not existing.is_dir():
+        raise PosbenchError(
+            f"cannot create the run directory {run_dir}: {existing} is a file; choose another "
+            "with hydra.run.dir=DIR"
+        )
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise PosbenchError(
+            f"cannot create the run directory {run_dir}: {existing} is not writable; choose "
+            "another with hydra.run.dir=DIR"
+        )
+
+
+def prepare_run_dir(run_dir: Path) -> Path:
+    """Create ``run_dir`` and check it takes files, so an unwritable output path fails before
+    training rather than at the first checkpoint. Temp files a killed run left behind (never
+    read: only complete files are renamed into place) are removed."""
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=run_dir):
+            pass
+    except OSError as err:
+        raise PosbenchError(
+            f"cannot write to the run directory {run_dir} ({err.strerror}); choose a writable "
+            "one with hydra.run.dir=DIR"
+        ) from None
+    for stale in leftover_temp_files(run_dir):
+        stale.unlink(missing_ok=True)
+    return run_dir
 
 
 def latest_run(root: str | Path = "outputs") -> Path:

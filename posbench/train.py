@@ -8,9 +8,13 @@ from __future__ import annotations
 
 import logging
 import math
+import signal
+import threading
 import time
 from collections import deque
 from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -20,11 +24,27 @@ from omegaconf import DictConfig
 from torch.utils.tensorboard import SummaryWriter
 from tqdm.auto import tqdm
 
-from posbench.config import eval_lengths, resolve_device, validate
+from posbench.checkpoint import (
+    CHECKPOINT_FILE,
+    TrainProgress,
+    load_checkpoint,
+    restore_checkpoint,
+    save_checkpoint,
+)
+from posbench.config import check_resumable, eval_lengths, resolve_device, validate
 from posbench.data import Corpus, load_corpus, sample_batch
+from posbench.errors import PosbenchError
 from posbench.evaluate import evaluate
 from posbench.model import Transformer, build_model
-from posbench.runs import RESULTS_FILE, save_config, save_weights, write_json
+from posbench.runs import (
+    RESULTS_FILE,
+    prepare_run_dir,
+    read_results,
+    save_config,
+    save_weights,
+    saved_config,
+    write_json,
+)
 from posbench.tensorboard_log import log_eval_records, log_hparams
 
 log = logging.getLogger(__name__)
@@ -75,61 +95,228 @@ def validation_loss(model: Transformer, tokens: torch.Tensor, cfg: DictConfig) -
     return float(total) / count
 
 
-def train_steps(
-    model: Transformer, corpus: Corpus, cfg: DictConfig, writer: SummaryWriter
-) -> dict[str, Any]:
-    """The optimisation loop; returns the training summary for results.json."""
-    tcfg = cfg.train
+class Diverged(PosbenchError):
+    """The training loss became NaN or infinite; the last good checkpoint is kept."""
+
+    def __init__(self, message: str, step: int, last_finite_loss: float | None) -> None:
+        super().__init__(message)
+        self.step = step
+        self.last_finite_loss = last_finite_loss
+
+
+class TrainingInterrupted(Exception):
+    """SIGINT or SIGTERM stopped training after a checkpoint; ``posbench train --resume``
+    continues it."""
+
+    def __init__(self, signum: int, step: int, run_dir: Path) -> None:
+        name = signal.Signals(signum).name
+        super().__init__(f"{name} at step {step}; checkpoint saved in {run_dir}")
+        self.signum, self.step, self.run_dir = signum, step, run_dir
+
+    @property
+    def exit_code(self) -> int:
+        return 128 + self.signum  # the shell's convention: 130 for SIGINT, 143 for SIGTERM
+
+
+@dataclass
+class StopRequest:
+    signum: int | None = None
+
+
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+@contextmanager
+def stop_requests() -> Iterator[StopRequest]:
+    """While active, SIGINT (Ctrl-C) and SIGTERM (e.g. SLURM pre-emption) only record that a
+    stop was asked for, so the loop can finish its step and checkpoint first. A second signal
+    acts at once (the previous handlers are back): an impatient user is never stuck, and the
+    atomic checkpoint write keeps the last complete checkpoint intact either way."""
+    request = StopRequest()
+    if threading.current_thread() is not threading.main_thread():
+        yield request  # Python delivers signals to the main thread only
+        return
+
+    def handle(signum: int, frame: object) -> None:
+        request.signum = signum
+        for stop_signal, handler in previous.items():
+            signal.signal(stop_signal, handler)
+
+    previous = {s: signal.signal(s, handle) for s in STOP_SIGNALS}
+    try:
+        yield request
+    finally:
+        for stop_signal, handler in previous.items():
+            signal.signal(stop_signal, handler)
+
+
+def train_step(
+    model: Transformer,
+    optimizer: torch.optim.Optimizer,
+    tokens: torch.Tensor,
+    sampler: torch.Generator,
+    step: int,
+    cfg: DictConfig,
+) -> float:
+    """One optimisation step at ``lr_at(step)``; returns its loss."""
     device = next(model.parameters()).device
+    for group in optimizer.param_groups:
+        group["lr"] = lr_at(step, cfg)
+    x, y = sample_batch(tokens, cfg.batch_size, cfg.seq_len, sampler)
+    x, y = x.to(device), y.to(device)
+    loss = F.cross_entropy(model(x).flatten(0, 1), y.flatten())
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    if cfg.grad_clip > 0:
+        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+    optimizer.step()
+    return loss.item()  # also waits for the device, so the caller's timing is honest
+
+
+def train_steps(
+    model: Transformer,
+    corpus: Corpus,
+    cfg: DictConfig,
+    writer: SummaryWriter,
+    run_dir: Path,
+    checkpoint: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The optimisation loop, from ``checkpoint`` when given; returns the training summary.
+
+    Checkpoints every ``train.checkpoint_every`` steps, at the end, and when a stop signal
+    arrives (then raises TrainingInterrupted); raises Diverged on a non-finite loss.
+    """
+    tcfg = cfg.train
     optimizer = make_optimizer(model, tcfg)
-    generator = torch.Generator().manual_seed(cfg.seed)  # batch order depends on the seed only
-    recent_losses: deque[float] = deque(maxlen=tcfg.log_every)  # for final_loss
-    tokens_seen, train_time = 0, 0.0
+    sampler = torch.Generator().manual_seed(cfg.seed)  # batch order depends on the seed only
+    progress = TrainProgress()
+    if checkpoint is not None:
+        progress = restore_checkpoint(checkpoint, model, optimizer, sampler)
+    saved_step = progress.step
+    recent_losses = deque(progress.recent_losses, maxlen=tcfg.log_every)  # for final_loss
     model.train()
-    bar = tqdm(range(tcfg.steps), desc=f"train {cfg.encoding.name}", unit="step")
-    for step in bar:
-        started = time.perf_counter()
-        for group in optimizer.param_groups:
-            group["lr"] = lr_at(step, tcfg)
-        x, y = sample_batch(corpus.train, tcfg.batch_size, tcfg.seq_len, generator)
-        x, y = x.to(device), y.to(device)
-        loss = F.cross_entropy(model(x).flatten(0, 1), y.flatten())
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        if tcfg.grad_clip > 0:
-            torch.nn.utils.clip_grad_norm_(model.parameters(), tcfg.grad_clip)
-        optimizer.step()
-        loss_value = loss.item()  # also waits for the device, so the timing below is honest
-        train_time += time.perf_counter() - started
-        tokens_seen += x.numel()
-        recent_losses.append(loss_value)
-        if (step + 1) % tcfg.log_every == 0 or step + 1 == tcfg.steps:
-            writer.add_scalar("train/loss", loss_value, step + 1)
-            writer.add_scalar("train/lr", lr_at(step, tcfg), step + 1)
-            writer.add_scalar("train/tokens_per_s", tokens_seen / train_time, step + 1)
-            bar.set_postfix(loss=f"{loss_value:.3f}", tok_s=f"{tokens_seen / train_time:,.0f}")
-        if (step + 1) % tcfg.val_every == 0 or step + 1 == tcfg.steps:
-            val_loss = validation_loss(model, corpus.val, tcfg)
-            writer.add_scalar("val/loss", val_loss, step + 1)
-            writer.add_scalar("val/ppl", math.exp(val_loss), step + 1)
+    bar = tqdm(
+        range(progress.step, tcfg.steps),
+        initial=progress.step,
+        total=tcfg.steps,
+        desc=f"train {cfg.encoding.name}",
+        unit="step",
+    )
+    with stop_requests() as stop:
+        for step in bar:
+            started = time.perf_counter()
+            loss_value = train_step(model, optimizer, corpus.train, sampler, step, tcfg)
+            if not math.isfinite(loss_value):
+                raise divergence(step + 1, loss_value, recent_losses, saved_step, run_dir, tcfg)
+            progress.train_time += time.perf_counter() - started
+            progress.tokens_seen += tcfg.batch_size * tcfg.seq_len
+            progress.step = step + 1
+            recent_losses.append(loss_value)
+            if progress.step % tcfg.log_every == 0 or progress.step == tcfg.steps:
+                log_training(writer, bar, progress, loss_value, lr_at(step, tcfg))
+            if progress.step % tcfg.val_every == 0 or progress.step == tcfg.steps:
+                progress.val_loss = validation_loss(model, corpus.val, tcfg)
+                writer.add_scalar("val/loss", progress.val_loss, progress.step)
+                writer.add_scalar("val/ppl", math.exp(progress.val_loss), progress.step)
+            if checkpoint_due(progress.step, tcfg) or stop.signum is not None:
+                progress.recent_losses = list(recent_losses)
+                writer.flush()  # TensorBoard holds at least what the checkpoint holds
+                save_checkpoint(run_dir, model, optimizer, sampler, progress)
+                saved_step = progress.step
+            if stop.signum is not None:
+                bar.close()
+                raise TrainingInterrupted(stop.signum, progress.step, run_dir)
     bar.close()
     return {
         "steps": tcfg.steps,
         "final_loss": sum(recent_losses) / len(recent_losses),
-        "val_ppl": math.exp(val_loss),
-        "tokens_per_s": tokens_seen / train_time,
-        "wall_s": train_time,
+        "val_ppl": math.exp(progress.val_loss),
+        "tokens_per_s": progress.tokens_seen / progress.train_time,
+        "wall_s": progress.train_time,
     }
+
+
+def checkpoint_due(step: int, cfg: DictConfig) -> bool:
+    """Every ``checkpoint_every`` steps (0: never in between) and after the last step."""
+    return step == cfg.steps or (cfg.checkpoint_every > 0 and step % cfg.checkpoint_every == 0)
+
+
+def log_training(
+    writer: SummaryWriter, bar: tqdm, progress: TrainProgress, loss: float, lr: float
+) -> None:
+    tokens_per_s = progress.tokens_seen / progress.train_time
+    writer.add_scalar("train/loss", loss, progress.step)
+    writer.add_scalar("train/lr", lr, progress.step)
+    writer.add_scalar("train/tokens_per_s", tokens_per_s, progress.step)
+    bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{tokens_per_s:,.0f}")
+
+
+def divergence(
+    step: int,
+    loss: float,
+    recent_losses: deque[float],
+    saved_step: int,
+    run_dir: Path,
+    cfg: DictConfig,
+) -> Diverged:
+    last = recent_losses[-1] if recent_losses else None
+    last_text = f"{last:.4g}" if last is not None else "none yet"
+    kept = f"the checkpoint of step {saved_step} is kept" if saved_step else "no checkpoint yet"
+    return Diverged(
+        f"training diverged at step {step} (loss {loss}, last finite loss {last_text}); "
+        f"{kept} in {run_dir}; lower train.lr (now {cfg.lr:g}) or raise train.warmup_steps",
+        step,
+        last,
+    )
+
+
+def checkpoint_to_resume(cfg: DictConfig, run_dir: Path) -> dict[str, Any] | None:
+    """The checkpoint to continue from, or None to train from the start.
+
+    A fresh run refuses a directory that already holds a checkpoint (it would mix two runs).
+    With ``train.resume`` and no checkpoint yet, training starts from the beginning, so a
+    requeued job can pass ``train.resume=true`` every time.
+    """
+    path = run_dir / CHECKPOINT_FILE
+    if not path.is_file():
+        if cfg.train.resume:
+            log.info("no %s in %s yet: training from the start", CHECKPOINT_FILE, run_dir)
+        return None
+    if not cfg.train.resume:
+        raise PosbenchError(
+            f"{run_dir} already holds a run ({CHECKPOINT_FILE}); continue it with "
+            f"`posbench train --resume {run_dir}` or choose another hydra.run.dir"
+        )
+    check_resumable(saved_config(run_dir), cfg, run_dir)
+    checkpoint = load_checkpoint(path)
+    done = checkpoint["progress"]["step"]
+    if done > cfg.train.steps:
+        raise PosbenchError(
+            f"{path} is at step {done}, past train.steps={cfg.train.steps}; "
+            f"resume with train.steps >= {done}"
+        )
+    return checkpoint
+
+
+def already_finished(checkpoint: dict[str, Any], cfg: DictConfig, run_dir: Path) -> bool:
+    """Trained to the end and evaluated: resuming has nothing left to do."""
+    trained = checkpoint["progress"]["step"] == cfg.train.steps
+    return trained and read_results(run_dir).get("status") == "ok"
 
 
 def train(cfg: DictConfig, run_dir: str | Path) -> dict[str, Any]:
     """Train the configured model, evaluate it at every eval length, and write the run.
 
-    Returns the content of ``run_dir/results.json``.
+    With ``train.resume`` it continues from ``run_dir``'s checkpoint when there is one (see
+    ``checkpoint_to_resume``). Returns the content of ``run_dir/results.json``; raises
+    Diverged (after recording ``"status": "diverged"``) or TrainingInterrupted.
     """
     validate(cfg)
-    run_dir = Path(run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
+    run_dir = prepare_run_dir(Path(run_dir))
+    checkpoint = checkpoint_to_resume(cfg, run_dir)
+    if checkpoint is not None and already_finished(checkpoint, cfg, run_dir):
+        log.info("%s already finished; `posbench eval` re-evaluates it", run_dir)
+        return read_results(run_dir)
     device = resolve_device(cfg.device)
     corpus = load_corpus(cfg.data)
     torch.manual_seed(cfg.seed)  # model init (and dropout) depend on the seed alone
@@ -143,8 +330,28 @@ def train(cfg: DictConfig, run_dir: str | Path) -> dict[str, Any]:
         f"{len(corpus.val):,}",
         device,
     )
-    with SummaryWriter(log_dir=str(run_dir)) as writer:
-        summary = train_steps(model, corpus, cfg, writer)
+    results = {
+        "status": "ok",
+        "encoding": cfg.encoding.name,
+        "train_seq_len": cfg.train.seq_len,
+        "seed": cfg.seed,
+        "parameters": model.num_parameters(),
+        "data": {"name": corpus.name, **corpus.stats},
+    }
+    # Events past the checkpoint (written before a crash) are dropped, so no step repeats.
+    purge_step = checkpoint["progress"]["step"] + 1 if checkpoint is not None else None
+    with SummaryWriter(log_dir=str(run_dir), purge_step=purge_step) as writer:
+        try:
+            summary = train_steps(model, corpus, cfg, writer, run_dir, checkpoint)
+        except Diverged as err:
+            train_summary = {
+                "steps": cfg.train.steps,
+                "diverged_at_step": err.step,
+                "last_finite_loss": err.last_finite_loss,
+            }
+            diverged = {**results, "status": "diverged", "train": train_summary, "eval": []}
+            write_json(run_dir / RESULTS_FILE, diverged)
+            raise
         save_weights(run_dir, model)
         records = evaluate(
             model,
@@ -155,15 +362,7 @@ def train(cfg: DictConfig, run_dir: str | Path) -> dict[str, Any]:
             cfg.eval.max_tokens,
         )
         log_eval_records(writer, records, cfg.train.seq_len)
-        results = {
-            "encoding": cfg.encoding.name,
-            "train_seq_len": cfg.train.seq_len,
-            "seed": cfg.seed,
-            "parameters": model.num_parameters(),
-            "data": {"name": corpus.name, **corpus.stats},
-            "train": summary,
-            "eval": records,
-        }
+        results = {**results, "train": summary, "eval": records}
         write_json(run_dir / RESULTS_FILE, results)
         log_hparams(writer, hparams(cfg), headline_metrics(results))
     return results

@@ -254,10 +254,12 @@ def test_too_short_validation_split_is_rejected(tmp_path):
     assert "val split" in one_line_error(lambda: load_corpus(config))
 
 
-def test_non_utf8_text_is_rejected(tmp_path):
-    path = tmp_path / "latin1.txt"
-    path.write_bytes("café\n".encode("latin-1") * 500)
-    assert "UTF-8" in one_line_error(lambda: load_corpus(text_config(tmp_path, path)))
+def test_a_file_that_is_not_utf8_text_is_read_as_raw_bytes(tmp_path):
+    path = tmp_path / "data.bin"
+    content = bytes(torch.randint(0, 256, (20_000,), generator=torch.Generator().manual_seed(0)))
+    path.write_bytes(content)
+    corpus = load_corpus(text_config(tmp_path, path))
+    assert bytes(torch.cat([corpus.train, corpus.val]).numpy()) == content
 
 
 # Hub corpora -------------------------------------------------------------------------------------
