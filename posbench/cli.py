@@ -236,10 +236,13 @@ def train_help(overrides: Sequence[str]) -> str:
         f"  {group:<9} {', '.join(group_options(group))}" for group in ("encoding", "model", "data")
     )
     cfg = compose_or_fail(overrides)
-    return f"""usage: posbench train [KEY=VALUE ...] [-m KEY=A,B ...] [--cfg job] [--hydra-help]
+    return f"""usage: posbench train [KEY=VALUE ...] [-m KEY=A,B ...] [--resume DIR] [--debug]
+                      [--cfg job] [--hydra-help]
 
 Train at train.seq_len, evaluate at eval.lengths; writes outputs/<date>/<time>_<encoding>/.
 Sweeps: -m (--multirun) runs one job per combination, e.g. -m encoding=rope,learned seed=0,1.
+Resume: --resume DIR continues DIR from its checkpoint.pt (Ctrl-C/SIGTERM write one and
+print this command); with train.steps=N it extends a finished run.
 
 config groups (GROUP=OPTION):
 {groups}

@@ -2,6 +2,7 @@
 
     <run>/model.safetensors  weights + (in the header metadata) everything needed to rebuild them
     <run>/config.yaml        the fully resolved config the run was trained with
+    <run>/checkpoint.pt      training state for resuming (posbench/checkpoint.py)
     <run>/results.json       training summary and one record per evaluated length
     <run>/events.out.tfevents.*  TensorBoard scalars, hparams and figures
     <run>/.hydra/            Hydra's own record of the composed config and overrides
@@ -25,6 +26,7 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_model, save_model
 
 from posbench.atomic import atomic_path, atomic_write, leftover_temp_files, write_json
+from posbench.checkpoint import CHECKPOINT_FILE
 from posbench.errors import PosbenchError
 from posbench.model import Transformer, build_model
 
@@ -78,6 +80,11 @@ def check_run_dir(run_dir: Path) -> Path:
         raise PosbenchError(
             f"run directory {run_dir} not found; pass --run with a directory made by "
             "`posbench train`"
+        )
+    if not (run_dir / WEIGHTS_FILE).is_file() and (run_dir / CHECKPOINT_FILE).is_file():
+        raise PosbenchError(
+            f"{run_dir} holds no {WEIGHTS_FILE} yet: its training stopped at a checkpoint; "
+            f"finish it with `posbench train --resume {run_dir}`"
         )
     if not (run_dir / WEIGHTS_FILE).is_file():
         raise PosbenchError(

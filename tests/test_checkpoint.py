@@ -18,7 +18,7 @@ import posbench.checkpoint
 from posbench.checkpoint import CHECKPOINT_FILE, load_checkpoint
 from posbench.config import compose_config
 from posbench.errors import PosbenchError
-from posbench.runs import WEIGHTS_FILE
+from posbench.runs import WEIGHTS_FILE, check_run_dir
 from posbench.train import Diverged, TrainingInterrupted, train
 
 train_module = importlib.import_module("posbench.train")  # posbench.train is also the function
@@ -233,3 +233,9 @@ def test_a_read_only_output_directory_fails_before_training(short, tmp_path):
             train(compose_config(short), tmp_path / "run")
     finally:
         tmp_path.chmod(0o755)
+
+
+def test_evaluating_a_stopped_run_says_how_to_finish_it(straight, tmp_path):
+    (tmp_path / CHECKPOINT_FILE).write_bytes((straight[0] / CHECKPOINT_FILE).read_bytes())
+    with pytest.raises(PosbenchError, match="posbench train --resume"):
+        check_run_dir(tmp_path)

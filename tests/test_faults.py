@@ -185,24 +185,41 @@ def a_file(tmp_path: Path) -> Path:
     return tmp_path / "file"
 
 
-# (what is wrong, the command line (given tmp_path), what the error line must say)
-BAD_INPUT = [
-    ("unknown model", lambda t: ["train", "model=nope"], "unknown model 'nope'; choose one of"),
-    ("unknown data", lambda t: ["train", "data=nope"], "unknown data 'nope'; choose one of"),
+# Mistakes caught while composing the config, before Hydra starts: checked in-process
+# (test_cli.py runs this path through the installed command).
+CONFIG_ERRORS = [
+    ("unknown model", ["model=nope"], "unknown model 'nope'; choose one of"),
+    ("unknown data", ["data=nope"], "unknown data 'nope'; choose one of"),
     (
         "n_head not dividing d_model",
-        lambda t: ["train", "encoding=none", "model.d_model=30", "model.n_head=4"],
+        ["encoding=none", "model.d_model=30", "model.n_head=4"],
         "model.n_head (4) must divide model.d_model (30)",
     ),
-    ("zero batch size", lambda t: ["train", "train.batch_size=0"], "batch_size must be positive"),
-    ("zero seq_len", lambda t: ["train", "train.seq_len=0"], "seq_len must be positive"),
-    ("zero eval length", lambda t: ["train", "eval.lengths=[0,16]"], "eval.lengths must be"),
-    ("negative lr", lambda t: ["train", "train.lr=-1"], "train.lr must be positive"),
-    (
-        "negative checkpoint interval",
-        lambda t: ["train", "train.checkpoint_every=-1"],
-        "train.checkpoint_every must be >= 0",
-    ),
+    ("zero batch size", ["train.batch_size=0"], "train.batch_size must be positive"),
+    ("zero seq_len", ["train.seq_len=0"], "train.seq_len must be positive"),
+    ("zero eval length", ["eval.lengths=[0,16]"], "eval.lengths must be positive integers"),
+    ("negative lr", ["train.lr=-1"], "train.lr must be positive"),
+    ("negative checkpoint interval", ["train.checkpoint_every=-1"], "must be >= 0"),
+]
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"), [c[1:] for c in CONFIG_ERRORS], ids=[c[0] for c in CONFIG_ERRORS]
+)
+def test_config_mistakes_are_one_error_line_before_anything_is_created(
+    tmp_path, monkeypatch, capsys, overrides, message
+):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as stopped:
+        cli.main(["train", *overrides])
+    assert stopped.value.code == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], lines
+    assert not list(tmp_path.iterdir())
+
+
+# (what is wrong, the command line (given tmp_path), what the error line must say)
+BAD_INPUT = [
     (
         "missing data path",
         lambda t: ["train", *QUICK_RUN, "data=text", f"data.path={t / 'none.txt'}"],
@@ -260,20 +277,26 @@ def test_bad_input_is_one_error_line_a_nonzero_exit_and_leaves_nothing_behind(
 
 
 @pytest.mark.parametrize(
-    ("args", "env"),
-    [
-        (["--debug", "train", "train.steps=-5"], {}),
-        (["eval", "--debug", "--length", "16", "--run", "run"], {}),
-        (["train", *QUICK_RUN, "data=text", "data.path=none.txt"], {"HYDRA_FULL_ERROR": "1"}),
-    ],
-    ids=["posbench --debug train", "posbench eval --debug", "HYDRA_FULL_ERROR=1"],
+    "args",
+    [["--debug", "train", "train.steps=-5"], ["eval", "--debug", "--length", "16", "--run", "x"]],
+    ids=["posbench --debug train", "posbench eval --debug"],
 )
-def test_debug_shows_the_traceback_behind_the_error_line(tmp_path, cache_dir, args, env):
-    (tmp_path / "run").mkdir()
-    result = posbench(*args, cwd=tmp_path, env=env)
+def test_debug_shows_the_traceback_behind_the_error_line(tmp_path, monkeypatch, capsys, args):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HYDRA_FULL_ERROR", "0")  # restored after --debug sets it to 1
+    with pytest.raises(SystemExit) as stopped:
+        cli.main(args)
+    err = capsys.readouterr().err
+    assert stopped.value.code == 2
+    assert "Traceback" in err and err.strip().splitlines()[-1].startswith("error: ")
+
+
+def test_hydra_full_error_shows_the_traceback_of_a_failing_job(tmp_path, cache_dir):
+    overrides = [*QUICK_RUN, "data=text", "data.path=none.txt"]
+    result = posbench("train", *overrides, cwd=tmp_path, env={"HYDRA_FULL_ERROR": "1"})
     assert result.returncode != 0
     assert "Traceback" in result.stderr
-    assert result.stderr.strip().splitlines()[-1].startswith("error: ")
+    assert result.stderr.strip().splitlines()[-1].startswith("error: data.path")
 
 
 def test_a_run_that_fails_on_its_data_leaves_no_run_directory(tmp_path, cache_dir):
