@@ -183,10 +183,11 @@ def check_resumable(saved: DictConfig, cfg: DictConfig, run_dir: Path) -> None:
     before, after = flat_config(saved), flat_config(cfg)
     for key in sorted(before.keys() | after.keys()):
         if before.get(key) != after.get(key) and not key.startswith(RESUMABLE_KEYS):
+            may_change = ", ".join(k + "*" if k.endswith(".") else k for k in RESUMABLE_KEYS)
             raise PosbenchError(
                 f"{run_dir} was trained with {key}={before.get(key)}, not {after.get(key)}; a "
-                "resumed run keeps its config (only train.steps, train.checkpoint_every and "
-                "eval.* may change): drop that override or start a new run"
+                f"resumed run keeps its config (only {may_change} may change): drop that "
+                "override or start a new run"
             )
 
 

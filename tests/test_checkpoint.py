@@ -116,13 +116,16 @@ def test_the_final_checkpoint_holds_everything_to_continue(straight):
     assert straight[1]["status"] == "ok"
 
 
-def test_resuming_a_finished_run_can_extend_it_and_change_its_eval_lengths(
+def test_resuming_a_finished_run_can_extend_it_and_change_its_eval_lengths_ignoring_temp_files(
     straight, short, tmp_path
 ):
     for name in ("config.yaml", CHECKPOINT_FILE, "results.json"):
         (tmp_path / name).write_bytes((straight[0] / name).read_bytes())
+    stale = tmp_path / f".{CHECKPOINT_FILE}.x1y2.tmp"  # what a kill -9 mid-write leaves
+    stale.write_bytes(b"half a checkpoint")
     overrides = [*short, "train.resume=true", "train.steps=25", "eval.lengths=[16,32]"]
     results = train(compose_config(overrides), tmp_path)
+    assert not stale.exists()
     assert results["train"]["steps"] == 25
     assert [r["length"] for r in results["eval"]] == [16, 32]
     assert [step for step, _ in losses(tmp_path)] == list(range(21, 26))
