@@ -137,7 +137,8 @@ def test_a_diverging_run_exits_nonzero_with_one_line_and_records_its_status(tmp_
 
 def test_a_diverging_job_does_not_stop_the_rest_of_a_sweep(tmp_path, cache_dir):
     sweep = tmp_path / "sweep"
-    posbench("train", "-m", *QUICK, "train.lr=1e30,1e-2", f"hydra.sweep.dir={sweep}", cwd=tmp_path)
+    overrides = [*QUICK, "train.steps=10", "train.lr=1e30,1e-2", f"hydra.sweep.dir={sweep}"]
+    posbench("train", "-m", *overrides, cwd=tmp_path)
     statuses = sorted(results_of(p.parent)["status"] for p in sweep.glob("*/results.json"))
     assert statuses == ["diverged", "ok"]
 
