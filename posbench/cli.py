@@ -271,13 +271,13 @@ def eval_parser() -> argparse.ArgumentParser:
 
 def run_eval(args: Sequence[str]) -> None:
     options = eval_parser().parse_args(list(args))
+    if options.factor is not None and options.rope_scaling is None:
+        fail("--factor needs --rope-scaling METHOD (see posbench eval --help)")
     run_dir = options.run if options.run is not None else latest_run(Path("outputs"))
     cfg = load_run_config(run_dir)  # for the defaults; evaluate_run loads the weights
     lengths = options.length or eval_lengths(cfg)
     if options.stride is not None and options.stride > min(lengths):
         fail(f"--stride {options.stride} must not exceed the shortest --length ({min(lengths)})")
-    if options.factor is not None and options.rope_scaling is None:
-        fail("--factor needs --rope-scaling METHOD (see posbench eval --help)")
     overrides = None
     if options.rope_scaling is not None:
         overrides = rope_scaling_overrides(cfg, options.rope_scaling, options.factor)
