@@ -49,7 +49,10 @@ def windows(n_tokens: int, length: int, stride: int | None) -> Iterator[tuple[in
         yield start, 0 if start == 0 or stride is None else length - stride
 
 
-def unsupported(length: int, stride: int | None, reason: str) -> dict[str, Any]:
+def unsupported(
+    length: int, stride: int | None, reason: str, scaling: dict[str, Any]
+) -> dict[str, Any]:
+    """The record of a length that cannot be measured; ``scaling`` as in ``scaling_record``."""
     return {
         "length": length,
         "stride": stride,
@@ -58,26 +61,30 @@ def unsupported(length: int, stride: int | None, reason: str) -> dict[str, Any]:
         "tokens": 0,
         "status": "unsupported",
         "reason": reason,
+        **scaling,
     }
 
 
 @torch.inference_mode()
-def perplexity_at(
+def evaluate_length(
     model: Transformer,
     tokens: torch.Tensor,
     length: int,
     stride: int | None = None,
     batch_size: int | None = None,
 ) -> dict[str, Any]:
-    """The measurement half of ``evaluate_length``: its record without the scaling fields."""
+    """One results.json eval record: the model's perplexity on ``tokens`` at ``length``, and
+    the eval-time extension (``scaling``) its encoding applied there."""
     assert stride is None or 0 < stride <= length, "stride must be in (0, length]"
-    model.eval()
+    model.eval()  # no dropout; eval-time extensions (RoPE scaling) apply
+    scaling = model.encoding.scaling_record(length)
     if model.max_length is not None and length > model.max_length:
         return unsupported(
             length,
             stride,
             f"the {model.encoding.config.name} encoding represents {model.max_length} "
             f"positions; retrain with encoding.max_length>={length}",
+            scaling,
         )
     spans = list(windows(len(tokens), length, stride))
     if not spans:
@@ -86,6 +93,7 @@ def perplexity_at(
             stride,
             f"the validation split has {len(tokens)} tokens; length {length} needs "
             f"at least {length + 1}",
+            scaling,
         )
     device = next(model.parameters()).device
     batch_size = batch_size or max(1, TOKENS_PER_BATCH // length)
@@ -111,20 +119,8 @@ def perplexity_at(
         "tokens": scored,
         "status": "ok",
         "reason": None,
+        **scaling,
     }
-
-
-def evaluate_length(
-    model: Transformer,
-    tokens: torch.Tensor,
-    length: int,
-    stride: int | None = None,
-    batch_size: int | None = None,
-) -> dict[str, Any]:
-    """One results.json eval record: the model's perplexity on ``tokens`` at ``length``, and
-    the eval-time extension (``scaling``) its encoding applied there."""
-    record = perplexity_at(model, tokens, length, stride, batch_size)  # sets eval mode
-    return record | model.encoding.scaling_record(length)
 
 
 def evaluate(
