@@ -42,10 +42,10 @@ class RopeScalingConfig:
     factor: float | None = None
     # the length the model was trained at (conf/encoding/rope.yaml: ${train.seq_len})
     original_length: int | None = None
-    beta_fast: float = (
-        32.0  # yarn: pairs turning more than this often in original_length keep theta
-    )
-    beta_slow: float = 1.0  # yarn: pairs turning less than this often are fully interpolated
+    # yarn: pairs turning more than beta_fast times within original_length keep theta, pairs
+    # turning fewer than beta_slow times get theta / s
+    beta_fast: float = 32.0
+    beta_slow: float = 1.0
     low_freq_factor: float = 1.0  # llama3: wavelengths above original_length / this: theta / s
     high_freq_factor: float = 4.0  # llama3: wavelengths below original_length / this: theta
 
@@ -265,8 +265,8 @@ class RotaryPositionalEncoding(PositionalEncoding):
         self.attention_factor = 1.0
 
     def scaling_factor(self, length: int) -> float | None:
-        """The factor s for a sequence of ``length`` positions, or None for plain RoPE
-        (training, or no scaling method)."""
+        """The factor s for a sequence of ``length`` positions (0 .. length-1: the window being
+        evaluated), or None for plain RoPE (training mode, or no scaling method)."""
         scaling = self.config.scaling
         if self.training or scaling.method == "none":
             return None
