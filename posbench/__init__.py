@@ -6,11 +6,13 @@ Python API (stable):
     logits = model(tokens)                               # (batch, time) bytes -> (batch, time, 256)
     records = posbench.evaluate_run(run_dir, [1024, 4096])   # results.json eval records
     records = posbench.evaluate(model, tokens, [1024])       # any model, any byte tensor
+    overrides = posbench.rope_scaling_overrides(cfg, "yarn", 8.0)  # eval-time RoPE extension
+    records = posbench.evaluate_run(run_dir, [8192], encoding_overrides=overrides)
 """
 
-from posbench.evaluate import evaluate, evaluate_run
+from posbench.evaluate import evaluate, evaluate_run, rope_scaling_overrides
 from posbench.runs import load_run
 from posbench.train import train
 
 __version__ = "0.1.0"
-__all__ = ["evaluate", "evaluate_run", "load_run", "train"]
+__all__ = ["evaluate", "evaluate_run", "load_run", "rope_scaling_overrides", "train"]

@@ -32,8 +32,9 @@ from torch.utils.tensorboard import SummaryWriter
 from posbench.checkpoint import CHECKPOINT_FILE
 from posbench.config import compose_config, config_dir, eval_lengths, register_schemas, validate
 from posbench.encodings import encoding_names
+from posbench.encodings.rope import SCALING_METHODS
 from posbench.errors import PosbenchError
-from posbench.evaluate import evaluate_run
+from posbench.evaluate import evaluate_run, rope_scaling_overrides
 from posbench.model import build_model
 from posbench.runs import (
     CONFIG_FILE,
@@ -82,6 +83,7 @@ examples:
   posbench train --resume outputs/<date>/<time>_rope/
   posbench eval --length 2048
   posbench eval --length 1024 --length 4096 --run outputs/<date>/<time>_rope/
+  posbench eval --length 8192 --rope-scaling yarn --factor 8
 """
 
 
@@ -304,6 +306,16 @@ def positive_int(text: str) -> int:
     return value
 
 
+def scale_factor(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number >= 1, got {text!r}") from None
+    if not value >= 1:
+        raise argparse.ArgumentTypeError(f"expected a number >= 1, got {value}")
+    return value
+
+
 def eval_parser() -> argparse.ArgumentParser:
     parser = OneLineParser(
         prog="posbench eval",
@@ -337,18 +349,47 @@ def eval_parser() -> argparse.ArgumentParser:
         help="validation tokens scored per length (default: the run's eval.max_tokens)",
     )
     parser.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
+    parser.add_argument(
+        "--rope-scaling",
+        choices=list(SCALING_METHODS),
+        metavar="METHOD",
+        help="extend a rope run at eval time, without retraining: "
+        "none (as trained), linear (position interpolation, Chen et al. 2023), "
+        "ntk (base * s^(d/(d-2))), dynamic (ntk with s = max(1, L / training length) per "
+        "length L), yarn (Peng et al. 2023: per-frequency ramp + attention temperature), "
+        "llama3 (Llama 3.1's smooth band interpolation); results.json records it as "
+        '"scaling" next to the plain records (default: the run\'s own encoding.scaling)',
+    )
+    parser.add_argument(
+        "--factor",
+        type=scale_factor,
+        metavar="S",
+        help="the scaling factor s >= 1 for --rope-scaling (default: s = max(1, L / training "
+        "length) at each length L; dynamic always derives it so)",
+    )
     return parser
 
 
 def run_eval(args: Sequence[str]) -> None:
     options = eval_parser().parse_args(list(args))
+    if options.factor is not None and options.rope_scaling is None:
+        fail("--factor needs --rope-scaling METHOD (see posbench eval --help)")
     run_dir = options.run if options.run is not None else latest_run(Path("outputs"))
     cfg = load_run_config(run_dir)  # for the defaults; evaluate_run loads the weights
     lengths = options.length or eval_lengths(cfg)
     if options.stride is not None and options.stride > min(lengths):
         fail(f"--stride {options.stride} must not exceed the shortest --length ({min(lengths)})")
+    overrides = None
+    if options.rope_scaling is not None:
+        overrides = rope_scaling_overrides(cfg, options.rope_scaling, options.factor)
     records = evaluate_run(
-        run_dir, lengths, options.stride, options.batch_size, options.device, options.max_tokens
+        run_dir,
+        lengths,
+        options.stride,
+        options.batch_size,
+        options.device,
+        options.max_tokens,
+        encoding_overrides=overrides,
     )
     append_eval_results(run_dir, records)
     with SummaryWriter(log_dir=str(run_dir)) as writer:

@@ -11,21 +11,27 @@ Protocol (as in the ALiBi paper, Press et al. 2022, https://arxiv.org/abs/2108.1
 
 Perplexity is exp(mean NLL) over the scored tokens; with byte tokens, bits per byte is
 mean NLL / ln 2.
+
+Each record also names the eval-time extension it measured (``scaling``: "none" when the model
+is evaluated as trained, else e.g. "yarn" for a RoPE run, with the factor in
+``scaling_factor``); ``rope_scaling_overrides`` builds that extension for a trained rope run.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.nn.functional as F
+from omegaconf import DictConfig, OmegaConf
 from tqdm.auto import tqdm
 
 from posbench.config import resolve_device
 from posbench.data import load_corpus
+from posbench.errors import PosbenchError
 from posbench.model import Transformer
 from posbench.runs import load_run
 
@@ -43,7 +49,10 @@ def windows(n_tokens: int, length: int, stride: int | None) -> Iterator[tuple[in
         yield start, 0 if start == 0 or stride is None else length - stride
 
 
-def unsupported(length: int, stride: int | None, reason: str) -> dict[str, Any]:
+def unsupported(
+    length: int, stride: int | None, reason: str, scaling: dict[str, Any]
+) -> dict[str, Any]:
+    """The record of a length that cannot be measured; ``scaling`` as in ``scaling_record``."""
     return {
         "length": length,
         "stride": stride,
@@ -52,6 +61,7 @@ def unsupported(length: int, stride: int | None, reason: str) -> dict[str, Any]:
         "tokens": 0,
         "status": "unsupported",
         "reason": reason,
+        **scaling,
     }
 
 
@@ -63,14 +73,18 @@ def evaluate_length(
     stride: int | None = None,
     batch_size: int | None = None,
 ) -> dict[str, Any]:
-    """One results.json eval record: the model's perplexity on ``tokens`` at ``length``."""
+    """One results.json eval record: the model's perplexity on ``tokens`` at ``length``, and
+    the eval-time extension (``scaling``) its encoding applied there."""
     assert stride is None or 0 < stride <= length, "stride must be in (0, length]"
+    model.eval()  # no dropout; eval-time extensions (RoPE scaling) apply
+    scaling = model.encoding.scaling_record(length)
     if model.max_length is not None and length > model.max_length:
         return unsupported(
             length,
             stride,
             f"the {model.encoding.config.name} encoding represents {model.max_length} "
             f"positions; retrain with encoding.max_length>={length}",
+            scaling,
         )
     spans = list(windows(len(tokens), length, stride))
     if not spans:
@@ -79,8 +93,8 @@ def evaluate_length(
             stride,
             f"the validation split has {len(tokens)} tokens; length {length} needs "
             f"at least {length + 1}",
+            scaling,
         )
-    model.eval()
     device = next(model.parameters()).device
     batch_size = batch_size or max(1, TOKENS_PER_BATCH // length)
     total_nll = torch.zeros((), dtype=torch.float64, device=device)  # summed on the device
@@ -105,6 +119,7 @@ def evaluate_length(
         "tokens": scored,
         "status": "ok",
         "reason": None,
+        **scaling,
     }
 
 
@@ -120,7 +135,8 @@ def evaluate(
 
     Every length scores the same leading ``max_tokens`` tokens (all of them when ``None``),
     so perplexities at different lengths are measured on the same text.
-    Returns results.json eval records: length, stride, ppl, bits_per_byte, tokens, status, reason.
+    Returns results.json eval records: length, stride, ppl, bits_per_byte, tokens, status,
+    reason, scaling, scaling_factor.
     """
     if max_tokens is not None:
         tokens = tokens[: max_tokens + 1]
@@ -134,14 +150,31 @@ def evaluate_run(
     batch_size: int | None = None,
     device: str = "auto",
     max_tokens: int | None = None,
+    encoding_overrides: Mapping[str, Any] | None = None,
 ) -> list[dict[str, Any]]:
     """Evaluate a trained run on its own validation split; returns results.json eval records.
 
     ``max_tokens`` defaults to the run's ``eval.max_tokens``, so the numbers are comparable
-    with the ones measured at the end of training.
+    with the ones measured at the end of training. ``encoding_overrides`` are merged over the
+    run's encoding config before its weights are loaded (e.g. ``rope_scaling_overrides``).
     """
-    model, cfg = load_run(run_dir, resolve_device(device))
+    model, cfg = load_run(run_dir, resolve_device(device), encoding_overrides)
     corpus = load_corpus(cfg.data)
     if max_tokens is None:
         max_tokens = cfg.eval.max_tokens
     return evaluate(model, corpus.val, lengths, stride, batch_size, max_tokens)
+
+
+def rope_scaling_overrides(
+    cfg: DictConfig, method: str, factor: float | None = None
+) -> dict[str, Any]:
+    """Encoding overrides that evaluate the rope run configured by ``cfg`` with an eval-time
+    scaling ``method`` (posbench.encodings.rope.SCALING_METHODS) and ``factor`` (None: from each
+    length). The original length is the run's training length, never the evaluation length."""
+    if cfg.encoding.name != "rope":
+        raise PosbenchError(
+            f"RoPE scaling needs a run trained with encoding=rope; this run used "
+            f"{cfg.encoding.name!r}"
+        )
+    trained = OmegaConf.select(cfg, "encoding.scaling.original_length") or cfg.train.seq_len
+    return {"scaling": {"method": method, "factor": factor, "original_length": trained}}

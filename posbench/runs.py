@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -46,8 +46,13 @@ def save_weights(run_dir: Path, model: Transformer) -> Path:
     return path
 
 
-def load_weights(path: Path, device: str | torch.device = "cpu") -> Transformer:
-    """Rebuild a model from a weights file written by ``save_weights``."""
+def load_weights(
+    path: Path,
+    device: str | torch.device = "cpu",
+    encoding_overrides: Mapping[str, Any] | None = None,
+) -> Transformer:
+    """Rebuild a model from a weights file written by ``save_weights``, its encoding config
+    updated by ``encoding_overrides`` (nested keys merge, e.g. ``{"scaling": {...}}``)."""
     path = Path(path)
     if not path.is_file():
         raise PosbenchError(f"no weights at {path}; train a run with `posbench train` first")
@@ -55,7 +60,8 @@ def load_weights(path: Path, device: str | torch.device = "cpu") -> Transformer:
         with safe_open(str(path), framework="pt") as f:
             metadata = f.metadata() or {}
         description = json.loads(metadata[METADATA_KEY])
-        model = build_model(description["model"], description["encoding"])
+        encoding = OmegaConf.merge(description["encoding"], encoding_overrides or {})
+        model = build_model(description["model"], encoding)
     except (SafetensorError, KeyError, ValueError, TypeError) as err:
         raise PosbenchError(
             f"{path} is not a posbench weights file (truncated or foreign: {err}); "
@@ -94,15 +100,19 @@ def check_run_dir(run_dir: Path) -> Path:
 
 
 def load_run(
-    run_dir: str | Path, device: str | torch.device = "cpu"
+    run_dir: str | Path,
+    device: str | torch.device = "cpu",
+    encoding_overrides: Mapping[str, Any] | None = None,
 ) -> tuple[Transformer, DictConfig]:
     """Rebuild a trained run: ``(model, config)``, the model in eval mode on ``device``.
 
     ``model(tokens)`` takes a LongTensor (batch, time) of byte ids and returns logits
     (batch, time, 256); ``config`` is the resolved config the run was trained with.
+    ``encoding_overrides`` change the encoding's config, not its weights: e.g.
+    ``{"scaling": {"method": "yarn", "factor": 4.0}}`` extends a rope run at eval time.
     """
     config = load_run_config(run_dir)
-    model = load_weights(Path(run_dir) / WEIGHTS_FILE, device)
+    model = load_weights(Path(run_dir) / WEIGHTS_FILE, device, encoding_overrides)
     check_weights_match_config(model, config, Path(run_dir))
     return model.eval(), config
 
@@ -193,15 +203,22 @@ def read_results(run_dir: Path) -> dict[str, Any]:
 
 
 def record_key(record: dict[str, Any]) -> tuple:
-    """What identifies one measurement: the same key measured again replaces the old record."""
-    return (record["length"], record["stride"], record.get("scaling"))
+    """What identifies one measurement: the same key measured again replaces the old record.
+    Records written before eval-time scaling existed have no ``scaling`` field: they are plain."""
+    return (record["length"], record["stride"], record.get("scaling", "none"))
 
 
 def merge_eval_records(results: dict[str, Any], records: Iterable[dict[str, Any]]) -> dict:
-    """``results`` with ``records`` added; records of other lengths/strides are kept as they are."""
+    """``results`` with ``records`` added; records of other lengths, strides or scaling methods
+    are kept as they are. Sorted by length, then stride, then method (plain first)."""
     new = {record_key(r): r for r in records}
     kept = [r for r in results.get("eval", []) if record_key(r) not in new]
-    merged = sorted([*kept, *new.values()], key=lambda r: (r["length"], r["stride"] or 0))
+
+    def order(record: dict[str, Any]) -> tuple:
+        length, stride, scaling = record_key(record)
+        return (length, stride or 0, scaling != "none", scaling)
+
+    merged = sorted([*kept, *new.values()], key=order)
     return {**results, "eval": merged}
 
 

@@ -8,26 +8,30 @@ from typing import Any
 
 def eval_table(records: Sequence[dict[str, Any]], train_seq_len: int) -> str:
     """Length -> perplexity, with each perplexity's ratio to the one at the training length
-    (same stride), i.e. how much worse the model gets past the length it was trained on."""
+    measured the same way (stride and eval-time scaling method), i.e. how much worse the model
+    gets past the length it was trained on. Records without ``scaling`` are plain ("none")."""
+
+    def way(record: dict[str, Any]) -> tuple:
+        return record["stride"], record.get("scaling", "none")
+
     reference = {
-        r["stride"]: r["ppl"]
-        for r in records
-        if r["length"] == train_seq_len and r["status"] == "ok"
+        way(r): r["ppl"] for r in records if r["length"] == train_seq_len and r["status"] == "ok"
     }
     header = (
-        f"{'length':>8}  {'stride':>6}  {'ppl':>9}  {'ratio':>6}  {'bits/byte':>9}  {'tokens':>9}"
+        f"{'length':>8}  {'stride':>6}  {'scaling':>7}  {'ppl':>9}  {'ratio':>6}  "
+        f"{'bits/byte':>9}  {'tokens':>9}"
     )
     lines = [header, "-" * len(header)]
     for r in records:
         stride = "-" if r["stride"] is None else str(r["stride"])
+        measured = f"{r['length']:>8}  {stride:>6}  {r.get('scaling', 'none'):>7}"
         if r["status"] != "ok":
-            lines.append(f"{r['length']:>8}  {stride:>6}  unsupported: {r['reason']}")
+            lines.append(f"{measured}  unsupported: {r['reason']}")
             continue
-        base = reference.get(r["stride"])
+        base = reference.get(way(r))
         ratio = f"{r['ppl'] / base:6.2f}" if base else f"{'-':>6}"
         lines.append(
-            f"{r['length']:>8}  {stride:>6}  {r['ppl']:9.3f}  {ratio}  "
-            f"{r['bits_per_byte']:9.3f}  {r['tokens']:>9,}"
+            f"{measured}  {r['ppl']:9.3f}  {ratio}  {r['bits_per_byte']:9.3f}  {r['tokens']:>9,}"
         )
     return "\n".join(lines)
 

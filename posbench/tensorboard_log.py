@@ -2,6 +2,9 @@
 
 The extrapolation curve is a scalar series whose global step is the evaluation length, so
 TensorBoard's Scalars tab plots perplexity against length (set its x-axis to "step").
+Each series is one way of evaluating: ``eval/ppl`` (plain), ``eval/ppl/<method>`` (eval-time
+scaling such as ``yarn``), ``eval/ppl/stride_<S>`` (sliding windows), and
+``eval/ppl/<method>/stride_<S>`` for both.
 """
 
 from __future__ import annotations
@@ -13,12 +16,21 @@ from matplotlib.figure import Figure
 from torch.utils.tensorboard import SummaryWriter
 
 
-def eval_tag(metric: str, record: Mapping[str, Any]) -> str:
-    """``eval/<metric>``, suffixed with the stride for sliding-window records."""
-    tag = f"eval/{metric}"
+def series_name(record: Mapping[str, Any]) -> str:
+    """How a record was measured, as a path: "" (plain), "yarn", "stride_64", "yarn/stride_64".
+    Records from before scaling existed have no ``scaling`` field and are plain."""
+    parts = []
+    if record.get("scaling", "none") != "none":
+        parts.append(record["scaling"])
     if record.get("stride") is not None:
-        tag += f"/stride_{record['stride']}"
-    return tag
+        parts.append(f"stride_{record['stride']}")
+    return "/".join(parts)
+
+
+def eval_tag(metric: str, record: Mapping[str, Any]) -> str:
+    """``eval/<metric>``, suffixed with the record's series (scaling method, then stride)."""
+    series = series_name(record)
+    return f"eval/{metric}/{series}" if series else f"eval/{metric}"
 
 
 def log_eval_records(
@@ -42,16 +54,21 @@ def log_eval_records(
 def extrapolation_figure(
     records: Sequence[Mapping[str, Any]], train_seq_len: int | None = None
 ) -> Figure | None:
-    """Perplexity against evaluation length (log x), or None when nothing was measured."""
-    points = sorted((r["length"], r["ppl"]) for r in records if r["status"] == "ok")
-    if not points:
+    """Perplexity against evaluation length (log x), one line per series (plain, each scaling
+    method, each stride), or None when nothing was measured."""
+    series: dict[str, list[tuple[int, float]]] = {}
+    for r in records:
+        if r["status"] == "ok":
+            series.setdefault(series_name(r) or "plain", []).append((r["length"], r["ppl"]))
+    if not series:
         return None
     figure = Figure(figsize=(5, 3.5), layout="tight")
     axes = figure.add_subplot()
-    axes.plot(*zip(*points, strict=True), marker="o")
+    for name, points in sorted(series.items()):
+        axes.plot(*zip(*sorted(points), strict=True), marker="o", label=name)
     if train_seq_len is not None:
         axes.axvline(train_seq_len, color="grey", linestyle="--", label="train length")
-        axes.legend()
+    axes.legend()
     axes.set_xscale("log", base=2)
     axes.set_xlabel("evaluation length (tokens)")
     axes.set_ylabel("perplexity")

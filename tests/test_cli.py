@@ -8,6 +8,10 @@ from pathlib import Path
 
 import pytest
 from conftest import TINY, TINY_RUN
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from posbench.config import compose_config
+from posbench.runs import save_config
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[1]
@@ -110,6 +114,47 @@ def test_eval_of_the_training_length_reproduces_the_training_run_number(trained)
     assert again["ppl"] == pytest.approx(trained_ppl, rel=1e-6)
 
 
+def test_eval_with_rope_scaling_records_the_method_beside_the_plain_records(trained):
+    workdir, run_dir, _ = trained
+    plain_before = [r for r in results_of(run_dir)["eval"] if r["scaling"] == "none"]
+    assert plain_before  # training writes the field too
+    args = ["eval", "--run", str(run_dir), "--length", "16", "--length", "64"]
+    out = posbench(*args, "--rope-scaling", "yarn", "--factor", "4", cwd=workdir).stdout
+    assert "yarn" in out
+    after = results_of(run_dir)["eval"]
+    assert [r for r in after if r["scaling"] == "none"] == plain_before
+    yarn = {r["length"]: r for r in after if r["scaling"] == "yarn"}
+    assert set(yarn) == {16, 64}
+    assert all(r["status"] == "ok" and r["scaling_factor"] == 4.0 for r in yarn.values())
+
+    events = EventAccumulator(str(run_dir))
+    events.Reload()
+    assert {"eval/ppl", "eval/ppl/yarn", "eval/bits_per_byte/yarn"} <= set(events.Tags()["scalars"])
+    logged = {e.step: e.value for e in events.Scalars("eval/ppl/yarn")}
+    assert logged == pytest.approx({n: r["ppl"] for n, r in yarn.items()}, rel=1e-6)
+
+
+def test_dynamic_scaling_without_a_factor_derives_it_from_the_training_length(trained):
+    workdir, run_dir, _ = trained
+    posbench(
+        "eval", "--run", str(run_dir), "--length", "64", "--rope-scaling", "dynamic", cwd=workdir
+    )
+    (record,) = [r for r in results_of(run_dir)["eval"] if r["scaling"] == "dynamic"]
+    assert (record["length"], record["scaling_factor"]) == (64, 4.0)  # 64 / train.seq_len 16
+
+
+def test_rope_scaling_on_a_run_without_rope_is_one_line(tmp_path):
+    run_dir = tmp_path / "learned_run"
+    run_dir.mkdir()
+    save_config(run_dir, compose_config(["encoding=learned", *TINY]))
+    (run_dir / "model.safetensors").write_bytes(b"")  # refused before the weights are read
+    args = ["eval", "--run", str(run_dir), "--length", "16", "--rope-scaling", "yarn"]
+    result = posbench(*args, cwd=tmp_path, check=False)
+    assert result.returncode == 2
+    (line,) = result.stderr.strip().splitlines()
+    assert line.startswith("error:") and "encoding=rope" in line and "'learned'" in line
+
+
 def test_multirun_sweep_makes_one_run_directory_per_job(tmp_path, cache_dir):
     posbench("train", "-m", "encoding=none,learned", *TINY, cwd=tmp_path)
     runs = {results_of(d)["encoding"]: results_of(d) for d in run_dirs(tmp_path)}
@@ -128,6 +173,9 @@ def test_multirun_sweep_makes_one_run_directory_per_job(tmp_path, cache_dir):
         (["eval", "--length", "many"], "positive integer"),
         (["eval", "--length", "16", "--run", "no/such/run"], "not found"),
         (["eval", "--length", "16"], "no trained run under outputs/"),
+        (["eval", "--rope-scaling", "stretch"], "invalid choice"),
+        (["eval", "--rope-scaling", "yarn", "--factor", "0.5"], "a number >= 1"),
+        (["eval", "--factor", "2"], "--factor needs --rope-scaling"),
     ],
 )
 def test_bad_input_is_one_line_on_stderr_and_a_nonzero_exit(tmp_path, args, message):

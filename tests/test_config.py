@@ -4,7 +4,7 @@ import pytest
 from hydra.errors import ConfigCompositionException, MissingConfigException
 
 from posbench.config import compose_config, config_dir, eval_lengths, validate
-from posbench.encodings import encoding_names
+from posbench.encodings import encoding_config, encoding_names
 from posbench.errors import PosbenchError
 
 
@@ -34,6 +34,11 @@ def test_defaults_are_rope_tiny_synthetic():
 def test_learned_table_defaults_to_the_training_length():
     cfg = compose_config(["encoding=learned", "train.seq_len=96"])
     assert cfg.encoding.max_length == 96
+
+
+def test_rope_scaling_extends_from_the_training_length_and_is_off_by_default():
+    scaling = encoding_config(compose_config(["train.seq_len=96"]).encoding).scaling
+    assert (scaling.method, scaling.factor, scaling.original_length) == ("none", None, 96)
 
 
 def test_default_eval_lengths_are_1x_to_16x_the_training_length():

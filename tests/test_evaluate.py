@@ -5,8 +5,10 @@ import math
 import pytest
 import torch
 
+from posbench.config import compose_config
 from posbench.encodings import build_encoding
-from posbench.evaluate import evaluate, evaluate_length, windows
+from posbench.errors import PosbenchError
+from posbench.evaluate import evaluate, evaluate_length, rope_scaling_overrides, windows
 from posbench.model import ModelArgs, Transformer
 
 
@@ -18,10 +20,11 @@ def uniform_model(encoding: str = "none", **encoding_options) -> Transformer:
     return model
 
 
-def random_rope_model() -> Transformer:
+def random_rope_model(**options) -> Transformer:
     torch.manual_seed(0)
     return Transformer(
-        ModelArgs(n_layer=1, n_head=2, d_model=16), build_encoding({"name": "rope"}, 16, 2)
+        ModelArgs(n_layer=1, n_head=2, d_model=16),
+        build_encoding({"name": "rope", **options}, 16, 2),
     )
 
 
@@ -114,3 +117,32 @@ def test_max_tokens_makes_every_length_score_the_same_tokens():
     tokens = torch.randint(0, 256, (5000,), dtype=torch.uint8)
     records = evaluate(uniform_model(), tokens, [16, 32, 64], max_tokens=1024)
     assert {r["tokens"] for r in records} == {1024}
+
+
+def test_records_name_the_scaling_method_and_the_factor_used_at_each_length():
+    tokens = torch.randint(0, 256, (500,), dtype=torch.uint8)
+    plain = evaluate(random_rope_model(), tokens, [16, 64])
+    yarn = random_rope_model(scaling={"method": "yarn", "original_length": 16})
+    scaled = evaluate(yarn, tokens, [16, 64])
+    assert [(r["scaling"], r["scaling_factor"]) for r in plain] == [("none", None)] * 2
+    assert [(r["scaling"], r["scaling_factor"]) for r in scaled] == [("yarn", 1.0), ("yarn", 4.0)]
+    # the same weights: identical at the training length (s = 1), different beyond it
+    assert scaled[0]["ppl"] == pytest.approx(plain[0]["ppl"], rel=1e-12)
+    assert scaled[1]["ppl"] != plain[1]["ppl"]
+
+
+def test_unsupported_records_also_name_their_scaling():
+    (record,) = evaluate(uniform_model("learned", max_length=16), torch.zeros(99), [32])
+    assert (record["status"], record["scaling"]) == ("unsupported", "none")
+
+
+def test_rope_scaling_overrides_take_the_original_length_from_the_run_not_the_eval_length():
+    cfg = compose_config(["train.seq_len=48"])
+    overrides = rope_scaling_overrides(cfg, "yarn", 8.0)
+    assert overrides == {"scaling": {"method": "yarn", "factor": 8.0, "original_length": 48}}
+
+
+def test_rope_scaling_overrides_refuse_a_run_without_rope_in_one_line():
+    with pytest.raises(PosbenchError, match="encoding=rope") as info:
+        rope_scaling_overrides(compose_config(["encoding=sinusoidal"]), "yarn")
+    assert "\n" not in str(info.value)

@@ -26,7 +26,7 @@ def small_model(encoding: str = "learned", **options) -> Transformer:
     return Transformer(args, build_encoding({"name": encoding, **options}, 16, 2))
 
 
-def record(length, stride=None, ppl=1.0):
+def record(length, stride=None, ppl=1.0, **scaling):
     return {
         "length": length,
         "stride": stride,
@@ -35,6 +35,7 @@ def record(length, stride=None, ppl=1.0):
         "tokens": 1,
         "status": "ok",
         "reason": None,
+        **scaling,
     }
 
 
@@ -127,6 +128,43 @@ def test_merging_eval_records_keeps_other_lengths_and_replaces_the_same_measurem
         (512, None, 1.0),
     ]
     assert merged["encoding"] == "rope"
+
+
+def test_scaled_records_sit_beside_plain_ones_and_records_without_scaling_are_plain():
+    old = record(256, ppl=3.0)  # written before the scaling field existed
+    results = {"eval": [old, record(512, ppl=5.0, scaling="yarn")]}
+    merged = merge_eval_records(
+        results,
+        [
+            record(256, ppl=2.5, scaling="yarn"),
+            record(512, ppl=4.0, scaling="yarn"),
+            record(256, ppl=2.9, scaling="none"),
+        ],
+    )
+    assert [(r["length"], r.get("scaling"), r["ppl"]) for r in merged["eval"]] == [
+        (256, "none", 2.9),  # replaces the old record without the field
+        (256, "yarn", 2.5),
+        (512, "yarn", 4.0),
+    ]
+
+
+def test_encoding_overrides_change_the_encoding_config_not_the_weights(tmp_path):
+    model = small_model("rope")
+    save_weights(tmp_path, model)
+    overrides = {"scaling": {"method": "yarn", "factor": 4.0, "original_length": 16}}
+    loaded = load_weights(tmp_path / WEIGHTS_FILE, encoding_overrides=overrides)
+    assert loaded.encoding.config.scaling.method == "yarn"
+    assert loaded.encoding.config.scaling.factor == 4.0
+    assert loaded.encoding.config.scaling.beta_fast == 32.0  # the rest keeps its value
+    for name, tensor in model.state_dict().items():
+        assert torch.equal(loaded.state_dict()[name], tensor)
+
+
+def test_scaling_overrides_on_a_non_rope_run_are_a_one_line_error(tmp_path):
+    save_weights(tmp_path, small_model("learned", max_length=8))
+    with pytest.raises(PosbenchError, match="scaling") as info:
+        load_weights(tmp_path / WEIGHTS_FILE, encoding_overrides={"scaling": {"method": "yarn"}})
+    assert "\n" not in str(info.value)
 
 
 def test_latest_run_is_the_newest_trained_one(tmp_path):

@@ -9,11 +9,14 @@ at the encoding's name:
 
 ``max_length`` says how long a sequence the encoding can represent (``None``: any length),
 so evaluation can report a length as unsupported instead of silently clamping positions.
+``scaling_record`` says which eval-time extension (e.g. RoPE's YaRN) the encoding applies at a
+length, so every evaluation record names the method it measured.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
@@ -42,6 +45,12 @@ class PositionalEncoding(nn.Module):
     def max_length(self) -> int | None:
         """Longest sequence this encoding represents; ``None`` means unbounded."""
         return None
+
+    def scaling_record(self, length: int) -> dict[str, Any]:
+        """The eval-time extension applied to a sequence of ``length`` positions, as eval-record
+        fields: ``scaling`` (the method; "none" = evaluated as trained) and ``scaling_factor``
+        (the factor s it used, or None)."""
+        return {"scaling": "none", "scaling_factor": None}
 
     def embed(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """Token embeddings ``x`` (B, T, C) at integer ``positions`` (T,) -> (B, T, C)."""

@@ -1,13 +1,29 @@
 """Rotary position embedding (Su et al. 2021, RoFormer, https://arxiv.org/abs/2104.09864).
 
-Each pair of dimensions (2i, 2i+1) of a query or key at position m is rotated by the angle
-m * theta_i with theta_i = base^(-2i/d). The dot product of a rotated query at m and a rotated
-key at n then depends on the positions only through n - m, because R(a)^T R(b) = R(b - a).
+Each pair of dimensions of a query or key at position m is rotated by the angle m * theta_i
+with theta_i = base^(-2i/d). The dot product of a rotated query at m and a rotated key at n
+then depends on the positions only through n - m, because R(a)^T R(b) = R(b - a).
+
+Options:
+
+* ``layout``: which dimensions form pair i. ``interleaved`` pairs (2i, 2i+1) as RoFormer and
+  the seed documents do; ``half`` pairs (i, i + d/2) as GPT-NeoX and Llama do. The two are the
+  same rotation after a fixed permutation of the head dimensions.
+* ``fraction``: partial rotary (GPT-NeoX, GPT-J): only the first ``fraction * head_dim``
+  dimensions rotate (d above is that count); the rest pass through unchanged.
+* ``scaling``: eval-time context extension of a model trained with plain RoPE, without
+  retraining. Each method is a pure function with one signature, found through
+  ``SCALING_METHODS`` (the pattern of HF transformers' ``modeling_rope_utils``). Scaling acts
+  only in eval mode (``not self.training``): training always learns plain RoPE, and the same
+  weights can then be evaluated under every method.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -15,37 +31,215 @@ from posbench.encodings.base import EncodingConfig, PositionalEncoding
 from posbench.encodings.registry import register
 from posbench.errors import PosbenchError
 
+LAYOUTS = ("interleaved", "half")
+
+
+@dataclass
+class RopeScalingConfig:
+    # none | linear | ntk | dynamic | yarn | llama3 (SCALING_METHODS)
+    method: str = "none"
+    # s, the context extension factor; null: s = max(1, L / original_length) per length L
+    factor: float | None = None
+    # the length the model was trained at (conf/encoding/rope.yaml: ${train.seq_len})
+    original_length: int | None = None
+    # yarn: pairs turning more than beta_fast times within original_length keep theta, pairs
+    # turning fewer than beta_slow times get theta / s
+    beta_fast: float = 32.0
+    beta_slow: float = 1.0
+    low_freq_factor: float = 1.0  # llama3: wavelengths above original_length / this: theta / s
+    high_freq_factor: float = 4.0  # llama3: wavelengths below original_length / this: theta
+
 
 @dataclass
 class RopeConfig(EncodingConfig):
     name: str = "rope"
     base: float = 10000.0
+    layout: str = "interleaved"  # interleaved | half
+    fraction: float = 1.0  # share of each head's dimensions that rotate
+    scaling: RopeScalingConfig = field(default_factory=RopeScalingConfig)
 
 
-def rope_angles(positions: torch.Tensor, head_dim: int, base: float = 10000.0) -> torch.Tensor:
-    """Rotation angles m * theta_i for ``positions`` (T,) -> (T, head_dim / 2), in float64."""
-    exponents = torch.arange(0, head_dim, 2, dtype=torch.float64, device=positions.device)
-    inv_freq = base ** -(exponents / head_dim)  # theta_i, (hs/2,)
-    return positions.to(torch.float64)[:, None] * inv_freq
+def rope_frequencies(dim: int, base: float) -> torch.Tensor:
+    """theta_i = base^(-2i/dim) for the dim/2 pairs -> (dim/2,) float64."""
+    exponents = torch.arange(0, dim, 2, dtype=torch.float64) / dim
+    return base**-exponents
 
 
-def rotate_by(x: torch.Tensor, rotation: torch.Tensor) -> torch.Tensor:
-    """Rotate the interleaved pairs of ``x`` (..., T, hs) by the unit complex numbers
-    ``rotation`` (T, hs/2): pair (a, b) is the complex a + ib, and a rotation by angle phi is a
-    product with e^(i phi). One complex product is several times faster (forward and backward)
-    than the four real products and the re-interleaving it replaces."""
+# --- eval-time scaling: (dim, base, s, config) -> (theta (dim/2,), attention factor) ---------
+
+
+def plain_frequencies(
+    dim: int, base: float, factor: float, scaling: RopeScalingConfig
+) -> tuple[torch.Tensor, float]:
+    """No scaling: the frequencies the model was trained with."""
+    return rope_frequencies(dim, base), 1.0
+
+
+def linear_frequencies(
+    dim: int, base: float, factor: float, scaling: RopeScalingConfig
+) -> tuple[torch.Tensor, float]:
+    """Position interpolation (Chen et al. 2023, https://arxiv.org/abs/2306.15595): position m
+    becomes m / s, so s times the training length maps onto the positions seen in training."""
+    return rope_frequencies(dim, base) / factor, 1.0
+
+
+def ntk_frequencies(
+    dim: int, base: float, factor: float, scaling: RopeScalingConfig
+) -> tuple[torch.Tensor, float]:
+    """NTK-aware scaling (bloc97 2023, as formalised in Peng et al. 2023 section 3.1): base
+    becomes base * s^(d/(d-2)), which leaves theta_0 alone and divides the slowest frequency,
+    theta_(d/2-1), by exactly s, interpolating in between."""
+    # With one pair (dim 2) theta_0 = base^0 = 1 for any base: nothing to rescale.
+    stretch = factor ** (dim / (dim - 2)) if dim > 2 else 1.0
+    return rope_frequencies(dim, base * stretch), 1.0
+
+
+def yarn_frequencies(
+    dim: int, base: float, factor: float, scaling: RopeScalingConfig
+) -> tuple[torch.Tensor, float]:
+    """YaRN (Peng et al. 2023, https://arxiv.org/abs/2309.00071), "NTK-by-parts" (eqs. 17-20)
+    plus the attention temperature of section 3.4.
+
+    r_i = L / lambda_i counts how often pair i turns within the ORIGINAL training length L.
+    gamma(r) = 0 below beta_slow, 1 above beta_fast, linear in r between; the new frequency is
+    (1 - gamma) * theta_i / s + gamma * theta_i: fast pairs keep what they learned, slow pairs
+    are interpolated. The logits get 1/t with sqrt(1/t) = 0.1 ln(s) + 1, returned as the
+    factor applied to both q and k. (The authors' code ramps linearly in the pair index
+    between rounded bounds instead; we follow the paper's equations.)
+    """
+    theta = rope_frequencies(dim, base)
+    rotations = scaling.original_length * theta / (2 * math.pi)  # r_i = L / lambda_i
+    gamma = ((rotations - scaling.beta_slow) / (scaling.beta_fast - scaling.beta_slow)).clamp(0, 1)
+    return (1 - gamma) * theta / factor + gamma * theta, 0.1 * math.log(factor) + 1
+
+
+def llama3_frequencies(
+    dim: int, base: float, factor: float, scaling: RopeScalingConfig
+) -> tuple[torch.Tensor, float]:
+    """Llama 3.1's scaling (Meta's reference ``apply_scaling``, Dubey et al. 2024): wavelengths
+    shorter than L / high_freq_factor keep theta, longer than L / low_freq_factor get theta / s,
+    and in between theta is blended by smooth = (L / lambda - low) / (high - low)."""
+    theta = rope_frequencies(dim, base)
+    rotations = scaling.original_length * theta / (2 * math.pi)  # L / lambda_i
+    low, high = scaling.low_freq_factor, scaling.high_freq_factor
+    smooth = ((rotations - low) / (high - low)).clamp(0, 1)  # 0 on long, 1 on short wavelengths
+    return (1 - smooth) * theta / factor + smooth * theta, 1.0
+
+
+ScalingMethod = Callable[[int, float, float, RopeScalingConfig], tuple[torch.Tensor, float]]
+SCALING_METHODS: dict[str, ScalingMethod] = {
+    "none": plain_frequencies,
+    "linear": linear_frequencies,
+    "ntk": ntk_frequencies,
+    "dynamic": ntk_frequencies,  # NTK whose s follows the sequence length (factor: null)
+    "yarn": yarn_frequencies,
+    "llama3": llama3_frequencies,
+}
+
+
+def check_scaling(scaling: RopeScalingConfig) -> None:
+    """One-line errors for a scaling config that cannot work."""
+    if scaling.method not in SCALING_METHODS:
+        raise PosbenchError(
+            f"unknown encoding.scaling.method {scaling.method!r}; "
+            f"choose one of: {', '.join(SCALING_METHODS)}"
+        )
+    if scaling.factor is not None and scaling.factor < 1:
+        raise PosbenchError(f"encoding.scaling.factor must be >= 1 (got {scaling.factor})")
+    if scaling.method == "dynamic" and scaling.factor is not None:
+        raise PosbenchError(
+            "dynamic scaling sets its factor from each sequence length; leave "
+            "encoding.scaling.factor null (drop --factor)"
+        )
+    if scaling.method != "none" and (scaling.original_length or 0) < 1:
+        raise PosbenchError(
+            f"encoding.scaling.original_length must be the training length, >= 1 "
+            f"(got {scaling.original_length})"
+        )
+    if scaling.beta_fast <= scaling.beta_slow:
+        raise PosbenchError(
+            f"encoding.scaling.beta_fast ({scaling.beta_fast}) must exceed beta_slow "
+            f"({scaling.beta_slow})"
+        )
+    if scaling.high_freq_factor <= scaling.low_freq_factor:
+        raise PosbenchError(
+            f"encoding.scaling.high_freq_factor ({scaling.high_freq_factor}) must exceed "
+            f"low_freq_factor ({scaling.low_freq_factor})"
+        )
+
+
+# --- rotation ---------------------------------------------------------------------------------
+
+
+def rotated_dims(head_dim: int, fraction: float) -> int:
+    """How many of ``head_dim`` dimensions rotate: an even count, or a one-line error."""
+    count = head_dim * fraction
+    if not 0 < fraction <= 1 or count != round(count) or round(count) % 2:
+        raise PosbenchError(
+            f"encoding.fraction={fraction} rotates {count:g} of the {head_dim} head dims; "
+            "choose a fraction in (0, 1] that makes an even whole number"
+        )
+    return round(count)
+
+
+def check_layout(layout: str) -> None:
+    if layout not in LAYOUTS:
+        raise PosbenchError(
+            f"unknown RoPE layout (encoding.layout) {layout!r}; choose one of: {', '.join(LAYOUTS)}"
+        )
+
+
+def to_pairs(x: torch.Tensor, layout: str) -> torch.Tensor:
+    """(..., d) -> (..., d/2, 2): pair i of the layout in row i."""
+    if layout == "interleaved":
+        return x.unflatten(-1, (-1, 2))  # (x0, x1), (x2, x3), ...
+    return x.unflatten(-1, (2, -1)).transpose(-1, -2)  # (x0, x_d/2), (x1, x_d/2+1), ...
+
+
+def from_pairs(pairs: torch.Tensor, layout: str) -> torch.Tensor:
+    """The inverse of ``to_pairs``: (..., d/2, 2) -> (..., d)."""
+    if layout == "interleaved":
+        return pairs.flatten(-2)
+    return pairs.transpose(-1, -2).flatten(-2)
+
+
+def rotate_by(x: torch.Tensor, rotation: torch.Tensor, layout: str = "interleaved") -> torch.Tensor:
+    """Rotate the pairs of ``x`` (..., T, d) by the unit complex numbers ``rotation`` (T, d/2):
+    pair (a, b) is the complex a + ib, and a rotation by angle phi is a product with e^(i phi).
+    One complex product is several times faster (forward and backward) than the four real
+    products and the re-interleaving it replaces."""
     precise = x.double() if x.dtype == torch.float64 else x.float()  # no complex bf16/fp16
-    pairs = torch.view_as_complex(precise.unflatten(-1, (-1, 2)).contiguous())  # (..., T, hs/2)
-    rotated = torch.view_as_real(pairs * rotation.to(pairs.dtype)).flatten(-2)
-    return rotated.type_as(x)
+    pairs = torch.view_as_complex(to_pairs(precise, layout).contiguous())  # (..., T, d/2)
+    rotated = torch.view_as_real(pairs * rotation.to(pairs.dtype))  # (..., T, d/2, 2)
+    return from_pairs(rotated, layout).type_as(x)
 
 
-def apply_rope(x: torch.Tensor, positions: torch.Tensor, base: float = 10000.0) -> torch.Tensor:
+def rotate_leading(
+    x: torch.Tensor, rotation: torch.Tensor, layout: str, attention_factor: float = 1.0
+) -> torch.Tensor:
+    """Rotate the first 2 * rotation.shape[-1] dims of ``x`` (..., T, hs), pass the rest
+    through, and multiply the whole vector by ``attention_factor`` (YaRN's temperature: both q
+    and k carry it, so the logits scale by its square)."""
+    dim = 2 * rotation.shape[-1]
+    if dim == x.shape[-1]:
+        out = rotate_by(x, rotation, layout)
+    else:
+        out = torch.cat((rotate_by(x[..., :dim], rotation, layout), x[..., dim:]), dim=-1)
+    return out if attention_factor == 1.0 else out * attention_factor
+
+
+def apply_rope(
+    x: torch.Tensor,
+    positions: torch.Tensor,
+    base: float = 10000.0,
+    layout: str = "interleaved",
+    fraction: float = 1.0,
+) -> torch.Tensor:
     """Rotate ``x`` (..., T, head_dim) as RoPE does at integer ``positions`` (T,)."""
-    if x.shape[-1] % 2:
-        raise PosbenchError(f"RoPE needs an even head dimension (got {x.shape[-1]})")
-    angles = rope_angles(positions, x.shape[-1], base)
-    return rotate_by(x, torch.polar(torch.ones_like(angles), angles))
+    check_layout(layout)
+    theta = rope_frequencies(rotated_dims(x.shape[-1], fraction), base).to(positions.device)
+    angles = positions.to(torch.float64)[:, None] * theta  # (T, d/2)
+    return rotate_leading(x, torch.polar(torch.ones_like(angles), angles), layout)
 
 
 @register("rope")
@@ -59,19 +253,53 @@ class RotaryPositionalEncoding(PositionalEncoding):
                 f"rope rotates pairs of dimensions, so the head dim d_model/n_head must be even "
                 f"(got {d_model}/{n_head} = {self.head_dim}); change model.d_model or model.n_head"
             )
+        check_layout(config.layout)
+        check_scaling(config.scaling)
+        self.dim = rotated_dims(self.head_dim, config.fraction)
         # e^(i m theta) for every position m seen so far, in complex128 so that a float64
-        # model is exact; recomputable, so not saved in checkpoints.
-        empty = torch.empty(0, self.head_dim // 2, dtype=torch.complex128)
+        # model is exact; recomputable, so not saved in checkpoints. ``table_factor`` is the
+        # scaling factor it was built for (None: plain RoPE).
+        empty = torch.empty(0, self.dim // 2, dtype=torch.complex128)
         self.register_buffer("rotations", empty, persistent=False)
+        self.table_factor: float | None = None
+        self.attention_factor = 1.0
 
-    def _extend_cache(self, length: int, device: torch.device) -> None:
-        """Grow the rotation table to cover ``length`` positions (doubling, to amortise)."""
-        size = max(length, 2 * self.rotations.shape[0])
-        angles = rope_angles(torch.arange(size, device=device), self.head_dim, self.config.base)
-        self.rotations = torch.polar(torch.ones_like(angles), angles)
+    def scaling_factor(self, length: int) -> float | None:
+        """The factor s for a sequence of ``length`` positions (0 .. length-1: the window being
+        evaluated), or None for plain RoPE (training mode, or no scaling method)."""
+        scaling = self.config.scaling
+        if self.training or scaling.method == "none":
+            return None
+        if scaling.factor is not None:
+            return scaling.factor
+        return max(1.0, length / scaling.original_length)  # from the TRAINING length, not L
+
+    def scaling_record(self, length: int) -> dict[str, Any]:
+        factor = self.scaling_factor(length)
+        method = "none" if factor is None else self.config.scaling.method
+        return {"scaling": method, "scaling_factor": factor}
+
+    def _build_table(self, length: int, factor: float | None, device: torch.device) -> None:
+        """Rotations for positions 0..size-1 under ``factor`` (doubling, to amortise growth)."""
+        same_factor = factor == self.table_factor and self.rotations.shape[0] > 0
+        size = max(length, 2 * self.rotations.shape[0]) if same_factor else length
+        method = SCALING_METHODS[self.config.scaling.method if factor is not None else "none"]
+        theta, self.attention_factor = method(
+            self.dim, self.config.base, factor or 1.0, self.config.scaling
+        )
+        angles = torch.arange(size, dtype=torch.float64, device=device)[:, None] * theta.to(device)
+        self.rotations = torch.polar(torch.ones_like(angles), angles)  # (size, d/2)
+        self.table_factor = factor
 
     def rotate(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         needed = int(positions.max()) + 1
-        if needed > self.rotations.shape[0] or self.rotations.device != x.device:
-            self._extend_cache(needed, x.device)
-        return rotate_by(x, self.rotations[positions])  # (T, hs/2) rotations
+        factor = self.scaling_factor(needed)
+        if (
+            factor != self.table_factor
+            or needed > self.rotations.shape[0]
+            or self.rotations.device != x.device
+        ):
+            self._build_table(needed, factor, x.device)
+        return rotate_leading(
+            x, self.rotations[positions], self.config.layout, self.attention_factor
+        )

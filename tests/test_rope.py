@@ -1,0 +1,282 @@
+"""Specification of RoPE's options (layout, fraction) and its eval-time scaling methods.
+
+Expected values come from the papers' formulas written out here with ``math`` (or from the
+hand-built rotation reference in test_encodings), never from posbench's own helpers.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from test_encodings import rope_reference_rows, rotation
+
+from posbench.encodings import apply_rope, build_encoding
+from posbench.errors import PosbenchError
+
+F64 = torch.float64
+HEAD_DIM = 8  # d_model 32 / 4 heads
+
+
+def random(*shape: int, seed: int = 0) -> torch.Tensor:
+    return torch.randn(*shape, dtype=F64, generator=torch.Generator().manual_seed(seed))
+
+
+def rope(training: bool = False, **options):
+    """A float64 rope encoding with head dim 8, in eval mode unless ``training``."""
+    encoding = build_encoding({"name": "rope", **options}, d_model=32, n_head=4)
+    return encoding.train(training)
+
+
+def scaled(
+    method: str,
+    factor: float | None = None,
+    original_length: int = 16,
+    layout: str = "interleaved",
+    fraction: float = 1.0,
+    **scaling_options,
+):
+    """A rope encoding in eval mode that extends the given ``original_length`` by ``method``."""
+    scaling = {"method": method, "factor": factor, "original_length": original_length}
+    return rope(layout=layout, fraction=fraction, scaling=scaling | scaling_options)
+
+
+def pair_angles_and_norms(encoding, position: int) -> tuple[list[float], list[float]]:
+    """Rotate (1, 0) in every interleaved pair at ``position``: each pair becomes
+    norm * (cos a, sin a), where a is that pair's angle and norm the attention factor."""
+    x = torch.tensor([1.0, 0.0] * (HEAD_DIM // 2), dtype=F64)[None, None, None]
+    out = encoding.rotate(x, torch.tensor([position]))[0, 0, 0].unflatten(-1, (-1, 2))
+    return [math.atan2(b, a) for a, b in out.tolist()], [math.hypot(a, b) for a, b in out.tolist()]
+
+
+# --- layout and fraction ----------------------------------------------------------------------
+
+
+def half_reference_rows(x: torch.Tensor, positions: list[int], base: float = 1e4) -> torch.Tensor:
+    """GPT-NeoX layout by hand: pair i is (x[i], x[i + d/2]), rotated by R(m * base^(-2i/d))."""
+    d = x.shape[-1]
+    out = x.clone()
+    for t, m in enumerate(positions):
+        for i in range(d // 2):
+            pair = torch.stack((x[..., t, i], x[..., t, i + d // 2]), dim=-1)
+            turned = pair @ rotation(m * base ** (-2 * i / d)).T
+            out[..., t, i], out[..., t, i + d // 2] = turned[..., 0], turned[..., 1]
+    return out
+
+
+def test_half_layout_rotates_dimension_i_with_dimension_i_plus_half():
+    positions = [0, 3, 250]
+    x = random(2, len(positions), HEAD_DIM, seed=1)
+    out = apply_rope(x, torch.tensor(positions), layout="half")
+    torch.testing.assert_close(out, half_reference_rows(x, positions), rtol=0, atol=1e-12)
+
+
+# interleaved pair i is dims (2i, 2i+1); half pair i is (i, i + d/2): this permutation maps one
+# onto the other (a head's dims reordered as 0, 2, 4, 6, 1, 3, 5, 7).
+TO_HALF = [*range(0, HEAD_DIM, 2), *range(1, HEAD_DIM, 2)]
+
+
+def test_interleaved_and_half_layouts_give_identical_scores_after_permuting_dims():
+    positions = torch.arange(12)
+    q, k = random(2, 12, HEAD_DIM, seed=2), random(2, 12, HEAD_DIM, seed=3)
+    q_i, k_i = apply_rope(q, positions), apply_rope(k, positions)
+    q_h = apply_rope(q[..., TO_HALF], positions, layout="half")
+    k_h = apply_rope(k[..., TO_HALF], positions, layout="half")
+    torch.testing.assert_close(q_h @ k_h.mT, q_i @ k_i.mT, rtol=0, atol=1e-12)
+    torch.testing.assert_close(q_h, q_i[..., TO_HALF], rtol=0, atol=1e-12)
+
+
+def test_module_half_layout_equals_the_functional_one():
+    x = random(1, 4, 10, HEAD_DIM, seed=4)
+    out = rope(layout="half").rotate(x, torch.arange(10))
+    torch.testing.assert_close(out, apply_rope(x, torch.arange(10), layout="half"))
+
+
+def test_fraction_one_is_full_rope():
+    x = random(2, 6, HEAD_DIM, seed=5)
+    positions = [0, 1, 2, 50, 51, 9000]
+    full = rope_reference_rows(x, positions)
+    out = apply_rope(x, torch.tensor(positions), fraction=1.0)
+    torch.testing.assert_close(out, full, rtol=0, atol=1e-12)
+    module = rope(fraction=1.0).rotate(x, torch.tensor(positions))
+    torch.testing.assert_close(module, full, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("layout", ["interleaved", "half"])
+@pytest.mark.parametrize("fraction", [0.25, 0.5, 0.75])
+def test_partial_rotary_rotates_the_leading_dims_and_leaves_the_rest_untouched(layout, fraction):
+    rotated = int(HEAD_DIM * fraction)
+    positions = [0, 7, 1000]
+    x = random(3, len(positions), HEAD_DIM, seed=6)
+    out = rope(layout=layout, fraction=fraction).rotate(x, torch.tensor(positions))
+    # theta_i = base^(-2i/d) with d the rotated count, as in GPT-NeoX
+    reference = rope_reference_rows if layout == "interleaved" else half_reference_rows
+    expected = reference(x[..., :rotated], positions)
+    torch.testing.assert_close(out[..., :rotated], expected, rtol=0, atol=1e-12)
+    assert torch.equal(out[..., rotated:], x[..., rotated:])
+
+
+@pytest.mark.parametrize("fraction", [0.3, 0.125, 0.0, 1.5])
+def test_a_fraction_that_does_not_rotate_an_even_dim_count_is_a_one_line_error(fraction):
+    with pytest.raises(PosbenchError, match=r"encoding\.fraction") as info:
+        rope(fraction=fraction)
+    assert "\n" not in str(info.value)
+    with pytest.raises(PosbenchError, match="fraction"):
+        apply_rope(torch.zeros(2, HEAD_DIM), torch.arange(2), fraction=fraction)
+
+
+def test_an_unknown_layout_lists_the_valid_ones():
+    with pytest.raises(PosbenchError, match="interleaved, half"):
+        rope(layout="neox")
+
+
+# --- scaling: each method against its formula -------------------------------------------------
+
+
+def test_scaling_is_ignored_in_training_mode():
+    encoding = rope(training=True, scaling={"method": "yarn", "factor": 8.0, "original_length": 4})
+    x = random(1, 2, 40, HEAD_DIM, seed=7)
+    torch.testing.assert_close(
+        encoding.rotate(x, torch.arange(40)), apply_rope(x, torch.arange(40))
+    )
+    assert encoding.scaling_record(40) == {"scaling": "none", "scaling_factor": None}
+
+
+@pytest.mark.parametrize("s", [2.0, 4.0, 8.0])
+def test_linear_scaling_by_s_at_position_s_times_m_equals_plain_rope_at_m(s):
+    m = torch.tensor([0, 1, 5, 17, 300])
+    x = random(2, len(m), HEAD_DIM, seed=8)
+    out = scaled("linear", s).rotate(x, (m * s).long())
+    torch.testing.assert_close(out, apply_rope(x, m), rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("layout", ["interleaved", "half"])
+def test_yarn_with_factor_one_is_plain_rope(layout):
+    x = random(1, 4, 64, HEAD_DIM, seed=9)
+    out = scaled("yarn", 1.0, layout=layout).rotate(x, torch.arange(64))
+    torch.testing.assert_close(out, apply_rope(x, torch.arange(64), layout=layout))
+
+
+def test_ntk_multiplies_the_base_by_s_to_the_d_over_d_minus_2():
+    positions = [0, 3, 100, 4000]
+    x = random(2, len(positions), HEAD_DIM, seed=10)
+    out = scaled("ntk", 4.0).rotate(x, torch.tensor(positions))
+    new_base = 10000.0 * 4.0 ** (8 / 6)
+    torch.testing.assert_close(out, rope_reference_rows(x, positions, new_base), atol=1e-10, rtol=0)
+
+
+def test_ntk_keeps_the_fastest_pair_and_divides_the_slowest_by_s():
+    angles, _ = pair_angles_and_norms(scaled("ntk", 4.0), position=1)
+    assert angles[0] == pytest.approx(1.0, abs=1e-12)  # theta_0 = 1 for any base
+    assert angles[-1] == pytest.approx(10000.0 ** (-6 / 8) / 4, rel=1e-12)
+
+
+def test_dynamic_is_plain_at_the_training_length_and_ntk_with_s_4_at_four_times_it():
+    encoding = scaled("dynamic", original_length=16)
+    x16, x64 = random(1, 2, 16, HEAD_DIM, seed=11), random(1, 2, 64, HEAD_DIM, seed=12)
+    torch.testing.assert_close(
+        encoding.rotate(x16, torch.arange(16)), rope_reference_rows(x16, list(range(16)))
+    )
+    ntk_base = 10000.0 * 4.0 ** (8 / 6)  # s = 64 / 16 from the ORIGINAL length, not from 64
+    torch.testing.assert_close(
+        encoding.rotate(x64, torch.arange(64)), rope_reference_rows(x64, list(range(64)), ntk_base)
+    )
+    assert encoding.scaling_record(64) == {"scaling": "dynamic", "scaling_factor": 4.0}
+    assert encoding.scaling_record(8)["scaling_factor"] == 1.0  # never below 1
+
+
+def test_a_null_factor_is_the_eval_length_over_the_training_length():
+    encoding = scaled("linear", original_length=16)
+    assert encoding.scaling_record(16)["scaling_factor"] == 1.0
+    assert encoding.scaling_record(40)["scaling_factor"] == 2.5
+    angles, _ = pair_angles_and_norms(encoding, position=39)  # length 40: s = 2.5
+    assert angles[0] == pytest.approx(math.remainder(39 / 2.5, 2 * math.pi), abs=1e-9)
+
+
+def test_yarn_ramp_and_temperature_match_the_paper_for_a_small_head():
+    # d = 8, base 1e4: theta = 1, 0.1, 0.01, 0.001. With L = 256 training tokens, pair i turns
+    # r_i = L * theta_i / (2 pi) = 40.74, 4.074, 0.407, 0.041 times: pair 0 is above
+    # beta_fast = 32 (kept), pairs 2 and 3 below beta_slow = 1 (divided by s), and pair 1 is on
+    # the ramp, gamma = (4.074 - 1) / (32 - 1).
+    s = 4.0
+    r1 = 256 * 0.1 / (2 * math.pi)
+    gamma = (r1 - 1) / 31
+    expected = [1.0, (1 - gamma) * 0.1 / s + gamma * 0.1, 0.01 / s, 0.001 / s]
+    angles, norms = pair_angles_and_norms(scaled("yarn", s, original_length=256), position=1)
+    assert angles == pytest.approx(expected, rel=1e-12)
+    # sqrt(1/t) = 0.1 ln(s) + 1 multiplies both q and k, so the logits gain (0.1 ln s + 1)^2
+    assert norms == pytest.approx([0.1 * math.log(4) + 1] * 4, rel=1e-12)
+
+
+def test_yarn_ramp_uses_the_configured_betas():
+    # beta_fast = 4.5, beta_slow = 4: pair 1 (r = 4.074) is now on a short ramp.
+    gamma = (256 * 0.1 / (2 * math.pi) - 4) / 0.5
+    angles, _ = pair_angles_and_norms(
+        scaled("yarn", 2.0, original_length=256, beta_fast=4.5, beta_slow=4.0), position=1
+    )
+    assert angles[1] == pytest.approx((1 - gamma) * 0.1 / 2 + gamma * 0.1, rel=1e-12)
+
+
+def test_llama3_keeps_short_wavelengths_divides_long_ones_and_blends_between():
+    # L = 128, factor 8, low 1, high 4: wavelengths 2 pi / theta = 6.3, 62.8, 628, 6283.
+    # Below L/4 = 32 -> theta kept; above L/1 = 128 -> theta / 8; 62.8 is in between, blended
+    # with smooth = (L / 62.8 - 1) / (4 - 1).
+    smooth = (128 / (2 * math.pi / 0.1) - 1) / 3
+    expected = [1.0, (1 - smooth) * 0.1 / 8 + smooth * 0.1, 0.01 / 8, 0.001 / 8]
+    angles, norms = pair_angles_and_norms(scaled("llama3", 8.0, original_length=128), position=1)
+    assert angles == pytest.approx(expected, rel=1e-12)
+    assert norms == pytest.approx([1.0] * 4, rel=1e-12)  # no temperature
+
+
+@pytest.mark.parametrize("method", ["linear", "ntk", "yarn", "llama3"])
+def test_every_method_with_factor_one_is_plain_rope(method):
+    x = random(1, 2, 32, HEAD_DIM, seed=13)
+    out = scaled(method, 1.0).rotate(x, torch.arange(32))
+    torch.testing.assert_close(out, apply_rope(x, torch.arange(32)), rtol=0, atol=1e-12)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    method=st.sampled_from(["none", "linear", "ntk", "dynamic", "yarn", "llama3"]),
+    layout=st.sampled_from(["interleaved", "half"]),
+    fraction=st.sampled_from([1.0, 0.5, 0.25]),
+    m=st.integers(0, 150),
+    n=st.integers(0, 150),
+    shift=st.integers(0, 100),
+    seed=st.integers(0, 2**16),
+)
+def test_scaled_rope_scores_depend_only_on_relative_distance(
+    method, layout, fraction, m, n, shift, seed
+):
+    # One sequence of 256 positions (s = 256 / 16 = 16 for every method), the same query and
+    # key vector at every position: score(m, n) must equal score(m + c, n + c).
+    encoding = scaled(method, layout=layout, fraction=fraction)
+    q, k = random(HEAD_DIM, seed=seed), random(HEAD_DIM, seed=seed + 1)
+    positions = torch.arange(256)
+    q_rot = encoding.rotate(q.expand(1, 1, 256, HEAD_DIM), positions)[0, 0]
+    k_rot = encoding.rotate(k.expand(1, 1, 256, HEAD_DIM), positions)[0, 0]
+    scores = q_rot @ k_rot.T  # (T, T)
+    assert float(scores[m + shift, n + shift]) == pytest.approx(float(scores[m, n]), abs=1e-9)
+
+
+# --- configuration errors ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("scaling", "message"),
+    [
+        ({"method": "rescale"}, "choose one of: none, linear, ntk, dynamic, yarn, llama3"),
+        ({"method": "yarn", "factor": 0.5, "original_length": 16}, "factor must be >= 1"),
+        ({"method": "dynamic", "factor": 2.0, "original_length": 16}, "leave"),
+        ({"method": "yarn"}, "original_length"),
+        ({"method": "yarn", "original_length": 16, "beta_fast": 1.0}, "beta_fast"),
+        ({"method": "llama3", "original_length": 16, "high_freq_factor": 1.0}, "high_freq"),
+    ],
+)
+def test_bad_scaling_configs_are_one_line_errors(scaling, message):
+    with pytest.raises(PosbenchError, match=message) as info:
+        rope(scaling=scaling)
+    assert "\n" not in str(info.value)
