@@ -196,12 +196,19 @@ def test_attention_rotates_queries_and_keys_but_not_values():
 
 def test_causal_bias_puts_minus_infinity_strictly_above_the_diagonal_and_keeps_the_rest():
     bias = torch.randn(2, 5, 5, dtype=F64)
-    out = causal_bias(bias)
+    out = causal_bias(bias, torch.arange(5), torch.arange(5))
     for h in range(2):
         for i in range(5):
             for j in range(5):
                 expected = float("-inf") if j > i else float(bias[h, i, j])
                 assert float(out[h, i, j]) == expected
+
+
+def test_causal_bias_compares_positions_not_indices():
+    bias = torch.zeros(1, 2, 4, dtype=F64)
+    out = causal_bias(bias, torch.tensor([10, 12]), torch.tensor([9, 10, 11, 12]))
+    expected = torch.tensor([[[0, 0, -math.inf, -math.inf], [0, 0, 0, 0]]], dtype=F64)
+    assert torch.equal(out, expected)
 
 
 # --- causality and length ---------------------------------------------------------------------
