@@ -372,3 +372,21 @@ def test_bias_encodings_score_a_pair_by_its_relative_position_only(name, qk, m, 
         return content[0] + encoding.score_bias(qp, kp)  # (H, 1, 1)
 
     torch.testing.assert_close(scores(m + shift, n + shift), scores(m, n), rtol=1e-12, atol=1e-9)
+
+
+@pytest.mark.parametrize("name", ["t5", "kerple"])
+def test_blocked_attention_gives_the_same_gradients(name, monkeypatch):
+    # Training at long lengths (or large batches) takes the blocked path too.
+    torch.manual_seed(7)
+    model = Transformer(SMALL, make_encoding(name, SMALL)).double()
+    tokens = torch.randint(0, 256, (2, 40))
+
+    def gradients() -> list[torch.Tensor]:
+        model.zero_grad()
+        model(tokens).logsumexp(-1).sum().backward()
+        return [p.grad.clone() for p in model.parameters()]
+
+    single = gradients()
+    monkeypatch.setattr(posbench.model, "MAX_SCORE_ELEMENTS", 500)
+    for blocked, expected in zip(gradients(), single, strict=True):
+        torch.testing.assert_close(blocked, expected, rtol=1e-9, atol=1e-12)
