@@ -32,6 +32,7 @@ from tqdm.auto import tqdm
 from posbench.config import resolve_device
 from posbench.data import load_corpus
 from posbench.errors import PosbenchError
+from posbench.memory import fitting_batch_size
 from posbench.model import Transformer
 from posbench.runs import load_run
 
@@ -96,7 +97,10 @@ def evaluate_length(
             scaling,
         )
     device = next(model.parameters()).device
-    batch_size = batch_size or max(1, TOKENS_PER_BATCH // length)
+    batch_size = min(batch_size or max(1, TOKENS_PER_BATCH // length), len(spans))
+    batch_size, shortfall = fitting_batch_size(model, length, batch_size, device)
+    if shortfall is not None:
+        return unsupported(length, stride, shortfall, scaling)
     total_nll = torch.zeros((), dtype=torch.float64, device=device)  # summed on the device
     scored = 0
     with tqdm(total=len(spans), desc=f"eval length {length}", unit="window", leave=False) as bar:

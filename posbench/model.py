@@ -37,26 +37,68 @@ class CausalSelfAttention(nn.Module):
         q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))
         q = encoding.rotate(q, positions)  # (B, nh, T, hs)
         k = encoding.rotate(k, positions)
-        bias = encoding.score_bias(positions, positions)
         dropout = self.dropout if self.training else 0.0
-        if bias is None:
-            # The fused causal kernel never builds a (T, T) mask.
-            y = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=True)
-        else:
-            y = F.scaled_dot_product_attention(
-                q, k, v, attn_mask=causal_bias(bias), dropout_p=dropout
-            )
+        y = causal_attention(q, k, v, positions, encoding, dropout)  # (B, nh, T, hs)
         y = y.transpose(1, 2).reshape(B, T, C)  # (B, T, C)
         return self.proj(y)
 
 
-def causal_bias(bias: torch.Tensor) -> torch.Tensor:
-    """Fold the causal mask into an additive score bias (H, Tq, Tk): future keys get -inf.
+# A score bias (ALiBi, T5, KERPLE) cannot use SDPA's fused causal kernel: it is a float mask of
+# (H, queries, keys), and SDPA builds scores of (B, H, queries, keys) next to it. At evaluation
+# lengths that is gigabytes (4 heads at 16,384 tokens: 4 GiB per tensor in float32), so queries
+# are split into blocks that keep each block's scores under this many elements (64 MiB in
+# float32). Training lengths stay far below it and take the single-call path.
+MAX_SCORE_ELEMENTS = 2**24
 
-    Assumes queries and keys cover the same positions, so key j is in query i's future iff j > i.
+
+def query_block_size(batch: int, n_head: int, length: int) -> int:
+    """Queries per attention call: all of them when their scores fit MAX_SCORE_ELEMENTS."""
+    return max(1, min(length, MAX_SCORE_ELEMENTS // (batch * n_head * length)))
+
+
+def causal_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    positions: torch.Tensor,
+    encoding: PositionalEncoding,
+    dropout: float = 0.0,
+) -> torch.Tensor:
+    """softmax(q k^T / sqrt(hs) + encoding's score bias + causal mask) v, for q, k, v of
+    (B, H, T, hs) at ``positions`` (T,) -> (B, H, T, hs).
+
+    Without a bias this is one fused causal SDPA call, which never builds a (T, T) mask. With
+    one, each block of queries [s, e) attends to keys [0, e) only (later keys are all in its
+    future), with the bias and the causal mask folded into one float mask of (H, e - s, e).
+    Blocks run from the last (the most keys) to the first: each block's temporaries then fit
+    in memory the previous block freed, where growing ones made glibc's heap grow (measured at
+    16,384 tokens: 0.7-1.0 GB added by the forward pass in first-to-last order, 0.4 GB now).
     """
-    tq, tk = bias.shape[-2:]
-    future = torch.ones(tq, tk, dtype=torch.bool, device=bias.device).triu(1)
+    B, H, T, _ = q.shape
+    block = query_block_size(B, H, T)
+    outputs = []
+    for start in reversed(range(0, T, block)):
+        end = min(start + block, T)
+        query_positions, key_positions = positions[start:end], positions[:end]
+        bias = encoding.score_bias(query_positions, key_positions)  # (H, e - s, e) or None
+        if bias is None:  # the encoding adds no bias at all: take the fused causal kernel
+            return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=True)
+        # (1, H, e - s, e): SDPA's CPU kernel takes a 4-D mask fused, a 3-D one 5x slower.
+        mask = causal_bias(bias, query_positions, key_positions).to(q.dtype)[None]
+        outputs.append(
+            F.scaled_dot_product_attention(
+                q[:, :, start:end], k[:, :, :end], v[:, :, :end], attn_mask=mask, dropout_p=dropout
+            )
+        )
+    return torch.cat(outputs[::-1], dim=2)
+
+
+def causal_bias(
+    bias: torch.Tensor, query_positions: torch.Tensor, key_positions: torch.Tensor
+) -> torch.Tensor:
+    """Fold the causal mask into an additive score bias (H, Tq, Tk): a key whose position is
+    after the query's gets -inf."""
+    future = key_positions[None, :] > query_positions[:, None]  # (Tq, Tk)
     return bias.masked_fill(future, float("-inf"))
 
 
@@ -149,6 +191,29 @@ class Transformer(nn.Module):
         for block in self.blocks:
             x = block(x, positions, self.encoding)
         return self.lm_head(self.ln_final(x))  # (B, T, vocab)
+
+    def inference_memory_bytes(self, batch_size: int, length: int) -> int:
+        """An upper estimate of the memory one forward pass adds under inference mode (on top
+        of the weights) for ``batch_size`` sequences of ``length`` tokens, so that evaluation
+        can choose a batch that fits before it starts (benchmarks/long_eval_memory.py compares
+        it with measured peaks).
+
+        Terms, in elements: the live activations of one block (residual, layer-norm output,
+        q/k/v and their rotated copies, attention output, the MLP's hidden layer and its GELU:
+        at most 8*C + 2*hidden per token), the logits with the log-softmax of the loss (3*V per
+        token) and, for a score bias, the attention scratch of one query block (the bias, its
+        masked copy, SDPA's scores and probabilities, and the encoding's own intermediates:
+        at most 6 per score), which query_block_size keeps bounded at any length.
+        """
+        a = self.args
+        tokens = batch_size * length
+        hidden = a.mlp_ratio * a.d_model
+        elements = tokens * (8 * a.d_model + 2 * hidden + 3 * a.vocab_size)
+        first = torch.zeros(1, dtype=torch.long, device=self.lm_head.weight.device)
+        if self.encoding.score_bias(first, first) is not None:
+            block = query_block_size(batch_size, a.n_head, length)
+            elements += 6 * batch_size * a.n_head * block * length
+        return elements * self.lm_head.weight.element_size()
 
     def num_parameters(self) -> int:
         """Parameters counted once (the tied embedding is shared with the output layer)."""

@@ -62,7 +62,7 @@ def test_top_level_help_lists_commands_encodings_and_key_options(tmp_path):
 
 def test_train_help_lists_groups_and_the_composed_config(tmp_path):
     out = posbench("train", "--help", "encoding=learned", cwd=tmp_path).stdout
-    assert "encoding  learned, none, rope, sinusoidal" in out
+    assert "encoding  alibi, kerple, learned, none, rope, sinusoidal, t5" in out
     assert "max_length" in out  # the learned encoding's own option, composed
     assert "seq_len: 128" in out
 
@@ -244,3 +244,39 @@ def test_installed_wheel_runs_with_its_bundled_configs(tmp_path, cache_dir):
     )
     (run_dir,) = run_dirs(workdir)
     assert results_of(run_dir)["encoding"] == "sinusoidal"
+
+
+def test_help_lists_the_relative_bias_encodings(tmp_path):
+    out = posbench("--help", cwd=tmp_path).stdout
+    assert "alibi, kerple, learned, none, rope, sinusoidal, t5" in out
+
+
+def test_bias_encoding_options_are_set_from_the_command_line(tmp_path, cache_dir):
+    posbench(
+        "train",
+        "encoding=t5",
+        "encoding.num_buckets=8",
+        "encoding.max_distance=12",
+        *TINY,
+        cwd=tmp_path,
+    )
+    (run_dir,) = run_dirs(tmp_path)
+    config = (run_dir / "config.yaml").read_text()
+    assert "num_buckets: 8" in config and "max_distance: 12" in config
+    assert all(r["status"] == "ok" for r in results_of(run_dir)["eval"])
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["encoding=t5", "encoding.num_buckets=0"], "encoding.num_buckets must be >= 2"),
+        (["encoding=t5", "encoding.max_distance=10"], "encoding.max_distance must exceed"),
+        (["encoding=kerple", "encoding.kernel=cubic"], "encoding.kernel must be one of log, power"),
+        (["encoding=alibi", "encoding.slopes=1"], "encoding.slopes"),
+    ],
+)
+def test_bad_bias_encoding_options_are_one_line_errors(tmp_path, args, message):
+    result = posbench("train", *args, cwd=tmp_path, check=False)
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error:") and message in lines[0], result.stderr

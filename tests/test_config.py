@@ -78,3 +78,18 @@ def test_out_of_range_values_are_one_line_errors(override, message):
     with pytest.raises(PosbenchError, match=message) as err:
         validate(compose_config([override]))
     assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "expected"),
+    [
+        (["encoding=alibi"], {"name": "alibi"}),
+        (["encoding=t5"], {"name": "t5", "num_buckets": 32, "max_distance": 128}),
+        (["encoding=t5", "encoding.num_buckets=64"], {"num_buckets": 64, "max_distance": 128}),
+        (["encoding=kerple"], {"name": "kerple", "kernel": "log"}),
+        (["encoding=kerple", "encoding.kernel=power"], {"kernel": "power"}),
+    ],
+)
+def test_bias_encoding_options_compose_from_overrides(overrides, expected):
+    encoding = compose_config(overrides).encoding
+    assert {key: encoding[key] for key in expected} == expected

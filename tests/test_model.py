@@ -13,9 +13,11 @@ from dataclasses import dataclass
 
 import pytest
 import torch
+import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import posbench.model
 from posbench.encodings import EncodingConfig, PositionalEncoding, build_encoding, encoding_names
 from posbench.errors import PosbenchError
 from posbench.model import CausalSelfAttention, ModelArgs, Transformer, causal_bias
@@ -196,12 +198,19 @@ def test_attention_rotates_queries_and_keys_but_not_values():
 
 def test_causal_bias_puts_minus_infinity_strictly_above_the_diagonal_and_keeps_the_rest():
     bias = torch.randn(2, 5, 5, dtype=F64)
-    out = causal_bias(bias)
+    out = causal_bias(bias, torch.arange(5), torch.arange(5))
     for h in range(2):
         for i in range(5):
             for j in range(5):
                 expected = float("-inf") if j > i else float(bias[h, i, j])
                 assert float(out[h, i, j]) == expected
+
+
+def test_causal_bias_compares_positions_not_indices():
+    bias = torch.zeros(1, 2, 4, dtype=F64)
+    out = causal_bias(bias, torch.tensor([10, 12]), torch.tensor([9, 10, 11, 12]))
+    expected = torch.tensor([[[0, 0, -math.inf, -math.inf], [0, 0, 0, 0]]], dtype=F64)
+    assert torch.equal(out, expected)
 
 
 # --- causality and length ---------------------------------------------------------------------
@@ -231,6 +240,7 @@ def test_changing_future_tokens_leaves_earlier_logits_unchanged(name, case):
 
 @pytest.mark.parametrize("name", UNBOUNDED)
 def test_unbounded_models_run_far_beyond_any_training_length(name):
+    # 2 heads x 4096^2 scores exceed MAX_SCORE_ELEMENTS: bias encodings take the blocked path.
     with torch.no_grad():
         logits = small_model(name)(torch.randint(0, 256, (1, 4096)))
     assert logits.shape == (1, 4096, 256)
@@ -255,3 +265,128 @@ def test_learned_model_refuses_inputs_longer_than_its_table():
 def test_learned_model_accepts_inputs_exactly_as_long_as_its_table():
     model = Transformer(SMALL, build_encoding({"name": "learned", "max_length": 32}, 16, 2))
     assert model(torch.zeros(1, 32, dtype=torch.long)).shape == (1, 32, 256)
+
+
+# --- score biases at long lengths: attention per block of queries ------------------------------
+
+BIASED = ["alibi", "t5", "kerple", "distance-bias"]
+
+
+def random_bias_encoding(name: str, n_head: int = SMALL.n_head) -> PositionalEncoding:
+    """A float64 bias encoding whose learned parts are random, so every bucket/head differs."""
+    torch.manual_seed(3)
+    args = ModelArgs(n_layer=1, n_head=n_head, d_model=8 * n_head)
+    encoding = make_encoding(name, args).double()
+    with torch.no_grad():
+        for parameter in encoding.parameters():
+            parameter.uniform_(0.1, 1.5)
+    return encoding
+
+
+@pytest.mark.parametrize("name", BIASED)
+@pytest.mark.parametrize("limit", [1, 100, 2000])
+def test_blocked_attention_equals_the_full_computation(name, limit, monkeypatch):
+    attention = random_attention(seed=4)
+    encoding = random_bias_encoding(name)
+    x = torch.randn(2, 37, SMALL.d_model, dtype=F64, generator=torch.Generator().manual_seed(5))
+    positions = torch.arange(37)
+    monkeypatch.setattr(posbench.model, "MAX_SCORE_ELEMENTS", limit)
+    assert posbench.model.query_block_size(2, SMALL.n_head, 37) < 37  # really blocked
+    full_bias = encoding.score_bias(positions, positions).detach()
+    expected = reference_attention(attention, x, bias=full_bias)
+    torch.testing.assert_close(attention(x, positions, encoding), expected, rtol=0, atol=1e-10)
+
+
+def test_blocked_model_equals_the_single_call_model_in_float32(monkeypatch):
+    model = small_model("t5")
+    tokens = torch.randint(0, 256, (2, 300), generator=torch.Generator().manual_seed(6))
+    with torch.no_grad():
+        single = model(tokens)
+        monkeypatch.setattr(posbench.model, "MAX_SCORE_ELEMENTS", 5000)
+        blocked = model(tokens)
+    torch.testing.assert_close(blocked, single, rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", BIASED)
+def test_each_query_block_sees_keys_only_up_to_its_own_end_and_stays_under_the_limit(
+    name, monkeypatch
+):
+    encoding = random_bias_encoding(name)
+    calls = []
+    score_bias = encoding.score_bias
+
+    def recording(query_positions, key_positions):
+        bias = score_bias(query_positions, key_positions)
+        calls.append((query_positions, key_positions, bias.numel()))
+        return bias
+
+    monkeypatch.setattr(encoding, "score_bias", recording)
+    monkeypatch.setattr(posbench.model, "MAX_SCORE_ELEMENTS", 400)
+    q = k = v = torch.zeros(1, SMALL.n_head, 50, 8, dtype=F64)
+    posbench.model.causal_attention(q, k, v, torch.arange(50), encoding)
+    assert sorted(int(qp[0]) for qp, _, _ in calls) == list(range(0, 50, 4))  # 400 // (2 * 50)
+    for query_positions, key_positions, elements in calls:
+        assert torch.equal(key_positions, torch.arange(int(query_positions[-1]) + 1))
+        assert elements <= 400
+
+
+def test_training_shapes_take_a_single_attention_call():
+    assert posbench.model.query_block_size(batch=32, n_head=4, length=128) == 128
+    assert posbench.model.query_block_size(batch=32, n_head=8, length=256) == 256
+
+
+@pytest.mark.parametrize("name", ["none", "rope"])
+def test_encodings_without_a_bias_use_the_fused_causal_kernel_even_at_long_lengths(
+    name, monkeypatch
+):
+    calls = []
+    sdpa = F.scaled_dot_product_attention
+
+    def recording(*args, **kwargs):
+        calls.append(kwargs)
+        return sdpa(*args, **kwargs)
+
+    monkeypatch.setattr(posbench.model.F, "scaled_dot_product_attention", recording)
+    with torch.no_grad():
+        small_model(name)(torch.zeros(1, 3000, dtype=torch.long))
+    assert len(calls) == SMALL.n_layer
+    assert all(call["is_causal"] and "attn_mask" not in call for call in calls)
+
+
+@pytest.mark.parametrize("name", ["alibi", "t5", "kerple"])
+@settings(max_examples=40, deadline=None)
+@given(
+    qk=st.lists(st.floats(-3, 3, allow_nan=False), min_size=16, max_size=16),
+    m=st.integers(0, 3000),
+    n=st.integers(0, 3000),
+    shift=st.integers(0, 20000),
+)
+def test_bias_encodings_score_a_pair_by_its_relative_position_only(name, qk, m, n, shift):
+    encoding = random_bias_encoding(name, n_head=2)  # head dim 8
+    q = torch.tensor(qk[:8], dtype=F64).expand(1, 2, 1, 8)
+    k = torch.tensor(qk[8:], dtype=F64).expand(1, 2, 1, 8)
+
+    def scores(query_position: int, key_position: int) -> torch.Tensor:
+        qp, kp = torch.tensor([query_position]), torch.tensor([key_position])
+        content = encoding.rotate(q, qp) @ encoding.rotate(k, kp).transpose(-1, -2) / math.sqrt(8)
+        return content[0] + encoding.score_bias(qp, kp)  # (H, 1, 1)
+
+    torch.testing.assert_close(scores(m + shift, n + shift), scores(m, n), rtol=1e-12, atol=1e-9)
+
+
+@pytest.mark.parametrize("name", ["t5", "kerple"])
+def test_blocked_attention_gives_the_same_gradients(name, monkeypatch):
+    # Training at long lengths (or large batches) takes the blocked path too.
+    torch.manual_seed(7)
+    model = Transformer(SMALL, make_encoding(name, SMALL)).double()
+    tokens = torch.randint(0, 256, (2, 40))
+
+    def gradients() -> list[torch.Tensor]:
+        model.zero_grad()
+        model(tokens).logsumexp(-1).sum().backward()
+        return [p.grad.clone() for p in model.parameters()]
+
+    single = gradients()
+    monkeypatch.setattr(posbench.model, "MAX_SCORE_ELEMENTS", 500)
+    for blocked, expected in zip(gradients(), single, strict=True):
+        torch.testing.assert_close(blocked, expected, rtol=1e-9, atol=1e-12)

@@ -159,3 +159,22 @@ def test_training_on_real_english_text_beats_its_unigram_baseline(tmp_path, cach
     results = train(cfg, tmp_path)
     assert results["data"]["name"] == "text"
     assert results["eval"][0]["bits_per_byte"] < results["data"]["unigram_bits_per_byte"]
+
+
+@pytest.mark.parametrize(
+    ("overrides", "bias_parameters"),
+    [
+        (["encoding=t5"], ["bias_table.weight"]),
+        (["encoding=kerple"], ["r1", "r2"]),
+        (["encoding=kerple", "encoding.kernel=power"], ["r1", "r2"]),
+    ],
+)
+def test_weight_decay_skips_learned_score_biases(overrides, bias_parameters):
+    # Decay would pull a T5 bucket table or KERPLE's (r1, r2) toward zero, i.e. toward no
+    # position information at all (and r1, r2 toward their lower bound).
+    cfg = compose_config(overrides)
+    model = build_model(cfg.model, cfg.encoding)
+    decayed, _plain = make_optimizer(model, cfg.train).param_groups
+    decayed_ids = {id(p) for p in decayed["params"]}
+    for name in bias_parameters:
+        assert id(model.encoding.get_parameter(name)) not in decayed_ids

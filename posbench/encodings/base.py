@@ -63,5 +63,8 @@ class PositionalEncoding(nn.Module):
     def score_bias(
         self, query_positions: torch.Tensor, key_positions: torch.Tensor
     ) -> torch.Tensor | None:
-        """Additive attention-logit bias (H, Tq, Tk), or ``None`` for no bias."""
+        """Additive attention-logit bias (H, Tq, Tk), or ``None`` for no bias.
+
+        At long lengths the model asks per block of queries, with the keys up to the block's
+        last position, so the bias must depend only on the positions it is given."""
         return None

@@ -1,0 +1,119 @@
+"""Evaluation checks memory before it starts a length: it shrinks the batch to what fits and
+reports a length that cannot fit at all, instead of being killed halfway.
+
+The available memory is monkeypatched, never exhausted for real.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+
+import posbench.memory
+from posbench.encodings import build_encoding
+from posbench.evaluate import evaluate_length
+from posbench.memory import available_memory, fitting_batch_size
+from posbench.model import MAX_SCORE_ELEMENTS, ModelArgs, Transformer, build_model
+
+CPU = torch.device("cpu")
+
+
+def model_with(encoding: str) -> Transformer:
+    torch.manual_seed(0)
+    args = ModelArgs(n_layer=1, n_head=2, d_model=16)
+    return Transformer(args, build_encoding({"name": encoding}, 16, 2))
+
+
+def allow(monkeypatch, n_bytes: int) -> None:
+    monkeypatch.setattr(posbench.memory, "available_memory", lambda device: n_bytes)
+
+
+# --- what is available --------------------------------------------------------------------------
+
+
+def test_available_cpu_memory_is_meminfos_mem_available(tmp_path, monkeypatch):
+    meminfo = tmp_path / "meminfo"
+    meminfo.write_text("MemTotal:  24000000 kB\nMemFree:  1000 kB\nMemAvailable:  2048 kB\n")
+    monkeypatch.setattr(posbench.memory, "MEMINFO", meminfo)
+    assert available_memory(CPU) == 2048 * 1024
+
+
+def test_available_memory_is_unknown_without_meminfo(tmp_path, monkeypatch):
+    monkeypatch.setattr(posbench.memory, "MEMINFO", tmp_path / "absent")
+    assert available_memory(CPU) is None
+
+
+# --- the estimate -------------------------------------------------------------------------------
+
+
+def test_estimate_grows_with_batch_and_length():
+    model = model_with("alibi")
+    assert model.inference_memory_bytes(2, 512) > model.inference_memory_bytes(1, 512)
+    assert model.inference_memory_bytes(1, 1024) > model.inference_memory_bytes(1, 512)
+
+
+def test_bias_attention_scratch_stays_bounded_at_long_lengths():
+    model = model_with("t5")
+    without_bias = model_with("none").inference_memory_bytes(1, 65536)
+    scratch = model.inference_memory_bytes(1, 65536) - without_bias
+    assert 0 < scratch <= 6 * MAX_SCORE_ELEMENTS * 4
+
+
+@pytest.mark.parametrize("encoding", ["alibi", "t5", "kerple"])
+def test_default_model_at_16k_tokens_is_estimated_under_2_gb(encoding):
+    model = build_model({}, {"name": encoding})  # ModelArgs' defaults are model=tiny
+    assert model.inference_memory_bytes(1, 16384) < 2e9
+
+
+# --- choosing the batch -------------------------------------------------------------------------
+
+
+def test_the_requested_batch_is_kept_when_it_fits(monkeypatch):
+    model = model_with("alibi")
+    allow(monkeypatch, model.inference_memory_bytes(8, 256))
+    assert fitting_batch_size(model, 256, 8, CPU) == (8, None)
+
+
+def test_a_batch_that_does_not_fit_shrinks_to_the_largest_that_does(monkeypatch, caplog):
+    model = model_with("alibi")
+    allow(monkeypatch, model.inference_memory_bytes(3, 256) + 1)
+    with caplog.at_level(logging.WARNING):
+        assert fitting_batch_size(model, 256, 8, CPU) == (3, None)
+    assert "batch size 8 -> 3" in caplog.text
+
+
+def test_a_length_where_one_window_does_not_fit_gets_a_one_line_reason(monkeypatch):
+    model = model_with("alibi")
+    allow(monkeypatch, model.inference_memory_bytes(1, 256) - 1)
+    batch, reason = fitting_batch_size(model, 256, 8, CPU)
+    assert batch == 0
+    assert "one window of 256 tokens needs" in reason and "\n" not in reason
+
+
+def test_unknown_available_memory_keeps_the_requested_batch(monkeypatch):
+    allow(monkeypatch, None)
+    assert fitting_batch_size(model_with("none"), 256, 8, CPU) == (8, None)
+
+
+# --- in evaluation ------------------------------------------------------------------------------
+
+
+def test_evaluation_records_a_length_that_cannot_fit_as_unsupported_without_running(monkeypatch):
+    model = model_with("t5")
+    allow(monkeypatch, 1000)
+    monkeypatch.setattr(model, "forward", lambda tokens: pytest.fail("the model ran"))
+    record = evaluate_length(model, torch.randint(0, 256, (5000,)), 1024)
+    assert record["status"] == "unsupported" and record["ppl"] is None
+    assert "needs about" in record["reason"]
+
+
+def test_a_shrunken_batch_gives_the_same_perplexity(monkeypatch):
+    model = model_with("kerple")
+    tokens = torch.randint(0, 256, (2000,), generator=torch.Generator().manual_seed(1))
+    expected = evaluate_length(model, tokens, 64, batch_size=16)
+    allow(monkeypatch, model.inference_memory_bytes(2, 64))
+    assert evaluate_length(model, tokens, 64, batch_size=16)["ppl"] == pytest.approx(
+        expected["ppl"], rel=1e-6
+    )
