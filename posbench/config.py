@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from hydra import compose, initialize_config_dir
 from hydra.core.config_store import ConfigStore
-from omegaconf import MISSING, DictConfig
+from omegaconf import MISSING, DictConfig, OmegaConf
 
 from posbench.data import DATA_SCHEMAS
 from posbench.encodings import ENCODINGS
@@ -105,11 +105,12 @@ def config_dir() -> Path:
     raise PosbenchError(f"posbench's conf/ directory is missing next to {package}; reinstall")
 
 
-def compose_config(overrides: Sequence[str] = ()) -> DictConfig:
-    """The config ``posbench train`` composes for ``overrides`` (Hydra's compose API)."""
+def compose_config(overrides: Sequence[str] = (), with_hydra: bool = False) -> DictConfig:
+    """The config ``posbench train`` composes for ``overrides`` (Hydra's compose API);
+    ``with_hydra`` keeps the ``hydra`` node (launcher, sweeper, output directories)."""
     register_schemas()
     with initialize_config_dir(str(config_dir()), version_base="1.3", job_name="posbench"):
-        return compose("config", overrides=list(overrides))
+        return compose("config", overrides=list(overrides), return_hydra_config=with_hydra)
 
 
 def eval_lengths(cfg: DictConfig) -> list[int]:
@@ -121,6 +122,9 @@ def eval_lengths(cfg: DictConfig) -> list[int]:
 
 def validate(cfg: DictConfig) -> None:
     """Range checks the schemas' types cannot express; raise PosbenchError on the first one."""
+    missing = sorted(OmegaConf.missing_keys(cfg))
+    if missing:
+        raise PosbenchError(f"{missing[0]} must be set ({missing[0]}=...)")
     positive = {
         "model.n_layer": cfg.model.n_layer,
         "model.n_head": cfg.model.n_head,
@@ -159,6 +163,21 @@ def validate(cfg: DictConfig) -> None:
             f"eval.stride ({cfg.eval.stride}) must not exceed the shortest eval length "
             f"({min(lengths)})"
         )
+
+
+def flat_config(cfg: DictConfig) -> dict[str, Any]:
+    """``{"train.lr": 0.003, ...}``: every leaf of ``cfg`` under its dotted key."""
+    flat = {}
+
+    def visit(node: Any, prefix: str) -> None:
+        if isinstance(node, dict):
+            for key, value in node.items():
+                visit(value, f"{prefix}{key}.")
+        else:
+            flat[prefix[:-1]] = node
+
+    visit(OmegaConf.to_container(cfg, resolve=True, enum_to_str=True), "")
+    return flat
 
 
 def resolve_device(device: str | Device) -> torch.device:
