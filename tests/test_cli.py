@@ -223,6 +223,7 @@ def test_two_trainings_started_together_never_share_a_directory(tmp_path, cache_
 
 
 def test_the_joblib_launcher_runs_a_two_job_sweep_into_one_sweep_directory(tmp_path, cache_dir):
+    pytest.importorskip("hydra_plugins.hydra_joblib_launcher", reason="pip install .[launchers]")
     posbench(
         "train",
         "-m",

@@ -45,6 +45,7 @@ def test_command_line_choices_override_the_experiment():
 
 
 def test_the_slurm_launcher_composes_with_its_cluster_options():
+    pytest.importorskip("hydra_plugins.hydra_submitit_launcher", reason="pip install .[launchers]")
     cfg = compose_config(
         [
             "hydra/launcher=submitit_slurm",
