@@ -147,10 +147,12 @@ def read_run(path: Path) -> Run | Excluded:
         return Excluded(path, str(err))
     if not results:
         return Excluded(path, MISSING_RESULTS)
-    status = results.get("status", "ok")  # results.json before issue 5 has no status
+    status = results.get("status") or "ok"  # results.json before issue 5 has no status
     if status != "ok":
         step = results.get("train", {}).get("diverged_at_step")
         return Excluded(path, status + (f" at step {step}" if step is not None else ""))
+    if "eval" not in results:
+        return Excluded(path, f"{RESULTS_FILE} holds no evaluation records")
     if not (path / CONFIG_FILE).is_file():
         return Excluded(path, f"no {CONFIG_FILE}: not a posbench run")
     return Run(path, flat_config(OmegaConf.load(path / CONFIG_FILE)), results)
@@ -337,7 +339,7 @@ def markdown(report: Report) -> str:
         ]
         lines += markdown_table(group, "ratio", footnotes)
     if footnotes:
-        lines += [""] + [f"[{n}] {text}" for text, n in footnotes.items()]
+        lines += [""] + [f"- [{n}] {text}" for text, n in footnotes.items()]
     if report.excluded:
         lines += ["", "Excluded runs (not in the means):", ""]
         lines += [f"- `{relative(e.path, report.root)}`: {e.reason}" for e in report.excluded]

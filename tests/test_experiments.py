@@ -3,6 +3,7 @@
 import pytest
 from hydra.core.override_parser.overrides_parser import OverridesParser
 
+from posbench.cli import expand_sweeps, sweep_overrides
 from posbench.config import compose_config, eval_lengths, validate
 from posbench.encodings import encoding_names
 from posbench.errors import PosbenchError
@@ -62,3 +63,12 @@ def test_run_and_sweep_directories_are_claimed_uniquely():
     cfg = compose_config(["+experiment=extrapolation"], with_hydra=True)
     for key in ("run", "sweep"):
         assert cfg.hydra[key]._get_node("dir")._value().startswith("${unique_dir:")
+
+
+def test_a_sweep_is_prechecked_with_the_experiments_values_the_command_line_winning():
+    overrides = ["+experiment=extrapolation", "seed=5", "encoding=rope,none"]
+    candidates = expand_sweeps(sweep_overrides(overrides))
+    assert sorted(sorted(c) for c in candidates) == [
+        ["+experiment=extrapolation", "encoding=none", "seed=5"],
+        ["+experiment=extrapolation", "encoding=rope", "seed=5"],
+    ]
