@@ -122,7 +122,10 @@ def eval_lengths(cfg: DictConfig) -> list[int]:
 
 def validate(cfg: DictConfig) -> None:
     """Range checks the schemas' types cannot express; raise PosbenchError on the first one."""
-    missing = sorted(OmegaConf.missing_keys(cfg))
+    # Not the hydra node (present when composed with_hydra): Hydra fills it in at run time,
+    # and reading its output directories would claim them (posbench/output_dirs.py).
+    ours = OmegaConf.masked_copy(cfg, [key for key in cfg if key != "hydra"])
+    missing = sorted(OmegaConf.missing_keys(ours))
     if missing:
         raise PosbenchError(f"{missing[0]} must be set ({missing[0]}=...)")
     positive = {

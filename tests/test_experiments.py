@@ -7,6 +7,7 @@ from posbench.cli import expand_sweeps, sweep_overrides
 from posbench.config import compose_config, eval_lengths, validate
 from posbench.encodings import encoding_names
 from posbench.errors import PosbenchError
+from posbench.output_dirs import register_unique_dir_resolver
 
 
 def swept_values(cfg, key: str) -> list[str]:
@@ -72,3 +73,10 @@ def test_a_sweep_is_prechecked_with_the_experiments_values_the_command_line_winn
         ["+experiment=extrapolation", "encoding=none", "seed=5"],
         ["+experiment=extrapolation", "encoding=rope", "seed=5"],
     ]
+
+
+def test_validating_a_config_with_its_hydra_node_claims_no_directory(tmp_path, monkeypatch):
+    register_unique_dir_resolver()
+    monkeypatch.chdir(tmp_path)
+    validate(compose_config(["+experiment=extrapolation"], with_hydra=True))
+    assert list(tmp_path.iterdir()) == []
