@@ -74,7 +74,7 @@ examples:
   posbench train encoding=learned model=small train.seq_len=256 seed=3
   posbench train -m encoding=none,learned,sinusoidal,rope
   posbench train -m +experiment=extrapolation      # every encoding x 3 seeds
-  posbench report outputs/multirun/extrapolation/<date>/<time>/
+  posbench report outputs/multirun/<date>/<time>/
   posbench eval --length 2048
   posbench eval --length 1024 --length 4096 --run outputs/<date>/<time>_rope/
 """
