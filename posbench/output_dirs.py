@@ -11,17 +11,22 @@ names readable and holds across hosts that share a file system.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from omegaconf import OmegaConf
 
 RESOLVER = "unique_dir"
+_claiming = True  # False inside unclaimed()
 
 
 def claim_unique_dir(path: str) -> str:
     """Create the new, empty directory ``path`` (``path_2``, ``path_3``, ... when taken) and
-    return its name."""
+    return its name (inside ``unclaimed()``: ``path`` itself, nothing created)."""
     requested = Path(path)
+    if not _claiming:
+        return path
     requested.parent.mkdir(parents=True, exist_ok=True)
     candidate, n = requested, 1
     while True:
@@ -42,3 +47,15 @@ def register_unique_dir_resolver() -> None:
     """
     if not OmegaConf.has_resolver(RESOLVER):
         OmegaConf.register_new_resolver(RESOLVER, claim_unique_dir, use_cache=True)
+
+
+@contextmanager
+def unclaimed() -> Iterator[None]:
+    """Inside, ``${unique_dir:PATH}`` reads as PATH and creates nothing: for checks that look
+    at a config's output directory before Hydra runs the job (which then claims it)."""
+    global _claiming
+    _claiming = False
+    try:
+        yield
+    finally:
+        _claiming = True

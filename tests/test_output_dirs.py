@@ -4,7 +4,7 @@ from concurrent.futures import ProcessPoolExecutor
 
 from omegaconf import OmegaConf
 
-from posbench.output_dirs import claim_unique_dir, register_unique_dir_resolver
+from posbench.output_dirs import claim_unique_dir, register_unique_dir_resolver, unclaimed
 
 
 def test_a_free_name_is_created_as_requested(tmp_path):
@@ -36,3 +36,12 @@ def test_the_resolver_claims_once_per_config_however_often_it_is_read(tmp_path):
     other = OmegaConf.create({"dir": "${unique_dir:" + str(tmp_path / "run") + "}"})
     assert other.dir == str(tmp_path / "run_2")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["run", "run_2"]
+
+
+def test_inside_unclaimed_the_resolver_names_the_request_and_creates_nothing(tmp_path):
+    register_unique_dir_resolver()
+    cfg = OmegaConf.create({"dir": "${unique_dir:" + str(tmp_path / "run") + "}"})
+    with unclaimed():
+        assert cfg.dir == str(tmp_path / "run")
+    assert list(tmp_path.iterdir()) == []
+    assert claim_unique_dir(str(tmp_path / "run")) == str(tmp_path / "run")
