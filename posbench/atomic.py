@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -62,3 +63,25 @@ def _fsync_directory(directory: Path) -> None:
 
 def write_json(path: Path, obj: Any) -> None:
     atomic_write(path, (json.dumps(obj, indent=2) + "\n").encode())
+
+
+@contextmanager
+def replace_directory(path: Path) -> Iterator[Path]:
+    """A temp directory beside ``path`` for the caller to fill; on leaving the block it takes
+    ``path``'s place, so a reader sees the old directory, for an instant none, or the whole new
+    one, never a half-written one. If the block raises, ``path`` is untouched."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp"))
+    try:
+        yield tmp
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    old = None
+    if path.exists():
+        old = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}.", suffix=".old"))
+        os.replace(path, old / path.name)
+    os.replace(tmp, path)
+    if old is not None:
+        shutil.rmtree(old)
+    _fsync_directory(path.parent)

@@ -2,6 +2,7 @@
 
 posbench train [key=value ...] [-m ...]   Hydra app: compose conf/, train, evaluate
 posbench eval --length N [--run DIR] ...  re-evaluate a trained run at other lengths
+posbench report DIR [--out OUT]           tables, plot and TensorBoard comparison of a sweep
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import torch
 from hydra._internal.utils import get_args_parser
 from hydra.core.hydra_config import HydraConfig
 from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.core.override_parser.types import Override
 from hydra.errors import CompactHydraException, HydraException
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
@@ -36,6 +38,8 @@ from posbench.encodings.rope import SCALING_METHODS
 from posbench.errors import PosbenchError
 from posbench.evaluate import evaluate_run, rope_scaling_overrides
 from posbench.model import build_model
+from posbench.output_dirs import register_unique_dir_resolver, unclaimed
+from posbench.report import build_report, markdown, write_report
 from posbench.runs import (
     CONFIG_FILE,
     append_eval_results,
@@ -47,6 +51,10 @@ from posbench.runs import (
 from posbench.tables import data_baselines, eval_table
 from posbench.tensorboard_log import log_eval_records
 from posbench.train import TrainingInterrupted, train
+
+# Launchers (joblib, submitit) run train_job in fresh processes that import this module but
+# never run main(); conf/config.yaml's ${unique_dir:...} directory names need the resolver there.
+register_unique_dir_resolver()
 
 KEY_OPTIONS = (
     "seed, device (auto|cpu|cuda), model.n_layer, model.n_head, model.d_model, "
@@ -60,7 +68,7 @@ def group_options(group: str) -> list[str]:
 
 
 def main_help() -> str:
-    return f"""usage: posbench [--debug] {{train,eval}} ...
+    return f"""usage: posbench [--debug] {{train,eval,report}} ...
 
 Train a small decoder-only transformer at a short context with a chosen positional
 encoding, then measure perplexity at longer lengths ("train short, test long").
@@ -68,6 +76,7 @@ encoding, then measure perplexity at longer lengths ("train short, test long").
 commands:
   train    train and evaluate; Hydra overrides key=value, -m for sweeps (posbench train --help)
   eval     re-evaluate a trained run at any length (posbench eval --help)
+  report   compare the runs of a sweep: tables, plot, TensorBoard (posbench report --help)
 
 --debug (or HYDRA_FULL_ERROR=1) shows the traceback behind an error message.
 
@@ -81,6 +90,8 @@ examples:
   posbench train encoding=learned model=small train.seq_len=256 seed=3
   posbench train -m encoding=none,learned,sinusoidal,rope
   posbench train --resume outputs/<date>/<time>_rope/
+  posbench train -m +experiment=extrapolation      # every encoding x 3 seeds
+  posbench report outputs/multirun/<date>/<time>/
   posbench eval --length 2048
   posbench eval --length 1024 --length 4096 --run outputs/<date>/<time>_rope/
   posbench eval --length 8192 --rope-scaling yarn --factor 8
@@ -120,7 +131,10 @@ def hydra_error_line(err: Exception) -> str:
     if missing:
         group, option = missing.groups()
         options = re.findall(r"^\t(\S+)$", text, flags=re.MULTILINE)
-        return f"unknown {group} '{option}'; choose one of: {', '.join(options)}"
+        message = f"unknown {group} '{option}'; choose one of: {', '.join(options)}"
+        if group == "hydra/launcher":
+            message += " (joblib, submitit_*: pip install 'posbench[launchers]')"
+        return message
     lines = [line.strip() for line in text.splitlines() if line.strip()]
     cause = err.__cause__
     if isinstance(cause, OmegaConfBaseException | HydraException):
@@ -133,10 +147,17 @@ def hydra_error_line(err: Exception) -> str:
     return summary
 
 
+def parse_overrides(overrides: Sequence[str]) -> list[Override]:
+    """Hydra's parse of ``overrides``; a key given twice keeps its last value, as in Hydra's
+    basic sweeper."""
+    parsed = OverridesParser.create().parse_overrides(list(overrides))
+    return list({o.get_key_element(): o for o in parsed}.values())
+
+
 def expand_sweeps(overrides: Sequence[str]) -> list[list[str]]:
     """Override lists to check before a sweep starts: the fixed overrides plus, for each swept
     key, each of its values (linear in the number of values, not their product)."""
-    parsed = OverridesParser.create().parse_overrides(list(overrides))
+    parsed = parse_overrides(overrides)
     fixed = [o.input_line for o in parsed if not o.is_sweep_override()]
     variants = [
         [*fixed, f"{o.get_key_element()}={value}"]
@@ -150,13 +171,22 @@ def expand_sweeps(overrides: Sequence[str]) -> list[list[str]]:
 def check_overrides(overrides: Sequence[str], multirun: bool) -> None:
     """Compose (and validate) the config for ``overrides`` before Hydra starts any job, so a
     typo is one line here instead of a multi-line report or a failure deep in a sweep."""
-    candidates = expand_sweeps(overrides) if multirun else [list(overrides)]
+    candidates = expand_sweeps(sweep_overrides(overrides)) if multirun else [list(overrides)]
     for candidate in candidates:
         cfg = compose_or_fail(candidate, with_hydra=True)
         validate(cfg)
         with torch.device("meta"):  # shapes only: checks the encoding fits the model, instantly
             build_model(cfg.model, cfg.encoding)
-        check_can_create(Path(cfg.hydra.sweep.dir if multirun else cfg.hydra.run.dir))
+        with unclaimed():  # Hydra claims the directory when the job starts
+            check_can_create(Path(cfg.hydra.sweep.dir if multirun else cfg.hydra.run.dir))
+
+
+def sweep_overrides(overrides: Sequence[str]) -> list[str]:
+    """What a multirun sweeps: the config's ``hydra.sweeper.params`` (set by experiments),
+    then the command line, whose values win per key."""
+    fixed = [o.input_line for o in parse_overrides(overrides) if not o.is_sweep_override()]
+    params = compose_or_fail(fixed, with_hydra=True).hydra.sweeper.get("params") or {}
+    return [*(f"{key}={value}" for key, value in params.items()), *overrides]
 
 
 def compose_or_fail(overrides: Sequence[str], with_hydra: bool = False) -> DictConfig:
@@ -398,6 +428,33 @@ def run_eval(args: Sequence[str]) -> None:
     print(eval_table(records, cfg.train.seq_len))
 
 
+# --------------------------------------------------------------------------- report
+
+
+def report_parser() -> argparse.ArgumentParser:
+    parser = OneLineParser(
+        prog="posbench report",
+        description="Compare the runs below DIR (a multirun directory or any folder of runs): "
+        "mean ± std perplexity over seeds per encoding and length, as Markdown (printed), "
+        "CSV, JSON, a PNG plot and TensorBoard runs. Unfinished and diverged runs are listed, "
+        "not averaged.",
+    )
+    parser.add_argument("dir", type=Path, metavar="DIR", help="searched recursively for runs")
+    parser.add_argument(
+        "--out", type=Path, metavar="OUT", help="output directory (default: DIR/report)"
+    )
+    return parser
+
+
+def run_report(args: Sequence[str]) -> None:
+    options = report_parser().parse_args(list(args))
+    out = options.out if options.out is not None else options.dir / "report"
+    report = build_report(options.dir, out)
+    written = write_report(report, out)
+    print(markdown(report))
+    print("wrote " + ", ".join(str(path) for path in written))
+
+
 # ----------------------------------------------------------------------------- main
 
 
@@ -413,10 +470,12 @@ def main(argv: Sequence[str] | None = None) -> None:
             run_train(rest)
         elif command == "eval":
             run_eval(rest)
+        elif command == "report":
+            run_report(rest)
         elif command in (None, "-h", "--help", "help"):
             print(main_help())
         else:
-            fail(f"unknown command {command!r}; use `posbench train` or `posbench eval`")
+            fail(f"unknown command {command!r}; use `posbench train`, `eval` or `report`")
     except PosbenchError as err:
         report(err)
     except KeyboardInterrupt:

@@ -110,8 +110,8 @@ def config_dir() -> Path:
 
 
 def compose_config(overrides: Sequence[str] = (), with_hydra: bool = False) -> DictConfig:
-    """The config ``posbench train`` composes for ``overrides`` (Hydra's compose API), with
-    Hydra's own ``hydra`` node (run directories, ...) when ``with_hydra``."""
+    """The config ``posbench train`` composes for ``overrides`` (Hydra's compose API);
+    ``with_hydra`` keeps the ``hydra`` node (launcher, sweeper, output directories)."""
     register_schemas()
     with initialize_config_dir(str(config_dir()), version_base="1.3", job_name="posbench"):
         return compose("config", overrides=list(overrides), return_hydra_config=with_hydra)
@@ -126,6 +126,12 @@ def eval_lengths(cfg: DictConfig) -> list[int]:
 
 def validate(cfg: DictConfig) -> None:
     """Range checks the schemas' types cannot express; raise PosbenchError on the first one."""
+    # Not the hydra node (present when composed with_hydra): Hydra fills it in at run time,
+    # and reading its output directories would claim them (posbench/output_dirs.py).
+    ours = OmegaConf.masked_copy(cfg, [key for key in cfg if key != "hydra"])
+    missing = sorted(OmegaConf.missing_keys(ours))
+    if missing:
+        raise PosbenchError(f"{missing[0]} must be set ({missing[0]}=...)")
     positive = {
         "model.n_layer": cfg.model.n_layer,
         "model.n_head": cfg.model.n_head,

@@ -176,6 +176,10 @@ def test_multirun_sweep_makes_one_run_directory_per_job(tmp_path, cache_dir):
         (["eval", "--rope-scaling", "stretch"], "invalid choice"),
         (["eval", "--rope-scaling", "yarn", "--factor", "0.5"], "a number >= 1"),
         (["eval", "--factor", "2"], "--factor needs --rope-scaling"),
+        (["report", "no/such/dir"], "no/such/dir is not a directory"),
+        (["report"], "the following arguments are required: DIR"),
+        (["train", "-m", "hydra/launcher=nope"], "unknown hydra/launcher 'nope'"),
+        (["train", "-m", "+experiment=extrapolation_text"], "data.path must be set"),
     ],
 )
 def test_bad_input_is_one_line_on_stderr_and_a_nonzero_exit(tmp_path, args, message):
@@ -280,3 +284,39 @@ def test_bad_bias_encoding_options_are_one_line_errors(tmp_path, args, message):
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error:") and message in lines[0], result.stderr
+
+
+def test_two_trainings_started_together_never_share_a_directory(tmp_path, cache_dir):
+    """Both ask for the same directory name at once, as two runs started in the same second do."""
+    same_name = "hydra.run.dir=${unique_dir:outputs/same}"
+    jobs = [
+        subprocess.Popen(
+            ["posbench", "train", f"seed={seed}", *TINY, same_name],
+            cwd=tmp_path,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for seed in (0, 1)
+    ]
+    for job in jobs:
+        assert job.wait(timeout=600) == 0, job.stderr.read()
+    runs = run_dirs(tmp_path)
+    assert [d.name for d in runs] == ["same", "same_2"]
+    assert {results_of(d)["seed"] for d in runs} == {0, 1}
+
+
+def test_the_joblib_launcher_runs_a_two_job_sweep_into_one_sweep_directory(tmp_path, cache_dir):
+    pytest.importorskip("hydra_plugins.hydra_joblib_launcher", reason="pip install .[launchers]")
+    posbench(
+        "train",
+        "-m",
+        "seed=0,1",
+        *TINY,
+        "hydra/launcher=joblib",
+        "hydra.launcher.n_jobs=2",
+        cwd=tmp_path,
+    )
+    runs = run_dirs(tmp_path)
+    assert len({d.parent for d in runs}) == 1
+    assert sorted(results_of(d)["seed"] for d in runs) == [0, 1]

@@ -1,0 +1,499 @@
+"""``posbench report DIR``: a sweep's answer - which encoding extrapolates, by how much, with
+what spread over seeds.
+
+Every run below DIR (a directory holding results.json, config.yaml or Hydra's .hydra/) is
+read; runs that differ only in their seed are averaged, and runs whose training setting
+differs (model, data, train.*) are reported in separate groups, never averaged together.
+Written to DIR/report/ (or --out):
+
+    report.md                    the tables (also printed)
+    report.csv, report.json      the same numbers, one row per (group, row, length)
+    ppl_vs_length[_<group>].png  perplexity against evaluation length, one line per row
+    tensorboard/[<group>/]<row>/ the mean curves as TensorBoard runs that overlay in Scalars
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+import re
+import statistics
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from matplotlib.figure import Figure
+from matplotlib.ticker import StrMethodFormatter
+from omegaconf import OmegaConf
+from torch.utils.tensorboard import SummaryWriter
+
+from posbench.atomic import atomic_path, atomic_write, replace_directory, write_json
+from posbench.config import flat_config
+from posbench.errors import PosbenchError
+from posbench.runs import CONFIG_FILE, RESULTS_FILE, read_results
+
+# Keys that do not change the trained model, so runs differing only in them are averaged.
+# Seed is what is averaged over; encoding makes the rows; eval records are per length anyway.
+NOT_A_SETTING = (
+    "seed",
+    "encoding",
+    "device",
+    "eval",
+    "data.cache_dir",
+    "train.log_every",
+    "train.val_every",
+    "train.val_batches",
+    "train.checkpoint_every",
+    "train.resume",
+)
+FIGURE_INCHES = (8.0, 5.0)
+FIGURE_DPI = 100  # with FIGURE_INCHES: 800 x 500 pixels
+MISSING_RESULTS = "no results.json (failed, interrupted or still running)"
+
+
+@dataclass(frozen=True)
+class Run:
+    path: Path
+    config: dict[str, Any]  # flat: {"train.seq_len": 128, ...}
+    results: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Excluded:
+    path: Path
+    reason: str
+
+
+@dataclass(frozen=True)
+class Stat:
+    """Mean and sample standard deviation (n - 1) of ``n`` values; ``std`` is None below 2."""
+
+    n: int
+    mean: float | None
+    std: float | None
+
+    @classmethod
+    def of(cls, values: Sequence[float]) -> Stat:
+        if not values:
+            return cls(0, None, None)
+        std = statistics.stdev(values) if len(values) > 1 else None
+        return cls(len(values), statistics.fmean(values), std)
+
+
+@dataclass(frozen=True)
+class Cell:
+    length: int
+    ppl: Stat
+    ratio: Stat  # ppl(length) / ppl(train length), per run
+    unsupported: str | None  # the reason, when no run could measure this length
+
+
+@dataclass
+class Row:
+    label: str  # "rope", "rope + yarn", "rope, stride 64", "rope (base=500)"
+    encoding: str
+    scaling: str
+    stride: int | None
+    runs: list[Path] = field(default_factory=list)
+    cells: list[Cell] = field(default_factory=list)
+
+
+@dataclass
+class Group:
+    name: str  # "" when the report has one group, else "group<N>" (file and directory names)
+    title: str
+    setting: dict[str, Any]  # the keys whose values tell this group from the others
+    train_seq_len: int
+    lengths: list[int]
+    rows: list[Row]
+
+
+@dataclass
+class Report:
+    root: Path
+    groups: list[Group]
+    excluded: list[Excluded]
+
+
+# ----------------------------------------------------------------------------- reading
+
+
+def find_runs(root: Path, skip: Path | None = None) -> tuple[list[Run], list[Excluded]]:
+    """Every run directory below ``root`` (not descending into runs, hidden directories or
+    ``skip``), split into runs to report and runs excluded with the reason."""
+    runs, excluded = [], []
+    for directory, subdirs, files in os.walk(root):
+        path = Path(directory)
+        if skip is not None and path.resolve() == skip.resolve():
+            subdirs.clear()
+            continue
+        subdirs[:] = sorted(d for d in subdirs if not d.startswith("."))
+        if RESULTS_FILE in files or CONFIG_FILE in files or (path / ".hydra").is_dir():
+            subdirs.clear()
+            run = read_run(path)
+            (runs if isinstance(run, Run) else excluded).append(run)
+    return runs, excluded
+
+
+def read_run(path: Path) -> Run | Excluded:
+    try:
+        results = read_results(path)
+    except PosbenchError as err:
+        return Excluded(path, str(err))
+    if not results:
+        return Excluded(path, MISSING_RESULTS)
+    status = results.get("status") or "ok"  # results.json before issue 5 has no status
+    if status != "ok":
+        step = results.get("train", {}).get("diverged_at_step")
+        return Excluded(path, status + (f" at step {step}" if step is not None else ""))
+    if "eval" not in results:
+        return Excluded(path, f"{RESULTS_FILE} holds no evaluation records")
+    if not (path / CONFIG_FILE).is_file():
+        return Excluded(path, f"no {CONFIG_FILE}: not a posbench run")
+    return Run(path, flat_config(OmegaConf.load(path / CONFIG_FILE)), results)
+
+
+# ----------------------------------------------------------------------------- numbers
+
+
+def training_setting(run: Run) -> tuple[tuple[str, str], ...]:
+    """What the trained model depends on besides encoding and seed, hashable."""
+    return tuple(
+        (key, json.dumps(value))
+        for key, value in sorted(run.config.items())
+        if not any(key == k or key.startswith(f"{k}.") for k in NOT_A_SETTING)
+    )
+
+
+def encoding_labels(runs: Sequence[Run]) -> dict[Path, str]:
+    """Each run's encoding name, plus the encoding options that differ between runs of that
+    name (so rope with two bases makes two rows instead of one average)."""
+    options = {
+        run.path: {k: v for k, v in run.config.items() if k.startswith("encoding.")} for run in runs
+    }
+    labels = {}
+    for run in runs:
+        name = run.config["encoding.name"]
+        same_name = [options[r.path] for r in runs if r.config["encoding.name"] == name]
+        differing = sorted(
+            k for k in options[run.path] if len({json.dumps(o.get(k)) for o in same_name}) > 1
+        )
+        details = ", ".join(
+            f"{k.removeprefix('encoding.')}={options[run.path][k]}" for k in differing
+        )
+        labels[run.path] = f"{name} ({details})" if details else name
+    return labels
+
+
+def scaling_of(record: dict[str, Any]) -> str:
+    return record.get("scaling") or "none"  # records before length scaling existed: none
+
+
+def row_label(encoding: str, scaling: str, stride: int | None) -> str:
+    label = encoding if scaling == "none" else f"{encoding} + {scaling}"
+    return label if stride is None else f"{label}, stride {stride}"
+
+
+def reference_ppl(run: Run) -> float | None:
+    """The run's plain (non-overlapping, unscaled) perplexity at its training length."""
+    for record in run.results["eval"]:
+        plain = record["stride"] is None and scaling_of(record) == "none"
+        if plain and record["length"] == run.config["train.seq_len"] and record["status"] == "ok":
+            return record["ppl"]
+    return None
+
+
+def build_group(runs: Sequence[Run], name: str, title: str, setting: dict[str, Any]) -> Group:
+    labels = encoding_labels(runs)
+    # (label, scaling, stride) -> length -> the runs' records at that length
+    table: dict[tuple, dict[int, list[tuple[Run, dict]]]] = defaultdict(lambda: defaultdict(list))
+    row_runs: dict[tuple, list[Path]] = defaultdict(list)
+    for run in runs:
+        for record in run.results["eval"]:
+            key = (labels[run.path], scaling_of(record), record["stride"])
+            table[key][record["length"]].append((run, record))
+            if run.path not in row_runs[key]:
+                row_runs[key].append(run.path)
+    lengths = sorted({length for by_length in table.values() for length in by_length})
+    rows = []
+    for key in sorted(table, key=lambda k: (k[0], k[1] != "none", k[1], k[2] or 0)):
+        label, scaling, stride = key
+        row = Row(row_label(label, scaling, stride), label, scaling, stride, row_runs[key])
+        row.cells = [cell(length, table[key].get(length, [])) for length in lengths]
+        rows.append(row)
+    train_seq_len = runs[0].config["train.seq_len"]
+    return Group(name, title, setting, train_seq_len, lengths, rows)
+
+
+def cell(length: int, measured: Sequence[tuple[Run, dict]]) -> Cell:
+    ok = [(run, r["ppl"]) for run, r in measured if r["status"] == "ok"]
+    ratios = [ppl / ref for run, ppl in ok if (ref := reference_ppl(run)) is not None]
+    reasons = sorted({r["reason"] for _, r in measured if r["status"] != "ok"})
+    unsupported = "; ".join(reasons) if reasons and not ok else None
+    return Cell(length, Stat.of([ppl for _, ppl in ok]), Stat.of(ratios), unsupported)
+
+
+def group_title(config: dict[str, Any]) -> str:
+    return (
+        f"{config.get('data.name', '?')} data, model {config['model.n_layer']}×"
+        f"{config['model.d_model']}, trained at {config['train.seq_len']} tokens for "
+        f"{config['train.steps']} steps"
+    )
+
+
+def build_report(root: Path, out: Path | None = None) -> Report:
+    """Read every run below ``root`` and aggregate it; a one-line error if none finished."""
+    root = Path(root)
+    if not root.is_dir():
+        raise PosbenchError(f"{root} is not a directory; pass a multirun or outputs directory")
+    runs, excluded = find_runs(root, skip=out)
+    if not runs:
+        found = f"{len(excluded)} unfinished" if excluded else "no"
+        raise PosbenchError(
+            f"no finished run under {root} ({found} run directories); point at a directory "
+            "made by `posbench train` once a run has finished"
+        )
+    by_setting: dict[tuple, list[Run]] = defaultdict(list)
+    for run in runs:
+        by_setting[training_setting(run)].append(run)
+    settings = sorted(by_setting)
+    differing = sorted(
+        {k for s in settings for k, v in s if any((k, v) not in t for t in settings)}
+    )
+    groups = []
+    for number, setting in enumerate(settings, start=1):
+        members = by_setting[setting]
+        distinct = {k: members[0].config[k] for k in differing if k in members[0].config}
+        title = group_title(members[0].config)
+        if distinct:
+            title += "; " + ", ".join(f"{k}={v}" for k, v in distinct.items())
+        name = f"group{number}" if len(settings) > 1 else ""
+        groups.append(build_group(members, name, title, distinct))
+    return Report(root, groups, excluded)
+
+
+# ----------------------------------------------------------------------------- Markdown
+
+
+def multiple(length: int, train_seq_len: int) -> str:
+    return f"{length / train_seq_len:g}×"
+
+
+def stat_text(stat: Stat, bold: bool = False) -> str:
+    mean = f"**{stat.mean:.2f}**" if bold else f"{stat.mean:.2f}"
+    return mean if stat.std is None else f"{mean} ± {stat.std:.2f}"
+
+
+def markdown_table(group: Group, metric: str, footnotes: dict[str, int]) -> list[str]:
+    """``metric`` "ppl" or "ratio": one line per row, one column per length; the lowest mean
+    per column in bold; unsupported cells point to a footnote with the reason."""
+    header = [f"{length} ({multiple(length, group.train_seq_len)})" for length in group.lengths]
+    lines = [
+        "| encoding | runs | " + " | ".join(header) + " |",
+        "| --- | --- |" + " --- |" * len(group.lengths),
+    ]
+    best = {}
+    for i in range(len(group.lengths)):
+        means = [getattr(row.cells[i], metric).mean for row in group.rows]
+        measured = [m for m in means if m is not None]
+        best[i] = min(measured) if len(measured) > 1 else None
+    for row in group.rows:
+        texts = []
+        for i, c in enumerate(row.cells):
+            stat = getattr(c, metric)
+            if c.unsupported is not None:
+                note = footnotes.setdefault(f"{row.encoding}: {c.unsupported}", len(footnotes) + 1)
+                texts.append(f"unsupported [{note}]")
+            elif stat.mean is None:
+                texts.append("–")
+            else:
+                text = stat_text(stat, bold=stat.mean == best[i])
+                texts.append(text if stat.n == len(row.runs) else f"{text} (n={stat.n})")
+        lines.append(f"| {row.label} | {len(row.runs)} | " + " | ".join(texts) + " |")
+    return lines
+
+
+def markdown(report: Report) -> str:
+    n_runs = sum(len({p for row in g.rows for p in row.runs}) for g in report.groups)
+    lines = [
+        f"# posbench report: {report.root}",
+        "",
+        f"{n_runs} runs. Cells: mean ± sample standard deviation (n − 1) over the runs (seeds) "
+        "of a row; a single run shows its value alone, (n=k) marks a cell fewer runs "
+        "measured. Lowest mean per column in bold.",
+    ]
+    footnotes: dict[str, int] = {}
+    for group in report.groups:
+        lines += ["", f"## {group.title}", "", "Perplexity:", ""]
+        lines += markdown_table(group, "ppl", footnotes)
+        lines += [
+            "",
+            f"ppl(L) / ppl({group.train_seq_len}), each run against its own "
+            f"perplexity at the training length ({group.train_seq_len}):",
+            "",
+        ]
+        lines += markdown_table(group, "ratio", footnotes)
+    if footnotes:
+        lines += [""] + [f"- [{n}] {text}" for text, n in footnotes.items()]
+    if report.excluded:
+        lines += ["", "Excluded runs (not in the means):", ""]
+        lines += [f"- `{relative(e.path, report.root)}`: {e.reason}" for e in report.excluded]
+    return "\n".join(lines) + "\n"
+
+
+def relative(path: Path, root: Path) -> str:
+    return str(path.relative_to(root)) if path != root else "."
+
+
+# ----------------------------------------------------------------------------- CSV / JSON
+
+CSV_FIELDS = [
+    "group",
+    "encoding",
+    "scaling",
+    "stride",
+    "runs",
+    "length",
+    "multiple",
+    "status",
+    "reason",
+    "ppl_n",
+    "ppl_mean",
+    "ppl_std",
+    "ratio_n",
+    "ratio_mean",
+    "ratio_std",
+]
+
+
+def cell_records(report: Report) -> list[dict[str, Any]]:
+    """One flat record per (group, row, length): the rows of report.csv and report.json."""
+    return [
+        {
+            "group": group.name,
+            "encoding": row.label,
+            "scaling": row.scaling,
+            "stride": row.stride,
+            "runs": len(row.runs),
+            "length": c.length,
+            "multiple": c.length / group.train_seq_len,
+            "status": "unsupported"
+            if c.unsupported is not None
+            else "ok"
+            if c.ppl.n
+            else "missing",
+            "reason": c.unsupported,
+            "ppl_n": c.ppl.n,
+            "ppl_mean": c.ppl.mean,
+            "ppl_std": c.ppl.std,
+            "ratio_n": c.ratio.n,
+            "ratio_mean": c.ratio.mean,
+            "ratio_std": c.ratio.std,
+        }
+        for group in report.groups
+        for row in group.rows
+        for c in row.cells
+    ]
+
+
+def csv_text(records: Sequence[dict[str, Any]]) -> str:
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=CSV_FIELDS, lineterminator="\n")
+    writer.writeheader()
+    writer.writerows(records)
+    return buffer.getvalue()
+
+
+def json_content(report: Report, records: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    return {
+        "root": str(report.root),
+        "std": "sample standard deviation (n - 1) over runs; null for a single run",
+        "groups": [
+            {
+                "name": g.name,
+                "title": g.title,
+                "setting": g.setting,
+                "train_seq_len": g.train_seq_len,
+                "rows": {row.label: [relative(p, report.root) for p in row.runs] for row in g.rows},
+            }
+            for g in report.groups
+        ],
+        "cells": list(records),
+        "excluded": [
+            {"path": relative(e.path, report.root), "reason": e.reason} for e in report.excluded
+        ],
+    }
+
+
+# ----------------------------------------------------------------------------- plot
+
+
+def ppl_figure(group: Group) -> Figure:
+    """Mean perplexity against evaluation length (log-log), ± one std shaded, one line per
+    row; a fixed FIGURE_INCHES x FIGURE_DPI canvas so every report image has the same size."""
+    figure = Figure(figsize=FIGURE_INCHES, dpi=FIGURE_DPI)
+    axes = figure.add_subplot()
+    for row in group.rows:
+        points = [(c.length, c.ppl.mean, c.ppl.std or 0.0) for c in row.cells if c.ppl.n]
+        if not points:
+            continue
+        lengths, means, stds = (np.array(v) for v in zip(*points, strict=True))
+        (line,) = axes.plot(lengths, means, marker="o", label=row.label)
+        axes.fill_between(lengths, means - stds, means + stds, color=line.get_color(), alpha=0.2)
+    axes.axvline(group.train_seq_len, color="grey", linestyle="--", label="train length")
+    axes.set_xscale("log", base=2)
+    axes.set_yscale("log")
+    axes.yaxis.set_major_formatter(StrMethodFormatter("{x:g}"))
+    axes.yaxis.set_minor_formatter(StrMethodFormatter("{x:g}"))
+    axes.set_xticks(group.lengths, labels=[str(length) for length in group.lengths])
+    axes.set_xlabel("evaluation length (tokens)")
+    axes.set_ylabel("perplexity (mean ± std over seeds)")
+    axes.set_title(group.title, fontsize="small")
+    axes.grid(True, which="both", alpha=0.3)
+    axes.legend(fontsize="small")
+    figure.tight_layout()  # arranges the axes inside the fixed canvas; the size stays
+    return figure
+
+
+# ----------------------------------------------------------------------------- writing
+
+
+def slug(label: str) -> str:
+    """A directory name for a row label: "rope + yarn" -> "rope+yarn"."""
+    return re.sub(r"[^\w.+=-]+", "_", label.replace(" + ", "+")).strip("_")
+
+
+def write_tensorboard(report: Report, directory: Path) -> None:
+    """One TensorBoard run per row (per group), its mean perplexity at step = length, so the
+    rows overlay in the Scalars tab."""
+    for group in report.groups:
+        for row in group.rows:
+            with SummaryWriter(log_dir=str(directory / group.name / slug(row.label))) as writer:
+                for c in row.cells:
+                    if c.ppl.n:
+                        writer.add_scalar("report/ppl", c.ppl.mean, global_step=c.length)
+                    if c.ratio.n:
+                        writer.add_scalar("report/ppl_ratio", c.ratio.mean, global_step=c.length)
+
+
+def write_report(report: Report, out: Path) -> list[Path]:
+    """Write every output into ``out``, each atomically; return their paths."""
+    records = cell_records(report)
+    written = [out / "report.md", out / "report.csv", out / "report.json"]
+    atomic_write(written[0], markdown(report).encode())
+    atomic_write(written[1], csv_text(records).encode())
+    write_json(written[2], json_content(report, records))
+    for group in report.groups:
+        path = out / f"ppl_vs_length{'_' + group.name if group.name else ''}.png"
+        with atomic_path(path) as tmp:
+            ppl_figure(group).savefig(tmp, format="png", dpi=FIGURE_DPI)
+        written.append(path)
+    with replace_directory(out / "tensorboard") as tmp:
+        write_tensorboard(report, tmp)
+    written.append(out / "tensorboard")
+    return written

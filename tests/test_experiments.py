@@ -1,0 +1,82 @@
+"""Experiment configs and launchers compose, and sweep what they promise."""
+
+import pytest
+from hydra.core.override_parser.overrides_parser import OverridesParser
+
+from posbench.cli import expand_sweeps, sweep_overrides
+from posbench.config import compose_config, eval_lengths, validate
+from posbench.encodings import encoding_names
+from posbench.errors import PosbenchError
+from posbench.output_dirs import register_unique_dir_resolver
+
+
+def swept_values(cfg, key: str) -> list[str]:
+    (override,) = OverridesParser.create().parse_overrides(
+        [f"{key}={cfg.hydra.sweeper.params[key]}"]
+    )
+    return list(override.sweep_string_iterator())
+
+
+@pytest.mark.parametrize("experiment", ["extrapolation", "extrapolation_text"])
+def test_the_experiment_sweeps_every_registered_encoding(experiment):
+    """A new encoding cannot be silently left out of the experiment."""
+    cfg = compose_config([f"+experiment={experiment}", "data.path=x"], with_hydra=True)
+    encodings = swept_values(cfg, "encoding")
+    assert sorted(encodings) == encoding_names()
+    assert len(encodings) == len(set(encodings))
+
+
+def test_extrapolation_trains_once_per_seed_0_1_2_and_evaluates_1x_to_32x():
+    cfg = compose_config(["+experiment=extrapolation"], with_hydra=True)
+    assert swept_values(cfg, "seed") == ["0", "1", "2"]
+    assert eval_lengths(cfg) == [cfg.train.seq_len * m for m in (1, 2, 4, 8, 16, 32)]
+    assert (cfg.data.name, cfg.model.n_layer, cfg.model.d_model) == ("synthetic", 2, 128)
+    validate(compose_config(["+experiment=extrapolation"]))
+
+
+def test_extrapolation_text_reads_local_text_and_requires_its_path():
+    cfg = compose_config(["+experiment=extrapolation_text", "data.path=corpus.txt"])
+    assert (cfg.data.name, cfg.data.path, cfg.train.steps) == ("text", "corpus.txt", 300)
+    with pytest.raises(PosbenchError, match=r"^data\.path must be set \(data\.path=\.\.\.\)$"):
+        validate(compose_config(["+experiment=extrapolation_text"]))
+
+
+def test_command_line_choices_override_the_experiment():
+    cfg = compose_config(["+experiment=extrapolation", "model=small", "train.steps=7"])
+    assert (cfg.model.n_layer, cfg.train.steps) == (4, 7)
+
+
+def test_the_slurm_launcher_composes_with_its_cluster_options():
+    pytest.importorskip("hydra_plugins.hydra_submitit_launcher", reason="pip install .[launchers]")
+    cfg = compose_config(
+        [
+            "hydra/launcher=submitit_slurm",
+            "hydra.launcher.partition=gpu",
+            "hydra.launcher.gpus_per_node=1",
+        ],
+        with_hydra=True,
+    )
+    assert cfg.hydra.launcher._target_.endswith("SlurmLauncher")
+    assert (cfg.hydra.launcher.partition, cfg.hydra.launcher.gpus_per_node) == ("gpu", 1)
+
+
+def test_run_and_sweep_directories_are_claimed_uniquely():
+    cfg = compose_config(["+experiment=extrapolation"], with_hydra=True)
+    for key in ("run", "sweep"):
+        assert cfg.hydra[key]._get_node("dir")._value().startswith("${unique_dir:")
+
+
+def test_a_sweep_is_prechecked_with_the_experiments_values_the_command_line_winning():
+    overrides = ["+experiment=extrapolation", "seed=5", "encoding=rope,none"]
+    candidates = expand_sweeps(sweep_overrides(overrides))
+    assert sorted(sorted(c) for c in candidates) == [
+        ["+experiment=extrapolation", "encoding=none", "seed=5"],
+        ["+experiment=extrapolation", "encoding=rope", "seed=5"],
+    ]
+
+
+def test_validating_a_config_with_its_hydra_node_claims_no_directory(tmp_path, monkeypatch):
+    register_unique_dir_resolver()
+    monkeypatch.chdir(tmp_path)
+    validate(compose_config(["+experiment=extrapolation"], with_hydra=True))
+    assert list(tmp_path.iterdir()) == []

@@ -1,0 +1,219 @@
+"""posbench report: numbers equal to the runs' own, partial sweeps, every output written."""
+
+import csv
+import json
+import shutil
+import subprocess
+
+import numpy as np
+import pytest
+from conftest import TINY
+from matplotlib import image
+from omegaconf import OmegaConf
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from posbench.errors import PosbenchError
+from posbench.report import FIGURE_DPI, FIGURE_INCHES, build_report, markdown, write_report
+
+
+def posbench(*args, cwd, check=True):
+    result = subprocess.run(
+        ["posbench", *args], cwd=cwd, capture_output=True, text=True, timeout=600
+    )
+    if check and result.returncode != 0:
+        raise AssertionError(f"posbench {' '.join(args)} failed:\n{result.stderr}")
+    return result
+
+
+@pytest.fixture(scope="module")
+def sweep(tmp_path_factory, cache_dir):
+    """A real tiny sweep: 2 encodings x 2 seeds, a few steps each."""
+    workdir = tmp_path_factory.mktemp("sweep")
+    posbench("train", "-m", "encoding=none,rope", "seed=0,1", *TINY, "train.steps=10", cwd=workdir)
+    (root,) = (workdir / "outputs" / "multirun").glob("*/*")
+    return root
+
+
+@pytest.fixture
+def sweep_copy(sweep, tmp_path):
+    shutil.copytree(sweep, tmp_path / "sweep")
+    return tmp_path / "sweep"
+
+
+def results_by_encoding(root):
+    runs = {}
+    for path in sorted(root.glob("*/results.json")):
+        results = json.loads(path.read_text())
+        runs.setdefault(results["encoding"], []).append(results)
+    return runs
+
+
+def ppl_at(results, length):
+    (record,) = [r for r in results["eval"] if r["length"] == length and r["stride"] is None]
+    return record["ppl"]
+
+
+def report_cells(out):
+    cells = json.loads((out / "report.json").read_text())["cells"]
+    return {(c["encoding"], c["length"]): c for c in cells}
+
+
+@pytest.mark.slow
+def test_table_cells_are_mean_and_sample_std_of_the_runs(sweep, tmp_path):
+    result = posbench("report", str(sweep), "--out", str(tmp_path / "out"), cwd=tmp_path)
+    table = result.stdout.replace("**", "")  # the best mean per column is bold
+    cells = report_cells(tmp_path / "out")
+    for encoding, runs in results_by_encoding(sweep).items():
+        assert len(runs) == 2
+        for length in (16, 32, 64):
+            ppls = np.array([ppl_at(r, length) for r in runs])
+            ratios = ppls / np.array([ppl_at(r, 16) for r in runs])
+            cell = cells[(encoding, length)]
+            assert cell["ppl_n"] == 2
+            assert cell["ppl_mean"] == pytest.approx(ppls.mean(), rel=1e-12)
+            assert cell["ppl_std"] == pytest.approx(ppls.std(ddof=1), rel=1e-9)
+            assert cell["ratio_mean"] == pytest.approx(ratios.mean(), rel=1e-12)
+            assert cell["ratio_std"] == pytest.approx(ratios.std(ddof=1), rel=1e-9, abs=1e-15)
+            assert f"{ppls.mean():.2f} ± {ppls.std(ddof=1):.2f}" in table
+
+
+@pytest.mark.slow
+def test_report_writes_markdown_csv_json_png_and_tensorboard_into_dir_report(sweep_copy):
+    posbench("report", str(sweep_copy), cwd=sweep_copy)
+    out = sweep_copy / "report"
+    assert (out / "report.md").read_text().startswith("# posbench report")
+    rows = list(csv.DictReader((out / "report.csv").open()))
+    cells = report_cells(out)
+    assert len(rows) == len(cells) == 2 * 3
+    for row in rows:
+        cell = cells[(row["encoding"], int(row["length"]))]
+        assert float(row["ppl_mean"]) == pytest.approx(cell["ppl_mean"])
+    png = out / "ppl_vs_length.png"
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    height, width, _ = image.imread(png).shape
+    assert (width, height) == (FIGURE_INCHES[0] * FIGURE_DPI, FIGURE_INCHES[1] * FIGURE_DPI)
+    for encoding in ("none", "rope"):
+        events = EventAccumulator(str(out / "tensorboard" / encoding))
+        events.Reload()
+        points = {e.step: e.value for e in events.Scalars("report/ppl")}
+        assert points == pytest.approx({n: cells[(encoding, n)]["ppl_mean"] for n in (16, 32, 64)})
+
+
+@pytest.mark.slow
+def test_partial_sweeps_list_unfinished_and_diverged_runs_and_average_the_rest(sweep_copy):
+    none_runs = sorted(sweep_copy.glob("*_none_seed*"))
+    (none_runs[0] / "results.json").unlink()  # failed or still running
+    rope_runs = sorted(sweep_copy.glob("*_rope_seed*"))
+    diverged = json.loads((rope_runs[1] / "results.json").read_text())
+    diverged.update(status="diverged", train={"diverged_at_step": 7}, eval=[])
+    (rope_runs[1] / "results.json").write_text(json.dumps(diverged))
+
+    result = posbench("report", str(sweep_copy), cwd=sweep_copy)
+    assert f"`{none_runs[0].name}`: no results.json" in result.stdout
+    assert f"`{rope_runs[1].name}`: diverged at step 7" in result.stdout
+    cells = report_cells(sweep_copy / "report")
+    for encoding, kept in (("none", none_runs[1]), ("rope", rope_runs[0])):
+        alone = json.loads((kept / "results.json").read_text())
+        assert cells[(encoding, 32)]["ppl_n"] == 1
+        assert cells[(encoding, 32)]["ppl_mean"] == ppl_at(alone, 32)
+        assert cells[(encoding, 32)]["ppl_std"] is None
+
+
+@pytest.mark.slow
+def test_report_help_and_top_level_help_mention_report(tmp_path):
+    assert "DIR" in posbench("report", "--help", cwd=tmp_path).stdout
+    assert "report" in posbench("--help", cwd=tmp_path).stdout
+
+
+# ------------------------------------------------------------ hand-made runs (fast)
+
+
+def make_run(path, encoding="rope", seed=0, seq_len=16, ppls=None, results=None, **config):
+    """A run directory as `posbench train` leaves it: config.yaml and results.json."""
+    ppls = ppls or {16: 5.0, 32: 6.0}
+    cfg = OmegaConf.create(
+        {
+            "seed": seed,
+            "encoding": {"name": encoding},
+            "model": {"n_layer": 1, "d_model": 32},
+            "data": {"name": "synthetic"},
+            "train": {"seq_len": seq_len, "steps": 10},
+        }
+    )
+    for key, value in config.items():  # encoding__base=500 -> encoding.base: 500
+        OmegaConf.update(cfg, key.replace("__", "."), value)
+    path.mkdir(parents=True)
+    OmegaConf.save(cfg, path / "config.yaml")
+    records = [
+        {"length": n, "stride": None, "ppl": p, "status": "ok", "reason": None}
+        if p is not None
+        else {"length": n, "stride": None, "ppl": None, "status": "unsupported", "reason": "why"}
+        for n, p in ppls.items()
+    ]
+    content = {"encoding": encoding, "seed": seed, "eval": records, **(results or {})}
+    (path / "results.json").write_text(json.dumps(content))
+    return path
+
+
+def test_runs_of_different_training_lengths_are_grouped_not_averaged(tmp_path):
+    make_run(tmp_path / "a", seq_len=16, ppls={16: 5.0, 32: 6.0})
+    make_run(tmp_path / "b", seq_len=32, ppls={32: 4.0, 64: 9.0})
+    report = build_report(tmp_path)
+    assert [(g.train_seq_len, g.setting) for g in report.groups] == [
+        (16, {"train.seq_len": 16}),
+        (32, {"train.seq_len": 32}),
+    ]
+    (first,) = report.groups[0].rows
+    assert [c.ppl.mean for c in first.cells] == [5.0, 6.0]
+
+
+def test_only_seed_differences_are_averaged(tmp_path):
+    make_run(tmp_path / "s0", seed=0, ppls={16: 4.0, 32: 8.0})
+    make_run(tmp_path / "s1", seed=1, ppls={16: 6.0, 32: 12.0}, train__log_every=3)
+    (group,) = build_report(tmp_path).groups
+    (row,) = group.rows
+    assert [c.ppl.mean for c in row.cells] == [5.0, 10.0]
+    assert row.cells[1].ppl.std == pytest.approx(np.std([8.0, 12.0], ddof=1))
+    assert row.cells[1].ratio.mean == pytest.approx(2.0) and row.cells[1].ratio.std == 0.0
+
+
+def test_unsupported_lengths_are_shown_with_their_reason(tmp_path):
+    make_run(tmp_path / "learned", encoding="learned", ppls={16: 5.0, 32: None})
+    text = markdown(build_report(tmp_path))
+    assert "| learned | 1 | 5.00 | unsupported [1] |" in text
+    assert "[1] learned: why" in text
+
+
+def test_scaled_evaluations_are_rows_of_their_own(tmp_path):
+    scaled = {"length": 32, "stride": None, "ppl": 5.5, "status": "ok", "scaling": "yarn"}
+    run = make_run(tmp_path / "r", ppls={16: 5.0, 32: 7.0})
+    results = json.loads((run / "results.json").read_text())
+    results["eval"].append(scaled)
+    (run / "results.json").write_text(json.dumps(results))
+    (group,) = build_report(tmp_path).groups
+    rows = {row.label: [c.ppl.mean for c in row.cells] for row in group.rows}
+    assert rows == {"rope": [5.0, 7.0], "rope + yarn": [None, 5.5]}
+    yarn = group.rows[1].cells[1]
+    assert yarn.ratio.mean == pytest.approx(5.5 / 5.0)  # against the unscaled train length
+
+
+def test_encodings_with_different_options_are_separate_rows(tmp_path):
+    make_run(tmp_path / "a", ppls={16: 5.0}, encoding__base=10000)
+    make_run(tmp_path / "b", ppls={16: 7.0}, encoding__base=500)
+    (group,) = build_report(tmp_path).groups
+    assert sorted(row.label for row in group.rows) == ["rope (base=10000)", "rope (base=500)"]
+
+
+def test_rerunning_the_report_ignores_its_own_output(tmp_path):
+    make_run(tmp_path / "a")
+    write_report(build_report(tmp_path, tmp_path / "report"), tmp_path / "report")
+    write_report(build_report(tmp_path, tmp_path / "report"), tmp_path / "report")
+    assert sorted(p.name for p in (tmp_path / "report" / "tensorboard").iterdir()) == ["rope"]
+    assert not [p for p in (tmp_path / "report").iterdir() if p.name.startswith(".")]
+
+
+def test_a_directory_without_finished_runs_is_a_one_line_error(tmp_path):
+    (tmp_path / "job" / ".hydra").mkdir(parents=True)
+    with pytest.raises(PosbenchError, match="no finished run") as err:
+        build_report(tmp_path)
+    assert "\n" not in str(err.value)
