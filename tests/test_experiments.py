@@ -17,10 +17,12 @@ def swept_values(cfg, key: str) -> list[str]:
     return list(override.sweep_string_iterator())
 
 
-@pytest.mark.parametrize("experiment", ["extrapolation", "extrapolation_text"])
-def test_the_experiment_sweeps_every_registered_encoding(experiment):
+@pytest.mark.parametrize(
+    "overrides", [["+experiment=extrapolation"], ["+experiment=extrapolation_text", "data.path=x"]]
+)
+def test_the_experiment_sweeps_every_registered_encoding(overrides):
     """A new encoding cannot be silently left out of the experiment."""
-    cfg = compose_config([f"+experiment={experiment}", "data.path=x"], with_hydra=True)
+    cfg = compose_config(overrides, with_hydra=True)
     encodings = swept_values(cfg, "encoding")
     assert sorted(encodings) == encoding_names()
     assert len(encodings) == len(set(encodings))
