@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 from torch.utils.tensorboard import SummaryWriter
 from tqdm.auto import tqdm
 
@@ -31,7 +31,13 @@ from posbench.checkpoint import (
     restore_checkpoint,
     save_checkpoint,
 )
-from posbench.config import check_resumable, eval_lengths, resolve_device, validate
+from posbench.config import (
+    check_resumable,
+    eval_lengths,
+    flat_config,
+    resolve_device,
+    validate,
+)
 from posbench.data import Corpus, load_corpus, sample_batch
 from posbench.errors import PosbenchError
 from posbench.evaluate import evaluate
@@ -333,6 +339,7 @@ def train(cfg: DictConfig, run_dir: str | Path) -> dict[str, Any]:
     results = {
         "status": "ok",
         "encoding": cfg.encoding.name,
+        "encoding_options": encoding_options(cfg),
         "train_seq_len": cfg.train.seq_len,
         "seed": cfg.seed,
         "parameters": model.num_parameters(),
@@ -368,10 +375,24 @@ def train(cfg: DictConfig, run_dir: str | Path) -> dict[str, Any]:
     return results
 
 
+def encoding_options(cfg: DictConfig) -> dict[str, Any]:
+    """The encoding's own settings (e.g. t5's num_buckets, rope's scaling), for results.json."""
+    options = OmegaConf.to_container(cfg.encoding, resolve=True, enum_to_str=True)
+    options.pop("name")
+    return options
+
+
 def hparams(cfg: DictConfig) -> dict[str, Any]:
-    """The knobs that distinguish runs in TensorBoard's HParams tab."""
+    """The knobs that distinguish runs in TensorBoard's HParams tab, the encoding's options
+    included as ``encoding.<key>`` (HParams takes no None: it shows as "null")."""
+    options = {
+        f"encoding.{key}": "null" if value is None else value
+        for key, value in flat_config(cfg.encoding).items()
+        if key != "name"
+    }
     return {
         "encoding": cfg.encoding.name,
+        **options,
         "model": f"{cfg.model.n_layer}x{cfg.model.d_model}",
         "data": cfg.data.name,
         "seq_len": cfg.train.seq_len,

@@ -267,7 +267,9 @@ def test_bias_encoding_options_are_set_from_the_command_line(tmp_path, cache_dir
     (run_dir,) = run_dirs(tmp_path)
     config = (run_dir / "config.yaml").read_text()
     assert "num_buckets: 8" in config and "max_distance: 12" in config
-    assert all(r["status"] == "ok" for r in results_of(run_dir)["eval"])
+    results = results_of(run_dir)
+    assert results["encoding_options"] == {"num_buckets": 8, "max_distance": 12}
+    assert all(r["status"] == "ok" for r in results["eval"])
 
 
 @pytest.mark.parametrize(

@@ -109,6 +109,15 @@ def test_tensorboard_hparams_record_the_encoding_and_final_metrics(rope_run):
     assert {"hparam/val_ppl", "hparam/ppl_at_16", "hparam/ppl_at_64"} <= tags
     content = b"".join(events.PluginTagToContent("hparams").values())
     assert b"encoding" in content and b"rope" in content
+    assert b"encoding.scaling.method" in content and b"encoding.layout" in content
+
+
+def test_results_record_the_encodings_own_options(rope_run):
+    _, results = rope_run
+    options = results["encoding_options"]
+    assert (options["base"], options["layout"], options["fraction"]) == (1e4, "interleaved", 1.0)
+    assert options["scaling"]["method"] == "none"
+    assert options["scaling"]["original_length"] == results["train_seq_len"]
 
 
 def test_learning_rate_warms_up_linearly_then_decays_to_the_minimum():
