@@ -14,8 +14,10 @@ import shlex
 import shutil
 import signal
 import sys
+import threading
 import traceback
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import NoReturn
 
@@ -121,6 +123,35 @@ def stop(message: str, exit_code: int) -> NoReturn:
     raise SystemExit(exit_code)
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (``kill``, SLURM pre-emption) outside the training loop, which handles it
+    itself: it unwinds like Ctrl-C, so the same clean-up runs, and exits 143."""
+
+
+def raise_terminated(signum: int, frame: object) -> NoReturn:
+    raise Terminated
+
+
+def stop_interrupted(err: KeyboardInterrupt, detail: str = "") -> NoReturn:
+    """One line for Ctrl-C (exit 130) or SIGTERM (exit 143), ``detail`` appended."""
+    if isinstance(err, Terminated):
+        stop(f"terminated{detail}", 128 + signal.SIGTERM)
+    stop(f"interrupted{detail}", 128 + signal.SIGINT)
+
+
+@contextmanager
+def sigterm_unwinds() -> Iterator[None]:
+    """While active, SIGTERM raises Terminated instead of killing the process silently."""
+    if threading.current_thread() is not threading.main_thread():
+        yield  # only the main thread receives signals
+        return
+    previous = signal.signal(signal.SIGTERM, raise_terminated)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 # ---------------------------------------------------------------------------- train
 
 
@@ -211,10 +242,10 @@ def train_job(cfg: DictConfig) -> float | None:
         results = train(cfg, run_dir)
     except TrainingInterrupted as err:
         stop(f"interrupted: {err}; {resume_hint}", err.exit_code)
-    except KeyboardInterrupt:  # outside the training loop: loading data, evaluating
+    except KeyboardInterrupt as err:  # outside the training loop: loading data, evaluating
         remove_if_worthless(run_dir)
         saved = (run_dir / CHECKPOINT_FILE).is_file()
-        stop(f"interrupted{'; ' + resume_hint if saved else ''}", 128 + signal.SIGINT)
+        stop_interrupted(err, f"; {resume_hint}" if saved else "")
     except PosbenchError as err:
         remove_if_worthless(run_dir)
         if HydraConfig.get().mode == RunMode.MULTIRUN:
@@ -458,6 +489,19 @@ def run_report(args: Sequence[str]) -> None:
 # ----------------------------------------------------------------------------- main
 
 
+def dispatch(command: str | None, rest: list[str]) -> None:
+    if command == "train":
+        run_train(rest)
+    elif command == "eval":
+        run_eval(rest)
+    elif command == "report":
+        run_report(rest)
+    elif command in (None, "-h", "--help", "help"):
+        print(main_help())
+    else:
+        fail(f"unknown command {command!r}; use `posbench train`, `eval` or `report`")
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     if "--debug" in argv:  # before the command (posbench --debug train) or among its flags
@@ -466,22 +510,14 @@ def main(argv: Sequence[str] | None = None) -> None:
     register_schemas()
     command, rest = (argv[0], argv[1:]) if argv else (None, [])
     try:
-        if command == "train":
-            run_train(rest)
-        elif command == "eval":
-            run_eval(rest)
-        elif command == "report":
-            run_report(rest)
-        elif command in (None, "-h", "--help", "help"):
-            print(main_help())
-        else:
-            fail(f"unknown command {command!r}; use `posbench train`, `eval` or `report`")
+        with sigterm_unwinds():
+            dispatch(command, rest)
     except PosbenchError as err:
         report(err)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as err:
         if debugging():
             traceback.print_exc()
-        stop("interrupted", 128 + signal.SIGINT)
+        stop_interrupted(err)
     except OSError as err:  # the file system: a full disk, a permission, a vanished file
         report(err)
 

@@ -316,3 +316,16 @@ def test_ctrl_c_anywhere_else_in_the_cli_is_one_line_and_exit_130(monkeypatch, c
         cli.main(["eval", "--length", "16", "--run", "some/run"])
     assert stopped.value.code == 130
     assert capsys.readouterr().err == "interrupted\n"
+
+
+def test_sigterm_outside_the_training_loop_is_one_line_and_exit_143(monkeypatch, capsys):
+    def terminated(*args):
+        os.kill(os.getpid(), signal.SIGTERM)  # as `kill` or SLURM would, while loading a run
+
+    handler_before = signal.getsignal(signal.SIGTERM)
+    monkeypatch.setattr(cli, "load_run_config", terminated)
+    with pytest.raises(SystemExit) as stopped:
+        cli.main(["eval", "--length", "16", "--run", "some/run"])
+    assert stopped.value.code == 143
+    assert capsys.readouterr().err == "terminated\n"
+    assert signal.getsignal(signal.SIGTERM) is handler_before  # main() leaves no handler behind
