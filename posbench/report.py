@@ -35,7 +35,7 @@ from torch.utils.tensorboard import SummaryWriter
 from posbench.atomic import atomic_path, atomic_write, replace_directory, write_json
 from posbench.config import flat_config
 from posbench.errors import PosbenchError
-from posbench.runs import CONFIG_FILE, RESULTS_FILE, read_results
+from posbench.runs import CONFIG_FILE, RESULTS_FILE, read_results, scaling_method
 
 # Keys that do not change the trained model, so runs differing only in them are averaged.
 # Seed is what is averaged over; encoding makes the rows; eval records are per length anyway.
@@ -190,10 +190,6 @@ def encoding_labels(runs: Sequence[Run]) -> dict[Path, str]:
     return labels
 
 
-def scaling_of(record: dict[str, Any]) -> str:
-    return record.get("scaling") or "none"  # records before length scaling existed: none
-
-
 def row_label(encoding: str, scaling: str, stride: int | None) -> str:
     label = encoding if scaling == "none" else f"{encoding} + {scaling}"
     return label if stride is None else f"{label}, stride {stride}"
@@ -202,7 +198,7 @@ def row_label(encoding: str, scaling: str, stride: int | None) -> str:
 def reference_ppl(run: Run) -> float | None:
     """The run's plain (non-overlapping, unscaled) perplexity at its training length."""
     for record in run.results["eval"]:
-        plain = record["stride"] is None and scaling_of(record) == "none"
+        plain = record["stride"] is None and scaling_method(record) == "none"
         if plain and record["length"] == run.config["train.seq_len"] and record["status"] == "ok":
             return record["ppl"]
     return None
@@ -215,7 +211,7 @@ def build_group(runs: Sequence[Run], name: str, title: str, setting: dict[str, A
     row_runs: dict[tuple, list[Path]] = defaultdict(list)
     for run in runs:
         for record in run.results["eval"]:
-            key = (labels[run.path], scaling_of(record), record["stride"])
+            key = (labels[run.path], scaling_method(record), record["stride"])
             table[key][record["length"]].append((run, record))
             if run.path not in row_runs[key]:
                 row_runs[key].append(run.path)

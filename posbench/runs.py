@@ -202,10 +202,15 @@ def read_results(run_dir: Path) -> dict[str, Any]:
         raise PosbenchError(f"{path} is not valid JSON ({err}); delete or restore it") from None
 
 
+def scaling_method(record: Mapping[str, Any]) -> str:
+    """The eval-time extension an eval record was measured with ("none": as trained). Records
+    written before eval-time scaling existed have no ``scaling`` field: they are plain."""
+    return record.get("scaling") or "none"
+
+
 def record_key(record: dict[str, Any]) -> tuple:
-    """What identifies one measurement: the same key measured again replaces the old record.
-    Records written before eval-time scaling existed have no ``scaling`` field: they are plain."""
-    return (record["length"], record["stride"], record.get("scaling", "none"))
+    """What identifies one measurement: the same key measured again replaces the old record."""
+    return (record["length"], record["stride"], scaling_method(record))
 
 
 def merge_eval_records(results: dict[str, Any], records: Iterable[dict[str, Any]]) -> dict:

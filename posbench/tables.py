@@ -5,14 +5,16 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from posbench.runs import scaling_method
+
 
 def eval_table(records: Sequence[dict[str, Any]], train_seq_len: int) -> str:
     """Length -> perplexity, with each perplexity's ratio to the one at the training length
     measured the same way (stride and eval-time scaling method), i.e. how much worse the model
-    gets past the length it was trained on. Records without ``scaling`` are plain ("none")."""
+    gets past the length it was trained on."""
 
     def way(record: dict[str, Any]) -> tuple:
-        return record["stride"], record.get("scaling", "none")
+        return record["stride"], scaling_method(record)
 
     reference = {
         way(r): r["ppl"] for r in records if r["length"] == train_seq_len and r["status"] == "ok"
@@ -24,7 +26,7 @@ def eval_table(records: Sequence[dict[str, Any]], train_seq_len: int) -> str:
     lines = [header, "-" * len(header)]
     for r in records:
         stride = "-" if r["stride"] is None else str(r["stride"])
-        measured = f"{r['length']:>8}  {stride:>6}  {r.get('scaling', 'none'):>7}"
+        measured = f"{r['length']:>8}  {stride:>6}  {scaling_method(r):>7}"
         if r["status"] != "ok":
             lines.append(f"{measured}  unsupported: {r['reason']}")
             continue

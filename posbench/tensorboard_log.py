@@ -15,13 +15,14 @@ from typing import Any
 from matplotlib.figure import Figure
 from torch.utils.tensorboard import SummaryWriter
 
+from posbench.runs import scaling_method
+
 
 def series_name(record: Mapping[str, Any]) -> str:
-    """How a record was measured, as a path: "" (plain), "yarn", "stride_64", "yarn/stride_64".
-    Records from before scaling existed have no ``scaling`` field and are plain."""
+    """How a record was measured, as a path: "" (plain), "yarn", "stride_64", "yarn/stride_64"."""
     parts = []
-    if record.get("scaling", "none") != "none":
-        parts.append(record["scaling"])
+    if scaling_method(record) != "none":
+        parts.append(scaling_method(record))
     if record.get("stride") is not None:
         parts.append(f"stride_{record['stride']}")
     return "/".join(parts)
