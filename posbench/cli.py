@@ -14,10 +14,8 @@ import shlex
 import shutil
 import signal
 import sys
-import threading
 import traceback
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from pathlib import Path
 from typing import NoReturn
 
@@ -50,6 +48,7 @@ from posbench.runs import (
     load_run_config,
     saved_config,
 )
+from posbench.signals import handling
 from posbench.tables import data_baselines, eval_table
 from posbench.tensorboard_log import log_eval_records
 from posbench.train import TrainingInterrupted, train
@@ -137,19 +136,6 @@ def stop_interrupted(err: KeyboardInterrupt, detail: str = "") -> NoReturn:
     if isinstance(err, Terminated):
         stop(f"terminated{detail}", 128 + signal.SIGTERM)
     stop(f"interrupted{detail}", 128 + signal.SIGINT)
-
-
-@contextmanager
-def sigterm_unwinds() -> Iterator[None]:
-    """While active, SIGTERM raises Terminated instead of killing the process silently."""
-    if threading.current_thread() is not threading.main_thread():
-        yield  # only the main thread receives signals
-        return
-    previous = signal.signal(signal.SIGTERM, raise_terminated)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
 
 
 # ---------------------------------------------------------------------------- train
@@ -510,7 +496,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     register_schemas()
     command, rest = (argv[0], argv[1:]) if argv else (None, [])
     try:
-        with sigterm_unwinds():
+        with handling([signal.SIGTERM], raise_terminated):  # not a silent kill: unwind
             dispatch(command, rest)
     except PosbenchError as err:
         report(err)

@@ -9,7 +9,6 @@ from __future__ import annotations
 import logging
 import math
 import signal
-import threading
 import time
 from collections import deque
 from collections.abc import Iterator
@@ -51,6 +50,7 @@ from posbench.runs import (
     saved_config,
     write_json,
 )
+from posbench.signals import handling, restore
 from posbench.tensorboard_log import log_eval_records, log_hparams
 
 log = logging.getLogger(__name__)
@@ -139,21 +139,13 @@ def stop_requests() -> Iterator[StopRequest]:
     acts at once (the previous handlers are back): an impatient user is never stuck, and the
     atomic checkpoint write keeps the last complete checkpoint intact either way."""
     request = StopRequest()
-    if threading.current_thread() is not threading.main_thread():
-        yield request  # Python delivers signals to the main thread only
-        return
 
     def handle(signum: int, frame: object) -> None:
         request.signum = signum
-        for stop_signal, handler in previous.items():
-            signal.signal(stop_signal, handler)
+        restore(previous)
 
-    previous = {s: signal.signal(s, handle) for s in STOP_SIGNALS}
-    try:
+    with handling(STOP_SIGNALS, handle) as previous:
         yield request
-    finally:
-        for stop_signal, handler in previous.items():
-            signal.signal(stop_signal, handler)
 
 
 def train_step(
