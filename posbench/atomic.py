@@ -43,7 +43,7 @@ def atomic_write(path: Path, data: bytes) -> None:
 
 def leftover_temp_files(directory: Path) -> list[Path]:
     """Temp files of ``atomic_path`` that a killed process left in ``directory``."""
-    return sorted(Path(directory).glob(f".*{TEMP_SUFFIX}"))
+    return sorted(p for p in Path(directory).glob(f".*{TEMP_SUFFIX}") if p.is_file())
 
 
 def _umask() -> int:
@@ -71,7 +71,7 @@ def replace_directory(path: Path) -> Iterator[Path]:
     ``path``'s place, so a reader sees the old directory, for an instant none, or the whole new
     one, never a half-written one. If the block raises, ``path`` is untouched."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp"))
+    tmp = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}.", suffix=TEMP_SUFFIX))
     try:
         yield tmp
     except BaseException:

@@ -7,7 +7,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from posbench.atomic import atomic_write
+from posbench.atomic import atomic_path, atomic_write
 from posbench.encodings import build_encoding
 from posbench.errors import PosbenchError
 from posbench.model import ModelArgs, Transformer
@@ -16,6 +16,7 @@ from posbench.runs import (
     latest_run,
     load_weights,
     merge_eval_records,
+    prepare_run_dir,
     save_weights,
 )
 
@@ -187,3 +188,17 @@ def test_atomic_write_creates_files_with_the_usual_permissions(tmp_path):
     finally:
         os.umask(mask)
     assert (tmp_path / "results.json").stat().st_mode & 0o777 == 0o644
+
+
+def test_preparing_a_run_dir_removes_a_killed_writers_temp_file_and_nothing_else(tmp_path):
+    class Killed(Exception):
+        pass
+
+    with pytest.raises(Killed), atomic_path(tmp_path / "results.json") as tmp:
+        tmp.write_text("half")
+        stale = tmp_path / f".checkpoint.pt.x{tmp.suffix}"
+        stale.write_text("half")  # what a kill -9 mid-write leaves (no except clause runs)
+        raise Killed
+    (tmp_path / f".report.x{stale.suffix}").mkdir()  # a temp *directory* is not ours to remove
+    prepare_run_dir(tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [f".report.x{stale.suffix}"]
