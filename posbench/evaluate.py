@@ -12,6 +12,11 @@ Protocol (as in the ALiBi paper, Press et al. 2022, https://arxiv.org/abs/2108.1
 Perplexity is exp(mean NLL) over the scored tokens; with byte tokens, bits per byte is
 mean NLL / ln 2.
 
+Where in the window the loss rises: each non-overlapping record also holds
+``loss_by_position``, the mean NLL of the tokens at each bucket of positions
+(``position_buckets``), summed over every window. Sliding-window records omit it: their scored
+positions are only the window's last ``stride``.
+
 Each record also names the eval-time extension it measured (``scaling``: "none" when the model
 is evaluated as trained, else e.g. "yarn" for a RoPE run, with the factor in
 ``scaling_factor``); ``rope_scaling_overrides`` builds that extension for a trained rope run.
@@ -21,6 +26,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator, Mapping, Sequence
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +43,47 @@ from posbench.model import Transformer
 from posbench.runs import load_run
 
 TOKENS_PER_BATCH = 65536  # default eval batch: about this many tokens per forward pass
+BUCKETS_PER_TRAIN_LENGTH = 8  # equal position buckets inside the training length
+BUCKETS_PER_OCTAVE = 4  # equal position buckets in each doubling beyond it (fewer if needed)
+MAX_POSITION_BUCKETS = 64
+
+
+def position_buckets(length: int, train_seq_len: int) -> list[tuple[int, int]]:
+    """The [start, end) position buckets that split a window of ``length`` tokens.
+
+    Positions below the training length S are cut into BUCKETS_PER_TRAIN_LENGTH equal
+    buckets; beyond it each doubling [S * 2^k, S * 2^(k+1)) is cut into BUCKETS_PER_OCTAVE
+    equal buckets, so the buckets stay fine near S, where extrapolation starts, and their
+    number grows with log(length / S), never beyond MAX_POSITION_BUCKETS (fewer per doubling
+    for extreme ratios). S is always a boundary when it lies inside the window. Edges are
+    rounded down to integers; the last bucket ends at ``length``. E.g. S = 128, length 512:
+    0, 16, ..., 112, 128, 160, 192, 224, 256, 320, 384, 448, 512.
+    """
+    assert length >= 1 and train_seq_len >= 1
+    S = train_seq_len
+    for per_octave in (BUCKETS_PER_OCTAVE, 2, 1):
+        edges = {S * i // BUCKETS_PER_TRAIN_LENGTH for i in range(BUCKETS_PER_TRAIN_LENGTH)}
+        octave = S
+        while octave < length:
+            edges |= {octave * (per_octave + j) // per_octave for j in range(per_octave)}
+            octave *= 2
+        ends = [*sorted(e for e in edges if e < length), length]
+        if len(ends) - 1 <= MAX_POSITION_BUCKETS:
+            return list(pairwise(ends))
+    raise AssertionError(f"length / train_seq_len = {length / S:g} needs over 2^56 buckets")
+
+
+def loss_by_position(
+    position_nll: torch.Tensor, n_windows: int, train_seq_len: int
+) -> list[dict[str, Any]]:
+    """The ``loss_by_position`` of a record: ``position_nll`` (T,) float64 holds, for each
+    position of the window, the NLL summed over ``n_windows`` windows (each scored entirely)."""
+    buckets = []
+    for start, end in position_buckets(len(position_nll), train_seq_len):
+        tokens = n_windows * (end - start)
+        nll = position_nll[start:end].sum().item() / tokens
+        buckets.append({"start": start, "end": end, "nll": nll, "tokens": tokens})
+    return buckets
 
 
 def windows(n_tokens: int, length: int, stride: int | None) -> Iterator[tuple[int, int]]:
@@ -73,9 +120,12 @@ def evaluate_length(
     length: int,
     stride: int | None = None,
     batch_size: int | None = None,
+    train_seq_len: int | None = None,
 ) -> dict[str, Any]:
-    """One results.json eval record: the model's perplexity on ``tokens`` at ``length``, and
-    the eval-time extension (``scaling``) its encoding applied there."""
+    """One results.json eval record: the model's perplexity on ``tokens`` at ``length``, the
+    eval-time extension (``scaling``) its encoding applied there and, for non-overlapping
+    windows, ``loss_by_position`` with ``train_seq_len`` as a bucket boundary (None: the
+    window is bucketed as if it were the training length)."""
     assert stride is None or 0 < stride <= length, "stride must be in (0, length]"
     model.eval()  # no dropout; eval-time extensions (RoPE scaling) apply
     scaling = model.encoding.scaling_record(length)
@@ -101,7 +151,7 @@ def evaluate_length(
     batch_size, shortfall = fitting_batch_size(model, length, batch_size, device)
     if shortfall is not None:
         return unsupported(length, stride, shortfall, scaling)
-    total_nll = torch.zeros((), dtype=torch.float64, device=device)  # summed on the device
+    position_nll = torch.zeros(length, dtype=torch.float64, device=device)  # summed on the device
     scored = 0
     with tqdm(total=len(spans), desc=f"eval length {length}", unit="window", leave=False) as bar:
         for i in range(0, len(spans), batch_size):
@@ -111,10 +161,14 @@ def evaluate_length(
             nll = F.cross_entropy(logits.transpose(1, 2).float(), rows[:, 1:], reduction="none")
             first = torch.tensor([f for _, f in batch], device=device)  # (B,)
             is_scored = torch.arange(length, device=device) >= first[:, None]  # (B, T)
-            total_nll += nll.double().masked_fill(~is_scored, 0.0).sum()
+            position_nll += nll.double().masked_fill(~is_scored, 0.0).sum(0)  # (T,)
             scored += sum(length - f for _, f in batch)
             bar.update(len(batch))
-    mean_nll = total_nll.item() / scored
+    mean_nll = position_nll.sum().item() / scored
+    by_position = {}
+    if stride is None:
+        buckets = loss_by_position(position_nll, len(spans), train_seq_len or length)
+        by_position = {"loss_by_position": buckets}
     return {
         "length": length,
         "stride": stride,
@@ -124,6 +178,7 @@ def evaluate_length(
         "status": "ok",
         "reason": None,
         **scaling,
+        **by_position,
     }
 
 
@@ -134,17 +189,19 @@ def evaluate(
     stride: int | None = None,
     batch_size: int | None = None,
     max_tokens: int | None = None,
+    train_seq_len: int | None = None,
 ) -> list[dict[str, Any]]:
     """Evaluate ``model`` on the byte tensor ``tokens`` at each length.
 
     Every length scores the same leading ``max_tokens`` tokens (all of them when ``None``),
     so perplexities at different lengths are measured on the same text.
     Returns results.json eval records: length, stride, ppl, bits_per_byte, tokens, status,
-    reason, scaling, scaling_factor.
+    reason, scaling, scaling_factor and (non-overlapping windows) loss_by_position, bucketed
+    around ``train_seq_len``.
     """
     if max_tokens is not None:
         tokens = tokens[: max_tokens + 1]
-    return [evaluate_length(model, tokens, n, stride, batch_size) for n in lengths]
+    return [evaluate_length(model, tokens, n, stride, batch_size, train_seq_len) for n in lengths]
 
 
 def evaluate_run(
@@ -166,7 +223,7 @@ def evaluate_run(
     corpus = load_corpus(cfg.data)
     if max_tokens is None:
         max_tokens = cfg.eval.max_tokens
-    return evaluate(model, corpus.val, lengths, stride, batch_size, max_tokens)
+    return evaluate(model, corpus.val, lengths, stride, batch_size, max_tokens, cfg.train.seq_len)
 
 
 def rope_scaling_overrides(

@@ -5,6 +5,9 @@ TensorBoard's Scalars tab plots perplexity against length (set its x-axis to "st
 Each series is one way of evaluating: ``eval/ppl`` (plain), ``eval/ppl/<method>`` (eval-time
 scaling such as ``yarn``), ``eval/ppl/stride_<S>`` (sliding windows), and
 ``eval/ppl/<method>/stride_<S>`` for both.
+
+Loss by position is one series per evaluated length, ``eval/loss_by_position/L<length>``
+(suffixed with the scaling method when there is one), whose step is each bucket's end position.
 """
 
 from __future__ import annotations
@@ -46,10 +49,26 @@ def log_eval_records(
                 record["bits_per_byte"],
                 global_step=record["length"],
             )
+    log_loss_by_position(writer, records)
     figure = extrapolation_figure(records, train_seq_len)
     if figure is not None:
         writer.add_figure("eval/ppl_vs_length", figure)
     writer.flush()
+
+
+def loss_by_position_tag(record: Mapping[str, Any]) -> str:
+    """``eval/loss_by_position/L<length>``, suffixed with the record's series."""
+    series = series_name(record)
+    return f"eval/loss_by_position/L{record['length']}" + (f"/{series}" if series else "")
+
+
+def log_loss_by_position(writer: SummaryWriter, records: Sequence[Mapping[str, Any]]) -> None:
+    """Each record's bucket NLLs at step = the bucket's end position."""
+    for record in records:
+        for bucket in record.get("loss_by_position", []):
+            writer.add_scalar(
+                loss_by_position_tag(record), bucket["nll"], global_step=bucket["end"]
+            )
 
 
 def extrapolation_figure(

@@ -359,6 +359,7 @@ def train(cfg: DictConfig, run_dir: str | Path) -> dict[str, Any]:
             cfg.eval.stride,
             cfg.eval.batch_size,
             cfg.eval.max_tokens,
+            cfg.train.seq_len,
         )
         log_eval_records(writer, records, cfg.train.seq_len)
         results = {**results, "train": summary, "eval": records}

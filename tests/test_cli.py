@@ -134,6 +134,18 @@ def test_eval_with_rope_scaling_records_the_method_beside_the_plain_records(trai
     assert logged == pytest.approx({n: r["ppl"] for n, r in yarn.items()}, rel=1e-6)
 
 
+def test_eval_logs_the_loss_by_position_it_writes_to_results_json(trained):
+    workdir, run_dir, _ = trained
+    args = ["eval", "--run", str(run_dir), "--length", "64", "--rope-scaling", "linear"]
+    posbench(*args, "--factor", "4", cwd=workdir)
+    (record,) = [r for r in results_of(run_dir)["eval"] if r["scaling"] == "linear"]
+    events = EventAccumulator(str(run_dir))
+    events.Reload()
+    logged = [(e.step, e.value) for e in events.Scalars("eval/loss_by_position/L64/linear")]
+    buckets = record["loss_by_position"]
+    assert logged == [(b["end"], pytest.approx(b["nll"])) for b in buckets]
+
+
 def test_dynamic_scaling_without_a_factor_derives_it_from_the_training_length(trained):
     workdir, run_dir, _ = trained
     posbench(

@@ -1,6 +1,7 @@
 """The evaluation protocol: which tokens are scored, with how much context, and the maths."""
 
 import math
+from itertools import pairwise
 
 import pytest
 import torch
@@ -8,7 +9,14 @@ import torch
 from posbench.config import compose_config
 from posbench.encodings import build_encoding
 from posbench.errors import PosbenchError
-from posbench.evaluate import evaluate, evaluate_length, rope_scaling_overrides, windows
+from posbench.evaluate import (
+    MAX_POSITION_BUCKETS,
+    evaluate,
+    evaluate_length,
+    position_buckets,
+    rope_scaling_overrides,
+    windows,
+)
 from posbench.model import ModelArgs, Transformer
 
 
@@ -146,3 +154,60 @@ def test_rope_scaling_overrides_refuse_a_run_without_rope_in_one_line():
     with pytest.raises(PosbenchError, match="encoding=rope") as info:
         rope_scaling_overrides(compose_config(["encoding=sinusoidal"]), "yarn")
     assert "\n" not in str(info.value)
+
+
+# ----------------------------------------------------------------------------- loss by position
+
+
+def test_position_buckets_are_linear_inside_the_training_length_and_per_quarter_octave_beyond():
+    edges = [start for start, _ in position_buckets(512, 128)] + [512]
+    assert edges == [0, 16, 32, 48, 64, 80, 96, 112, 128, 160, 192, 224, 256, 320, 384, 448, 512]
+
+
+@pytest.mark.parametrize(
+    ("length", "train_seq_len"),
+    [(1, 1), (7, 16), (16, 16), (100, 16), (2048, 128), (16384, 128), (3000, 5), (10**6, 1)],
+)
+def test_position_buckets_tile_the_window_with_the_training_length_as_a_boundary(
+    length, train_seq_len
+):
+    buckets = position_buckets(length, train_seq_len)
+    assert buckets[0][0] == 0 and buckets[-1][1] == length
+    assert all(start < end for start, end in buckets)
+    assert all(a[1] == b[0] for a, b in pairwise(buckets))
+    assert len(buckets) <= MAX_POSITION_BUCKETS
+    if train_seq_len < length:
+        assert train_seq_len in {start for start, _ in buckets}
+
+
+def test_loss_by_position_is_the_mean_nll_of_each_bucket_over_all_windows():
+    model = random_rope_model()
+    tokens = torch.randint(0, 256, (3 * 64 + 1,), dtype=torch.uint8)
+    record = evaluate_length(model, tokens, length=64, train_seq_len=16)
+    rows = tokens.long().view(1, -1)
+    with torch.no_grad():  # (windows, 64): each token's NLL, computed directly
+        nll = torch.stack(
+            [
+                torch.nn.functional.cross_entropy(
+                    model(rows[:, s : s + 64])[0], rows[0, s + 1 : s + 65], reduction="none"
+                )
+                for s in range(0, 192, 64)
+            ]
+        ).double()
+    buckets = record["loss_by_position"]
+    assert [(b["start"], b["end"]) for b in buckets] == position_buckets(64, 16)
+    for b in buckets:
+        assert b["tokens"] == 3 * (b["end"] - b["start"])
+        assert b["nll"] == pytest.approx(nll[:, b["start"] : b["end"]].mean().item(), rel=1e-5)
+    # token-weighted, the buckets give back the record's perplexity
+    mean = sum(b["nll"] * b["tokens"] for b in buckets) / record["tokens"]
+    assert math.exp(mean) == pytest.approx(record["ppl"], rel=1e-9)
+
+
+def test_sliding_window_records_have_no_loss_by_position():
+    tokens = torch.randint(0, 256, (300,), dtype=torch.uint8)
+    plain, strided = (
+        evaluate_length(random_rope_model(), tokens, length=32, stride=s, train_seq_len=16)
+        for s in (None, 8)
+    )
+    assert "loss_by_position" in plain and "loss_by_position" not in strided

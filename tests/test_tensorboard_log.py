@@ -3,7 +3,7 @@
 import pytest
 
 from posbench.tables import eval_table
-from posbench.tensorboard_log import eval_tag, extrapolation_figure
+from posbench.tensorboard_log import eval_tag, extrapolation_figure, loss_by_position_tag
 
 
 def record(length, ppl=2.0, stride=None, **scaling):
@@ -35,6 +35,18 @@ def test_eval_tags_name_the_scaling_method_then_the_stride(fields, tag):
 
 def test_bits_per_byte_tags_follow_the_same_scheme():
     assert eval_tag("bits_per_byte", record(64, scaling="ntk")) == "eval/bits_per_byte/ntk"
+
+
+@pytest.mark.parametrize(
+    ("fields", "tag"),
+    [
+        ({}, "eval/loss_by_position/L64"),
+        ({"scaling": "none"}, "eval/loss_by_position/L64"),
+        ({"scaling": "yarn"}, "eval/loss_by_position/L64/yarn"),
+    ],
+)
+def test_loss_by_position_has_one_series_per_length_and_scaling_method(fields, tag):
+    assert loss_by_position_tag(record(64, **fields)) == tag
 
 
 def test_the_figure_draws_one_line_per_series():

@@ -101,6 +101,14 @@ def test_tensorboard_has_training_validation_and_extrapolation_scalars(rope_run)
     assert "eval/ppl_vs_length" in events.Tags()["images"]
 
 
+def test_tensorboard_plots_each_lengths_loss_by_position_at_the_buckets_end_positions(rope_run):
+    run_dir, results = rope_run
+    for record in results["eval"]:
+        logged = scalars(run_dir, f"eval/loss_by_position/L{record['length']}")
+        buckets = record["loss_by_position"]
+        assert logged == [(b["end"], pytest.approx(b["nll"])) for b in buckets]
+
+
 def test_tensorboard_hparams_record_the_encoding_and_final_metrics(rope_run):
     run_dir, _ = rope_run
     events = EventAccumulator(str(run_dir))
