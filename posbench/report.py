@@ -9,7 +9,13 @@ Written to DIR/report/ (or --out):
     report.md                    the tables (also printed)
     report.csv, report.json      the same numbers, one row per (group, row, length)
     ppl_vs_length[_<group>].png  perplexity against evaluation length, one line per row
+    loss_by_position[_<group>].png  NLL against position in the window at the longest length
     tensorboard/[<group>/]<row>/ the mean curves as TensorBoard runs that overlay in Scalars
+                                 (report/ppl, report/ppl_ratio, report/loss_by_position)
+
+Loss by position is reported at the longest length whose records hold it: the mean NLL per
+position bucket over seeds, and per run "nll after / before" = the token-weighted mean NLL of
+the buckets at positions >= train.seq_len over that of the buckets below it.
 """
 
 from __future__ import annotations
@@ -93,6 +99,22 @@ class Cell:
     unsupported: str | None  # the reason, when no run could measure this length
 
 
+@dataclass(frozen=True)
+class PositionCurve:
+    """A row's loss by position at its group's ``position_length``, over its runs (seeds).
+
+    ``before`` / ``after``: each run's token-weighted mean NLL of the buckets at positions
+    below / from the training length S; ``ratio``: each run's after / before (None when the
+    window holds no position >= S).
+    """
+
+    buckets: list[tuple[int, int]]  # [start, end) positions
+    nll: list[Stat]  # per bucket
+    before: Stat
+    after: Stat
+    ratio: Stat
+
+
 @dataclass
 class Row:
     label: str  # "rope", "rope + yarn", "rope, stride 64", "rope (base=500)"
@@ -101,6 +123,7 @@ class Row:
     stride: int | None
     runs: list[Path] = field(default_factory=list)
     cells: list[Cell] = field(default_factory=list)
+    by_position: PositionCurve | None = None  # none for sliding windows
 
 
 @dataclass
@@ -111,6 +134,7 @@ class Group:
     train_seq_len: int
     lengths: list[int]
     rows: list[Row]
+    position_length: int | None = None  # the longest length with loss by position
 
 
 @dataclass
@@ -217,13 +241,60 @@ def build_group(runs: Sequence[Run], name: str, title: str, setting: dict[str, A
                 row_runs[key].append(run.path)
     lengths = sorted({length for by_length in table.values() for length in by_length})
     rows = []
-    for key in sorted(table, key=lambda k: (k[0], k[1] != "none", k[1], k[2] or 0)):
+    sorted_keys = sorted(table, key=lambda k: (k[0], k[1] != "none", k[1], k[2] or 0))
+    for key in sorted_keys:
         label, scaling, stride = key
         row = Row(row_label(label, scaling, stride), label, scaling, stride, row_runs[key])
         row.cells = [cell(length, table[key].get(length, [])) for length in lengths]
         rows.append(row)
     train_seq_len = runs[0].config["train.seq_len"]
-    return Group(name, title, setting, train_seq_len, lengths, rows)
+    group = Group(name, title, setting, train_seq_len, lengths, rows)
+    with_positions = [
+        (key, length)
+        for key, by_length in table.items()
+        for length, measured in by_length.items()
+        if any("loss_by_position" in r for _, r in measured)
+    ]
+    if with_positions:
+        group.position_length = max(length for _, length in with_positions)
+        for key, row in zip(sorted_keys, rows, strict=True):
+            measured = table[key].get(group.position_length, [])
+            row.by_position = position_curve(measured, train_seq_len)
+    return group
+
+
+def nll_split(buckets: Sequence[dict[str, Any]], train_seq_len: int) -> tuple[float, float | None]:
+    """Token-weighted mean NLL of the buckets before the training length, and from it on
+    (None when the window ends at or before it). The training length is a bucket boundary."""
+
+    def mean(part: list[dict[str, Any]]) -> float | None:
+        tokens = sum(b["tokens"] for b in part)
+        return sum(b["nll"] * b["tokens"] for b in part) / tokens if tokens else None
+
+    before = mean([b for b in buckets if b["end"] <= train_seq_len])
+    after = mean([b for b in buckets if b["start"] >= train_seq_len])
+    return before, after
+
+
+def position_curve(
+    measured: Sequence[tuple[Run, dict]], train_seq_len: int
+) -> PositionCurve | None:
+    """The runs' loss by position averaged per bucket; None when none of them has one."""
+    curves = [r["loss_by_position"] for _, r in measured if "loss_by_position" in r]
+    if not curves:
+        return None
+    buckets = [(b["start"], b["end"]) for b in curves[0]]
+    assert all([(b["start"], b["end"]) for b in c] == buckets for c in curves), "same S, length"
+    nll = [Stat.of([c[i]["nll"] for c in curves]) for i in range(len(buckets))]
+    splits = [nll_split(c, train_seq_len) for c in curves]
+    afters = [(before, after) for before, after in splits if after is not None]
+    return PositionCurve(
+        buckets,
+        nll,
+        Stat.of([before for before, _ in splits]),
+        Stat.of([after for _, after in afters]),
+        Stat.of([after / before for before, after in afters]),
+    )
 
 
 def cell(length: int, measured: Sequence[tuple[Run, dict]]) -> Cell:
@@ -314,6 +385,27 @@ def markdown_table(group: Group, metric: str, footnotes: dict[str, int]) -> list
     return lines
 
 
+def position_table(group: Group) -> list[str]:
+    """Where in the window the loss rises, at the group's longest length with loss by
+    position: each row's NLL before and from the training length, and their ratio."""
+    S, length = group.train_seq_len, group.position_length
+    lines = [
+        f"Loss by position at {length} tokens ({multiple(length, S)}): mean NLL (nats per "
+        f"token) at positions < {S} (before the training length) and >= {S} (after), "
+        "token-weighted over the position buckets, and after / before per run:",
+        "",
+        "| encoding | runs | nll before | nll after | nll after / before |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    for row in group.rows:
+        curve = row.by_position
+        if curve is not None:
+            stats = (curve.before, curve.after, curve.ratio)
+            texts = ["–" if stat.mean is None else stat_text(stat) for stat in stats]
+            lines.append(f"| {row.label} | {curve.before.n} | " + " | ".join(texts) + " |")
+    return lines
+
+
 def markdown(report: Report) -> str:
     n_runs = sum(len({p for row in g.rows for p in row.runs}) for g in report.groups)
     lines = [
@@ -334,6 +426,8 @@ def markdown(report: Report) -> str:
             "",
         ]
         lines += markdown_table(group, "ratio", footnotes)
+        if group.position_length is not None:
+            lines += ["", *position_table(group)]
     if footnotes:
         lines += [""] + [f"- [{n}] {text}" for text, n in footnotes.items()]
     if report.excluded:
@@ -416,6 +510,7 @@ def json_content(report: Report, records: Sequence[dict[str, Any]]) -> dict[str,
                 "setting": g.setting,
                 "train_seq_len": g.train_seq_len,
                 "rows": {row.label: [relative(p, report.root) for p in row.runs] for row in g.rows},
+                "loss_by_position": position_content(g),
             }
             for g in report.groups
         ],
@@ -424,6 +519,29 @@ def json_content(report: Report, records: Sequence[dict[str, Any]]) -> dict[str,
             {"path": relative(e.path, report.root), "reason": e.reason} for e in report.excluded
         ],
     }
+
+
+def position_content(group: Group) -> dict[str, Any] | None:
+    """The group's loss-by-position curves and before/after split, for report.json."""
+    if group.position_length is None:
+        return None
+    rows = {}
+    for row in group.rows:
+        curve = row.by_position
+        if curve is not None:
+            rows[row.label] = {
+                "start": [start for start, _ in curve.buckets],
+                "end": [end for _, end in curve.buckets],
+                "nll_n": [stat.n for stat in curve.nll],
+                "nll_mean": [stat.mean for stat in curve.nll],
+                "nll_std": [stat.std for stat in curve.nll],
+                **{
+                    f"{name}_{part}": getattr(getattr(curve, name), part)
+                    for name in ("before", "after", "ratio")
+                    for part in ("n", "mean", "std")
+                },
+            }
+    return {"length": group.position_length, "rows": rows}
 
 
 # ----------------------------------------------------------------------------- plot
@@ -456,6 +574,31 @@ def ppl_figure(group: Group) -> Figure:
     return figure
 
 
+def position_figure(group: Group) -> Figure:
+    """Mean NLL against position in the window at the group's ``position_length`` (log x, each
+    bucket at its end position), ± one std shaded, one line per row; the training length
+    marked. The same canvas as ppl_figure."""
+    figure = Figure(figsize=FIGURE_INCHES, dpi=FIGURE_DPI)
+    axes = figure.add_subplot()
+    for row in group.rows:
+        if row.by_position is None:
+            continue
+        ends = np.array([end for _, end in row.by_position.buckets])
+        means = np.array([stat.mean for stat in row.by_position.nll])
+        stds = np.array([stat.std or 0.0 for stat in row.by_position.nll])
+        (line,) = axes.plot(ends, means, marker=".", label=row.label)
+        axes.fill_between(ends, means - stds, means + stds, color=line.get_color(), alpha=0.2)
+    axes.axvline(group.train_seq_len, color="grey", linestyle="--", label="train length")
+    axes.set_xscale("log", base=2)
+    axes.set_xlabel(f"position in the window (bucket end; window {group.position_length} tokens)")
+    axes.set_ylabel("NLL, nats per token (mean ± std over seeds)")
+    axes.set_title(group.title, fontsize="small")
+    axes.grid(True, which="both", alpha=0.3)
+    axes.legend(fontsize="small")
+    figure.tight_layout()
+    return figure
+
+
 # ----------------------------------------------------------------------------- writing
 
 
@@ -475,6 +618,11 @@ def write_tensorboard(report: Report, directory: Path) -> None:
                         writer.add_scalar("report/ppl", c.ppl.mean, global_step=c.length)
                     if c.ratio.n:
                         writer.add_scalar("report/ppl_ratio", c.ratio.mean, global_step=c.length)
+                if row.by_position is not None:
+                    for (_, end), stat in zip(
+                        row.by_position.buckets, row.by_position.nll, strict=True
+                    ):
+                        writer.add_scalar("report/loss_by_position", stat.mean, global_step=end)
 
 
 def write_report(report: Report, out: Path) -> list[Path]:
@@ -485,10 +633,14 @@ def write_report(report: Report, out: Path) -> list[Path]:
     atomic_write(written[1], csv_text(records).encode())
     write_json(written[2], json_content(report, records))
     for group in report.groups:
-        path = out / f"ppl_vs_length{'_' + group.name if group.name else ''}.png"
-        with atomic_path(path) as tmp:
-            ppl_figure(group).savefig(tmp, format="png", dpi=FIGURE_DPI)
-        written.append(path)
+        figures = {"ppl_vs_length": ppl_figure(group)}
+        if group.position_length is not None:
+            figures["loss_by_position"] = position_figure(group)
+        for stem, figure in figures.items():
+            path = out / f"{stem}{'_' + group.name if group.name else ''}.png"
+            with atomic_path(path) as tmp:
+                figure.savefig(tmp, format="png", dpi=FIGURE_DPI)
+            written.append(path)
     with replace_directory(out / "tensorboard") as tmp:
         write_tensorboard(report, tmp)
     written.append(out / "tensorboard")

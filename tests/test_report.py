@@ -217,3 +217,74 @@ def test_a_directory_without_finished_runs_is_a_one_line_error(tmp_path):
     with pytest.raises(PosbenchError, match="no finished run") as err:
         build_report(tmp_path)
     assert "\n" not in str(err.value)
+
+
+# ------------------------------------------------------------ loss by position (fast)
+
+
+def add_loss_by_position(run, length, nlls, tokens_per_position=1):
+    """Give the run's record at ``length`` a loss_by_position: {(start, end): nll}."""
+    results = json.loads((run / "results.json").read_text())
+    (record,) = [r for r in results["eval"] if r["length"] == length]
+    record["loss_by_position"] = [
+        {"start": s, "end": e, "nll": nll, "tokens": (e - s) * tokens_per_position}
+        for (s, e), nll in nlls.items()
+    ]
+    (run / "results.json").write_text(json.dumps(results))
+
+
+# train.seq_len 16: buckets before it, and after it of unequal size (8 and 16 positions)
+BUCKETS = [(0, 8), (8, 16), (16, 24), (24, 40)]
+
+
+def test_loss_by_position_is_averaged_over_seeds_at_the_longest_length(tmp_path):
+    for seed, nlls in enumerate(([2.0, 1.0, 3.0, 4.0], [4.0, 1.0, 5.0, 6.0])):
+        run = make_run(tmp_path / f"s{seed}", seed=seed, ppls={16: 5.0, 40: 6.0})
+        add_loss_by_position(run, 16, {(0, 8): 9.0, (8, 16): 9.0})  # shorter: not plotted
+        add_loss_by_position(run, 40, dict(zip(BUCKETS, nlls, strict=True)))
+    (group,) = build_report(tmp_path).groups
+    (row,) = group.rows
+    assert group.position_length == 40
+    assert row.by_position.buckets == BUCKETS
+    assert [stat.mean for stat in row.by_position.nll] == [3.0, 1.0, 4.0, 5.0]
+    assert row.by_position.nll[0].std == pytest.approx(np.std([2.0, 4.0], ddof=1))
+
+
+def test_nll_after_over_before_the_training_length_is_token_weighted_per_run(tmp_path):
+    run = make_run(tmp_path / "r", ppls={16: 5.0, 40: 6.0})
+    add_loss_by_position(run, 40, dict(zip(BUCKETS, [2.0, 1.0, 3.0, 4.0], strict=True)), 2)
+    (group,) = build_report(tmp_path).groups
+    curve = group.rows[0].by_position
+    before, after = (2.0 * 8 + 1.0 * 8) / 16, (3.0 * 8 + 4.0 * 16) / 24
+    assert (curve.before.mean, curve.after.mean) == pytest.approx((before, after))
+    assert curve.ratio.mean == pytest.approx(after / before)
+    assert f"| rope | 1 | 1.50 | {after:.2f} | {after / before:.2f} |" in markdown(
+        build_report(tmp_path)
+    )
+
+
+def test_report_writes_the_loss_by_position_figure_and_curves(tmp_path):
+    run = make_run(tmp_path / "r", ppls={16: 5.0, 40: 6.0})
+    add_loss_by_position(run, 40, dict(zip(BUCKETS, [2.0, 1.0, 3.0, 4.0], strict=True)))
+    out = tmp_path / "report"
+    write_report(build_report(tmp_path, out), out)
+    height, width, _ = image.imread(out / "loss_by_position.png").shape
+    assert (width, height) == (FIGURE_INCHES[0] * FIGURE_DPI, FIGURE_INCHES[1] * FIGURE_DPI)
+    (group,) = json.loads((out / "report.json").read_text())["groups"]
+    curve = group["loss_by_position"]["rows"]["rope"]
+    assert group["loss_by_position"]["length"] == 40
+    assert (curve["end"], curve["nll_mean"]) == ([8, 16, 24, 40], [2.0, 1.0, 3.0, 4.0])
+    events = EventAccumulator(str(out / "tensorboard" / "rope"))
+    events.Reload()
+    points = [(e.step, e.value) for e in events.Scalars("report/loss_by_position")]
+    assert points == [(8, 2.0), (16, 1.0), (24, 3.0), (40, 4.0)]
+
+
+def test_runs_without_loss_by_position_get_no_position_table_or_figure(tmp_path):
+    make_run(tmp_path / "r")  # results.json from before loss by position, or sliding windows
+    out = tmp_path / "report"
+    report = build_report(tmp_path, out)
+    write_report(report, out)
+    assert report.groups[0].position_length is None
+    assert "Loss by position" not in markdown(report)
+    assert not (out / "loss_by_position.png").exists()
