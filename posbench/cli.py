@@ -3,6 +3,7 @@
 posbench train [key=value ...] [-m ...]   Hydra app: compose conf/, train, evaluate
 posbench eval --length N [--run DIR] ...  re-evaluate a trained run at other lengths
 posbench report DIR [--out OUT]           tables, plot and TensorBoard comparison of a sweep
+posbench diagnose --length N [--run DIR]  attention statistics by position (posbench/diagnose.py)
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from torch.utils.tensorboard import SummaryWriter
 
 from posbench.checkpoint import CHECKPOINT_FILE
 from posbench.config import compose_config, config_dir, eval_lengths, register_schemas, validate
+from posbench.diagnose import diagnose_run, summary_table
 from posbench.encodings import encoding_names
 from posbench.encodings.rope import SCALING_METHODS
 from posbench.errors import PosbenchError
@@ -69,7 +71,7 @@ def group_options(group: str) -> list[str]:
 
 
 def main_help() -> str:
-    return f"""usage: posbench [--debug] {{train,eval,report}} ...
+    return f"""usage: posbench [--debug] {{train,eval,report,diagnose}} ...
 
 Train a small decoder-only transformer at a short context with a chosen positional
 encoding, then measure perplexity at longer lengths ("train short, test long").
@@ -78,6 +80,8 @@ commands:
   train    train and evaluate; Hydra overrides key=value, -m for sweeps (posbench train --help)
   eval     re-evaluate a trained run at any length (posbench eval --help)
   report   compare the runs of a sweep: tables, plot, TensorBoard (posbench report --help)
+  diagnose attention entropy, distance, sink and mass beyond the training length by query
+           position, per layer and head (posbench diagnose --help)
 
 --debug (or HYDRA_FULL_ERROR=1) shows the traceback behind an error message.
 
@@ -96,6 +100,7 @@ examples:
   posbench eval --length 2048
   posbench eval --length 1024 --length 4096 --run outputs/<date>/<time>_rope/
   posbench eval --length 8192 --rope-scaling yarn --factor 8
+  posbench diagnose --length 2048 --run outputs/<date>/<time>_alibi/
 """
 
 
@@ -472,6 +477,49 @@ def run_report(args: Sequence[str]) -> None:
     print("wrote " + ", ".join(str(path) for path in written))
 
 
+# ------------------------------------------------------------------------- diagnose
+
+
+def diagnose_parser() -> argparse.ArgumentParser:
+    parser = OneLineParser(
+        prog="posbench diagnose",
+        description="Exact attention statistics of a trained run on windows of its validation "
+        "split, per layer, head and query-position bucket: entropy, mean attended distance, "
+        "mass on the first token, mass at distances >= train.seq_len. Writes "
+        "DIR/diagnostics/L<N>.json, PNG figures and TensorBoard images.",
+    )
+    parser.add_argument(
+        "--length", type=positive_int, required=True, metavar="N", help="window length in tokens"
+    )
+    parser.add_argument(
+        "--run",
+        type=Path,
+        metavar="DIR",
+        help="run directory (default: the newest run under ./outputs)",
+    )
+    parser.add_argument(
+        "--windows",
+        type=positive_int,
+        default=4,
+        metavar="K",
+        help="validation windows averaged over (default: 4)",
+    )
+    parser.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
+    return parser
+
+
+def run_diagnose(args: Sequence[str]) -> None:
+    options = diagnose_parser().parse_args(list(args))
+    run_dir = options.run if options.run is not None else latest_run(Path("outputs"))
+    result, written = diagnose_run(run_dir, options.length, options.windows, options.device)
+    print(
+        f"{result['encoding']} trained at {result['train_seq_len']} ({run_dir}): attention at "
+        f"{result['length']} tokens, averaged over {result['windows']} windows"
+    )
+    print(summary_table(result))
+    print("wrote " + ", ".join(str(path) for path in written))
+
+
 # ----------------------------------------------------------------------------- main
 
 
@@ -482,10 +530,12 @@ def dispatch(command: str | None, rest: list[str]) -> None:
         run_eval(rest)
     elif command == "report":
         run_report(rest)
+    elif command == "diagnose":
+        run_diagnose(rest)
     elif command in (None, "-h", "--help", "help"):
         print(main_help())
     else:
-        fail(f"unknown command {command!r}; use `posbench train`, `eval` or `report`")
+        fail(f"unknown command {command!r}; use `posbench train`, `eval`, `report` or `diagnose`")
 
 
 def main(argv: Sequence[str] | None = None) -> None:

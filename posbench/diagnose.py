@@ -1,0 +1,359 @@
+"""``posbench diagnose``: what attention does inside and beyond the training length.
+
+On K validation windows of N tokens (the first K non-overlapping windows that ``posbench eval``
+scores at N), the exact attention probabilities of every layer and head,
+
+    p_ij = softmax_j(q_i . k_j / sqrt(hs) + score_bias(i, j)),  j <= i,
+
+with q and k rotated by the run's encoding, are summarised per query i and averaged over the
+queries of each position bucket (posbench.evaluate.position_buckets) in every window:
+
+    entropy                   -sum_j p_ij ln p_ij (nats); ln(i + 1) would be uniform attention
+    mean_distance             sum_j p_ij (i - j), in tokens
+    sink_mass                 p_i0: attention on the window's first token ("attention sink")
+    mass_beyond_train_length  sum of p_ij over keys with i - j >= train.seq_len: attention at
+                              distances training never showed (its largest distance is S - 1)
+
+Written to ``<run>/diagnostics/``: ``L<N>.json`` (every statistic as [layer][head][bucket]),
+``L<N>_entropy.png`` (entropy against query position, one panel per layer) and, when N exceeds
+the training length, ``L<N>_mass_beyond_train_length.png`` (a layer x head heatmap over the
+queries at positions >= train.seq_len); the same figures as TensorBoard images in the run.
+
+The model does not know it is observed: forward pre-hooks record each attention module's input,
+and q, k are recomputed from that module's own weights and the encoding's ``rotate`` and
+``score_bias``, so every encoding is diagnosed through its interface, never by its name.
+Queries are processed in blocks (DIAGNOSE_SCORE_ELEMENTS), so 16,384 tokens fit in 2 GB.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from matplotlib.figure import Figure
+from torch import nn
+from torch.utils.tensorboard import SummaryWriter
+
+from posbench.atomic import atomic_path, write_json
+from posbench.config import resolve_device
+from posbench.data import load_corpus
+from posbench.encodings import PositionalEncoding
+from posbench.errors import PosbenchError
+from posbench.evaluate import position_buckets, windows
+from posbench.memory import available_memory
+from posbench.model import Transformer
+from posbench.runs import load_run
+
+STATISTICS = ("entropy", "mean_distance", "sink_mass", "mass_beyond_train_length")
+DEFINITIONS = {
+    "entropy": "-sum_j p_ij ln p_ij over the keys j <= i of query i (nats)",
+    "mean_distance": "sum_j p_ij (i - j): the expected distance attended to (tokens)",
+    "sink_mass": "p_i0: attention on the window's first token",
+    "mass_beyond_train_length": "sum of p_ij over keys with i - j >= train_seq_len",
+    "mass_beyond_train_length_heatmap": "[layer][head] mass_beyond_train_length averaged "
+    "over the queries at positions >= train_seq_len (null when the window is not longer)",
+    "buckets": "each statistic is averaged over the queries of a bucket in every window",
+}
+# Scores per block of queries: the block's scores, log-probabilities, probabilities and three
+# products of them are alive at once, so about 6 x 4 bytes x 2^23 = 200 MB in float32.
+DIAGNOSE_SCORE_ELEMENTS = 2**23
+LIVE_SCORE_COPIES = 6
+DIAGNOSTICS_DIR = "diagnostics"
+FIGURE_DPI = 100
+
+
+# ----------------------------------------------------------------------------- attention
+
+
+def attention_inputs(model: Transformer, tokens: torch.Tensor) -> list[tuple[torch.Tensor, ...]]:
+    """Run ``model`` on ``tokens`` (B, T) and return each layer's attention input
+    ``(x (B, T, C), positions (T,))``, recorded by forward pre-hooks."""
+    recorded: list[tuple[torch.Tensor, ...]] = []
+
+    def record(module: nn.Module, args: tuple) -> None:
+        x, positions = args[:2]
+        recorded.append((x, positions))
+
+    hooks = [block.attn.register_forward_pre_hook(record) for block in model.blocks]
+    try:
+        model(tokens)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    return recorded
+
+
+def queries_keys(
+    attn: nn.Module, encoding: PositionalEncoding, x: torch.Tensor, positions: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The rotated queries and keys (B, H, T, hs) that ``attn`` computes from its input ``x``."""
+    B, T, C = x.shape
+    q, k, _ = attn.qkv(x).split(C, dim=2)
+    q, k = (t.view(B, T, attn.n_head, C // attn.n_head).transpose(1, 2) for t in (q, k))
+    return encoding.rotate(q, positions), encoding.rotate(k, positions)  # (B, H, T, hs) each
+
+
+def attention_probabilities(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    query_positions: torch.Tensor,
+    key_positions: torch.Tensor,
+    encoding: PositionalEncoding,
+) -> torch.Tensor:
+    """Causal attention probabilities of queries q (B, H, Tq, hs) over keys k (B, H, Tk, hs)
+    -> (B, H, Tq, Tk), with the encoding's score bias; keys after a query get 0."""
+    scores = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])  # (B, H, Tq, Tk)
+    bias = encoding.score_bias(query_positions, key_positions)  # (H, Tq, Tk) or None
+    if bias is not None:
+        scores = scores + bias.to(scores.dtype)
+    future = key_positions[None, :] > query_positions[:, None]  # (Tq, Tk)
+    return F.softmax(scores.masked_fill(future, float("-inf")), dim=-1)
+
+
+def query_statistics(
+    p: torch.Tensor, query_positions: torch.Tensor, key_positions: torch.Tensor, train_seq_len: int
+) -> torch.Tensor:
+    """STATISTICS of each query from its probabilities p (B, H, Tq, Tk) -> (4, B, H, Tq)."""
+    distance = (query_positions[:, None] - key_positions[None, :]).clamp(min=0).to(p.dtype)
+    return torch.stack(
+        [
+            torch.special.entr(p).sum(-1),  # entr(0) = 0: masked keys add nothing
+            (p * distance).sum(-1),
+            p[..., 0],
+            (p * (distance >= train_seq_len)).sum(-1),
+        ]
+    )
+
+
+def diagnose_block_size(rows: int, length: int) -> int:
+    """Queries per block when ``rows`` (batch x heads) attend over ``length`` keys:
+    DIAGNOSE_SCORE_ELEMENTS scores at most."""
+    return max(1, min(length, DIAGNOSE_SCORE_ELEMENTS // (rows * length)))
+
+
+def layer_statistics(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    positions: torch.Tensor,
+    encoding: PositionalEncoding,
+    train_seq_len: int,
+    bucket_of: torch.Tensor,
+    n_buckets: int,
+) -> torch.Tensor:
+    """STATISTICS of one layer, summed over the batch and the queries of each bucket ->
+    (4, H, n_buckets) float64. ``bucket_of`` (T,) is each position's bucket."""
+    B, H, T, _ = q.shape
+    sums = torch.zeros(len(STATISTICS), H, n_buckets, dtype=torch.float64, device=q.device)
+    block = diagnose_block_size(B * H, T)
+    for start in range(0, T, block):
+        end = min(start + block, T)  # queries [start, end) attend to keys [0, end)
+        query_positions, key_positions = positions[start:end], positions[:end]
+        p = attention_probabilities(
+            q[:, :, start:end], k[:, :, :end], query_positions, key_positions, encoding
+        )  # (B, H, e - s, e)
+        stats = query_statistics(p, query_positions, key_positions, train_seq_len)
+        sums.index_add_(2, bucket_of[start:end], stats.sum(1).double())  # (4, H, e - s)
+    return sums
+
+
+@torch.inference_mode()
+def diagnose(model: Transformer, windows_tokens: torch.Tensor, train_seq_len: int) -> dict:
+    """Attention statistics of ``model`` on ``windows_tokens`` (K, N): the content of
+    ``L<N>.json`` (see the module docstring), each statistic as [layer][head][bucket]."""
+    model.eval()
+    K, N = windows_tokens.shape
+    buckets = position_buckets(N, train_seq_len)
+    bucket_of = torch.zeros(N, dtype=torch.long, device=windows_tokens.device)  # (N,)
+    for i, (start, end) in enumerate(buckets):
+        bucket_of[start:end] = i
+    shape = (len(STATISTICS), model.args.n_layer, model.args.n_head, len(buckets))
+    sums = torch.zeros(shape, dtype=torch.float64)
+    for window in windows_tokens:  # one at a time: memory stays that of one window
+        inputs = attention_inputs(model, window[None])
+        for layer, (block, (x, positions)) in enumerate(zip(model.blocks, inputs, strict=True)):
+            q, k = queries_keys(block.attn, model.encoding, x, positions)
+            sums[:, layer] += layer_statistics(
+                q, k, positions, model.encoding, train_seq_len, bucket_of, len(buckets)
+            ).cpu()
+    queries = torch.tensor([K * (end - start) for start, end in buckets], dtype=torch.float64)
+    means = sums / queries  # (4, L, H, buckets)
+    after = [i for i, (start, _) in enumerate(buckets) if start >= train_seq_len]
+    heatmap = None
+    if after:  # query-weighted over the buckets at positions >= train_seq_len
+        weights = queries[after] / queries[after].sum()
+        heatmap = means[STATISTICS.index("mass_beyond_train_length")][..., after] @ weights
+    return {
+        "length": N,
+        "windows": K,
+        "train_seq_len": train_seq_len,
+        "encoding": model.encoding.config.name,
+        **model.encoding.scaling_record(N),
+        "n_layer": model.args.n_layer,
+        "n_head": model.args.n_head,
+        "buckets": [
+            {"start": start, "end": end, "queries": int(n)}
+            for (start, end), n in zip(buckets, queries.tolist(), strict=True)
+        ],
+        **{name: means[i].tolist() for i, name in enumerate(STATISTICS)},
+        "mass_beyond_train_length_heatmap": None if heatmap is None else heatmap.tolist(),
+        "definitions": DEFINITIONS,
+    }
+
+
+# ----------------------------------------------------------------------------- a run
+
+
+def diagnosis_memory_bytes(model: Transformer, length: int) -> int:
+    """An upper estimate of the memory ``diagnose`` adds for one window of ``length`` tokens:
+    the forward pass (Transformer.inference_memory_bytes), the recorded attention inputs of
+    every layer, one layer's q and k, and one block of scores."""
+    a = model.args
+    elements = a.n_layer * length * a.d_model + 2 * length * a.d_model
+    elements += LIVE_SCORE_COPIES * a.n_head * diagnose_block_size(a.n_head, length) * length
+    element_size = model.lm_head.weight.element_size()
+    return model.inference_memory_bytes(1, length) + elements * element_size
+
+
+def check_diagnosable(model: Transformer, length: int, device: torch.device) -> None:
+    """A one-line error when ``length`` is past the encoding's positions or does not fit."""
+    if model.max_length is not None and length > model.max_length:
+        raise PosbenchError(
+            f"the {model.encoding.config.name} encoding represents {model.max_length} "
+            f"positions; diagnose at --length <= {model.max_length}"
+        )
+    available = available_memory(device)
+    needed = diagnosis_memory_bytes(model, length)
+    if available is not None and needed > available:
+        raise PosbenchError(
+            f"diagnosing {length} tokens needs about {needed / 1e9:.1f} GB and only "
+            f"{available / 1e9:.1f} GB is available on {device.type}; pass a shorter --length"
+        )
+
+
+def validation_windows(tokens: torch.Tensor, length: int, n_windows: int) -> torch.Tensor:
+    """The first ``n_windows`` non-overlapping windows of ``length`` tokens -> (K, length)."""
+    starts = [start for start, _ in windows(len(tokens), length, None)][:n_windows]
+    if len(starts) < n_windows:
+        raise PosbenchError(
+            f"the validation split has {len(tokens)} tokens: {len(starts)} windows of "
+            f"{length} tokens, fewer than --windows {n_windows}; pass --windows <= "
+            f"{len(starts)} or a shorter --length"
+            if starts
+            else f"the validation split has {len(tokens)} tokens; --length {length} needs at "
+            f"least {length + 1}"
+        )
+    return torch.stack([tokens[s : s + length] for s in starts]).long()  # (K, length)
+
+
+def diagnose_run(
+    run_dir: str | Path, length: int, n_windows: int = 4, device: str = "auto"
+) -> tuple[dict[str, Any], list[Path]]:
+    """Diagnose a trained run at ``length`` on ``n_windows`` windows of its validation split
+    (the split and windows ``posbench eval`` scores); write the JSON, the figures and the
+    TensorBoard images. Returns the JSON content and the paths written."""
+    run_dir = Path(run_dir)
+    model, cfg = load_run(run_dir, resolve_device(device))
+    model_device = next(model.parameters()).device
+    check_diagnosable(model, length, model_device)
+    tokens = validation_windows(load_corpus(cfg.data).val, length, n_windows)
+    result = diagnose(model, tokens.to(model_device), cfg.train.seq_len)
+    return result, write_diagnostics(run_dir, result)
+
+
+# ----------------------------------------------------------------------------- outputs
+
+
+def bucket_ends(result: dict[str, Any]) -> np.ndarray:
+    return np.array([b["end"] for b in result["buckets"]])
+
+
+def entropy_figure(result: dict[str, Any]) -> Figure:
+    """Entropy against query position (log x, each bucket at its end), one panel per layer,
+    one line per head; uniform attention's entropy dashed, the training length marked."""
+    n_layer = result["n_layer"]
+    figure = Figure(figsize=(4 * n_layer, 3.5), dpi=FIGURE_DPI, layout="constrained")
+    axes = figure.subplots(1, n_layer, squeeze=False, sharey=True)[0]
+    ends = bucket_ends(result)
+    uniform = [np.log(np.arange(b["start"], b["end"]) + 1).mean() for b in result["buckets"]]
+    for layer, ax in enumerate(axes):
+        for head, entropy in enumerate(result["entropy"][layer]):
+            ax.plot(ends, entropy, marker=".", label=f"head {head}")
+        ax.plot(ends, uniform, color="black", linestyle=":", label="uniform")
+        ax.axvline(result["train_seq_len"], color="grey", linestyle="--", label="train length")
+        ax.set_xscale("log", base=2)
+        ax.set_title(f"layer {layer}", fontsize="small")
+        ax.set_xlabel("query position (bucket end)")
+        ax.grid(True, alpha=0.3)
+    axes[0].set_ylabel("attention entropy (nats)")
+    axes[-1].legend(fontsize="x-small")
+    figure.suptitle(f"{result['encoding']}: attention entropy at {result['length']} tokens")
+    return figure
+
+
+def heatmap_figure(result: dict[str, Any]) -> Figure:
+    """The layer x head heatmap of mass_beyond_train_length over queries past the training
+    length, each cell labelled with its value."""
+    values = np.array(result["mass_beyond_train_length_heatmap"])  # (L, H)
+    size = (1.2 * values.shape[1] + 2, 0.8 * values.shape[0] + 1.5)
+    figure = Figure(figsize=size, dpi=FIGURE_DPI, layout="constrained")
+    ax = figure.subplots()
+    image = ax.imshow(values, vmin=0.0, vmax=1.0, cmap="viridis")
+    for (layer, head), value in np.ndenumerate(values):
+        ax.text(head, layer, f"{value:.2f}", ha="center", va="center", color="w", fontsize=8)
+    ax.set_xticks(range(values.shape[1]))
+    ax.set_yticks(range(values.shape[0]))
+    ax.set_xlabel("head")
+    ax.set_ylabel("layer")
+    ax.set_title(
+        f"{result['encoding']}: mass at distance >= {result['train_seq_len']}\n"
+        f"(queries {result['train_seq_len']}..{result['length'] - 1})",
+        fontsize="small",
+    )
+    figure.colorbar(image, ax=ax)
+    return figure
+
+
+def figures(result: dict[str, Any]) -> dict[str, Figure]:
+    """The figures of a diagnosis by name (the heatmap only when the window is longer than
+    the training length: before it no key is that far)."""
+    named = {"entropy": entropy_figure(result)}
+    if result["mass_beyond_train_length_heatmap"] is not None:
+        named["mass_beyond_train_length"] = heatmap_figure(result)
+    return named
+
+
+def write_diagnostics(run_dir: Path, result: dict[str, Any]) -> list[Path]:
+    """``<run>/diagnostics/L<N>.json`` and ``L<N>_<figure>.png``, each atomically, and the
+    figures as TensorBoard images ``diagnostics/L<N>/<figure>`` in the run."""
+    out = run_dir / DIAGNOSTICS_DIR
+    stem = f"L{result['length']}"
+    written = [out / f"{stem}.json"]
+    write_json(written[0], result)
+    named = figures(result)
+    for name, figure in named.items():
+        path = out / f"{stem}_{name}.png"
+        with atomic_path(path) as tmp:
+            figure.savefig(tmp, format="png", dpi=FIGURE_DPI)
+        written.append(path)
+    with SummaryWriter(log_dir=str(run_dir)) as writer:
+        for name, figure in named.items():
+            writer.add_figure(f"{DIAGNOSTICS_DIR}/{stem}/{name}", figure)
+    return written
+
+
+def summary_table(result: dict[str, Any]) -> str:
+    """One line per layer and head: each statistic averaged over all the window's queries."""
+    queries = np.array([b["queries"] for b in result["buckets"]], dtype=float)
+    header = "| layer | head | " + " | ".join(STATISTICS) + " |"
+    lines = [header, "|" + " --- |" * (2 + len(STATISTICS))]
+    for layer in range(result["n_layer"]):
+        for head in range(result["n_head"]):
+            values = [
+                float(np.average(result[name][layer][head], weights=queries)) for name in STATISTICS
+            ]
+            lines.append(f"| {layer} | {head} | " + " | ".join(f"{v:.3f}" for v in values) + " |")
+    return "\n".join(lines)

@@ -1,0 +1,225 @@
+"""posbench diagnose: exact attention statistics, checked against closed forms and the model."""
+
+import json
+import subprocess
+
+import numpy as np
+import pytest
+import torch
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from posbench import diagnose as diagnose_module
+from posbench.config import compose_config
+from posbench.data import load_corpus
+from posbench.diagnose import (
+    STATISTICS,
+    attention_inputs,
+    attention_probabilities,
+    check_diagnosable,
+    diagnose,
+    diagnose_run,
+    diagnosis_memory_bytes,
+    queries_keys,
+    validation_windows,
+)
+from posbench.encodings import build_encoding, encoding_names
+from posbench.encodings.alibi import alibi_slopes
+from posbench.errors import PosbenchError
+from posbench.evaluate import position_buckets, windows
+from posbench.model import ModelArgs, Transformer, build_model
+from posbench.runs import load_run_config
+from posbench.train import train
+
+S = 16  # the training length of the hand-built models
+
+
+def zero_qk_alibi_model() -> Transformer:
+    """One ALiBi layer whose q and k are zero: query i attends to key j with weight
+    proportional to exp(-m (i - j)), whatever the tokens."""
+    model = Transformer(
+        ModelArgs(n_layer=1, n_head=2, d_model=8), build_encoding({"name": "alibi"}, 8, 2)
+    )
+    torch.nn.init.zeros_(model.blocks[0].attn.qkv.weight)
+    return model.double()  # float64: the statistics can be compared to 1e-9
+
+
+def closed_form(m: float, i: int) -> dict[str, float]:
+    """The statistics of query i when p_ij = r^(i - j) / Z, r = exp(-m), from the geometric
+    series: Z = sum_{d=0}^{i} r^d, E[d] = sum d r^d / Z, H = ln Z + m E[d]."""
+    r = np.exp(-m)
+    z = (1 - r ** (i + 1)) / (1 - r)
+    mean_d = r * (1 - (i + 1) * r**i + i * r ** (i + 1)) / (1 - r) ** 2 / z
+    beyond = (r**S - r ** (i + 1)) / (1 - r) / z if i >= S else 0.0
+    return {
+        "entropy": np.log(z) + m * mean_d,
+        "mean_distance": mean_d,
+        "sink_mass": r**i / z,
+        "mass_beyond_train_length": beyond,
+    }
+
+
+@pytest.mark.parametrize("block_elements", [2**23, 2 * 48 * 5])  # one block; blocks of 5
+def test_zero_qk_alibi_statistics_equal_the_closed_form(monkeypatch, block_elements):
+    monkeypatch.setattr(diagnose_module, "DIAGNOSE_SCORE_ELEMENTS", block_elements)
+    tokens = torch.randint(0, 256, (3, 48))
+    result = diagnose(zero_qk_alibi_model(), tokens, train_seq_len=S)
+    assert [(b["start"], b["end"]) for b in result["buckets"]] == position_buckets(48, S)
+    for head, m in enumerate(alibi_slopes(2).tolist()):
+        for bucket, b in enumerate(result["buckets"]):
+            queries = range(b["start"], b["end"])
+            for name in STATISTICS:
+                expected = np.mean([closed_form(m, i)[name] for i in queries])
+                assert result[name][0][head][bucket] == pytest.approx(expected, rel=1e-9, abs=1e-12)
+
+
+def test_the_heatmap_is_the_mass_beyond_averaged_over_queries_past_the_training_length():
+    result = diagnose(zero_qk_alibi_model(), torch.randint(0, 256, (1, 48)), train_seq_len=S)
+    for head, m in enumerate(alibi_slopes(2).tolist()):
+        expected = np.mean([closed_form(m, i)["mass_beyond_train_length"] for i in range(S, 48)])
+        assert result["mass_beyond_train_length_heatmap"][0][head] == pytest.approx(expected)
+
+
+def test_within_the_training_length_nothing_is_beyond_it_and_there_is_no_heatmap():
+    result = diagnose(zero_qk_alibi_model(), torch.randint(0, 256, (2, S)), train_seq_len=S)
+    assert result["mass_beyond_train_length_heatmap"] is None
+    assert np.all(np.array(result["mass_beyond_train_length"]) == 0.0)
+
+
+def test_buckets_count_every_query_of_every_window():
+    result = diagnose(zero_qk_alibi_model(), torch.randint(0, 256, (3, 40)), train_seq_len=S)
+    assert [b["queries"] for b in result["buckets"]] == [
+        3 * (end - start) for start, end in position_buckets(40, S)
+    ]
+
+
+@pytest.mark.parametrize(
+    "encoding",
+    [{"name": name} for name in encoding_names()]
+    + [{"name": "rope", "scaling": {"method": "yarn", "factor": 4.0, "original_length": 8}}],
+    ids=lambda e: e["name"] + ("+yarn" if "scaling" in e else ""),
+)
+def test_the_recomputed_probabilities_reproduce_each_layers_attention_output(encoding):
+    torch.manual_seed(0)
+    model = build_model({"n_layer": 2, "n_head": 2, "d_model": 16}, encoding).eval()
+    tokens = torch.randint(0, 256, (2, 24))
+    outputs = []
+    hooks = [
+        block.attn.register_forward_hook(lambda module, args, out: outputs.append(out))
+        for block in model.blocks
+    ]
+    with torch.no_grad():
+        inputs = attention_inputs(model, tokens)
+    for hook in hooks:
+        hook.remove()
+    for block, (x, positions), output in zip(model.blocks, inputs, outputs, strict=True):
+        q, k = queries_keys(block.attn, model.encoding, x, positions)
+        p = attention_probabilities(q, k, positions, positions, model.encoding)  # (B, H, T, T)
+        v = block.attn.qkv(x)[..., 32:].view(2, 24, 2, 8).transpose(1, 2)  # (B, H, T, hs)
+        y = block.attn.proj((p @ v).transpose(1, 2).reshape(2, 24, 16))
+        torch.testing.assert_close(y, output, rtol=1e-5, atol=1e-6)
+
+
+def test_sixteen_thousand_tokens_of_the_default_model_fit_in_two_gigabytes():
+    cfg = compose_config([])
+    model = build_model(cfg.model, cfg.encoding)
+    assert diagnosis_memory_bytes(model, 16384) < 2e9
+
+
+# ----------------------------------------------------------------------------- errors
+
+
+def test_a_length_past_a_learned_table_is_one_line():
+    model = build_model({"n_layer": 1, "n_head": 2, "d_model": 8}, {"name": "learned"})
+    with pytest.raises(PosbenchError, match="--length <= ") as err:
+        check_diagnosable(model, model.max_length + 1, torch.device("cpu"))
+    assert "\n" not in str(err.value)
+
+
+def test_more_windows_than_the_split_holds_is_one_line():
+    with pytest.raises(PosbenchError, match="pass --windows <= 3") as err:
+        validation_windows(torch.zeros(100, dtype=torch.uint8), 32, 5)
+    assert "\n" not in str(err.value)
+
+
+def test_a_length_longer_than_the_split_is_one_line():
+    with pytest.raises(PosbenchError, match="needs at least 101"):
+        validation_windows(torch.zeros(100, dtype=torch.uint8), 100, 1)
+
+
+def test_a_missing_run_is_one_line(tmp_path):
+    with pytest.raises(PosbenchError, match="not found") as err:
+        diagnose_run(tmp_path / "nowhere", 64)
+    assert "\n" not in str(err.value)
+
+
+# ----------------------------------------------------------------------------- a run
+
+
+@pytest.fixture(scope="module")
+def alibi_run(tmp_path_factory, cache_dir):
+    from conftest import TINY
+
+    run_dir = tmp_path_factory.mktemp("alibi")
+    overrides = [*TINY, "encoding=alibi", "train.steps=10", f"data.cache_dir={cache_dir}"]
+    train(compose_config(overrides), run_dir)
+    return run_dir
+
+
+def test_diagnose_run_writes_json_figures_and_tensorboard_images(alibi_run):
+    result, written = diagnose_run(alibi_run, 64, n_windows=2)
+    out = alibi_run / "diagnostics"
+    assert written == [
+        out / "L64.json",
+        out / "L64_entropy.png",
+        out / "L64_mass_beyond_train_length.png",
+    ]
+    assert json.loads((out / "L64.json").read_text()) == json.loads(json.dumps(result))
+    assert all(path.read_bytes()[:4] == b"\x89PNG" for path in written[1:])
+    events = EventAccumulator(str(alibi_run))
+    events.Reload()
+    images = set(events.Tags()["images"])
+    assert {"diagnostics/L64/entropy", "diagnostics/L64/mass_beyond_train_length"} <= images
+
+
+def test_diagnose_run_uses_the_windows_posbench_eval_scores(alibi_run, monkeypatch):
+    seen = []
+    monkeypatch.setattr(
+        diagnose_module, "diagnose", lambda model, tokens, s: seen.append(tokens) or {}
+    )
+    monkeypatch.setattr(diagnose_module, "write_diagnostics", lambda run_dir, result: [])
+    diagnose_run(alibi_run, 32, n_windows=3)
+    val = load_corpus(load_run_config(alibi_run).data).val
+    starts = [start for start, _ in windows(len(val), 32, None)][:3]
+    assert torch.equal(seen[0], torch.stack([val[s : s + 32] for s in starts]).long())
+
+
+@pytest.mark.slow
+def test_the_diagnose_command_prints_a_table_and_writes_the_files(alibi_run, tmp_path):
+    result = subprocess.run(
+        ["posbench", "diagnose", "--run", str(alibi_run), "--length", "32", "--windows", "1"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "| layer | head | entropy |" in result.stdout
+    assert (alibi_run / "diagnostics" / "L32.json").is_file()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--run", "nowhere", "--length", "64"], "run directory nowhere not found"),
+        (["--run", "nowhere"], "the following arguments are required: --length"),
+        (["--length", "64", "--windows", "0"], "expected a positive integer"),
+    ],
+)
+def test_diagnose_errors_are_one_line(tmp_path, args, message):
+    result = subprocess.run(
+        ["posbench", "diagnose", *args], cwd=tmp_path, capture_output=True, text=True, timeout=600
+    )
+    assert result.returncode == 2
+    assert result.stderr.startswith("error: ") and result.stderr.count("\n") == 1
+    assert message in result.stderr
