@@ -8,11 +8,20 @@ Python API (stable):
     records = posbench.evaluate(model, tokens, [1024])       # any model, any byte tensor
     overrides = posbench.rope_scaling_overrides(cfg, "yarn", 8.0)  # eval-time RoPE extension
     records = posbench.evaluate_run(run_dir, [8192], encoding_overrides=overrides)
+    diagnosis, paths = posbench.diagnose_run(run_dir, 2048, n_windows=4)  # attention statistics
 """
 
+from posbench.diagnose import diagnose_run
 from posbench.evaluate import evaluate, evaluate_run, rope_scaling_overrides
 from posbench.runs import load_run
 from posbench.train import train
 
 __version__ = "0.1.0"
-__all__ = ["evaluate", "evaluate_run", "load_run", "rope_scaling_overrides", "train"]
+__all__ = [
+    "diagnose_run",
+    "evaluate",
+    "evaluate_run",
+    "load_run",
+    "rope_scaling_overrides",
+    "train",
+]

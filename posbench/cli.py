@@ -368,6 +368,20 @@ def scale_factor(text: str) -> float:
     return value
 
 
+def add_run_argument(parser: argparse.ArgumentParser) -> None:
+    """``--run DIR``; ``chosen_run`` turns its absence into the newest run."""
+    parser.add_argument(
+        "--run",
+        type=Path,
+        metavar="DIR",
+        help="run directory (default: the newest run under ./outputs)",
+    )
+
+
+def chosen_run(options: argparse.Namespace) -> Path:
+    return options.run if options.run is not None else latest_run(Path("outputs"))
+
+
 def eval_parser() -> argparse.ArgumentParser:
     parser = OneLineParser(
         prog="posbench eval",
@@ -381,12 +395,7 @@ def eval_parser() -> argparse.ArgumentParser:
         metavar="N",
         help="evaluation length in tokens; repeat for several (default: the run's eval.lengths)",
     )
-    parser.add_argument(
-        "--run",
-        type=Path,
-        metavar="DIR",
-        help="run directory (default: the newest run under ./outputs)",
-    )
+    add_run_argument(parser)
     parser.add_argument(
         "--stride",
         type=positive_int,
@@ -426,7 +435,7 @@ def run_eval(args: Sequence[str]) -> None:
     options = eval_parser().parse_args(list(args))
     if options.factor is not None and options.rope_scaling is None:
         fail("--factor needs --rope-scaling METHOD (see posbench eval --help)")
-    run_dir = options.run if options.run is not None else latest_run(Path("outputs"))
+    run_dir = chosen_run(options)
     cfg = load_run_config(run_dir)  # for the defaults; evaluate_run loads the weights
     lengths = options.length or eval_lengths(cfg)
     if options.stride is not None and options.stride > min(lengths):
@@ -491,12 +500,7 @@ def diagnose_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--length", type=positive_int, required=True, metavar="N", help="window length in tokens"
     )
-    parser.add_argument(
-        "--run",
-        type=Path,
-        metavar="DIR",
-        help="run directory (default: the newest run under ./outputs)",
-    )
+    add_run_argument(parser)
     parser.add_argument(
         "--windows",
         type=positive_int,
@@ -510,7 +514,7 @@ def diagnose_parser() -> argparse.ArgumentParser:
 
 def run_diagnose(args: Sequence[str]) -> None:
     options = diagnose_parser().parse_args(list(args))
-    run_dir = options.run if options.run is not None else latest_run(Path("outputs"))
+    run_dir = chosen_run(options)
     result, written = diagnose_run(run_dir, options.length, options.windows, options.device)
     print(
         f"{result['encoding']} trained at {result['train_seq_len']} ({run_dir}): attention at "

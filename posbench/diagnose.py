@@ -303,7 +303,8 @@ def heatmap_figure(result: dict[str, Any]) -> Figure:
     ax = figure.subplots()
     image = ax.imshow(values, vmin=0.0, vmax=1.0, cmap="viridis")
     for (layer, head), value in np.ndenumerate(values):
-        ax.text(head, layer, f"{value:.2f}", ha="center", va="center", color="w", fontsize=8)
+        color = "white" if value < 0.6 else "black"  # readable on the dark and the light end
+        ax.text(head, layer, f"{value:.2f}", ha="center", va="center", color=color, fontsize=8)
     ax.set_xticks(range(values.shape[1]))
     ax.set_yticks(range(values.shape[0]))
     ax.set_xlabel("head")
