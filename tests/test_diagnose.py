@@ -208,6 +208,12 @@ def test_the_diagnose_command_prints_a_table_and_writes_the_files(alibi_run, tmp
 
 
 @pytest.mark.slow
+def test_top_level_help_lists_the_diagnose_command(tmp_path):
+    result = subprocess.run(["posbench", "--help"], capture_output=True, text=True, cwd=tmp_path)
+    assert "diagnose" in result.stdout
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("args", "message"),
     [
