@@ -58,8 +58,9 @@ DEFINITIONS = {
     "over the queries at positions >= train_seq_len (null when the window is not longer)",
     "buckets": "each statistic is averaged over the queries of a bucket in every window",
 }
-# Scores per block of queries: the block's scores, log-probabilities, probabilities and three
-# products of them are alive at once, so about 6 x 4 bytes x 2^23 = 200 MB in float32.
+# Scores per block of queries. At most about six tensors of that size are alive at once (the
+# scores, the encoding's bias and its intermediates, the biased and masked scores, the
+# probabilities, one statistic's product), so about 6 x 4 bytes x 2^23 = 200 MB in float32.
 DIAGNOSE_SCORE_ELEMENTS = 2**23
 LIVE_SCORE_COPIES = 6
 DIAGNOSTICS_DIR = "diagnostics"
@@ -161,7 +162,9 @@ def layer_statistics(
 
 
 @torch.inference_mode()
-def diagnose(model: Transformer, windows_tokens: torch.Tensor, train_seq_len: int) -> dict:
+def diagnose(
+    model: Transformer, windows_tokens: torch.Tensor, train_seq_len: int
+) -> dict[str, Any]:
     """Attention statistics of ``model`` on ``windows_tokens`` (K, N): the content of
     ``L<N>.json`` (see the module docstring), each statistic as [layer][head][bucket]."""
     model.eval()
