@@ -11,6 +11,7 @@ from conftest import TINY, TINY_RUN
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from posbench.config import compose_config
+from posbench.evaluate import position_buckets
 from posbench.runs import save_config
 
 pytestmark = pytest.mark.slow
@@ -143,6 +144,7 @@ def test_eval_logs_the_loss_by_position_it_writes_to_results_json(trained):
     events.Reload()
     logged = [(e.step, e.value) for e in events.Scalars("eval/loss_by_position/L64/linear")]
     buckets = record["loss_by_position"]
+    assert [(b["start"], b["end"]) for b in buckets] == position_buckets(64, 16)  # train.seq_len
     assert logged == [(b["end"], pytest.approx(b["nll"])) for b in buckets]
 
 

@@ -9,6 +9,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from posbench.config import compose_config
 from posbench.encodings import encoding_names
+from posbench.evaluate import position_buckets
 from posbench.model import build_model
 from posbench.train import lr_at, make_optimizer, train
 
@@ -107,6 +108,8 @@ def test_tensorboard_plots_each_lengths_loss_by_position_at_the_buckets_end_posi
         logged = scalars(run_dir, f"eval/loss_by_position/L{record['length']}")
         buckets = record["loss_by_position"]
         assert logged == [(b["end"], pytest.approx(b["nll"])) for b in buckets]
+        expected = position_buckets(record["length"], 16)  # around train.seq_len
+        assert [(b["start"], b["end"]) for b in buckets] == expected
 
 
 def test_tensorboard_hparams_record_the_encoding_and_final_metrics(rope_run):
