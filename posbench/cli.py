@@ -51,6 +51,7 @@ from posbench.runs import (
 from posbench.signals import handling
 from posbench.tables import data_baselines, eval_table
 from posbench.tensorboard_log import log_eval_records
+from posbench.threads import AUTO, use_threads
 from posbench.train import TrainingInterrupted, train
 
 # Launchers (joblib, submitit) run train_job in fresh processes that import this module but
@@ -250,6 +251,8 @@ def resumed_config(cfg: DictConfig, run_dir: Path) -> DictConfig:
     if not (run_dir / CHECKPOINT_FILE).is_file():
         return cfg
     resumed = saved_config(run_dir)
+    for key in cfg.keys() - resumed.keys():  # added to posbench after the run was saved
+        resumed[key] = cfg[key]
     for override in OverridesParser.create().parse_overrides(HydraConfig.get().overrides.task):
         key = override.get_key_element().lstrip("+~")
         if not key.startswith("hydra."):
@@ -353,6 +356,18 @@ def positive_int(text: str) -> int:
     return value
 
 
+def threads_setting(text: str) -> int | str:
+    """``--threads``: auto or a positive integer, as the ``threads`` config key."""
+    if text == AUTO:
+        return AUTO
+    try:
+        return positive_int(text)
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(
+            f"expected auto or a positive integer, got {text!r}"
+        ) from None
+
+
 def scale_factor(text: str) -> float:
     try:
         value = float(text)
@@ -397,6 +412,14 @@ def eval_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
     parser.add_argument(
+        "--threads",
+        type=threads_setting,
+        default=AUTO,
+        metavar="N",
+        help="CPU threads: auto (the cores this process may use, divided among the jobs "
+        "torchrun runs at once) or a positive integer, e.g. 1 for evaluations run side by side",
+    )
+    parser.add_argument(
         "--rope-scaling",
         choices=list(SCALING_METHODS),
         metavar="METHOD",
@@ -429,6 +452,7 @@ def run_eval(args: Sequence[str]) -> None:
     overrides = None
     if options.rope_scaling is not None:
         overrides = rope_scaling_overrides(cfg, options.rope_scaling, options.factor)
+    use_threads(options.threads)
     records = evaluate_run(
         run_dir,
         lengths,

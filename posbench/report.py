@@ -43,6 +43,7 @@ NOT_A_SETTING = (
     "seed",
     "encoding",
     "device",
+    "threads",
     "eval",
     "data.cache_dir",
     "train.log_every",
