@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import NoReturn
 
 import hydra
-import torch
 from hydra._internal.utils import get_args_parser
 from hydra.core.hydra_config import HydraConfig
 from hydra.core.override_parser.overrides_parser import OverridesParser
@@ -37,7 +36,7 @@ from posbench.encodings import encoding_names
 from posbench.encodings.rope import SCALING_METHODS
 from posbench.errors import PosbenchError
 from posbench.evaluate import evaluate_run, rope_scaling_overrides
-from posbench.model import build_model
+from posbench.model import check_model_config
 from posbench.output_dirs import register_unique_dir_resolver, unclaimed
 from posbench.report import build_report, markdown, write_report
 from posbench.runs import (
@@ -193,8 +192,7 @@ def check_overrides(overrides: Sequence[str], multirun: bool) -> None:
     for candidate in candidates:
         cfg = compose_or_fail(candidate, with_hydra=True)
         validate(cfg)
-        with torch.device("meta"):  # shapes only: checks the encoding fits the model, instantly
-            build_model(cfg.model, cfg.encoding)
+        check_model_config(cfg.model, cfg.encoding)
         with unclaimed():  # Hydra claims the directory when the job starts
             check_can_create(Path(cfg.hydra.sweep.dir if multirun else cfg.hydra.run.dir))
 

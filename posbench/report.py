@@ -24,11 +24,9 @@ from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from matplotlib.figure import Figure
-from matplotlib.ticker import StrMethodFormatter
 from omegaconf import OmegaConf
 from torch.utils.tensorboard import SummaryWriter
 
@@ -36,6 +34,9 @@ from posbench.atomic import atomic_path, atomic_write, replace_directory, write_
 from posbench.config import flat_config
 from posbench.errors import PosbenchError
 from posbench.runs import CONFIG_FILE, RESULTS_FILE, read_results, scaling_method
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 # Keys that do not change the trained model, so runs differing only in them are averaged.
 # Seed is what is averaged over; encoding makes the rows; eval records are per length anyway.
@@ -433,6 +434,10 @@ def json_content(report: Report, records: Sequence[dict[str, Any]]) -> dict[str,
 def ppl_figure(group: Group) -> Figure:
     """Mean perplexity against evaluation length (log-log), ± one std shaded, one line per
     row; a fixed FIGURE_INCHES x FIGURE_DPI canvas so every report image has the same size."""
+    # matplotlib takes a second to import: only commands that draw pay for it
+    from matplotlib.figure import Figure
+    from matplotlib.ticker import StrMethodFormatter
+
     figure = Figure(figsize=FIGURE_INCHES, dpi=FIGURE_DPI)
     axes = figure.add_subplot()
     for row in group.rows:
