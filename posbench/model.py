@@ -224,7 +224,7 @@ def check_model_config(model: Mapping[str, Any], encoding: Mapping[str, Any]) ->
     """Raise the PosbenchError ``build_model`` would raise for these configs, without building
     the model: its checks are the model's shape (ModelArgs) and the encoding's own, and an
     encoding's parameters are small. Even on the meta device, initialising the weights would
-    cost more than the check (meta normal_ imports torch._dynamo: about a second)."""
+    cost more than the check (meta normal_ imports torch._dynamo, as slow as importing torch)."""
     args = ModelArgs(**model)
     build_encoding(encoding, args.d_model, args.n_head)
 

@@ -1,9 +1,9 @@
 """How many CPU threads a run computes with (the ``threads`` config key).
 
 PyTorch starts one OpenMP thread per core it may use. Two jobs started side by side then run
-twice as many busy threads as there are cores, and they thrash: on 2 cores, two such jobs took
-5.4x the time of running them one after the other, while with one thread each the pair was
-1.2x faster than serial. So ``threads=auto`` gives each job its share of the cores: the cores
+twice as many busy threads as there are cores, and they thrash (issue 9, on 2 cores: two such
+jobs took 5.4x the time of running them one after the other; with one thread each, the pair
+was 1.2x faster than serial). So ``threads=auto`` gives each job its share of the cores: the cores
 this process may use divided by the posbench jobs that run at once by construction (a joblib
 sweep's workers, torchrun's local ranks). Jobs started by hand from the shell cannot be known
 in advance: pass ``threads=1`` to each (README, "Launchers"), and the busy-machine warning
@@ -129,13 +129,13 @@ def use_threads(
     load = load_average()
     if load is not None and machine_busy(load, threads):
         log.warning(
-            "the machine is busy: 1-min load average %.1f on %d cores, beyond what this run's "
-            "%d thread(s) x %d job(s) account for; jobs started side by side should each get "
-            "their share (threads=1, or threads=N with N x jobs <= %d cores)",
+            "the machine is busy: 1-min load average %.1f on %d cores, more than this run's "
+            "%d job(s) x %d thread(s) explain; jobs run side by side should share the cores: "
+            "threads=1 each, or threads=N with N x jobs <= %d",
             load,
             cores,
-            threads.threads,
             jobs,
+            threads.threads,
             cores,
         )
     return threads
