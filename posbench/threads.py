@@ -39,7 +39,8 @@ class Threads:
     def describe(self) -> str:
         """``threads 1 (auto: 2 cores / 2 jobs at once)`` or ``threads 4 (set; 2 cores)``."""
         if self.setting == AUTO:
-            return f"threads {self.threads} (auto: {self.cores} cores / {self.jobs} jobs at once)"
+            jobs = f"{self.jobs} jobs" if self.jobs > 1 else "1 job"
+            return f"threads {self.threads} (auto: {self.cores} cores / {jobs} at once)"
         return f"threads {self.threads} (set; {self.cores} cores)"
 
 

@@ -136,3 +136,8 @@ def test_training_runs_with_the_threads_it_logs_first_and_records(
     assert caplog.records[0].getMessage() == "threads 3 (set; " + (
         f"{posbench.threads.available_cores()} cores)"
     )
+
+
+def test_the_log_line_says_where_an_automatic_count_came_from():
+    assert Threads(1, 2, 2, AUTO).describe() == "threads 1 (auto: 2 cores / 2 jobs at once)"
+    assert Threads(4, 4, 1, AUTO).describe() == "threads 4 (auto: 4 cores / 1 job at once)"
