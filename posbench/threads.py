@@ -110,13 +110,8 @@ def one_minute_load() -> float | None:
         return None
 
 
-def use_threads(
-    setting: int | str,
-    environ: Mapping[str, str] = os.environ,
-    load_average: Callable[[], float | None] = one_minute_load,
-) -> Threads:
-    """Resolve ``setting`` for this process and apply it with ``torch.set_num_threads``; log it,
-    and warn in one line when the machine is already too busy for it.
+def use_threads(setting: int | str, environ: Mapping[str, str] = os.environ) -> Threads:
+    """Resolve ``setting`` for this process, apply it with ``torch.set_num_threads`` and log it.
 
     Only the intra-op pool is set: posbench runs no inter-op parallel work (no torch.jit.fork),
     and that pool can be sized once per process only, which a second run in the same process
@@ -127,6 +122,13 @@ def use_threads(
     threads = Threads(resolve_threads(setting, cores, jobs), cores, jobs, setting)
     torch.set_num_threads(threads.threads)
     log.info(threads.describe())
+    return threads
+
+
+def warn_if_busy(
+    threads: Threads, load_average: Callable[[], float | None] = one_minute_load
+) -> None:
+    """One warning line when other work already holds cores ``threads`` needs (machine_busy)."""
     load = load_average()
     if load is not None and machine_busy(load, threads):
         log.warning(
@@ -134,9 +136,8 @@ def use_threads(
             "%d job(s) x %d thread(s) explain; jobs run side by side should share the cores: "
             "threads=1 each, or threads=N with N x jobs <= %d",
             load,
-            cores,
-            jobs,
+            threads.cores,
+            threads.jobs,
             threads.threads,
-            cores,
+            threads.cores,
         )
-    return threads

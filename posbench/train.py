@@ -52,7 +52,7 @@ from posbench.runs import (
 )
 from posbench.signals import handling, restore
 from posbench.tensorboard_log import log_eval_records, log_hparams
-from posbench.threads import use_threads
+from posbench.threads import use_threads, warn_if_busy
 
 log = logging.getLogger(__name__)
 
@@ -312,6 +312,7 @@ def train(cfg: DictConfig, run_dir: str | Path) -> dict[str, Any]:
     """
     validate(cfg)
     threads = use_threads(cfg.threads)  # before any work; the run's first log line
+    warn_if_busy(threads)
     run_dir = prepare_run_dir(Path(run_dir))
     checkpoint = checkpoint_to_resume(cfg, run_dir)
     if checkpoint is not None and already_finished(checkpoint, cfg, run_dir):

@@ -19,6 +19,7 @@ from posbench.threads import (
     machine_busy,
     resolve_threads,
     use_threads,
+    warn_if_busy,
 )
 from posbench.train import train
 
@@ -41,7 +42,7 @@ def four_cores(monkeypatch):
 
 
 def test_auto_uses_every_core_this_process_may_use_when_it_runs_alone(four_cores):
-    threads = use_threads(AUTO, environ={}, load_average=lambda: 0.0)
+    threads = use_threads(AUTO, environ={})
     assert (threads.threads, threads.cores, threads.jobs) == (4, 4, 1)
     assert torch.get_num_threads() == 4
 
@@ -105,7 +106,7 @@ def test_the_machine_is_busy_when_the_load_exceeds_the_cores_and_this_runs_own_j
 
 def test_a_busy_machine_gets_one_warning_line_naming_the_threads_key(four_cores, caplog):
     with caplog.at_level(logging.INFO, logger="posbench.threads"):
-        use_threads(AUTO, environ={}, load_average=lambda: 6.0)
+        warn_if_busy(use_threads(AUTO, environ={}), load_average=lambda: 6.0)
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 1 and "\n" not in warnings[0]
     assert "load average 6.0 on 4 cores" in warnings[0] and "threads=1" in warnings[0]
@@ -113,7 +114,7 @@ def test_a_busy_machine_gets_one_warning_line_naming_the_threads_key(four_cores,
 
 def test_a_quiet_machine_or_one_without_a_load_average_gets_no_warning(four_cores, caplog):
     for load in (lambda: 1.0, lambda: None):
-        use_threads(AUTO, environ={}, load_average=load)
+        warn_if_busy(use_threads(AUTO, environ={}), load_average=load)
     assert not [r for r in caplog.records if r.levelno == logging.WARNING]
 
 
