@@ -58,7 +58,7 @@ from posbench.train import TrainingInterrupted, train
 register_unique_dir_resolver()
 
 KEY_OPTIONS = (
-    "seed, device (auto|cpu|cuda), model.n_layer, model.n_head, model.d_model, "
+    "seed, device (auto|cpu|cuda), threads (auto|N), model.n_layer, model.n_head, model.d_model, "
     "train.seq_len, train.steps, train.batch_size, train.lr, eval.lengths, eval.stride"
 )
 
