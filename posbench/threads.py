@@ -3,11 +3,10 @@
 PyTorch starts one OpenMP thread per core it may use. Two jobs started side by side then run
 twice as many busy threads as there are cores, and they thrash (issue 9, on 2 cores: two such
 jobs took 5.4x the time of running them one after the other; with one thread each, the pair
-was 1.2x faster than serial). So ``threads=auto`` gives each job its share of the cores: the cores
-this process may use divided by the posbench jobs that run at once by construction (a joblib
-sweep's workers, torchrun's local ranks). Jobs started by hand from the shell cannot be known
-in advance: pass ``threads=1`` to each (README, "Launchers"), and the busy-machine warning
-below points there.
+was 1.2x faster than serial). So ``threads=auto`` gives each job its share: the cores this
+process may use divided by the posbench jobs that run at once by construction (a joblib
+sweep's workers, torchrun's local ranks). Jobs started by hand from the shell cannot be
+counted: pass ``threads=1`` to each (README, "Launchers"); the busy-machine warning says so.
 """
 
 from __future__ import annotations
