@@ -21,7 +21,6 @@ from pathlib import Path
 from typing import NoReturn
 
 import hydra
-import torch
 from hydra._internal.utils import get_args_parser
 from hydra.core.hydra_config import HydraConfig
 from hydra.core.override_parser.overrides_parser import OverridesParser
@@ -39,7 +38,7 @@ from posbench.encodings import encoding_names
 from posbench.encodings.rope import SCALING_METHODS
 from posbench.errors import PosbenchError
 from posbench.evaluate import evaluate_run, rope_scaling_overrides
-from posbench.model import build_model
+from posbench.model import check_model_config
 from posbench.output_dirs import register_unique_dir_resolver, unclaimed
 from posbench.report import build_report, markdown, write_report
 from posbench.runs import (
@@ -53,6 +52,7 @@ from posbench.runs import (
 from posbench.signals import handling
 from posbench.tables import data_baselines, eval_table
 from posbench.tensorboard_log import log_eval_records
+from posbench.threads import AUTO, use_threads
 from posbench.train import TrainingInterrupted, train
 
 # Launchers (joblib, submitit) run train_job in fresh processes that import this module but
@@ -60,7 +60,7 @@ from posbench.train import TrainingInterrupted, train
 register_unique_dir_resolver()
 
 KEY_OPTIONS = (
-    "seed, device (auto|cpu|cuda), model.n_layer, model.n_head, model.d_model, "
+    "seed, device (auto|cpu|cuda), threads (auto|N), model.n_layer, model.n_head, model.d_model, "
     "train.seq_len, train.steps, train.batch_size, train.lr, eval.lengths, eval.stride"
 )
 
@@ -197,8 +197,7 @@ def check_overrides(overrides: Sequence[str], multirun: bool) -> None:
     for candidate in candidates:
         cfg = compose_or_fail(candidate, with_hydra=True)
         validate(cfg)
-        with torch.device("meta"):  # shapes only: checks the encoding fits the model, instantly
-            build_model(cfg.model, cfg.encoding)
+        check_model_config(cfg.model, cfg.encoding)
         with unclaimed():  # Hydra claims the directory when the job starts
             check_can_create(Path(cfg.hydra.sweep.dir if multirun else cfg.hydra.run.dir))
 
@@ -255,6 +254,8 @@ def resumed_config(cfg: DictConfig, run_dir: Path) -> DictConfig:
     if not (run_dir / CHECKPOINT_FILE).is_file():
         return cfg
     resumed = saved_config(run_dir)
+    for key in cfg.keys() - resumed.keys():  # added to posbench after the run was saved
+        resumed[key] = cfg[key]
     for override in OverridesParser.create().parse_overrides(HydraConfig.get().overrides.task):
         key = override.get_key_element().lstrip("+~")
         if not key.startswith("hydra."):
@@ -358,6 +359,18 @@ def positive_int(text: str) -> int:
     return value
 
 
+def threads_setting(text: str) -> int | str:
+    """``--threads``: auto or a positive integer, as the ``threads`` config key."""
+    if text == AUTO:
+        return AUTO
+    try:
+        return positive_int(text)
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(
+            f"expected auto or a positive integer, got {text!r}"
+        ) from None
+
+
 def scale_factor(text: str) -> float:
     try:
         value = float(text)
@@ -411,6 +424,14 @@ def eval_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
     parser.add_argument(
+        "--threads",
+        type=threads_setting,
+        default=AUTO,
+        metavar="N",
+        help="CPU threads: auto (the cores this process may use, divided among the jobs "
+        "torchrun runs at once) or a positive integer, e.g. 1 for evaluations run side by side",
+    )
+    parser.add_argument(
         "--rope-scaling",
         choices=list(SCALING_METHODS),
         metavar="METHOD",
@@ -443,6 +464,7 @@ def run_eval(args: Sequence[str]) -> None:
     overrides = None
     if options.rope_scaling is not None:
         overrides = rope_scaling_overrides(cfg, options.rope_scaling, options.factor)
+    use_threads(options.threads)
     records = evaluate_run(
         run_dir,
         lengths,

@@ -21,6 +21,7 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 from posbench.data import DATA_SCHEMAS
 from posbench.encodings import ENCODINGS
 from posbench.errors import PosbenchError
+from posbench.threads import AUTO, is_threads_setting
 
 DEFAULT_LENGTH_MULTIPLES = (1, 2, 4, 8, 16)
 
@@ -82,6 +83,8 @@ class PosbenchConfig:
     eval: EvalConfig = field(default_factory=EvalConfig)
     seed: int = 0
     device: Device = Device.auto
+    # CPU threads per job: auto (this process's cores / the jobs run at once) or an int
+    threads: Any = AUTO
 
 
 def register_schemas() -> None:
@@ -161,6 +164,11 @@ def validate(cfg: DictConfig) -> None:
     for key, value in non_negative.items():
         if value < 0:
             raise PosbenchError(f"{key} must be >= 0 (got {value})")
+    if not is_threads_setting(cfg.threads):
+        raise PosbenchError(
+            f"threads must be {AUTO} or a positive integer (got {cfg.threads!r}); e.g. threads=1 "
+            "for jobs run side by side"
+        )
     if not 0 <= cfg.model.dropout < 1:
         raise PosbenchError(f"model.dropout must be in [0, 1) (got {cfg.model.dropout})")
     lengths = eval_lengths(cfg)
@@ -174,8 +182,10 @@ def validate(cfg: DictConfig) -> None:
 
 
 # What a resumed run may change: none of it alters the trained weights (train.steps moves the
-# end of the LR schedule, so extending a run is allowed but is not a run of that length).
+# end of the LR schedule, so extending a run is allowed but is not a run of that length; the
+# thread count changes only the speed).
 RESUMABLE_KEYS = (
+    "threads",
     "train.steps",
     "train.checkpoint_every",
     "train.resume",

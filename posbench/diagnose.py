@@ -29,12 +29,11 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 import torch.nn.functional as F
-from matplotlib.figure import Figure
 from torch import nn
 from torch.utils.tensorboard import SummaryWriter
 
@@ -47,6 +46,9 @@ from posbench.evaluate import position_buckets, windows
 from posbench.memory import available_memory
 from posbench.model import Transformer
 from posbench.runs import load_run
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 STATISTICS = ("entropy", "mean_distance", "sink_mass", "mass_beyond_train_length")
 DEFINITIONS = {
@@ -279,6 +281,9 @@ def bucket_ends(result: dict[str, Any]) -> np.ndarray:
 def entropy_figure(result: dict[str, Any]) -> Figure:
     """Entropy against query position (log x, each bucket at its end), one panel per layer,
     one line per head; uniform attention's entropy dashed, the training length marked."""
+    # matplotlib takes a second to import: only a diagnose that draws pays for it
+    from matplotlib.figure import Figure
+
     n_layer = result["n_layer"]
     figure = Figure(figsize=(4 * n_layer, 3.5), dpi=FIGURE_DPI, layout="constrained")
     axes = figure.subplots(1, n_layer, squeeze=False, sharey=True)[0]
@@ -302,6 +307,9 @@ def entropy_figure(result: dict[str, Any]) -> Figure:
 def heatmap_figure(result: dict[str, Any]) -> Figure:
     """The layer x head heatmap of mass_beyond_train_length over queries past the training
     length, each cell labelled with its value."""
+    # matplotlib takes a second to import: only a diagnose that draws pays for it
+    from matplotlib.figure import Figure
+
     values = np.array(result["mass_beyond_train_length_heatmap"])  # (L, H)
     size = (1.2 * values.shape[1] + 2, 0.8 * values.shape[0] + 1.5)
     figure = Figure(figsize=size, dpi=FIGURE_DPI, layout="constrained")

@@ -220,6 +220,15 @@ class Transformer(nn.Module):
         return sum(p.numel() for p in self.parameters())
 
 
+def check_model_config(model: Mapping[str, Any], encoding: Mapping[str, Any]) -> None:
+    """Raise the PosbenchError ``build_model`` would raise for these configs, without building
+    the model: its checks are the model's shape (ModelArgs) and the encoding's own, and an
+    encoding's parameters are small. Even on the meta device, initialising the weights would
+    cost more than the check (meta normal_ imports torch._dynamo, as slow as importing torch)."""
+    args = ModelArgs(**model)
+    build_encoding(encoding, args.d_model, args.n_head)
+
+
 def build_model(model: Mapping[str, Any], encoding: Mapping[str, Any]) -> Transformer:
     """A fresh model from plain config mappings (a ``model`` and an ``encoding`` section)."""
     args = ModelArgs(**model)

@@ -30,11 +30,9 @@ from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from matplotlib.figure import Figure
-from matplotlib.ticker import StrMethodFormatter
 from omegaconf import OmegaConf
 from torch.utils.tensorboard import SummaryWriter
 
@@ -43,12 +41,16 @@ from posbench.config import flat_config
 from posbench.errors import PosbenchError
 from posbench.runs import CONFIG_FILE, RESULTS_FILE, read_results, scaling_method
 
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
 # Keys that do not change the trained model, so runs differing only in them are averaged.
 # Seed is what is averaged over; encoding makes the rows; eval records are per length anyway.
 NOT_A_SETTING = (
     "seed",
     "encoding",
     "device",
+    "threads",
     "eval",
     "data.cache_dir",
     "train.log_every",
@@ -550,6 +552,10 @@ def position_content(group: Group) -> dict[str, Any] | None:
 def ppl_figure(group: Group) -> Figure:
     """Mean perplexity against evaluation length (log-log), ± one std shaded, one line per
     row; a fixed FIGURE_INCHES x FIGURE_DPI canvas so every report image has the same size."""
+    # matplotlib takes a second to import: only commands that draw pay for it
+    from matplotlib.figure import Figure
+    from matplotlib.ticker import StrMethodFormatter
+
     figure = Figure(figsize=FIGURE_INCHES, dpi=FIGURE_DPI)
     axes = figure.add_subplot()
     for row in group.rows:
@@ -578,6 +584,8 @@ def position_figure(group: Group) -> Figure:
     """Mean NLL against position in the window at the group's ``position_length`` (log x, each
     bucket at its end position), ± one std shaded, one line per row; the training length
     marked. The same canvas as ppl_figure."""
+    from matplotlib.figure import Figure  # lazily, as in ppl_figure
+
     figure = Figure(figsize=FIGURE_INCHES, dpi=FIGURE_DPI)
     axes = figure.add_subplot()
     for row in group.rows:

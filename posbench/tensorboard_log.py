@@ -13,12 +13,14 @@ Loss by position is one series per evaluated length, ``eval/loss_by_position/L<l
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from matplotlib.figure import Figure
 from torch.utils.tensorboard import SummaryWriter
 
 from posbench.runs import scaling_method
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 
 def series_name(record: Mapping[str, Any]) -> str:
@@ -82,6 +84,10 @@ def extrapolation_figure(
             series.setdefault(series_name(r) or "plain", []).append((r["length"], r["ppl"]))
     if not series:
         return None
+    # matplotlib takes a second to import: a sweep's launcher process, which never draws,
+    # and runs that fail early do not pay for it
+    from matplotlib.figure import Figure
+
     figure = Figure(figsize=(5, 3.5), layout="tight")
     axes = figure.add_subplot()
     for name, points in sorted(series.items()):

@@ -52,6 +52,7 @@ from posbench.runs import (
 )
 from posbench.signals import handling, restore
 from posbench.tensorboard_log import log_eval_records, log_hparams
+from posbench.threads import use_threads, warn_if_busy
 
 log = logging.getLogger(__name__)
 
@@ -310,6 +311,8 @@ def train(cfg: DictConfig, run_dir: str | Path) -> dict[str, Any]:
     Diverged (after recording ``"status": "diverged"``) or TrainingInterrupted.
     """
     validate(cfg)
+    threads = use_threads(cfg.threads)  # before any work; the run's first log line
+    warn_if_busy(threads)
     run_dir = prepare_run_dir(Path(run_dir))
     checkpoint = checkpoint_to_resume(cfg, run_dir)
     if checkpoint is not None and already_finished(checkpoint, cfg, run_dir):
@@ -334,6 +337,7 @@ def train(cfg: DictConfig, run_dir: str | Path) -> dict[str, Any]:
         "encoding_options": encoding_options(cfg),
         "train_seq_len": cfg.train.seq_len,
         "seed": cfg.seed,
+        "threads": threads.threads,
         "parameters": model.num_parameters(),
         "data": {"name": corpus.name, **corpus.stats},
     }

@@ -13,6 +13,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from posbench.config import compose_config
 from posbench.evaluate import position_buckets
 from posbench.runs import save_config
+from posbench.threads import available_cores
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[1]
@@ -183,6 +184,8 @@ def test_multirun_sweep_makes_one_run_directory_per_job(tmp_path, cache_dir):
         (["train", "encoding=nope"], "unknown encoding 'nope'; choose one of"),
         (["train", "model.d_model=36", "model.n_head=4"], "head dim"),
         (["train", "train.steps=-5"], "train.steps must be positive"),
+        (["train", "threads=0"], "threads must be auto or a positive integer"),
+        (["eval", "--threads", "two"], "expected auto or a positive integer"),
         (["eval", "--length", "0"], "positive integer"),
         (["eval", "--length", "many"], "positive integer"),
         (["eval", "--length", "16", "--run", "no/such/run"], "not found"),
@@ -322,7 +325,9 @@ def test_two_trainings_started_together_never_share_a_directory(tmp_path, cache_
     assert {results_of(d)["seed"] for d in runs} == {0, 1}
 
 
-def test_the_joblib_launcher_runs_a_two_job_sweep_into_one_sweep_directory(tmp_path, cache_dir):
+def test_the_joblib_launcher_runs_a_two_job_sweep_into_one_sweep_directory_sharing_the_cores(
+    tmp_path, cache_dir
+):
     pytest.importorskip("hydra_plugins.hydra_joblib_launcher", reason="pip install .[launchers]")
     posbench(
         "train",
@@ -336,3 +341,16 @@ def test_the_joblib_launcher_runs_a_two_job_sweep_into_one_sweep_directory(tmp_p
     runs = run_dirs(tmp_path)
     assert len({d.parent for d in runs}) == 1
     assert sorted(results_of(d)["seed"] for d in runs) == [0, 1]
+    assert [results_of(d)["threads"] for d in runs] == [max(1, available_cores() // 2)] * 2
+
+
+def test_a_run_saved_before_the_threads_key_existed_resumes_with_the_default(tmp_path, cache_dir):
+    posbench("train", *TINY, "train.steps=4", "hydra.run.dir=run", cwd=tmp_path)
+    config = tmp_path / "run" / "config.yaml"
+    config.write_text(
+        "".join(
+            line for line in config.read_text().splitlines(True) if not line.startswith("threads:")
+        )
+    )
+    posbench("train", "--resume", "run", "train.steps=6", cwd=tmp_path)
+    assert results_of(tmp_path / "run")["train"]["steps"] == 6

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import math
+import re
 from dataclasses import dataclass
 
 import pytest
@@ -390,3 +391,22 @@ def test_blocked_attention_gives_the_same_gradients(name, monkeypatch):
     monkeypatch.setattr(posbench.model, "MAX_SCORE_ELEMENTS", 500)
     for blocked, expected in zip(gradients(), single, strict=True):
         torch.testing.assert_close(blocked, expected, rtol=1e-9, atol=1e-12)
+
+
+@pytest.mark.parametrize(
+    ("model", "encoding"),
+    [
+        ({"n_layer": 1, "n_head": 4, "d_model": 30}, {"name": "none"}),  # heads do not divide
+        ({"n_layer": 1, "n_head": 4, "d_model": 36}, {"name": "rope"}),  # odd head dim
+        ({"n_layer": 1, "n_head": 2, "d_model": 16}, {"name": "t5", "num_buckets": 0}),
+    ],
+)
+def test_checking_a_model_config_raises_what_building_the_model_raises(model, encoding):
+    with pytest.raises(PosbenchError) as built:
+        posbench.model.build_model(model, encoding)
+    with pytest.raises(PosbenchError, match=re.escape(str(built.value))):
+        posbench.model.check_model_config(model, encoding)
+
+
+def test_checking_a_valid_model_config_passes():
+    posbench.model.check_model_config({"n_layer": 1, "n_head": 2, "d_model": 16}, {"name": "rope"})
