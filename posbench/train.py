@@ -57,12 +57,14 @@ log = logging.getLogger(__name__)
 
 
 def make_optimizer(model: Transformer, cfg: DictConfig) -> torch.optim.AdamW:
-    """AdamW with weight decay on matrices only: decaying norms, biases and embedding
-    tables (token or position) only pulls them toward zero without regularising much."""
+    """AdamW with weight decay on matrices only: decaying norms, biases, embedding tables and
+    the positional encoding's own parameters (a position table, KERPLE's kernel, FIRE's MLP)
+    only pulls them toward zero without regularising much."""
     embeddings = {id(m.weight) for m in model.modules() if isinstance(m, torch.nn.Embedding)}
+    exempt = embeddings | {id(p) for p in model.encoding.parameters()}
     decay, no_decay = [], []
     for param in model.parameters():
-        (decay if param.dim() >= 2 and id(param) not in embeddings else no_decay).append(param)
+        (decay if param.dim() >= 2 and id(param) not in exempt else no_decay).append(param)
     groups = [
         {"params": decay, "weight_decay": cfg.weight_decay},
         {"params": no_decay, "weight_decay": 0.0},
