@@ -9,6 +9,10 @@ Protocol (as in the ALiBi paper, Press et al. 2022, https://arxiv.org/abs/2108.1
   scores all its tokens, each later one only its last S, so every scored token after the
   first window sees at least ``length - S`` tokens of context.
 
+Either way, when ``length`` (or S) does not divide the number of targets, a last window ends
+at the last target and scores only the ones not scored yet (with more context than the rest),
+so every length scores exactly the same target bytes.
+
 Perplexity is exp(mean NLL) over the scored tokens; with byte tokens, bits per byte is
 mean NLL / ln 2.
 
@@ -40,14 +44,23 @@ TOKENS_PER_BATCH = 65536  # default eval batch: about this many tokens per forwa
 
 
 def windows(n_tokens: int, length: int, stride: int | None) -> Iterator[tuple[int, int]]:
-    """(start, first scored index) of each window over ``n_tokens`` inputs with targets.
+    """(start, first scored index) of each window over ``n_tokens`` tokens, i.e. over the
+    ``n_tokens - 1`` targets tokens[1:], every one of which is scored exactly once.
 
     A window holds inputs ``[start, start + length)`` and predicts the next token of each;
-    tokens before ``first scored index`` (relative to start) are context only.
+    tokens before ``first scored index`` (relative to start) are context only. Windows advance
+    by ``stride`` (non-overlapping: by ``length``); when the targets do not fill a whole last
+    step, the last window ends at the last target and scores only the targets not scored yet,
+    so every length scores the same bytes.
     """
-    step = stride or length
-    for start in range(0, n_tokens - length, step):
-        yield start, 0 if start == 0 or stride is None else length - stride
+    targets = n_tokens - 1
+    if targets < length:
+        return
+    start, scored_until = 0, 0  # inputs [0, scored_until) have had their targets scored
+    while scored_until < targets:
+        yield start, scored_until - start
+        scored_until = start + length
+        start = min(start + (stride or length), targets - length)
 
 
 def unsupported(
