@@ -59,6 +59,9 @@ class TrainConfig:
     checkpoint_every: int = 100
     # continue from <run>/checkpoint.pt if there is one (posbench train --resume DIR)
     resume: bool = False
+    # randomized positions (Ruoss et al. 2023): each step's sequences sit at a sorted random
+    # subset of seq_len positions from [0, N) instead of 0..seq_len-1 (null: off)
+    random_positions: int | None = None
 
 
 @dataclass
@@ -90,6 +93,11 @@ def register_schemas() -> None:
     conf/config.yaml extends ``posbench_schema``; each group file extends its schema with
     ``/schema/<group>/<name>@_here_``, so groups stay free of schema-only options.
     """
+    if not OmegaConf.has_resolver("coalesce"):
+        # ${coalesce:a,b,...}: the first value that is not null (e.g. the learned table's rows)
+        OmegaConf.register_new_resolver(
+            "coalesce", lambda *values: next((v for v in values if v is not None), None)
+        )
     store = ConfigStore.instance()
     store.store(name="posbench_schema", node=PosbenchConfig)
     store.store(group="schema/model", name="model", node=ModelConfig)
@@ -161,6 +169,12 @@ def validate(cfg: DictConfig) -> None:
     for key, value in non_negative.items():
         if value < 0:
             raise PosbenchError(f"{key} must be >= 0 (got {value})")
+    positions = cfg.train.random_positions
+    if positions is not None and positions < cfg.train.seq_len:
+        raise PosbenchError(
+            f"train.random_positions ({positions}) must be >= train.seq_len "
+            f"({cfg.train.seq_len}): each sequence takes seq_len distinct positions from it"
+        )
     if not 0 <= cfg.model.dropout < 1:
         raise PosbenchError(f"model.dropout must be in [0, 1) (got {cfg.model.dropout})")
     lengths = eval_lengths(cfg)

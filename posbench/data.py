@@ -150,6 +150,13 @@ def sample_batch(
     return tokens[index].long(), tokens[index + 1].long()
 
 
+def sample_positions(n_positions: int, seq_len: int, generator: torch.Generator) -> torch.Tensor:
+    """Randomized positions (Ruoss et al. 2023, https://arxiv.org/abs/2305.16843): a sorted
+    random subset of ``seq_len`` distinct positions from [0, n_positions) -> (seq_len,) int64,
+    drawn from ``generator`` alone, so a run's positions are reproducible from its state."""
+    return torch.randperm(n_positions, generator=generator)[:seq_len].sort().values
+
+
 def unigram_bits_per_byte(train: np.ndarray, val: np.ndarray) -> float:
     """Cross-entropy (bits) on ``val`` of the byte distribution of ``train``, add-one smoothed
     over all 256 bytes so a byte unseen in train costs finite bits."""

@@ -37,7 +37,7 @@ from posbench.config import (
     resolve_device,
     validate,
 )
-from posbench.data import Corpus, load_corpus, sample_batch
+from posbench.data import Corpus, load_corpus, sample_batch, sample_positions
 from posbench.errors import PosbenchError
 from posbench.evaluate import evaluate
 from posbench.model import Transformer, build_model
@@ -164,7 +164,12 @@ def train_step(
         group["lr"] = lr_at(step, cfg)
     x, y = sample_batch(tokens, cfg.batch_size, cfg.seq_len, sampler)
     x, y = x.to(device), y.to(device)
-    loss = F.cross_entropy(model(x).flatten(0, 1), y.flatten())
+    positions = None  # 0..seq_len-1
+    if cfg.random_positions is not None:
+        # One subset per step, shared by the batch (the encodings take one (T,) position
+        # vector); drawn from the batch sampler, whose state the checkpoint already holds.
+        positions = sample_positions(cfg.random_positions, cfg.seq_len, sampler).to(device)
+    loss = F.cross_entropy(model(x, positions).flatten(0, 1), y.flatten())
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
     if cfg.grad_clip > 0:
