@@ -62,6 +62,8 @@ class TrainConfig:
     # randomized positions (Ruoss et al. 2023): each step's sequences sit at a sorted random
     # subset of seq_len positions from [0, N) instead of 0..seq_len-1 (null: off)
     random_positions: int | None = None
+    # start from this run's weights (a fine-tune: same model and encoding, scaling may differ)
+    init_from: str | None = None
 
 
 @dataclass

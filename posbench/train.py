@@ -40,6 +40,7 @@ from posbench.config import (
 from posbench.data import Corpus, load_corpus, sample_batch, sample_positions
 from posbench.errors import PosbenchError
 from posbench.evaluate import evaluate
+from posbench.finetune import fine_tune_config, load_parent_weights
 from posbench.model import Transformer, build_model
 from posbench.runs import (
     RESULTS_FILE,
@@ -317,6 +318,7 @@ def train(cfg: DictConfig, run_dir: str | Path) -> dict[str, Any]:
     Diverged (after recording ``"status": "diverged"``) or TrainingInterrupted.
     """
     validate(cfg)
+    cfg = fine_tune_config(cfg)
     run_dir = prepare_run_dir(Path(run_dir))
     checkpoint = checkpoint_to_resume(cfg, run_dir)
     if checkpoint is not None and already_finished(checkpoint, cfg, run_dir):
@@ -325,7 +327,10 @@ def train(cfg: DictConfig, run_dir: str | Path) -> dict[str, Any]:
     device = resolve_device(cfg.device)
     corpus = load_corpus(cfg.data)
     torch.manual_seed(cfg.seed)  # model init (and dropout) depend on the seed alone
-    model = build_model(cfg.model, cfg.encoding).to(device)
+    model = build_model(cfg.model, cfg.encoding)
+    if cfg.train.init_from is not None and checkpoint is None:
+        load_parent_weights(model, cfg)
+    model = model.to(device)
     save_config(run_dir, cfg)
     log.info(
         "%s: %s parameters, %s train / %s val bytes, device %s",
@@ -343,6 +348,7 @@ def train(cfg: DictConfig, run_dir: str | Path) -> dict[str, Any]:
         "seed": cfg.seed,
         "parameters": model.num_parameters(),
         "data": {"name": corpus.name, **corpus.stats},
+        "init_from": parent_run(cfg),
     }
     # Events past the checkpoint (written before a crash) are dropped, so no step repeats.
     purge_step = checkpoint["progress"]["step"] + 1 if checkpoint is not None else None
@@ -372,6 +378,11 @@ def train(cfg: DictConfig, run_dir: str | Path) -> dict[str, Any]:
         write_json(run_dir / RESULTS_FILE, results)
         log_hparams(writer, hparams(cfg), headline_metrics(results))
     return results
+
+
+def parent_run(cfg: DictConfig) -> str | None:
+    """The run this one started from (``train.init_from``), as an absolute path."""
+    return None if cfg.train.init_from is None else str(Path(cfg.train.init_from).resolve())
 
 
 def encoding_options(cfg: DictConfig) -> dict[str, Any]:
