@@ -38,7 +38,6 @@ from posbench.encodings.registry import register
 from posbench.errors import PosbenchError
 
 LAYOUTS = ("interleaved", "half")
-YARN_RAMPS = ("reference", "paper")
 
 
 @dataclass
@@ -132,6 +131,7 @@ def yarn_reference_ramp(dim: int, base: float, scaling: RopeScalingConfig) -> to
     return 1 - ((pair - low) / width).clamp(0, 1)
 
 
+# encoding.scaling.ramp -> gamma_i
 YARN_RAMP_FUNCTIONS = {"reference": yarn_reference_ramp, "paper": yarn_paper_ramp}
 
 
@@ -170,7 +170,7 @@ SCALING_METHODS: dict[str, ScalingMethod] = {
     "none": plain_frequencies,
     "linear": linear_frequencies,
     "ntk": ntk_frequencies,
-    "dynamic": ntk_frequencies,  # NTK whose s follows the sequence length (dynamic_factor)
+    "dynamic": ntk_frequencies,  # NTK whose s follows each length (see scaling_factor)
     "yarn": yarn_frequencies,
     "llama3": llama3_frequencies,
 }
@@ -185,10 +185,10 @@ def check_scaling(scaling: RopeScalingConfig) -> None:
         )
     if scaling.factor is not None and scaling.factor < 1:
         raise PosbenchError(f"encoding.scaling.factor must be >= 1 (got {scaling.factor})")
-    if scaling.ramp not in YARN_RAMPS:
+    if scaling.ramp not in YARN_RAMP_FUNCTIONS:
         raise PosbenchError(
             f"unknown encoding.scaling.ramp {scaling.ramp!r}; "
-            f"choose one of: {', '.join(YARN_RAMPS)}"
+            f"choose one of: {', '.join(YARN_RAMP_FUNCTIONS)}"
         )
     if scaling.method != "none" and (scaling.original_length or 0) < 1:
         raise PosbenchError(
