@@ -167,7 +167,7 @@ def test_every_fire_parameter_learns_and_none_is_weight_decayed():
 
 def test_the_threshold_starts_at_the_training_length():
     cfg = compose_config(["encoding=fire", "train.seq_len=96"])
-    assert float(build_model(cfg.model, cfg.encoding).encoding.threshold) == 96.0
+    assert build_model(cfg.model, cfg.encoding).encoding.threshold.item() == 96.0
 
 
 @pytest.mark.parametrize("key", ["width", "c", "threshold"])
