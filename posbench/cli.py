@@ -437,8 +437,9 @@ def eval_parser() -> argparse.ArgumentParser:
         metavar="METHOD",
         help="extend a rope run at eval time, without retraining: "
         "none (as trained), linear (position interpolation, Chen et al. 2023), "
-        "ntk (base * s^(d/(d-2))), dynamic (ntk with s = max(1, L / training length) per "
-        "length L), yarn (Peng et al. 2023: per-frequency ramp + attention temperature), "
+        "ntk (base * s^(d/(d-2))), dynamic (HF's dynamic NTK: ntk with s' = s L / L0 - (s - 1) "
+        "per length L past the training length L0, s = 1 without --factor), yarn (Peng et al. "
+        "2023: per-frequency ramp + attention temperature), "
         "llama3 (Llama 3.1's smooth band interpolation); results.json records it as "
         '"scaling" next to the plain records (default: the run\'s own encoding.scaling)',
     )
@@ -447,7 +448,8 @@ def eval_parser() -> argparse.ArgumentParser:
         type=scale_factor,
         metavar="S",
         help="the scaling factor s >= 1 for --rope-scaling (default: s = max(1, L / training "
-        "length) at each length L; dynamic always derives it so)",
+        "length) at each length L; for dynamic, s = 1); results of different factors are "
+        "kept side by side",
     )
     return parser
 

@@ -60,6 +60,11 @@ class TrainConfig:
     checkpoint_every: int = 100
     # continue from <run>/checkpoint.pt if there is one (posbench train --resume DIR)
     resume: bool = False
+    # randomized positions (Ruoss et al. 2023): each step's sequences sit at a sorted random
+    # subset of seq_len positions from [0, N) instead of 0..seq_len-1 (null: off)
+    random_positions: int | None = None
+    # start from this run's weights (a fine-tune: same model and encoding, scaling may differ)
+    init_from: str | None = None
 
 
 @dataclass
@@ -93,6 +98,11 @@ def register_schemas() -> None:
     conf/config.yaml extends ``posbench_schema``; each group file extends its schema with
     ``/schema/<group>/<name>@_here_``, so groups stay free of schema-only options.
     """
+    if not OmegaConf.has_resolver("coalesce"):
+        # ${coalesce:a,b,...}: the first value that is not null (e.g. the learned table's rows)
+        OmegaConf.register_new_resolver(
+            "coalesce", lambda *values: next((v for v in values if v is not None), None)
+        )
     store = ConfigStore.instance()
     store.store(name="posbench_schema", node=PosbenchConfig)
     store.store(group="schema/model", name="model", node=ModelConfig)
@@ -168,6 +178,12 @@ def validate(cfg: DictConfig) -> None:
         raise PosbenchError(
             f"threads must be {AUTO} or a positive integer (got {cfg.threads!r}); e.g. threads=1 "
             "for jobs run side by side"
+        )
+    positions = cfg.train.random_positions
+    if positions is not None and positions < cfg.train.seq_len:
+        raise PosbenchError(
+            f"train.random_positions ({positions}) must be >= train.seq_len "
+            f"({cfg.train.seq_len}): each sequence takes seq_len distinct positions from it"
         )
     if not 0 <= cfg.model.dropout < 1:
         raise PosbenchError(f"model.dropout must be in [0, 1) (got {cfg.model.dropout})")

@@ -121,6 +121,8 @@ def load_corpus(cfg: Mapping[str, Any] | DictConfig) -> Corpus:
     ``entropy_floor_bits_per_byte``, the best bits per byte any model can reach on val.
     """
     config = _typed_config(cfg)
+    if isinstance(config, TextDataConfig) and config.val_path is not None:
+        _check_held_out(config)  # before the cache: a cached corpus is never rebuilt
     entry = _cache_root(config) / f"{config.source}-{_cache_key(config)}"  # a directory
     corpus = _read_cache(entry, config.name)
     if corpus is None:
@@ -146,6 +148,13 @@ def sample_batch(
     starts = torch.randint(len(tokens) - seq_len, (batch_size,), generator=generator)  # (B,)
     index = starts[:, None] + torch.arange(seq_len)  # (B, T)
     return tokens[index].long(), tokens[index + 1].long()
+
+
+def sample_positions(n_positions: int, seq_len: int, generator: torch.Generator) -> torch.Tensor:
+    """Randomized positions (Ruoss et al. 2023, https://arxiv.org/abs/2305.16843): a sorted
+    random subset of ``seq_len`` distinct positions from [0, n_positions) -> (seq_len,) int64,
+    drawn from ``generator`` alone, so a run's positions are reproducible from its state."""
+    return torch.randperm(n_positions, generator=generator)[:seq_len].sort().values
 
 
 def unigram_bits_per_byte(train: np.ndarray, val: np.ndarray) -> float:
@@ -322,6 +331,20 @@ def _text_splits(config: TextDataConfig) -> Splits:
     train = _read_text(config.path, "path")
     split = len(train) - round(len(train) * config.val_fraction)
     return train[:split], train[split:], {}
+
+
+def _check_held_out(config: TextDataConfig) -> None:
+    """Refuse a ``data.val_path`` file that is also a training file (the same file, or one
+    inside a ``data.path`` directory or glob): its perplexity would measure memorisation."""
+    shared = sorted(
+        set(_text_files(config.path, "path")) & set(_text_files(config.val_path, "val_path"))
+    )
+    if shared:
+        raise PosbenchError(
+            f"data.val_path '{config.val_path}' is also in the training set data.path "
+            f"'{config.path}' ({shared[0]}); point data.val_path at a file outside data.path, "
+            "or leave it null to hold out the last data.val_fraction"
+        )
 
 
 def _text_files(pattern: str, key: str) -> list[Path]:

@@ -9,6 +9,10 @@ Protocol (as in the ALiBi paper, Press et al. 2022, https://arxiv.org/abs/2108.1
   scores all its tokens, each later one only its last S, so every scored token after the
   first window sees at least ``length - S`` tokens of context.
 
+Either way, when ``length`` (or S) does not divide the number of targets, a last window ends
+at the last target and scores only the ones not scored yet (with more context than the rest),
+so every length scores exactly the same target bytes.
+
 Perplexity is exp(mean NLL) over the scored tokens; with byte tokens, bits per byte is
 mean NLL / ln 2.
 
@@ -74,27 +78,38 @@ def position_buckets(length: int, train_seq_len: int) -> list[tuple[int, int]]:
 
 
 def loss_by_position(
-    position_nll: torch.Tensor, n_windows: int, train_seq_len: int
+    position_nll: torch.Tensor, position_tokens: torch.Tensor, train_seq_len: int
 ) -> list[dict[str, Any]]:
     """The ``loss_by_position`` of a record: ``position_nll`` (T,) float64 holds, for each
-    position of the window, the NLL summed over ``n_windows`` windows (each scored entirely)."""
+    position of the window, the NLL summed over every window, and ``position_tokens`` (T,) how
+    many targets were scored there (the last window may score only its tail). The first
+    window is scored entirely, so no bucket is empty."""
     buckets = []
     for start, end in position_buckets(len(position_nll), train_seq_len):
-        tokens = n_windows * (end - start)
+        tokens = int(position_tokens[start:end].sum())
         nll = position_nll[start:end].sum().item() / tokens
         buckets.append({"start": start, "end": end, "nll": nll, "tokens": tokens})
     return buckets
 
 
 def windows(n_tokens: int, length: int, stride: int | None) -> Iterator[tuple[int, int]]:
-    """(start, first scored index) of each window over ``n_tokens`` inputs with targets.
+    """(start, first scored index) of each window over ``n_tokens`` tokens, i.e. over the
+    ``n_tokens - 1`` targets tokens[1:], every one of which is scored exactly once.
 
     A window holds inputs ``[start, start + length)`` and predicts the next token of each;
-    tokens before ``first scored index`` (relative to start) are context only.
+    tokens before ``first scored index`` (relative to start) are context only. Windows advance
+    by ``stride`` (non-overlapping: by ``length``); when the targets do not fill a whole last
+    step, the last window ends at the last target and scores only the targets not scored yet,
+    so every length scores the same bytes.
     """
-    step = stride or length
-    for start in range(0, n_tokens - length, step):
-        yield start, 0 if start == 0 or stride is None else length - stride
+    targets = n_tokens - 1
+    if targets < length:
+        return
+    start, scored_until = 0, 0  # inputs [0, scored_until) have had their targets scored
+    while scored_until < targets:
+        yield start, scored_until - start
+        scored_until = start + length
+        start = min(start + (stride or length), targets - length)
 
 
 def unsupported(
@@ -152,7 +167,7 @@ def evaluate_length(
     if shortfall is not None:
         return unsupported(length, stride, shortfall, scaling)
     position_nll = torch.zeros(length, dtype=torch.float64, device=device)  # summed on the device
-    scored = 0
+    position_tokens = torch.zeros(length, dtype=torch.long, device=device)
     with tqdm(total=len(spans), desc=f"eval length {length}", unit="window", leave=False) as bar:
         for i in range(0, len(spans), batch_size):
             batch = spans[i : i + batch_size]
@@ -162,12 +177,13 @@ def evaluate_length(
             first = torch.tensor([f for _, f in batch], device=device)  # (B,)
             is_scored = torch.arange(length, device=device) >= first[:, None]  # (B, T)
             position_nll += nll.double().masked_fill(~is_scored, 0.0).sum(0)  # (T,)
-            scored += sum(length - f for _, f in batch)
+            position_tokens += is_scored.sum(0)
             bar.update(len(batch))
+    scored = int(position_tokens.sum())
     mean_nll = position_nll.sum().item() / scored
     by_position = {}
     if stride is None:
-        buckets = loss_by_position(position_nll, len(spans), train_seq_len or length)
+        buckets = loss_by_position(position_nll, position_tokens, train_seq_len or length)
         by_position = {"loss_by_position": buckets}
     return {
         "length": length,

@@ -178,14 +178,20 @@ class Transformer(nn.Module):
         """Longest input the model can represent (``None``: any length)."""
         return self.encoding.max_length
 
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+    def forward(self, tokens: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
+        """Logits (B, T, vocab) for ``tokens`` (B, T) at ``positions`` (T,), shared by the
+        batch: increasing integers, 0..T-1 by default (randomized positions train at others)."""
         T = tokens.shape[1]
-        if self.max_length is not None and T > self.max_length:
+        needed = T  # positions increase, so the last one + 1 (T by default, read without a sync)
+        if positions is None:
+            positions = torch.arange(T, device=tokens.device)  # (T,)
+        elif self.max_length is not None:
+            needed = int(positions[-1]) + 1
+        if self.max_length is not None and needed > self.max_length:
             raise PosbenchError(
-                f"input length {T} exceeds the {self.max_length} positions this "
+                f"input length {needed} exceeds the {self.max_length} positions this "
                 f"{self.encoding.config.name} model can represent"
             )
-        positions = torch.arange(T, device=tokens.device)  # (T,)
         x = self.token_embedding(tokens)  # (B, T, C)
         x = self.dropout(self.encoding.embed(x, positions))
         for block in self.blocks:

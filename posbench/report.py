@@ -39,7 +39,7 @@ from torch.utils.tensorboard import SummaryWriter
 from posbench.atomic import atomic_path, atomic_write, replace_directory, write_json
 from posbench.config import flat_config
 from posbench.errors import PosbenchError
-from posbench.runs import CONFIG_FILE, RESULTS_FILE, read_results, scaling_method
+from posbench.runs import CONFIG_FILE, RESULTS_FILE, read_results, scaling_method, scaling_name
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -119,9 +119,9 @@ class PositionCurve:
 
 @dataclass
 class Row:
-    label: str  # "rope", "rope + yarn", "rope, stride 64", "rope (base=500)"
+    label: str  # "rope", "rope + yarn", "rope + yarn s=4", "rope, stride 64", "rope (base=500)"
     encoding: str
-    scaling: str
+    scaling: str  # "none", "yarn" (s from each length), "yarn s=4" (a configured factor)
     stride: int | None
     runs: list[Path] = field(default_factory=list)
     cells: list[Cell] = field(default_factory=list)
@@ -232,12 +232,12 @@ def reference_ppl(run: Run) -> float | None:
 
 def build_group(runs: Sequence[Run], name: str, title: str, setting: dict[str, Any]) -> Group:
     labels = encoding_labels(runs)
-    # (label, scaling, stride) -> length -> the runs' records at that length
+    # (label, scaling name, stride) -> length -> the runs' records at that length
     table: dict[tuple, dict[int, list[tuple[Run, dict]]]] = defaultdict(lambda: defaultdict(list))
     row_runs: dict[tuple, list[Path]] = defaultdict(list)
     for run in runs:
         for record in run.results["eval"]:
-            key = (labels[run.path], scaling_method(record), record["stride"])
+            key = (labels[run.path], scaling_name(record), record["stride"])
             table[key][record["length"]].append((run, record))
             if run.path not in row_runs[key]:
                 row_runs[key].append(run.path)

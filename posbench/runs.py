@@ -208,20 +208,41 @@ def scaling_method(record: Mapping[str, Any]) -> str:
     return record.get("scaling") or "none"
 
 
+def scaling_setting(record: Mapping[str, Any]) -> float | None:
+    """The scaling factor an eval record was configured with: None when s followed each length
+    (and for records written before the ``scaling_factor_setting`` field existed)."""
+    return record.get("scaling_factor_setting")
+
+
+def scaling_name(record: Mapping[str, Any]) -> str:
+    """The eval-time extension as one name: "none", "yarn" (s from each length) or "yarn s=4"
+    (a configured factor): one report row, table entry and TensorBoard series per name."""
+    method, setting = scaling_method(record), scaling_setting(record)
+    return method if setting is None else f"{method} s={setting:g}"
+
+
 def record_key(record: dict[str, Any]) -> tuple:
-    """What identifies one measurement: the same key measured again replaces the old record."""
-    return (record["length"], record["stride"], scaling_method(record))
+    """What identifies one measurement: the same key measured again replaces the old record.
+    The factor is part of it, so the same method at different factors is kept side by side."""
+    return (
+        record["length"],
+        record["stride"],
+        scaling_method(record),
+        scaling_setting(record),
+        record.get("scaling_factor"),
+    )
 
 
 def merge_eval_records(results: dict[str, Any], records: Iterable[dict[str, Any]]) -> dict:
-    """``results`` with ``records`` added; records of other lengths, strides or scaling methods
-    are kept as they are. Sorted by length, then stride, then method (plain first)."""
+    """``results`` with ``records`` added; records of other lengths, strides, scaling methods
+    or factors are kept as they are. Sorted by length, then stride, then method (plain first),
+    then factor (from each length first)."""
     new = {record_key(r): r for r in records}
     kept = [r for r in results.get("eval", []) if record_key(r) not in new]
 
     def order(record: dict[str, Any]) -> tuple:
-        length, stride, scaling = record_key(record)
-        return (length, stride or 0, scaling != "none", scaling)
+        length, stride, scaling, setting, _ = record_key(record)
+        return (length, stride or 0, scaling != "none", scaling, setting is not None, setting or 0)
 
     merged = sorted([*kept, *new.values()], key=order)
     return {**results, "eval": merged}

@@ -5,28 +5,29 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from posbench.runs import scaling_method
+from posbench.runs import scaling_name
 
 
 def eval_table(records: Sequence[dict[str, Any]], train_seq_len: int) -> str:
     """Length -> perplexity, with each perplexity's ratio to the one at the training length
-    measured the same way (stride and eval-time scaling method), i.e. how much worse the model
-    gets past the length it was trained on."""
+    measured the same way (stride, eval-time scaling method and factor), i.e. how much worse
+    the model gets past the length it was trained on."""
 
     def way(record: dict[str, Any]) -> tuple:
-        return record["stride"], scaling_method(record)
+        return record["stride"], scaling_name(record)
 
     reference = {
         way(r): r["ppl"] for r in records if r["length"] == train_seq_len and r["status"] == "ok"
     }
+    width = max([7, *(len(scaling_name(r)) for r in records)])
     header = (
-        f"{'length':>8}  {'stride':>6}  {'scaling':>7}  {'ppl':>9}  {'ratio':>6}  "
+        f"{'length':>8}  {'stride':>6}  {'scaling':>{width}}  {'ppl':>9}  {'ratio':>6}  "
         f"{'bits/byte':>9}  {'tokens':>9}"
     )
     lines = [header, "-" * len(header)]
     for r in records:
         stride = "-" if r["stride"] is None else str(r["stride"])
-        measured = f"{r['length']:>8}  {stride:>6}  {scaling_method(r):>7}"
+        measured = f"{r['length']:>8}  {stride:>6}  {scaling_name(r):>{width}}"
         if r["status"] != "ok":
             lines.append(f"{measured}  unsupported: {r['reason']}")
             continue

@@ -3,7 +3,8 @@
 The extrapolation curve is a scalar series whose global step is the evaluation length, so
 TensorBoard's Scalars tab plots perplexity against length (set its x-axis to "step").
 Each series is one way of evaluating: ``eval/ppl`` (plain), ``eval/ppl/<method>`` (eval-time
-scaling such as ``yarn``), ``eval/ppl/stride_<S>`` (sliding windows), and
+scaling such as ``yarn``, with s from each length), ``eval/ppl/<method>_s<factor>`` (a
+configured factor, e.g. ``yarn_s4``), ``eval/ppl/stride_<S>`` (sliding windows), and
 ``eval/ppl/<method>/stride_<S>`` for both.
 
 Loss by position is one series per evaluated length, ``eval/loss_by_position/L<length>``
@@ -17,17 +18,20 @@ from typing import TYPE_CHECKING, Any
 
 from torch.utils.tensorboard import SummaryWriter
 
-from posbench.runs import scaling_method
+from posbench.runs import scaling_method, scaling_setting
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
 
 def series_name(record: Mapping[str, Any]) -> str:
-    """How a record was measured, as a path: "" (plain), "yarn", "stride_64", "yarn/stride_64"."""
+    """How a record was measured, as a path: "" (plain), "yarn", "yarn_s4" (factor 4),
+    "stride_64", "yarn/stride_64"."""
     parts = []
     if scaling_method(record) != "none":
-        parts.append(scaling_method(record))
+        setting = scaling_setting(record)
+        suffix = "" if setting is None else f"_s{setting:g}"
+        parts.append(scaling_method(record) + suffix)
     if record.get("stride") is not None:
         parts.append(f"stride_{record['stride']}")
     return "/".join(parts)

@@ -37,9 +37,10 @@ from posbench.config import (
     resolve_device,
     validate,
 )
-from posbench.data import Corpus, load_corpus, sample_batch
+from posbench.data import Corpus, load_corpus, sample_batch, sample_positions
 from posbench.errors import PosbenchError
 from posbench.evaluate import evaluate
+from posbench.finetune import fine_tune_config, load_parent_weights
 from posbench.model import Transformer, build_model
 from posbench.runs import (
     RESULTS_FILE,
@@ -58,12 +59,14 @@ log = logging.getLogger(__name__)
 
 
 def make_optimizer(model: Transformer, cfg: DictConfig) -> torch.optim.AdamW:
-    """AdamW with weight decay on matrices only: decaying norms, biases and embedding
-    tables (token or position) only pulls them toward zero without regularising much."""
+    """AdamW with weight decay on matrices only: decaying norms, biases, embedding tables and
+    the positional encoding's own parameters (a position table, KERPLE's kernel, FIRE's MLP)
+    only pulls them toward zero without regularising much."""
     embeddings = {id(m.weight) for m in model.modules() if isinstance(m, torch.nn.Embedding)}
+    exempt = embeddings | {id(p) for p in model.encoding.parameters()}
     decay, no_decay = [], []
     for param in model.parameters():
-        (decay if param.dim() >= 2 and id(param) not in embeddings else no_decay).append(param)
+        (decay if param.dim() >= 2 and id(param) not in exempt else no_decay).append(param)
     groups = [
         {"params": decay, "weight_decay": cfg.weight_decay},
         {"params": no_decay, "weight_decay": 0.0},
@@ -163,7 +166,12 @@ def train_step(
         group["lr"] = lr_at(step, cfg)
     x, y = sample_batch(tokens, cfg.batch_size, cfg.seq_len, sampler)
     x, y = x.to(device), y.to(device)
-    loss = F.cross_entropy(model(x).flatten(0, 1), y.flatten())
+    positions = None  # 0..seq_len-1
+    if cfg.random_positions is not None:
+        # One subset per step, shared by the batch (the encodings take one (T,) position
+        # vector); drawn from the batch sampler, whose state the checkpoint already holds.
+        positions = sample_positions(cfg.random_positions, cfg.seq_len, sampler).to(device)
+    loss = F.cross_entropy(model(x, positions).flatten(0, 1), y.flatten())
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
     if cfg.grad_clip > 0:
@@ -313,6 +321,7 @@ def train(cfg: DictConfig, run_dir: str | Path) -> dict[str, Any]:
     validate(cfg)
     threads = use_threads(cfg.threads)  # before any work; the run's first log line
     warn_if_busy(threads)
+    cfg = fine_tune_config(cfg)
     run_dir = prepare_run_dir(Path(run_dir))
     checkpoint = checkpoint_to_resume(cfg, run_dir)
     if checkpoint is not None and already_finished(checkpoint, cfg, run_dir):
@@ -321,7 +330,10 @@ def train(cfg: DictConfig, run_dir: str | Path) -> dict[str, Any]:
     device = resolve_device(cfg.device)
     corpus = load_corpus(cfg.data)
     torch.manual_seed(cfg.seed)  # model init (and dropout) depend on the seed alone
-    model = build_model(cfg.model, cfg.encoding).to(device)
+    model = build_model(cfg.model, cfg.encoding)
+    if cfg.train.init_from is not None and checkpoint is None:
+        load_parent_weights(model, cfg)
+    model = model.to(device)
     save_config(run_dir, cfg)
     log.info(
         "%s: %s parameters, %s train / %s val bytes, device %s",
@@ -340,6 +352,7 @@ def train(cfg: DictConfig, run_dir: str | Path) -> dict[str, Any]:
         "threads": threads.threads,
         "parameters": model.num_parameters(),
         "data": {"name": corpus.name, **corpus.stats},
+        "init_from": parent_run(cfg),
     }
     # Events past the checkpoint (written before a crash) are dropped, so no step repeats.
     purge_step = checkpoint["progress"]["step"] + 1 if checkpoint is not None else None
@@ -370,6 +383,11 @@ def train(cfg: DictConfig, run_dir: str | Path) -> dict[str, Any]:
         write_json(run_dir / RESULTS_FILE, results)
         log_hparams(writer, hparams(cfg), headline_metrics(results))
     return results
+
+
+def parent_run(cfg: DictConfig) -> str | None:
+    """The run this one started from (``train.init_from``), as an absolute path."""
+    return None if cfg.train.init_from is None else str(Path(cfg.train.init_from).resolve())
 
 
 def encoding_options(cfg: DictConfig) -> dict[str, Any]:

@@ -64,7 +64,7 @@ def test_top_level_help_lists_commands_encodings_and_key_options(tmp_path):
 
 def test_train_help_lists_groups_and_the_composed_config(tmp_path):
     out = posbench("train", "--help", "encoding=learned", cwd=tmp_path).stdout
-    assert "encoding  alibi, kerple, learned, none, rope, sinusoidal, t5" in out
+    assert "encoding  alibi, fire, kerple, learned, none, rope, sinusoidal, t5" in out
     assert "max_length" in out  # the learned encoding's own option, composed
     assert "seq_len: 128" in out
 
@@ -131,8 +131,9 @@ def test_eval_with_rope_scaling_records_the_method_beside_the_plain_records(trai
 
     events = EventAccumulator(str(run_dir))
     events.Reload()
-    assert {"eval/ppl", "eval/ppl/yarn", "eval/bits_per_byte/yarn"} <= set(events.Tags()["scalars"])
-    logged = {e.step: e.value for e in events.Scalars("eval/ppl/yarn")}
+    tags = {"eval/ppl", "eval/ppl/yarn_s4", "eval/bits_per_byte/yarn_s4"}  # factor 4 given
+    assert tags <= set(events.Tags()["scalars"])
+    logged = {e.step: e.value for e in events.Scalars("eval/ppl/yarn_s4")}
     assert logged == pytest.approx({n: r["ppl"] for n, r in yarn.items()}, rel=1e-6)
 
 
@@ -269,7 +270,7 @@ def test_installed_wheel_runs_with_its_bundled_configs(tmp_path, cache_dir):
 
 def test_help_lists_the_relative_bias_encodings(tmp_path):
     out = posbench("--help", cwd=tmp_path).stdout
-    assert "alibi, kerple, learned, none, rope, sinusoidal, t5" in out
+    assert "alibi, fire, kerple, learned, none, rope, sinusoidal, t5" in out
 
 
 def test_bias_encoding_options_are_set_from_the_command_line(tmp_path, cache_dir):

@@ -222,6 +222,33 @@ def test_text_glob_reads_only_matching_files(tmp_path):
     assert as_bytes(corpus.train) + as_bytes(corpus.val) == ("second\n" * 2000 + TEXT * 30).encode()
 
 
+@pytest.mark.parametrize(
+    ("path", "val_path"),
+    [
+        ("docs/one.txt", "docs/one.txt"),  # the same file
+        ("docs/./one.txt", "docs/one.txt"),  # the same file, spelt differently
+        ("docs", "docs/deep/two.txt"),  # inside a training directory
+        ("docs/**/*.txt", "docs/deep/two.txt"),  # matched by a training glob
+    ],
+)
+def test_a_validation_file_that_is_also_trained_on_is_a_one_line_error(tmp_path, path, val_path):
+    write(tmp_path / "docs" / "one.txt", TEXT * 30)
+    write(tmp_path / "docs" / "deep" / "two.txt", TEXT * 30)
+    config = text_config(tmp_path, tmp_path / path, val_path=str(tmp_path / val_path))
+    with pytest.raises(
+        PosbenchError, match=r"data\.val_path .* is also in the training set"
+    ) as info:
+        load_corpus(config)
+    assert "\n" not in str(info.value)
+
+
+def test_a_validation_file_beside_the_training_files_is_accepted(tmp_path):
+    write(tmp_path / "docs" / "one.txt", TEXT * 30)
+    val = write(tmp_path / "valid.txt", TEXT * 30)
+    corpus = load_corpus(text_config(tmp_path, tmp_path / "docs", val_path=str(val)))
+    assert as_bytes(corpus.val) == val.read_bytes()
+
+
 def test_text_cache_is_invalidated_when_a_file_changes(tmp_path):
     path = write(tmp_path / "corpus.txt", "a" * 10_000 + "b" * 10_000)
     assert as_bytes(load_corpus(text_config(tmp_path, path)).val) == b"b" * 2000

@@ -14,6 +14,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from posbench.config import config_dir
 from posbench.encodings import (
     ENCODINGS,
     PositionalEncoding,
@@ -21,8 +22,10 @@ from posbench.encodings import (
     build_encoding,
     encoding_config,
     encoding_names,
+    registry,
     sinusoidal_table,
 )
+from posbench.encodings.registry import register
 from posbench.encodings.rope import rotate_by
 from posbench.errors import PosbenchError
 
@@ -306,10 +309,14 @@ def test_none_adds_no_score_bias_and_has_no_length_cap():
 # --- registry ---------------------------------------------------------------------------------
 
 
-def test_the_four_built_in_encodings_are_registered_in_sorted_order():
-    names = encoding_names()
-    assert {"none", "learned", "sinusoidal", "rope"} <= set(names)
-    assert names == sorted(names)
+def test_every_encoding_config_file_names_a_registered_encoding_and_back():
+    files = {path.stem for path in (config_dir() / "encoding").glob("*.yaml")}
+    assert files == set(encoding_names())
+
+
+def test_encoding_names_are_sorted_whatever_the_registration_order(monkeypatch):
+    monkeypatch.setattr(registry, "ENCODINGS", {"rope": None, "alibi": None, "none": None})
+    assert encoding_names() == ["alibi", "none", "rope"]
 
 
 def test_unknown_encoding_name_is_refused_listing_the_valid_names():
@@ -319,9 +326,14 @@ def test_unknown_encoding_name_is_refused_listing_the_valid_names():
         assert name in str(info.value)
 
 
-@pytest.mark.parametrize("name", encoding_names())
-def test_every_registered_encoding_has_a_config_named_after_it(name):
-    assert ENCODINGS[name].Config().name == name
+def test_registering_a_class_under_another_name_than_its_configs_is_refused():
+    with pytest.raises(AssertionError, match=r"Config\.name must be 'other'"):
+        register("other")(ENCODINGS["rope"])
+
+
+def test_registering_a_name_twice_is_refused():
+    with pytest.raises(AssertionError, match="registered twice"):
+        register("rope")(ENCODINGS["rope"])
 
 
 @pytest.mark.parametrize("name", encoding_names())

@@ -45,11 +45,18 @@ def scored_positions(n_tokens: int, length: int, stride: int | None) -> list[tup
     ]
 
 
-@pytest.mark.parametrize("stride", [None, 1, 3, 8])
-def test_every_target_is_scored_at_most_once(stride):
-    targets = [t for t, _ in scored_positions(100, 8, stride)]
+@pytest.mark.parametrize("stride", [None, 1, 3, 7, 8])
+@pytest.mark.parametrize("n_tokens", [100, 9, 33, 46])
+def test_every_target_is_scored_exactly_once(stride, n_tokens):
+    targets = [t for t, _ in scored_positions(n_tokens, 8, stride)]
+    assert sorted(targets) == list(range(1, n_tokens))
     assert len(targets) == len(set(targets))
-    assert min(targets) == 1
+
+
+def test_the_last_window_ends_at_the_last_target_and_scores_only_new_targets():
+    # 40 targets, length 16: windows at 0 and 16 score 1..32; the last starts at 24 and
+    # scores targets 33..40, its inputs 8..15
+    assert list(windows(41, 16, None)) == [(0, 0), (16, 0), (24, 8)]
 
 
 def test_non_overlapping_windows_tile_the_tokens():
@@ -70,7 +77,7 @@ def test_uniform_model_has_perplexity_256_and_8_bits_per_byte():
     record = evaluate_length(uniform_model(), tokens, length=32)
     assert record["ppl"] == pytest.approx(256.0)
     assert record["bits_per_byte"] == pytest.approx(8.0)
-    assert record["tokens"] == (999 // 32) * 32
+    assert record["tokens"] == 999
     assert record["status"] == "ok" and record["reason"] is None
 
 
@@ -121,10 +128,12 @@ def test_length_longer_than_the_split_is_unsupported_with_the_reason():
     assert "needs at least 65" in record["reason"]
 
 
-def test_max_tokens_makes_every_length_score_the_same_tokens():
+@pytest.mark.parametrize("stride", [None, 16])
+def test_max_tokens_makes_every_length_score_the_same_tokens(stride):
+    # 1000 is divided by none of 48, 128, 300 (before, 128 scored 896 tokens)
     tokens = torch.randint(0, 256, (5000,), dtype=torch.uint8)
-    records = evaluate(uniform_model(), tokens, [16, 32, 64], max_tokens=1024)
-    assert {r["tokens"] for r in records} == {1024}
+    records = evaluate(uniform_model(), tokens, [16, 48, 128, 300], stride, max_tokens=1000)
+    assert [r["tokens"] for r in records] == [1000] * 4
 
 
 def test_records_name_the_scaling_method_and_the_factor_used_at_each_length():
@@ -211,3 +220,17 @@ def test_sliding_window_records_have_no_loss_by_position():
         for s in (None, 8)
     )
     assert "loss_by_position" in plain and "loss_by_position" not in strided
+
+
+def test_loss_by_position_counts_only_the_scored_tail_of_a_last_partial_window():
+    model = random_rope_model()
+    tokens = torch.randint(0, 256, (3 * 64 + 20 + 1,), dtype=torch.uint8)  # 20 targets left over
+    record = evaluate_length(model, tokens, length=64, train_seq_len=16)
+    buckets = record["loss_by_position"]
+    # three whole windows, then one that ends at the last target and scores positions 44..63
+    for b in buckets:
+        tail = max(0, b["end"] - max(b["start"], 44))
+        assert b["tokens"] == 3 * (b["end"] - b["start"]) + tail
+    assert sum(b["tokens"] for b in buckets) == record["tokens"] == 3 * 64 + 20
+    mean = sum(b["nll"] * b["tokens"] for b in buckets) / record["tokens"]
+    assert math.exp(mean) == pytest.approx(record["ppl"], rel=1e-9)

@@ -73,12 +73,22 @@ def test_parameters_outside_the_constraints_are_projected_back_before_use(
     assert encoding.r2.tolist() == pytest.approx(projected_r2)
 
 
-@pytest.mark.parametrize("kernel", ["log", "power"])
-def test_initial_parameters_satisfy_the_constraints(kernel):
+@pytest.mark.parametrize(("kernel", "r1_max", "r2_max"), [("log", 2.0, 1.0), ("power", 1.0, 2.0)])
+def test_initial_parameters_are_uniform_in_the_authors_ranges(kernel, r1_max, r2_max):
     torch.manual_seed(0)
-    encoding = build_encoding({"name": "kerple", "kernel": kernel}, d_model=64, n_head=16)
-    assert (encoding.r1 > 0).all() and (encoding.r2 > 0).all()
-    assert kernel == "log" or (encoding.r2 <= 2).all()
+    encoding = build_encoding({"name": "kerple", "kernel": kernel}, d_model=512, n_head=256)
+    for param, upper in ((encoding.r1, r1_max), (encoding.r2, r2_max)):
+        assert 0 < param.min() and param.max() < upper
+        assert param.max() > 0.9 * upper  # the whole range, not a narrower one
+
+
+@pytest.mark.parametrize("kernel", ["log", "power"])
+def test_no_parameter_is_used_below_the_floor_of_0_01(kernel):
+    torch.manual_seed(0)
+    encoding = build_encoding({"name": "kerple", "kernel": kernel}, d_model=512, n_head=256)
+    assert (encoding.r1 < 0.01).any() or (encoding.r2 < 0.01).any()  # 256 draws reach below
+    encoding.score_bias(torch.arange(3), torch.arange(3))
+    assert encoding.r1.min() >= 0.01 and encoding.r2.min() >= 0.01
 
 
 @pytest.mark.parametrize("kernel", ["log", "power"])

@@ -197,6 +197,28 @@ def test_scaled_evaluations_are_rows_of_their_own(tmp_path):
     assert yarn.ratio.mean == pytest.approx(5.5 / 5.0)  # against the unscaled train length
 
 
+def test_each_scaling_method_and_factor_is_a_row_of_its_own(tmp_path):
+    run = make_run(tmp_path / "r", ppls={16: 5.0, 32: 7.0})
+    results = json.loads((run / "results.json").read_text())
+    for ppl, setting in ((5.5, None), (5.2, 2.0), (6.0, 4.0)):
+        factor = setting or 2.0
+        results["eval"].append(
+            {
+                "length": 32,
+                "stride": None,
+                "ppl": ppl,
+                "status": "ok",
+                "scaling": "yarn",
+                "scaling_factor": factor,
+                "scaling_factor_setting": setting,
+            }
+        )
+    (run / "results.json").write_text(json.dumps(results))
+    (group,) = build_report(tmp_path).groups
+    rows = {row.label: row.cells[1].ppl.mean for row in group.rows}
+    assert rows == {"rope": 7.0, "rope + yarn": 5.5, "rope + yarn s=2": 5.2, "rope + yarn s=4": 6.0}
+
+
 def test_encodings_with_different_options_are_separate_rows(tmp_path):
     make_run(tmp_path / "a", ppls={16: 5.0}, encoding__base=10000)
     make_run(tmp_path / "b", ppls={16: 7.0}, encoding__base=500)

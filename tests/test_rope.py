@@ -142,7 +142,15 @@ def test_scaling_is_ignored_in_training_mode():
     torch.testing.assert_close(
         encoding.rotate(x, torch.arange(40)), apply_rope(x, torch.arange(40))
     )
-    assert encoding.scaling_record(40) == {"scaling": "none", "scaling_factor": None}
+    assert encoding.scaling_record(40)["scaling"] == "none"
+
+
+def test_scaling_applies_in_training_mode_when_in_training_is_set():
+    scaling = {"method": "linear", "factor": 2.0, "original_length": 4, "in_training": True}
+    encoding = rope(training=True, scaling=scaling)
+    m = torch.tensor([0, 1, 5, 17])
+    x = random(1, 2, len(m), HEAD_DIM, seed=7)
+    torch.testing.assert_close(encoding.rotate(x, 2 * m), apply_rope(x, m), rtol=0, atol=1e-12)
 
 
 @pytest.mark.parametrize("s", [2.0, 4.0, 8.0])
@@ -184,8 +192,31 @@ def test_dynamic_is_plain_at_the_training_length_and_ntk_with_s_4_at_four_times_
     torch.testing.assert_close(
         encoding.rotate(x64, torch.arange(64)), rope_reference_rows(x64, list(range(64)), ntk_base)
     )
-    assert encoding.scaling_record(64) == {"scaling": "dynamic", "scaling_factor": 4.0}
+    assert encoding.scaling_record(64) == {
+        "scaling": "dynamic",
+        "scaling_factor": 4.0,
+        "scaling_factor_setting": None,
+    }
     assert encoding.scaling_record(8)["scaling_factor"] == 1.0  # never below 1
+
+
+@pytest.mark.parametrize(("s", "length"), [(2.0, 64), (4.0, 40), (8.0, 17)])
+def test_dynamic_with_a_factor_is_hfs_dynamic_ntk(s, length):
+    # HF transformers' dynamic NTK: base' = base * (s L / L0 - (s - 1))^(d / (d - 2)) for L > L0
+    encoding = scaled("dynamic", s, original_length=16)
+    x = random(1, 2, length, HEAD_DIM, seed=14)
+    new_base = 10000.0 * (s * length / 16 - (s - 1)) ** (8 / 6)
+    expected = rope_reference_rows(x, list(range(length)), new_base)
+    torch.testing.assert_close(encoding.rotate(x, torch.arange(length)), expected)
+    record = encoding.scaling_record(length)
+    assert record["scaling_factor"] == pytest.approx(s * length / 16 - (s - 1))
+    assert record["scaling_factor_setting"] == s
+
+
+def test_dynamic_with_any_factor_is_plain_up_to_the_training_length():
+    x = random(1, 2, 16, HEAD_DIM, seed=15)
+    out = scaled("dynamic", 8.0, original_length=16).rotate(x, torch.arange(16))
+    torch.testing.assert_close(out, apply_rope(x, torch.arange(16)), rtol=0, atol=1e-12)
 
 
 def test_a_null_factor_is_the_eval_length_over_the_training_length():
@@ -196,7 +227,7 @@ def test_a_null_factor_is_the_eval_length_over_the_training_length():
     assert angles[0] == pytest.approx(math.remainder(39 / 2.5, 2 * math.pi), abs=1e-9)
 
 
-def test_yarn_ramp_and_temperature_match_the_paper_for_a_small_head():
+def test_yarn_paper_ramp_and_temperature_match_the_paper_for_a_small_head():
     # d = 8, base 1e4: theta = 1, 0.1, 0.01, 0.001. With L = 256 training tokens, pair i turns
     # r_i = L * theta_i / (2 pi) = 40.74, 4.074, 0.407, 0.041 times: pair 0 is above
     # beta_fast = 32 (kept), pairs 2 and 3 below beta_slow = 1 (divided by s), and pair 1 is on
@@ -205,18 +236,18 @@ def test_yarn_ramp_and_temperature_match_the_paper_for_a_small_head():
     r1 = 256 * 0.1 / (2 * math.pi)
     gamma = (r1 - 1) / 31
     expected = [1.0, (1 - gamma) * 0.1 / s + gamma * 0.1, 0.01 / s, 0.001 / s]
-    angles, norms = pair_angles_and_norms(scaled("yarn", s, original_length=256), position=1)
+    paper = scaled("yarn", s, original_length=256, ramp="paper")
+    angles, norms = pair_angles_and_norms(paper, position=1)
     assert angles == pytest.approx(expected, rel=1e-12)
     # sqrt(1/t) = 0.1 ln(s) + 1 multiplies both q and k, so the logits gain (0.1 ln s + 1)^2
     assert norms == pytest.approx([0.1 * math.log(4) + 1] * 4, rel=1e-12)
 
 
-def test_yarn_ramp_uses_the_configured_betas():
+def test_yarn_paper_ramp_uses_the_configured_betas():
     # beta_fast = 4.5, beta_slow = 4: pair 1 (r = 4.074) is now on a short ramp.
     gamma = (256 * 0.1 / (2 * math.pi) - 4) / 0.5
-    angles, _ = pair_angles_and_norms(
-        scaled("yarn", 2.0, original_length=256, beta_fast=4.5, beta_slow=4.0), position=1
-    )
+    encoding = scaled("yarn", 2.0, original_length=256, beta_fast=4.5, beta_slow=4.0, ramp="paper")
+    angles, _ = pair_angles_and_norms(encoding, position=1)
     assert angles[1] == pytest.approx((1 - gamma) * 0.1 / 2 + gamma * 0.1, rel=1e-12)
 
 
@@ -270,7 +301,7 @@ def test_scaled_rope_scores_depend_only_on_relative_distance(
     [
         ({"method": "rescale"}, "choose one of: none, linear, ntk, dynamic, yarn, llama3"),
         ({"method": "yarn", "factor": 0.5, "original_length": 16}, "factor must be >= 1"),
-        ({"method": "dynamic", "factor": 2.0, "original_length": 16}, "leave"),
+        ({"method": "yarn", "original_length": 16, "ramp": "smooth"}, "reference, paper"),
         ({"method": "yarn"}, "original_length"),
         ({"method": "yarn", "original_length": 16, "beta_fast": 1.0}, "beta_fast"),
         ({"method": "llama3", "original_length": 16, "high_freq_factor": 1.0}, "high_freq"),
@@ -279,4 +310,111 @@ def test_scaled_rope_scores_depend_only_on_relative_distance(
 def test_bad_scaling_configs_are_one_line_errors(scaling, message):
     with pytest.raises(PosbenchError, match=message) as info:
         rope(scaling=scaling)
+    assert "\n" not in str(info.value)
+
+
+# --- yarn's reference ramp --------------------------------------------------------------------
+
+
+def reference_yarn_ratios(length: int, dim: int, s: float, base: float = 10000.0) -> list[float]:
+    """theta'_i / theta_i of YaRN as the authors' code and HF transformers compute it, written
+    out from the formula: the pair index that turns r times within L is
+    d ln(L / (2 pi r)) / (2 ln base); low = floor(that at r = 32), high = ceil(that at r = 1),
+    clipped to [0, d - 1]; the interpolation weight ramps linearly in the pair index from 0 at
+    low to 1 at high, and theta' = theta / s * weight + theta * (1 - weight)."""
+
+    def index(rotations: float) -> float:
+        return dim * math.log(length / (rotations * 2 * math.pi)) / (2 * math.log(base))
+
+    low, high = max(math.floor(index(32)), 0), min(math.ceil(index(1)), dim - 1)
+    if low == high:
+        high += 0.001
+    ratios = []
+    for i in range(dim // 2):
+        weight = min(1.0, max(0.0, (i - low) / (high - low)))
+        ratios.append(weight / s + (1 - weight))
+    return ratios
+
+
+def yarn_ratios(length: int, dim: int, s: float) -> list[float]:
+    encoding = build_encoding(
+        {"name": "rope", "scaling": {"method": "yarn", "factor": s, "original_length": length}},
+        d_model=dim,
+        n_head=1,
+    ).eval()
+    x = torch.tensor([1.0, 0.0] * (dim // 2), dtype=F64)[None, None, None]
+    pairs = encoding.rotate(x, torch.tensor([1]))[0, 0, 0].unflatten(-1, (-1, 2))
+    theta = [10000.0 ** (-2 * i / dim) for i in range(dim // 2)]
+    return [math.atan2(b, a) / t for (a, b), t in zip(pairs.tolist(), theta, strict=True)]
+
+
+def test_yarn_default_ramp_gives_the_reference_values_at_128_tokens_head_dim_32_and_s_4():
+    ratios = yarn_ratios(128, 32, 4.0)
+    assert ratios[:6] == pytest.approx([1.0, 0.875, 0.75, 0.625, 0.5, 0.375], abs=1e-9)
+
+
+@pytest.mark.parametrize(
+    ("length", "dim", "s"),
+    [(128, 32, 4.0), (4096, 128, 16.0), (2048, 64, 8.0), (512, 16, 2.0), (64, 8, 3.0)],
+)
+def test_yarn_default_ramp_matches_the_reference_formula(length, dim, s):
+    # at position 1 every angle is theta' <= 1 < pi, so atan2 reads it back unwrapped
+    assert yarn_ratios(length, dim, s) == pytest.approx(
+        reference_yarn_ratios(length, dim, s), rel=1e-9
+    )
+
+
+def test_yarn_temperature_scales_only_the_rotating_dims_under_partial_rotary():
+    encoding = scaled("yarn", 4.0, fraction=0.5)
+    x = random(1, 1, 3, HEAD_DIM, seed=16)
+    out = encoding.rotate(x, torch.arange(3))
+    factor = 0.1 * math.log(4.0) + 1
+    assert torch.equal(out[..., HEAD_DIM // 2 :], x[..., HEAD_DIM // 2 :])
+    pair_norms = out[..., : HEAD_DIM // 2].unflatten(-1, (-1, 2)).norm(dim=-1)
+    expected = factor * x[..., : HEAD_DIM // 2].unflatten(-1, (-1, 2)).norm(dim=-1)
+    torch.testing.assert_close(pair_norms, expected, rtol=1e-12, atol=0)
+
+
+# --- p-RoPE (keep_frequencies) ----------------------------------------------------------------
+
+
+def pair(x: torch.Tensor, i: int, layout: str) -> torch.Tensor:
+    """Pair i of ``x`` (..., d) -> (..., 2): dims (2i, 2i+1) interleaved, (i, i + d/2) half."""
+    first, second = (i, i + x.shape[-1] // 2) if layout == "half" else (2 * i, 2 * i + 1)
+    return torch.stack((x[..., first], x[..., second]), dim=-1)
+
+
+@pytest.mark.parametrize("layout", ["interleaved", "half"])
+@pytest.mark.parametrize(
+    ("keep", "kept_pairs"), [(1.0, 4), (0.75, 3), (0.5, 2), (0.25, 1), (0.0, 0)]
+)
+def test_p_rope_keeps_the_highest_frequencies_and_leaves_the_rest_unrotated(
+    layout, keep, kept_pairs
+):
+    positions = [0, 3, 250]
+    x = random(2, len(positions), HEAD_DIM, seed=17)
+    out = rope(layout=layout, keep_frequencies=keep).rotate(x, torch.tensor(positions))
+    # theta_i = base^(-2i/d) with d the full head dim for the kept pairs, 0 for the others
+    theta = [10000.0 ** (-2 * i / HEAD_DIM) if i < kept_pairs else 0.0 for i in range(4)]
+    for t, m in enumerate(positions):
+        for i in range(4):
+            expected = rotation(m * theta[i]) @ pair(x[..., t, :], i, layout).T
+            torch.testing.assert_close(pair(out[..., t, :], i, layout), expected.T)
+
+
+def test_p_rope_keeps_full_ropes_frequencies_where_partial_rotary_recomputes_them():
+    x = random(1, 5, HEAD_DIM, seed=18)
+    positions = torch.arange(5)
+    p_rope = apply_rope(x, positions, keep_frequencies=0.5)
+    partial = apply_rope(x, positions, fraction=0.5)
+    full = apply_rope(x, positions)
+    torch.testing.assert_close(p_rope[..., :4], full[..., :4], rtol=0, atol=1e-12)  # pairs 0, 1
+    assert torch.equal(p_rope[..., 4:], x[..., 4:])
+    assert not torch.allclose(partial[..., :4], full[..., :4])  # theta_1 = base^(-2/4) there
+
+
+@pytest.mark.parametrize("keep", [0.3, -0.5, 1.5])
+def test_a_keep_share_that_is_not_a_whole_number_of_frequencies_is_a_one_line_error(keep):
+    with pytest.raises(PosbenchError, match=r"encoding\.keep_frequencies") as info:
+        rope(keep_frequencies=keep)
     assert "\n" not in str(info.value)

@@ -149,6 +149,20 @@ def test_scaled_records_sit_beside_plain_ones_and_records_without_scaling_are_pl
     ]
 
 
+def test_records_of_the_same_method_at_different_factors_sit_side_by_side():
+    per_length = record(512, ppl=5.0, scaling="yarn", scaling_factor=4.0)
+    results = {"eval": [per_length]}
+    by_factor = [
+        record(512, ppl=4.0, scaling="yarn", scaling_factor=2.0, scaling_factor_setting=2.0),
+        record(512, ppl=4.5, scaling="yarn", scaling_factor=8.0, scaling_factor_setting=8.0),
+    ]
+    merged = merge_eval_records(results, by_factor)
+    assert [r["ppl"] for r in merged["eval"]] == [5.0, 4.0, 4.5]  # from each length first
+    again = record(512, ppl=3.9, scaling="yarn", scaling_factor=2.0, scaling_factor_setting=2.0)
+    remeasured = merge_eval_records(merged, [again])
+    assert [r["ppl"] for r in remeasured["eval"]] == [5.0, 3.9, 4.5]  # the same factor replaced
+
+
 def test_encoding_overrides_change_the_encoding_config_not_the_weights(tmp_path):
     model = small_model("rope")
     save_weights(tmp_path, model)

@@ -27,6 +27,14 @@ def record(length, ppl=2.0, stride=None, **scaling):
         ({"stride": 8, "scaling": "none"}, "eval/ppl/stride_8"),
         ({"scaling": "yarn"}, "eval/ppl/yarn"),
         ({"stride": 8, "scaling": "yarn"}, "eval/ppl/yarn/stride_8"),
+        (
+            {"scaling": "yarn", "scaling_factor": 4.0, "scaling_factor_setting": 4.0},
+            "eval/ppl/yarn_s4",
+        ),
+        (
+            {"scaling": "yarn", "scaling_factor": 3.0, "scaling_factor_setting": None},
+            "eval/ppl/yarn",
+        ),
     ],
 )
 def test_eval_tags_name_the_scaling_method_then_the_stride(fields, tag):

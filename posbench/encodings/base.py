@@ -48,9 +48,10 @@ class PositionalEncoding(nn.Module):
 
     def scaling_record(self, length: int) -> dict[str, Any]:
         """The eval-time extension applied to a sequence of ``length`` positions, as eval-record
-        fields: ``scaling`` (the method; "none" = evaluated as trained) and ``scaling_factor``
-        (the factor s it used, or None)."""
-        return {"scaling": "none", "scaling_factor": None}
+        fields: ``scaling`` (the method; "none" = evaluated as trained), ``scaling_factor`` (the
+        factor s it used at this length, or None) and ``scaling_factor_setting`` (the configured
+        factor; None when s follows each length, or without scaling)."""
+        return {"scaling": "none", "scaling_factor": None, "scaling_factor_setting": None}
 
     def embed(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """Token embeddings ``x`` (B, T, C) at integer ``positions`` (T,) -> (B, T, C)."""

@@ -12,8 +12,9 @@ its own (r1, r2) per head:
 (the logarithmic one extrapolates best in the paper). With r2 = 1 the power kernel is ALiBi
 with a learned slope. As in the authors' code (github.com/chijames/KERPLE), the bias is added
 after the 1/sqrt(d) scaling, r1 and r2 start uniform in (0, 2) and (0, 1) (log) or (0, 1)
-and (0, 2) (power), and the constraints are kept by projection: a value that an optimizer
-step moved outside is clamped back to [0.01, 2] before the next use.
+and (0, 2) (power), and the constraints are kept by projection: before each use, r1 and r2
+are clamped to at least 0.01 (positive, away from zero), and the power kernel's r2 also to at
+most 2.
 """
 
 from __future__ import annotations

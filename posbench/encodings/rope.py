@@ -11,11 +11,17 @@ Options:
   same rotation after a fixed permutation of the head dimensions.
 * ``fraction``: partial rotary (GPT-NeoX, GPT-J): only the first ``fraction * head_dim``
   dimensions rotate (d above is that count); the rest pass through unchanged.
-* ``scaling``: eval-time context extension of a model trained with plain RoPE, without
-  retraining. Each method is a pure function with one signature, found through
-  ``SCALING_METHODS`` (the pattern of HF transformers' ``modeling_rope_utils``). Scaling acts
-  only in eval mode (``not self.training``): training always learns plain RoPE, and the same
-  weights can then be evaluated under every method.
+* ``keep_frequencies``: p-RoPE (Barbero et al. 2024, "Round and Round We Go",
+  https://arxiv.org/abs/2410.06205): of the d/2 frequencies theta_i = base^(-2i/d), only the
+  highest share p (pairs 0 .. p*d/2 - 1) is kept and the rest are set to 0, so those pairs
+  carry no position at all. Unlike ``fraction``, the kept frequencies are exactly the ones full
+  RoPE would use (partial rotary recomputes a whole frequency range over fewer dims).
+* ``scaling``: context extension of a model trained with plain RoPE. Each method is a pure
+  function with one signature, found through ``SCALING_METHODS`` (the pattern of HF
+  transformers' ``modeling_rope_utils``). Scaling acts in eval mode (``not self.training``),
+  and in training too when ``scaling.in_training`` is set (a fine-tune after scaling,
+  ``train.init_from``); otherwise training learns plain RoPE and the same weights can then be
+  evaluated under every method.
 """
 
 from __future__ import annotations
@@ -46,6 +52,11 @@ class RopeScalingConfig:
     # turning fewer than beta_slow times get theta / s
     beta_fast: float = 32.0
     beta_slow: float = 1.0
+    # yarn: reference (HF transformers, the authors' code: linear in the pair index between
+    # rounded bounds) | paper (the paper's eqs. 17-20: linear in the rotation count)
+    ramp: str = "reference"
+    # apply the method while training too (set by train.init_from: a fine-tune after scaling)
+    in_training: bool = False
     low_freq_factor: float = 1.0  # llama3: wavelengths above original_length / this: theta / s
     high_freq_factor: float = 4.0  # llama3: wavelengths below original_length / this: theta
 
@@ -56,6 +67,7 @@ class RopeConfig(EncodingConfig):
     base: float = 10000.0
     layout: str = "interleaved"  # interleaved | half
     fraction: float = 1.0  # share of each head's dimensions that rotate
+    keep_frequencies: float = 1.0  # p-RoPE: share of the frequencies kept, highest first
     scaling: RopeScalingConfig = field(default_factory=RopeScalingConfig)
 
 
@@ -94,22 +106,49 @@ def ntk_frequencies(
     return rope_frequencies(dim, base * stretch), 1.0
 
 
+def yarn_paper_ramp(dim: int, base: float, scaling: RopeScalingConfig) -> torch.Tensor:
+    """gamma_i of the paper's eqs. 17-20 -> (dim/2,): 0 below beta_slow rotations of pair i
+    within the original length L, 1 above beta_fast, linear in the rotation count between."""
+    rotations = scaling.original_length * rope_frequencies(dim, base) / (2 * math.pi)
+    return ((rotations - scaling.beta_slow) / (scaling.beta_fast - scaling.beta_slow)).clamp(0, 1)
+
+
+def yarn_reference_ramp(dim: int, base: float, scaling: RopeScalingConfig) -> torch.Tensor:
+    """gamma_i as the authors' code and HF transformers' ``_compute_yarn_parameters`` compute it
+    -> (dim/2,): the (fractional) pair index that turns r times within L is
+    d ln(L / (2 pi r)) / (2 ln base); the bounds for beta_fast and beta_slow are rounded outward
+    (floor, ceil) and clipped to [0, d - 1], and gamma falls linearly in the pair index from 1
+    at the lower bound to 0 at the upper one."""
+
+    def pair_turning(rotations: float) -> float:
+        wavelength = scaling.original_length / rotations
+        return dim * math.log(wavelength / (2 * math.pi)) / (2 * math.log(base))
+
+    low = max(math.floor(pair_turning(scaling.beta_fast)), 0)
+    high = min(math.ceil(pair_turning(scaling.beta_slow)), dim - 1)
+    width = (high - low) or 0.001  # as the reference: a zero-width ramp is a step
+    pair = torch.arange(dim // 2, dtype=torch.float64)
+    return 1 - ((pair - low) / width).clamp(0, 1)
+
+
+# encoding.scaling.ramp -> gamma_i
+YARN_RAMP_FUNCTIONS = {"reference": yarn_reference_ramp, "paper": yarn_paper_ramp}
+
+
 def yarn_frequencies(
     dim: int, base: float, factor: float, scaling: RopeScalingConfig
 ) -> tuple[torch.Tensor, float]:
-    """YaRN (Peng et al. 2023, https://arxiv.org/abs/2309.00071), "NTK-by-parts" (eqs. 17-20)
-    plus the attention temperature of section 3.4.
+    """YaRN (Peng et al. 2023, https://arxiv.org/abs/2309.00071), "NTK-by-parts" plus the
+    attention temperature of section 3.4.
 
-    r_i = L / lambda_i counts how often pair i turns within the ORIGINAL training length L.
-    gamma(r) = 0 below beta_slow, 1 above beta_fast, linear in r between; the new frequency is
-    (1 - gamma) * theta_i / s + gamma * theta_i: fast pairs keep what they learned, slow pairs
-    are interpolated. The logits get 1/t with sqrt(1/t) = 0.1 ln(s) + 1, returned as the
-    factor applied to both q and k. (The authors' code ramps linearly in the pair index
-    between rounded bounds instead; we follow the paper's equations.)
+    gamma_i (``scaling.ramp``: the reference implementation's, or the paper's) is 1 for pairs
+    that turn often within the ORIGINAL training length and 0 for those that barely turn; the
+    new frequency is (1 - gamma) * theta_i / s + gamma * theta_i: fast pairs keep what they
+    learned, slow pairs are interpolated. The logits get 1/t with sqrt(1/t) = 0.1 ln(s) + 1,
+    returned as the factor applied to both rotated q and k.
     """
     theta = rope_frequencies(dim, base)
-    rotations = scaling.original_length * theta / (2 * math.pi)  # r_i = L / lambda_i
-    gamma = ((rotations - scaling.beta_slow) / (scaling.beta_fast - scaling.beta_slow)).clamp(0, 1)
+    gamma = YARN_RAMP_FUNCTIONS[scaling.ramp](dim, base, scaling)
     return (1 - gamma) * theta / factor + gamma * theta, 0.1 * math.log(factor) + 1
 
 
@@ -131,7 +170,7 @@ SCALING_METHODS: dict[str, ScalingMethod] = {
     "none": plain_frequencies,
     "linear": linear_frequencies,
     "ntk": ntk_frequencies,
-    "dynamic": ntk_frequencies,  # NTK whose s follows the sequence length (factor: null)
+    "dynamic": ntk_frequencies,  # NTK whose s follows each length (see scaling_factor)
     "yarn": yarn_frequencies,
     "llama3": llama3_frequencies,
 }
@@ -146,10 +185,10 @@ def check_scaling(scaling: RopeScalingConfig) -> None:
         )
     if scaling.factor is not None and scaling.factor < 1:
         raise PosbenchError(f"encoding.scaling.factor must be >= 1 (got {scaling.factor})")
-    if scaling.method == "dynamic" and scaling.factor is not None:
+    if scaling.ramp not in YARN_RAMP_FUNCTIONS:
         raise PosbenchError(
-            "dynamic scaling sets its factor from each sequence length; leave "
-            "encoding.scaling.factor null (drop --factor)"
+            f"unknown encoding.scaling.ramp {scaling.ramp!r}; "
+            f"choose one of: {', '.join(YARN_RAMP_FUNCTIONS)}"
         )
     if scaling.method != "none" and (scaling.original_length or 0) < 1:
         raise PosbenchError(
@@ -169,6 +208,24 @@ def check_scaling(scaling: RopeScalingConfig) -> None:
 
 
 # --- rotation ---------------------------------------------------------------------------------
+
+
+def kept_frequencies(pairs: int, keep: float) -> int:
+    """How many of ``pairs`` frequencies p-RoPE keeps: a whole number, or a one-line error."""
+    count = pairs * keep
+    if not 0 <= keep <= 1 or count != round(count):
+        raise PosbenchError(
+            f"encoding.keep_frequencies={keep} keeps {count:g} of the {pairs} RoPE frequencies; "
+            "choose a share in [0, 1] that makes a whole number"
+        )
+    return round(count)
+
+
+def drop_low_frequencies(theta: torch.Tensor, keep: float) -> torch.Tensor:
+    """p-RoPE: theta (d/2,) with all but the highest ``keep`` share of frequencies set to 0
+    (theta_i falls with i, so the kept ones are the leading pairs)."""
+    kept = kept_frequencies(theta.shape[-1], keep)
+    return torch.cat((theta[:kept], theta.new_zeros(theta.shape[-1] - kept)))
 
 
 def rotated_dims(head_dim: int, fraction: float) -> int:
@@ -217,15 +274,17 @@ def rotate_by(x: torch.Tensor, rotation: torch.Tensor, layout: str = "interleave
 def rotate_leading(
     x: torch.Tensor, rotation: torch.Tensor, layout: str, attention_factor: float = 1.0
 ) -> torch.Tensor:
-    """Rotate the first 2 * rotation.shape[-1] dims of ``x`` (..., T, hs), pass the rest
-    through, and multiply the whole vector by ``attention_factor`` (YaRN's temperature: both q
-    and k carry it, so the logits scale by its square)."""
+    """Rotate the first 2 * rotation.shape[-1] dims of ``x`` (..., T, hs) and multiply them by
+    ``attention_factor`` (YaRN's temperature: both q and k carry it, so their rotated part of
+    the logits scales by its square); pass the rest through unchanged. As in the reference
+    implementations, which fold the factor into cos and sin, dims that do not rotate under
+    partial rotary are not scaled."""
     dim = 2 * rotation.shape[-1]
+    if attention_factor != 1.0:
+        rotation = rotation * attention_factor
     if dim == x.shape[-1]:
-        out = rotate_by(x, rotation, layout)
-    else:
-        out = torch.cat((rotate_by(x[..., :dim], rotation, layout), x[..., dim:]), dim=-1)
-    return out if attention_factor == 1.0 else out * attention_factor
+        return rotate_by(x, rotation, layout)
+    return torch.cat((rotate_by(x[..., :dim], rotation, layout), x[..., dim:]), dim=-1)
 
 
 def apply_rope(
@@ -234,10 +293,12 @@ def apply_rope(
     base: float = 10000.0,
     layout: str = "interleaved",
     fraction: float = 1.0,
+    keep_frequencies: float = 1.0,
 ) -> torch.Tensor:
     """Rotate ``x`` (..., T, head_dim) as RoPE does at integer ``positions`` (T,)."""
     check_layout(layout)
-    theta = rope_frequencies(rotated_dims(x.shape[-1], fraction), base).to(positions.device)
+    theta = rope_frequencies(rotated_dims(x.shape[-1], fraction), base)
+    theta = drop_low_frequencies(theta, keep_frequencies).to(positions.device)
     angles = positions.to(torch.float64)[:, None] * theta  # (T, d/2)
     return rotate_leading(x, torch.polar(torch.ones_like(angles), angles), layout)
 
@@ -256,6 +317,7 @@ class RotaryPositionalEncoding(PositionalEncoding):
         check_layout(config.layout)
         check_scaling(config.scaling)
         self.dim = rotated_dims(self.head_dim, config.fraction)
+        kept_frequencies(self.dim // 2, config.keep_frequencies)
         # e^(i m theta) for every position m seen so far, in complex128 so that a float64
         # model is exact; recomputable, so not saved in checkpoints. ``table_factor`` is the
         # scaling factor it was built for (None: plain RoPE).
@@ -266,18 +328,30 @@ class RotaryPositionalEncoding(PositionalEncoding):
 
     def scaling_factor(self, length: int) -> float | None:
         """The factor s for a sequence of ``length`` positions (0 .. length-1: the window being
-        evaluated), or None for plain RoPE (training mode, or no scaling method)."""
+        evaluated), or None for plain RoPE (training mode unless ``scaling.in_training``, or no
+        scaling method)."""
         scaling = self.config.scaling
-        if self.training or scaling.method == "none":
+        if (self.training and not scaling.in_training) or scaling.method == "none":
             return None
+        ratio = length / scaling.original_length  # from the TRAINING length, not L
+        if scaling.method == "dynamic":
+            # HF's dynamic NTK: s' = s L / L0 - (s - 1) past L0 (s = 1 for a null factor), so the
+            # stretch grows from 1 at the original length with slope s
+            s = scaling.factor or 1.0
+            return max(1.0, s * ratio - (s - 1))
         if scaling.factor is not None:
             return scaling.factor
-        return max(1.0, length / scaling.original_length)  # from the TRAINING length, not L
+        return max(1.0, ratio)
 
     def scaling_record(self, length: int) -> dict[str, Any]:
         factor = self.scaling_factor(length)
-        method = "none" if factor is None else self.config.scaling.method
-        return {"scaling": method, "scaling_factor": factor}
+        if factor is None:
+            return super().scaling_record(length)
+        return {
+            "scaling": self.config.scaling.method,
+            "scaling_factor": factor,
+            "scaling_factor_setting": self.config.scaling.factor,
+        }
 
     def _build_table(self, length: int, factor: float | None, device: torch.device) -> None:
         """Rotations for positions 0..size-1 under ``factor`` (doubling, to amortise growth)."""
@@ -287,6 +361,7 @@ class RotaryPositionalEncoding(PositionalEncoding):
         theta, self.attention_factor = method(
             self.dim, self.config.base, factor or 1.0, self.config.scaling
         )
+        theta = drop_low_frequencies(theta, self.config.keep_frequencies)
         angles = torch.arange(size, dtype=torch.float64, device=device)[:, None] * theta.to(device)
         self.rotations = torch.polar(torch.ones_like(angles), angles)  # (size, d/2)
         self.table_factor = factor

@@ -1,0 +1,81 @@
+"""FIRE: functional interpolation for relative positions (Li et al. 2023,
+https://arxiv.org/abs/2310.04418).
+
+The attention logit of query i and key j gets a learned bias per head
+
+    b_h(i, j) = f_theta(psi(i - j) / psi(max(L, i))),    psi(x) = log(c * x + 1),
+
+where f_theta is a small MLP (1 -> ``width`` -> heads, ReLU), c > 0 a learned scale of the log
+transform and L > 0 a learned threshold. While i <= L the denominator is the constant psi(L),
+so the bias depends on i - j only (a relative encoding, like T5's or KERPLE's). Past L the
+relative distance is divided by the query's own position: every query sees its keys on the same
+[0, 1] scale, whatever the length (the paper's "progressive interpolation"), so a query at 4x
+the training length reads the function at inputs it was trained on. L starts at the training
+length (conf/encoding/fire.yaml) and is learned from there.
+
+With a large L and a suitable f_theta the bias can express T5's buckets, ALiBi and KERPLE
+(the paper's Theorem 3.1). c and L are kept in their domains by clamping where they are used
+(c >= 0.01, L >= 1), so an optimizer step can never make the log undefined.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from posbench.encodings.base import EncodingConfig, PositionalEncoding
+from posbench.encodings.registry import register
+from posbench.errors import PosbenchError
+
+SMALLEST_C = 1e-2  # psi(x) = log(c x + 1) flattens to 0 as c -> 0; keep it a transform
+
+
+@dataclass
+class FireConfig(EncodingConfig):
+    name: str = "fire"
+    width: int = 32  # hidden units of f_theta
+    c: float = 0.1  # initial scale of psi(x) = log(c x + 1)
+    threshold: float = 512.0  # initial L (conf/encoding/fire.yaml: ${train.seq_len})
+
+
+@register("fire")
+class FireRelativeBias(PositionalEncoding):
+    Config = FireConfig
+
+    def __init__(self, config: FireConfig, d_model: int, n_head: int) -> None:
+        super().__init__(config, d_model, n_head)
+        for key in ("width", "c", "threshold"):
+            if getattr(config, key) <= 0:
+                raise PosbenchError(f"encoding.{key} must be positive (got {getattr(config, key)})")
+        width = config.width
+        self.mlp = nn.Sequential(nn.Linear(1, width), nn.ReLU(), nn.Linear(width, n_head))
+        self.c = nn.Parameter(torch.tensor(float(config.c)))
+        self.threshold = nn.Parameter(torch.tensor(float(config.threshold)))
+
+    def relative_inputs(
+        self, query_positions: torch.Tensor, key_positions: torch.Tensor
+    ) -> torch.Tensor:
+        """f_theta's input psi(i - j) / psi(max(L, i)) for every pair -> (Tq, Tk) in [0, 1]
+        for past keys. Future keys (masked anyway) read distance 0, so the log stays finite."""
+        dtype = self.c.dtype
+        c = self.c.clamp(min=SMALLEST_C)
+        distance = (query_positions[:, None] - key_positions[None, :]).clamp(min=0)  # (Tq, Tk)
+        horizon = torch.maximum(query_positions.to(dtype), self.threshold.clamp(min=1.0))  # (Tq,)
+        return torch.log1p(c * distance.to(dtype)) / torch.log1p(c * horizon)[:, None]
+
+    def score_bias(
+        self, query_positions: torch.Tensor, key_positions: torch.Tensor
+    ) -> torch.Tensor:
+        inputs = self.relative_inputs(query_positions, key_positions)  # (Tq, Tk)
+        Tq, Tk = inputs.shape
+        # f_theta's hidden layer holds `width` values per pair; run it on blocks of query rows
+        # small enough that it never outgrows the (H, Tq, Tk) bias itself, which is what the
+        # evaluation memory estimate (Transformer.inference_memory_bytes) budgets for.
+        rows = max(1, self.n_head * Tq // self.config.width)
+        bias = inputs.new_empty(self.n_head, Tq, Tk)
+        for start in range(0, Tq, rows):
+            block = inputs[start : start + rows, :, None]  # (rows, Tk, 1)
+            bias[:, start : start + rows] = self.mlp(block).permute(2, 0, 1)  # (H, rows, Tk)
+        return bias

@@ -1,0 +1,101 @@
+"""train.init_from: a run that starts from another run's weights, with RoPE scaling switched
+on while it trains (how position interpolation and YaRN are meant to be used)."""
+
+import importlib
+
+import pytest
+import torch
+from conftest import TINY
+from safetensors.torch import load_file
+
+from posbench.config import compose_config
+from posbench.errors import PosbenchError
+from posbench.finetune import fine_tune_config
+from posbench.runs import WEIGHTS_FILE, load_run
+from posbench.train import train
+
+train_module = importlib.import_module("posbench.train")  # posbench.train is also the function
+
+PARENT = [*TINY, "train.steps=10", "eval.lengths=[16]", "eval.max_tokens=1024"]
+
+
+@pytest.fixture(scope="module")
+def parent(tmp_path_factory, cache_dir):
+    """A tiny finished rope run, trained at 16 tokens."""
+    run_dir = tmp_path_factory.mktemp("parent")
+    train(compose_config([*PARENT, f"data.cache_dir={cache_dir}"]), run_dir)
+    return run_dir
+
+
+def child_overrides(parent, cache_dir, *extra):
+    return [
+        *PARENT,
+        f"data.cache_dir={cache_dir}",
+        f"train.init_from={parent}",
+        "train.seq_len=32",
+        "train.steps=3",
+        "eval.lengths=[32]",
+        *extra,
+    ]
+
+
+YARN = ["encoding.scaling.method=yarn", "encoding.scaling.factor=2"]
+
+
+def test_a_child_run_starts_from_the_parents_weights_and_records_its_parent(
+    parent, cache_dir, tmp_path, monkeypatch
+):
+    initial = {}
+    train_steps = train_module.train_steps
+
+    def capture(model, *args, **kwargs):
+        initial.update({k: v.clone() for k, v in model.state_dict().items()})
+        return train_steps(model, *args, **kwargs)
+
+    monkeypatch.setattr(train_module, "train_steps", capture)
+    results = train(compose_config(child_overrides(parent, cache_dir, *YARN)), tmp_path)
+    expected = load_file(parent / WEIGHTS_FILE)
+    assert initial.keys() >= expected.keys()
+    assert all(torch.equal(initial[k], expected[k]) for k in expected)
+    assert results["init_from"] == str(parent.resolve())
+    trained = load_file(tmp_path / WEIGHTS_FILE)
+    assert any(not torch.equal(trained[k], expected[k]) for k in expected)  # it trained on
+
+
+def test_the_child_scales_while_training_from_the_parents_training_length(parent, cache_dir):
+    cfg = fine_tune_config(compose_config(child_overrides(parent, cache_dir, *YARN)))
+    assert cfg.encoding.scaling.original_length == 16  # the parent's seq_len, not 32
+    assert cfg.encoding.scaling.in_training is True
+    model, _ = load_run(parent, encoding_overrides=dict(cfg.encoding))
+    model.train()
+    assert model.encoding.scaling_record(32)["scaling"] == "yarn"
+
+
+def test_an_explicit_original_length_is_kept(parent, cache_dir):
+    overrides = child_overrides(parent, cache_dir, *YARN, "encoding.scaling.original_length=24")
+    assert fine_tune_config(compose_config(overrides)).encoding.scaling.original_length == 24
+
+
+def test_a_run_from_scratch_keeps_training_unscaled(cache_dir):
+    cfg = fine_tune_config(compose_config([*PARENT, *YARN]))
+    assert cfg.encoding.scaling.in_training is False
+
+
+def test_a_missing_parent_is_a_one_line_error(cache_dir, tmp_path):
+    overrides = child_overrides(tmp_path / "nowhere", cache_dir)
+    with pytest.raises(PosbenchError, match=r"train\.init_from=.* holds no model\.safetensors"):
+        train(compose_config(overrides), tmp_path / "child")
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("encoding=alibi", "trained with encoding=rope, not alibi"),
+        ("encoding.base=500", r"encoding\.base=10000\.0, not 500\.0"),
+        ("model.d_model=64", r"model\.d_model=32, not 64"),
+    ],
+)
+def test_an_incompatible_parent_is_a_one_line_error(parent, cache_dir, tmp_path, override, message):
+    with pytest.raises(PosbenchError, match=message) as info:
+        train(compose_config(child_overrides(parent, cache_dir, override)), tmp_path)
+    assert "\n" not in str(info.value)

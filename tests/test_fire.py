@@ -1,0 +1,176 @@
+"""FIRE (Li et al. 2023): the bias formula, its shift behaviour, what it can express, and how
+it is trained and evaluated.
+
+Expected biases are computed here entry by entry with ``math`` from the paper's definition,
+b_h(i, j) = f(psi(i - j) / psi(max(L, i))) with psi(x) = log(c x + 1) and f the MLP written out.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from posbench.config import compose_config
+from posbench.encodings import alibi_slopes, build_encoding
+from posbench.errors import PosbenchError
+from posbench.model import build_model
+from posbench.train import make_optimizer
+
+F64 = torch.float64
+
+
+def fire(threshold: float = 16.0, c: float = 0.5, n_head: int = 2, seed: int = 0):
+    """A float64 FIRE encoding whose MLP weights are random and large enough to matter."""
+    torch.manual_seed(seed)
+    encoding = build_encoding(
+        {"name": "fire", "threshold": threshold, "c": c}, d_model=8 * n_head, n_head=n_head
+    ).double()
+    with torch.no_grad():
+        for parameter in encoding.mlp.parameters():
+            parameter.normal_(std=1.0)
+    return encoding
+
+
+def mlp_by_hand(encoding, x: float) -> list[float]:
+    """f(x) = W2 relu(W1 x + b1) + b2, one value per head."""
+    w1, b1 = encoding.mlp[0].weight[:, 0].tolist(), encoding.mlp[0].bias.tolist()
+    w2, b2 = encoding.mlp[2].weight.tolist(), encoding.mlp[2].bias.tolist()
+    hidden = [max(0.0, w * x + b) for w, b in zip(w1, b1, strict=True)]
+    rows = zip(w2, b2, strict=True)
+    return [sum(w * h for w, h in zip(row, hidden, strict=True)) + b for row, b in rows]
+
+
+def bias_by_hand(encoding, i: int, j: int) -> list[float]:
+    c, L = encoding.c.item(), encoding.threshold.item()
+    psi = lambda x: math.log(c * x + 1)  # noqa: E731
+    return mlp_by_hand(encoding, psi(i - j) / psi(max(L, i)))
+
+
+def test_bias_is_the_mlp_of_the_log_distance_over_the_log_of_max_threshold_and_query():
+    encoding = fire(threshold=16.0, c=0.5)
+    queries, keys = [0, 5, 16, 40, 300], [0, 3, 5, 16, 39, 300]
+    bias = encoding.score_bias(torch.tensor(queries), torch.tensor(keys))
+    for a, i in enumerate(queries):
+        for b, j in enumerate(keys):
+            if j <= i:  # future keys are masked by the model; their bias is never read
+                assert bias[:, a, b].tolist() == pytest.approx(bias_by_hand(encoding, i, j))
+
+
+def test_below_the_threshold_the_bias_depends_only_on_the_relative_distance():
+    encoding = fire(threshold=100.0)
+    base = encoding.score_bias(torch.arange(30), torch.arange(30))
+    shifted = encoding.score_bias(torch.arange(60, 90), torch.arange(60, 90))  # all i <= L
+    torch.testing.assert_close(shifted.tril(), base.tril(), rtol=0, atol=1e-12)
+
+
+def test_past_the_threshold_distances_are_read_relative_to_the_query_position():
+    # Progressive interpolation: the first key is at normalised distance 1 from every query
+    # past L, so its bias is f(1) at 2x, 10x or 100x the threshold alike; shifting a pair no
+    # longer keeps its bias.
+    encoding = fire(threshold=10.0)
+    queries = torch.tensor([10, 20, 100, 1000])
+    bias = encoding.score_bias(queries, torch.tensor([0]))[:, :, 0]  # (H, 4)
+    for column in range(4):
+        assert bias[:, column].tolist() == pytest.approx(mlp_by_hand(encoding, 1.0))
+    near = encoding.score_bias(torch.tensor([20]), torch.tensor([15]))
+    far = encoding.score_bias(torch.tensor([200]), torch.tensor([195]))
+    assert not torch.allclose(near, far)
+
+
+def test_fire_can_express_an_alibi_bias():
+    # The paper's Theorem 3.1: with L past every position, FIRE reduces to a learned function
+    # of the distance, which an ALiBi slope is. A few hundred Adam steps on f_theta and c fit
+    # the ALiBi bias of 4 heads over 64 positions to within 3% of its range.
+    torch.manual_seed(0)
+    encoding = build_encoding({"name": "fire", "threshold": 64.0}, d_model=32, n_head=4)
+    encoding.threshold.requires_grad_(False)
+    positions = torch.arange(64)
+    distance = (positions[:, None] - positions[None, :]).clamp(min=0).float()
+    target = -alibi_slopes(4).float()[:, None, None] * distance  # (H, T, T)
+    causal = distance.new_ones(64, 64).tril().bool()
+    optimizer = torch.optim.Adam(encoding.parameters(), lr=0.1)
+    schedule = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, 600)
+    for _ in range(600):
+        error = (encoding.score_bias(positions, positions) - target)[:, causal]
+        loss = error.square().mean()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        schedule.step()
+    with torch.no_grad():
+        worst = (encoding.score_bias(positions, positions) - target)[:, causal].abs().max()
+    assert worst.item() < 0.03 * target.abs().max().item()
+
+
+def test_the_bias_is_finite_and_bounded_at_lengths_far_past_training():
+    encoding = fire(threshold=128.0)
+    positions = torch.arange(0, 50_000, 997)
+    bias = encoding.score_bias(positions, positions)
+    assert torch.isfinite(bias).all()
+    # inputs lie in [0, 1] for past keys, so the bias stays within f's range on [0, 1]
+    inputs = encoding.relative_inputs(positions, positions)
+    assert inputs.min().item() >= 0 and inputs.max().item() <= 1 + 1e-12
+
+
+class LargestTensor(TorchDispatchMode):
+    """Records the most elements any operation produced while active."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.largest = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for tensor in out if isinstance(out, tuple | list) else (out,):
+            if isinstance(tensor, torch.Tensor):
+                self.largest = max(self.largest, tensor.numel())
+        return out
+
+
+def test_no_intermediate_of_the_bias_outgrows_the_bias_the_memory_estimate_budgets():
+    # Transformer.inference_memory_bytes budgets a few (H, Tq, Tk) tensors per query block;
+    # f_theta's hidden layer (width values per pair) must stay within one of them.
+    encoding = fire(threshold=16.0, n_head=2)
+    with torch.inference_mode(), LargestTensor() as recorder:
+        bias = encoding.score_bias(torch.arange(300, 400), torch.arange(400))
+    assert recorder.largest <= bias.numel()
+
+
+def test_blocked_rows_give_the_same_bias_as_one_pass():
+    encoding = fire(threshold=16.0)
+    queries, keys = torch.arange(40, 90), torch.arange(90)
+    inputs = encoding.relative_inputs(queries, keys)
+    one_pass = encoding.mlp(inputs[..., None]).permute(2, 0, 1)
+    torch.testing.assert_close(encoding.score_bias(queries, keys), one_pass, rtol=0, atol=1e-12)
+
+
+def test_the_model_evaluation_memory_estimate_counts_fire_as_a_score_bias():
+    fire_model = build_model({}, {"name": "fire", "threshold": 128.0})
+    plain = build_model({}, {"name": "none"})
+    assert fire_model.inference_memory_bytes(1, 4096) > plain.inference_memory_bytes(1, 4096)
+
+
+def test_every_fire_parameter_learns_and_none_is_weight_decayed():
+    cfg = compose_config(["encoding=fire", "train.seq_len=32"])
+    model = build_model(cfg.model, cfg.encoding)
+    decayed, _plain = make_optimizer(model, cfg.train).param_groups
+    fire_ids = {id(p) for p in model.encoding.parameters()}
+    assert fire_ids and not fire_ids & {id(p) for p in decayed["params"]}
+    model(torch.randint(0, 256, (2, 24))).logsumexp(-1).sum().backward()
+    for name, parameter in model.encoding.named_parameters():
+        if name != "threshold":  # L only gets a gradient from queries it exceeds
+            assert parameter.grad is not None and (parameter.grad != 0).any(), name
+
+
+def test_the_threshold_starts_at_the_training_length():
+    cfg = compose_config(["encoding=fire", "train.seq_len=96"])
+    assert build_model(cfg.model, cfg.encoding).encoding.threshold.item() == 96.0
+
+
+@pytest.mark.parametrize("key", ["width", "c", "threshold"])
+def test_non_positive_options_are_one_line_errors(key):
+    with pytest.raises(PosbenchError, match=rf"encoding\.{key} must be positive"):
+        build_encoding({"name": "fire", key: 0}, d_model=16, n_head=2)
