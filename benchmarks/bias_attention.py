@@ -6,7 +6,7 @@ ratios to NoPE measured in the same process (model: tiny, untrained).
     python benchmarks/bias_attention.py eval --quick     # a small, fast check that it runs
 
 Besides the registered encodings, ``general`` is KERPLE's bias given only through
-``score_bias`` (computed at every (query, key) pair, no ``relative_bias``): the path that any
+``score_bias`` (looked up at every (query, key) pair; no ``relative_bias``): the path that any
 bias without exploitable structure takes. Models are timed in interleaved rounds (one forward
 or training step of each per round; median per model; see benchmarks/README.md). Peak memory at
 16,384 tokens is benchmarks/long_eval_memory.py's figure.
@@ -22,8 +22,8 @@ import torch.nn.functional as F
 from throughput import median_seconds
 
 from posbench.config import compose_config
-from posbench.encodings import encoding_names
-from posbench.encodings.kerple import KerpleRelativeBias
+from posbench.encodings import PositionalEncoding, encoding_names
+from posbench.encodings.kerple import KerpleConfig, KerpleRelativeBias
 from posbench.model import ModelArgs, Transformer, build_model
 
 EVAL_ENCODINGS = ("none", "alibi", "t5", "kerple", "general")
@@ -33,18 +33,18 @@ EVAL_TARGETS = {"alibi": 2.0, "t5": 2.0, "kerple": 3.0, "general": 3.0}
 TRAIN_TARGET = 0.91
 
 
-class GeneralKerple(KerpleRelativeBias):
-    """KERPLE's bias with its structure hidden: computed per (query, key) pair in score_bias."""
+class GeneralKerple(PositionalEncoding):
+    """KERPLE's bias given through score_bias only: the (query, key) grid is looked up from its
+    values at each distinct distance, as PositionalEncoding.score_bias does."""
 
-    def relative_bias(self, distance: torch.Tensor) -> None:
-        return None
+    def __init__(self, config: KerpleConfig, d_model: int, n_head: int) -> None:
+        super().__init__(config, d_model, n_head)
+        self.kerple = KerpleRelativeBias(config, d_model, n_head)
 
     def score_bias(
         self, query_positions: torch.Tensor, key_positions: torch.Tensor
     ) -> torch.Tensor:
-        self.project()
-        distance = (query_positions[:, None] - key_positions[None, :]).abs()  # (Tq, Tk)
-        return self.kernel(distance.to(self.r1.dtype).flatten()).unflatten(1, distance.shape)
+        return self.kerple.score_bias(query_positions, key_positions)  # (H, Tq, Tk)
 
 
 def tiny_model(encoding: str, length: int) -> Transformer:

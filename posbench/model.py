@@ -49,16 +49,17 @@ class CausalSelfAttention(nn.Module):
 # needs that tensor written (relative_bias_attention). Any other bias is built per block of
 # queries, each block's bias and scores kept under this many elements (64 MiB in float32): at
 # evaluation lengths a whole (H, T, T) tensor is gigabytes (4 heads at 16,384 tokens: 4 GiB).
-# Training lengths stay far below it and take a single call.
 MAX_SCORE_ELEMENTS = 2**24
-# Queries per SDPA call of a distance bias: each call also computes the future half of its
-# block's diagonal square, so smaller blocks waste less work, larger ones make fewer calls.
-RELATIVE_QUERY_BLOCK = 256
+# At most this many queries per SDPA call with a bias: each call also computes the future half
+# of its block's diagonal square (and the bias there), so smaller blocks waste less work,
+# larger ones make fewer calls.
+QUERY_BLOCK = 256
 
 
 def query_block_size(batch: int, n_head: int, length: int) -> int:
-    """Queries per attention call: all of them when their scores fit MAX_SCORE_ELEMENTS."""
-    return max(1, min(length, MAX_SCORE_ELEMENTS // (batch * n_head * length)))
+    """Queries per attention call with a bias: at most QUERY_BLOCK, and few enough that their
+    scores fit MAX_SCORE_ELEMENTS."""
+    return max(1, min(length, QUERY_BLOCK, MAX_SCORE_ELEMENTS // (batch * n_head * length)))
 
 
 def causal_attention(
@@ -70,7 +71,7 @@ def causal_attention(
     dropout: float = 0.0,
 ) -> torch.Tensor:
     """softmax(q k^T / sqrt(hs) + encoding's score bias + causal mask) v, for q, k, v of
-    (B, H, T, hs) at ``positions`` (T,) -> (B, H, T, hs).
+    (B, H, T, hs) at increasing ``positions`` (T,) -> (B, H, T, hs).
 
     Without a bias this is one fused causal SDPA call, which never builds a (T, T) mask. A bias
     of the distance alone at consecutive positions takes relative_bias_attention; any other
@@ -99,9 +100,10 @@ def relative_bias_attention(
     one, in training) is written out in key order instead, for attend's explicit computation.
     """
     B, H, T, _ = q.shape
-    block = min(RELATIVE_QUERY_BLOCK, query_block_size(B, H, T))
+    block = query_block_size(B, H, T)
     trainable = torch.is_grad_enabled() and bias.requires_grad
-    reversed_k, reversed_v = (k, v) if trainable else (k.flip(2), v.flip(2))  # key T - 1 - c at c
+    if not trainable:
+        k, v = k.flip(2), v.flip(2)  # key T - 1 - c at index c
     future = bias.new_full((H, block - 1), float("-inf"))
     padded = torch.cat([future, bias], dim=1)  # (H, block - 1 + T): distances -(block - 1)..T-1
     outputs = []
@@ -112,11 +114,10 @@ def relative_bias_attention(
         # the distances from a - (n - 1) on.
         distances = padded[:, block - n : block - 1 + end]  # (H, n - 1 + end)
         hankel = distances.unfold(1, end, 1)[None]  # (1, H, n, end), strides (., ., 1, 1)
-        if trainable:  # key order: (1, H, n, end) written out
+        if trainable:  # keys 0 .. end - 1, their bias written out: (1, H, n, end)
             y = attend(q[:, :, start:end], k[:, :, :end], v[:, :, :end], hankel.flip(-1), dropout)
         else:  # keys end - 1 .. 0
-            keys, values = reversed_k[:, :, T - end :], reversed_v[:, :, T - end :]
-            y = attend(q[:, :, start:end], keys, values, hankel, dropout)
+            y = attend(q[:, :, start:end], k[:, :, T - end :], v[:, :, T - end :], hankel, dropout)
         outputs.append(y)
     return join_blocks(outputs)
 
@@ -185,7 +186,7 @@ def causal_bias(
     """Fold the causal mask into an additive score bias (H, Tq, Tk): a key whose position is
     after the query's gets -inf."""
     future = key_positions[None, :] > query_positions[:, None]  # (Tq, Tk)
-    return bias.masked_fill(future, float("-inf"))
+    return torch.where(future, float("-inf"), bias)  # one pass, where masked_fill copies first
 
 
 class MLP(nn.Module):
@@ -300,7 +301,7 @@ class Transformer(nn.Module):
         elements = tokens * (8 * a.d_model + 2 * hidden + 3 * a.vocab_size)
         first = torch.zeros(1, dtype=torch.long, device=self.lm_head.weight.device)
         if self.encoding.relative_bias(first) is not None:
-            elements += 3 * tokens * a.d_model + 2 * a.n_head * (length + RELATIVE_QUERY_BLOCK)
+            elements += 3 * tokens * a.d_model + 2 * a.n_head * (length + QUERY_BLOCK)
         elif self.encoding.score_bias(first, first) is not None:
             block = query_block_size(batch_size, a.n_head, length)
             elements += 6 * batch_size * a.n_head * block * length

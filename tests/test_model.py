@@ -352,7 +352,7 @@ def random_qkv(batch, n_head, length, head_dim, dtype=F64):
 @pytest.mark.parametrize("length", [1, 16, 37, 300])
 @pytest.mark.parametrize("block", [16, 256])
 def test_relative_bias_attention_equals_the_masked_computation(name, length, block, monkeypatch):
-    monkeypatch.setattr(posbench.model, "RELATIVE_QUERY_BLOCK", block)  # 16: 300 = 18 * 16 + 12
+    monkeypatch.setattr(posbench.model, "QUERY_BLOCK", block)  # 16: 300 = 18 * 16 + 12
     encoding = random_bias_encoding(name)
     q, k, v = random_qkv(2, SMALL.n_head, length, 8)
     positions = torch.arange(length)
@@ -374,7 +374,7 @@ def test_relative_bias_attention_equals_the_masked_computation_at_4096_tokens_in
 
 @pytest.mark.parametrize("name", RELATIVE)
 def test_relative_bias_attention_gives_the_gradients_of_the_masked_computation(name, monkeypatch):
-    monkeypatch.setattr(posbench.model, "RELATIVE_QUERY_BLOCK", 16)
+    monkeypatch.setattr(posbench.model, "QUERY_BLOCK", 16)
     encoding = random_bias_encoding(name)
     inputs = [t.requires_grad_() for t in random_qkv(2, SMALL.n_head, 45, 8)]
     leaves = [*inputs, *encoding.parameters()]
@@ -390,13 +390,14 @@ def test_relative_bias_attention_gives_the_gradients_of_the_masked_computation(n
 
 @pytest.mark.parametrize("name", RELATIVE)
 @pytest.mark.parametrize(
-    "positions", [torch.arange(1000, 1037), torch.arange(0, 74, 2), torch.arange(37).flip(0)]
+    "positions", [torch.arange(1000, 1037), torch.arange(0, 74, 2), torch.arange(37) ** 2]
 )
 def test_bias_attention_at_positions_other_than_zero_to_length_equals_the_masked_computation(
     name, positions, monkeypatch
 ):
-    # Consecutive positions from 1000 take the relative path; the others the general one.
-    monkeypatch.setattr(posbench.model, "RELATIVE_QUERY_BLOCK", 16)
+    # Consecutive positions from 1000 take the relative path; the others (increasing, with gaps)
+    # the general one.
+    monkeypatch.setattr(posbench.model, "QUERY_BLOCK", 16)
     encoding = random_bias_encoding(name)
     q, k, v = random_qkv(2, SMALL.n_head, 37, 8)
     out = posbench.model.causal_attention(q, k, v, positions, encoding)
@@ -424,7 +425,7 @@ def test_relative_bias_attention_in_evaluation_never_writes_a_bias_of_queries_by
     q, k, v = random_qkv(1, SMALL.n_head, 1000, 8)
     with torch.no_grad():
         posbench.model.causal_attention(q, k, v, torch.arange(1000), encoding)
-    block = posbench.model.RELATIVE_QUERY_BLOCK
+    block = posbench.model.QUERY_BLOCK
     assert len(masks) == math.ceil(1000 / block)
     for mask in masks:
         stored = mask.untyped_storage().nbytes() // mask.element_size()
