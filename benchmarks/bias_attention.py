@@ -52,8 +52,7 @@ def tiny_model(encoding: str, length: int) -> Transformer:
     torch.manual_seed(0)
     if encoding == "general":
         args = ModelArgs()
-        kerple = compose_config(["encoding=kerple"]).encoding
-        return Transformer(args, GeneralKerple(kerple, args.d_model, args.n_head))
+        return Transformer(args, GeneralKerple(KerpleConfig(), args.d_model, args.n_head))
     # Composed as `posbench train` would; seq_len=length sizes a learned table to fit.
     cfg = compose_config([f"encoding={encoding}", f"train.seq_len={length}"])
     return build_model({}, cfg.encoding)

@@ -160,6 +160,7 @@ def blocked_bias_attention(
     """
     B, H, T, _ = q.shape
     block = query_block_size(B, H, T)
+    in_parts = q.device.type == "cpu" and not (torch.is_grad_enabled() or dropout)
     outputs = []
     for start in reversed(range(0, T, block)):
         end = min(start + block, T)
@@ -168,9 +169,34 @@ def blocked_bias_attention(
         if bias is None:  # the encoding adds no bias at all: take the fused causal kernel
             return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=True)
         # (1, H, e - s, e): SDPA's CPU kernel takes a 4-D mask fused, a 3-D one 5x slower.
-        mask = causal_bias(bias, query_positions, key_positions).to(q.dtype)[None]
-        outputs.append(attend(q[:, :, start:end], k[:, :, :end], v[:, :, :end], mask, dropout))
+        bias = bias.to(q.dtype)[None]
+        queries, keys, values = q[:, :, start:end], k[:, :, :end], v[:, :, :end]
+        if in_parts and start:  # only the diagonal square [s, e) needs the causal mask
+            diagonal = causal_bias(bias[..., start:], query_positions, key_positions[start:])
+            outputs.append(past_and_diagonal_attention(queries, keys, values, bias, diagonal))
+        else:
+            mask = causal_bias(bias, query_positions, key_positions)
+            outputs.append(attend(queries, keys, values, mask, dropout))
     return join_blocks(outputs)
+
+
+def past_and_diagonal_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor, diagonal: torch.Tensor
+) -> torch.Tensor:
+    """attend(q, k, v, mask) for a block of queries q (B, H, n, hs) and keys k, v (B, H, Tk, hs)
+    whose mask is ``bias`` (1, H, n, Tk) except over the last n keys, where it is ``diagonal``
+    (1, H, n, n), the bias with the causal mask -> (B, H, n, hs); without writing that mask.
+
+    The past keys (bias only, read in place) and the diagonal square are two SDPA calls whose
+    outputs are merged exactly by their log-sum-exps (as flash-decoding merges key splits).
+    CPU only (SDPA's CPU flash kernel returns the log-sum-exp), without gradients.
+    """
+    past = k.shape[2] - q.shape[2]
+    flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+    y_past, lse_past = flash(q, k[:, :, :past], v[:, :, :past], attn_mask=bias[..., :past])[:2]
+    y_diag, lse_diag = flash(q, k[:, :, past:], v[:, :, past:], attn_mask=diagonal)[:2]
+    lse = torch.logaddexp(lse_past, lse_diag)[..., None]  # (B, H, n, 1)
+    return y_past * (lse_past[..., None] - lse).exp() + y_diag * (lse_diag[..., None] - lse).exp()
 
 
 def join_blocks(outputs: list[torch.Tensor]) -> torch.Tensor:

@@ -45,6 +45,20 @@ class DistanceBias(PositionalEncoding):
         return -self.slopes[:, None, None] * distance  # (H, Tq, Tk)
 
 
+class PairBias(PositionalEncoding):
+    """A bias of both positions, not of their distance alone: slope_h * sin(i / 7) * cos(j / 5)."""
+
+    Config = ForTestConfig
+
+    def __init__(self, config: EncodingConfig, d_model: int, n_head: int) -> None:
+        super().__init__(config, d_model, n_head)
+        self.register_buffer("slopes", torch.linspace(2.0, 0.5, n_head))
+
+    def score_bias(self, query_positions, key_positions):
+        pairs = torch.sin(query_positions / 7)[:, None] * torch.cos(key_positions / 5)[None, :]
+        return self.slopes[:, None, None] * pairs  # (H, Tq, Tk)
+
+
 class PositionScaledQK(PositionalEncoding):
     """Scales the query or key at position t by 1 + t / 4, as a stand-in for a rotation."""
 
@@ -57,6 +71,8 @@ class PositionScaledQK(PositionalEncoding):
 def make_encoding(name: str, args: ModelArgs) -> PositionalEncoding:
     if name == "distance-bias":
         return DistanceBias(ForTestConfig(), args.d_model, args.n_head)
+    if name == "pair-bias":
+        return PairBias(ForTestConfig(), args.d_model, args.n_head)
     return build_encoding({"name": name}, args.d_model, args.n_head)
 
 
@@ -430,6 +446,49 @@ def test_relative_bias_attention_in_evaluation_never_writes_a_bias_of_queries_by
     for mask in masks:
         stored = mask.untyped_storage().nbytes() // mask.element_size()
         assert stored <= SMALL.n_head * (block - 1 + 1000) < mask.numel()
+
+
+# --- any other bias (score_bias only) ------------------------------------------------------------
+
+GENERAL = ["distance-bias", "pair-bias"]
+
+
+@pytest.mark.parametrize("name", GENERAL)
+@pytest.mark.parametrize("length", [1, 16, 37, 300])
+@pytest.mark.parametrize("gradients", [True, False])
+def test_general_bias_attention_equals_the_masked_computation(name, length, gradients, monkeypatch):
+    # Without gradients, blocks after the first attend to their past and diagonal keys apart.
+    monkeypatch.setattr(posbench.model, "QUERY_BLOCK", 16)
+    encoding = random_bias_encoding(name)
+    q, k, v = random_qkv(2, SMALL.n_head, length, 8)
+    positions = torch.arange(length)
+    with torch.set_grad_enabled(gradients):
+        out = posbench.model.causal_attention(q, k, v, positions, encoding)
+    expected = masked_attention(q, k, v, encoding, positions)
+    torch.testing.assert_close(out, expected, rtol=0, atol=1e-10)
+
+
+@pytest.mark.parametrize("positions", [torch.arange(1000, 1037), torch.arange(37) ** 2])
+def test_general_bias_attention_at_other_increasing_positions_equals_the_masked_computation(
+    positions, monkeypatch
+):
+    monkeypatch.setattr(posbench.model, "QUERY_BLOCK", 16)
+    encoding = random_bias_encoding("pair-bias")
+    q, k, v = random_qkv(2, SMALL.n_head, 37, 8)
+    with torch.no_grad():
+        out = posbench.model.causal_attention(q, k, v, positions, encoding)
+    expected = masked_attention(q, k, v, encoding, positions)
+    torch.testing.assert_close(out, expected, rtol=0, atol=1e-10)
+
+
+def test_general_bias_attention_equals_the_masked_computation_at_4096_tokens_in_float32():
+    encoding = random_bias_encoding("pair-bias").float()
+    q, k, v = random_qkv(1, SMALL.n_head, 4096, 4, dtype=torch.float32)
+    positions = torch.arange(4096)
+    with torch.no_grad():
+        out = posbench.model.causal_attention(q, k, v, positions, encoding)
+        expected = masked_attention(q, k, v, encoding, positions)
+    torch.testing.assert_close(out, expected, rtol=0, atol=1e-5)
 
 
 def test_attention_with_a_mask_that_needs_a_gradient_equals_the_plain_computation():

@@ -84,8 +84,7 @@ class PositionalEncoding(nn.Module):
         bias = self.relative_bias(torch.arange(lowest, highest + 1, device=lowest.device))
         if bias is None:
             return None
-        row = (query_positions - lowest)[:, None] - key_positions[
-            None, :
-        ]  # (Tq, Tk): i - j - lowest
+        # i - j - lowest (Tq, Tk) in int32, which index_select takes: half of int64's traffic.
+        row = (query_positions - lowest).int()[:, None] - key_positions.int()[None, :]
         # index_select of the flat grid: 5x faster than bias[:, row] (measured at 256 x 2048).
         return bias.index_select(1, row.flatten()).view(-1, *row.shape)  # (H, Tq, Tk)
