@@ -45,14 +45,8 @@ class DistanceBias(PositionalEncoding):
         return -self.slopes[:, None, None] * distance  # (H, Tq, Tk)
 
 
-class PairBias(PositionalEncoding):
+class PairBias(DistanceBias):
     """A bias of both positions, not of their distance alone: slope_h * sin(i / 7) * cos(j / 5)."""
-
-    Config = ForTestConfig
-
-    def __init__(self, config: EncodingConfig, d_model: int, n_head: int) -> None:
-        super().__init__(config, d_model, n_head)
-        self.register_buffer("slopes", torch.linspace(2.0, 0.5, n_head))
 
     def score_bias(self, query_positions, key_positions):
         pairs = torch.sin(query_positions / 7)[:, None] * torch.cos(key_positions / 5)[None, :]
