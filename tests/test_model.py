@@ -361,12 +361,17 @@ def random_qkv(batch, n_head, length, head_dim, dtype=F64):
 @pytest.mark.parametrize("name", RELATIVE)
 @pytest.mark.parametrize("length", [1, 16, 37, 300])
 @pytest.mark.parametrize("block", [16, 256])
-def test_relative_bias_attention_equals_the_masked_computation(name, length, block, monkeypatch):
+@pytest.mark.parametrize("gradients", [True, False])
+def test_relative_bias_attention_equals_the_masked_computation(
+    name, length, block, gradients, monkeypatch
+):
+    # With gradients, a learned bias (t5, kerple) is written out for the explicit computation.
     monkeypatch.setattr(posbench.model, "QUERY_BLOCK", block)  # 16: 300 = 18 * 16 + 12
     encoding = random_bias_encoding(name)
     q, k, v = random_qkv(2, SMALL.n_head, length, 8)
     positions = torch.arange(length)
-    out = posbench.model.causal_attention(q, k, v, positions, encoding)
+    with torch.set_grad_enabled(gradients):
+        out = posbench.model.causal_attention(q, k, v, positions, encoding)
     expected = masked_attention(q, k, v, encoding, positions)
     torch.testing.assert_close(out, expected, rtol=0, atol=1e-10)
 
@@ -410,7 +415,8 @@ def test_bias_attention_at_positions_other_than_zero_to_length_equals_the_masked
     monkeypatch.setattr(posbench.model, "QUERY_BLOCK", 16)
     encoding = random_bias_encoding(name)
     q, k, v = random_qkv(2, SMALL.n_head, 37, 8)
-    out = posbench.model.causal_attention(q, k, v, positions, encoding)
+    with torch.no_grad():
+        out = posbench.model.causal_attention(q, k, v, positions, encoding)
     expected = masked_attention(q, k, v, encoding, positions)
     torch.testing.assert_close(out, expected, rtol=0, atol=1e-10)
 
