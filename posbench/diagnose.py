@@ -242,8 +242,14 @@ def check_diagnosable(model: Transformer, length: int, device: torch.device) -> 
 
 
 def validation_windows(tokens: torch.Tensor, length: int, n_windows: int) -> torch.Tensor:
-    """The first ``n_windows`` non-overlapping windows of ``length`` tokens -> (K, length)."""
-    starts = [start for start, _ in windows(len(tokens), length, None)][:n_windows]
+    """The first ``n_windows`` non-overlapping windows of ``length`` tokens -> (K, length).
+
+    Only whole windows: evaluation's last window may overlap the one before it to score the
+    leftover tail, and its queries would be counted twice here."""
+    whole = [
+        start for start, first_scored in windows(len(tokens), length, None) if not first_scored
+    ]
+    starts = whole[:n_windows]
     if len(starts) < n_windows:
         raise PosbenchError(
             f"the validation split has {len(tokens)} tokens: {len(starts)} windows of "

@@ -306,6 +306,24 @@ def test_none_adds_no_score_bias_and_has_no_length_cap():
     assert encoding.max_length is None
 
 
+@pytest.mark.parametrize("name", ["none", "rope", "sinusoidal", "learned"])
+def test_encodings_without_a_bias_have_no_relative_bias(name):
+    encoding = build_encoding({"name": name}, d_model=16, n_head=2)
+    assert encoding.relative_bias(torch.arange(-3, 4)) is None
+
+
+@pytest.mark.parametrize("name", ["alibi", "t5", "kerple"])
+def test_score_bias_of_a_relative_bias_is_its_value_at_each_pairs_distance(name):
+    encoding = build_encoding({"name": name}, d_model=16, n_head=2).double()
+    queries, keys = torch.tensor([5, 40, 300]), torch.tensor([0, 5, 41, 299, 7])
+    bias = encoding.score_bias(queries, keys)
+    assert bias.shape == (2, 3, 5)
+    for a, i in enumerate(queries.tolist()):
+        for b, j in enumerate(keys.tolist()):
+            expected = encoding.relative_bias(torch.tensor([i - j]))[:, 0]  # (H,)
+            torch.testing.assert_close(bias[:, a, b], expected, rtol=0, atol=0)
+
+
 # --- registry ---------------------------------------------------------------------------------
 
 

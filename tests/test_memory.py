@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import posbench.memory
-from posbench.encodings import build_encoding
+from posbench.encodings import EncodingConfig, PositionalEncoding, build_encoding
 from posbench.evaluate import evaluate_length
 from posbench.memory import available_memory, fitting_batch_size
 from posbench.model import MAX_SCORE_ELEMENTS, ModelArgs, Transformer, build_model
@@ -20,10 +20,26 @@ from posbench.model import MAX_SCORE_ELEMENTS, ModelArgs, Transformer, build_mod
 CPU = torch.device("cpu")
 
 
+class PairBias(PositionalEncoding):
+    """A bias given per (query, key) pair only (no relative_bias): the general attention path."""
+
+    def score_bias(self, query_positions, key_positions):
+        pairs = (query_positions[:, None] * key_positions[None, :]).float()  # (Tq, Tk)
+        return pairs.expand(self.n_head, -1, -1) / 1e6  # (H, Tq, Tk)
+
+
 def model_with(encoding: str) -> Transformer:
     torch.manual_seed(0)
     args = ModelArgs(n_layer=1, n_head=2, d_model=16)
+    if encoding == "pair-bias":
+        return Transformer(args, PairBias(EncodingConfig(), 16, 2))
     return Transformer(args, build_encoding({"name": encoding}, 16, 2))
+
+
+def scratch(encoding: str, length: int) -> int:
+    """What a score bias adds to the estimate of one window of ``length`` tokens."""
+    without_bias = model_with("none").inference_memory_bytes(1, length)
+    return model_with(encoding).inference_memory_bytes(1, length) - without_bias
 
 
 def allow(monkeypatch, n_bytes: int) -> None:
@@ -54,11 +70,14 @@ def test_estimate_grows_with_batch_and_length():
     assert model.inference_memory_bytes(1, 1024) > model.inference_memory_bytes(1, 512)
 
 
-def test_bias_attention_scratch_stays_bounded_at_long_lengths():
-    model = model_with("t5")
-    without_bias = model_with("none").inference_memory_bytes(1, 65536)
-    scratch = model.inference_memory_bytes(1, 65536) - without_bias
-    assert 0 < scratch <= 6 * MAX_SCORE_ELEMENTS * 4
+def test_general_bias_attention_scratch_stays_bounded_at_long_lengths():
+    assert 0 < scratch("pair-bias", 65536) <= 6 * MAX_SCORE_ELEMENTS * 4
+
+
+@pytest.mark.parametrize("encoding", ["alibi", "t5", "kerple"])
+def test_distance_bias_attention_scratch_grows_with_the_length_not_its_square(encoding):
+    assert 0 < scratch(encoding, 65536) <= 2 * scratch(encoding, 32768)
+    assert scratch(encoding, 65536) < scratch("pair-bias", 65536)
 
 
 @pytest.mark.parametrize("encoding", ["alibi", "t5", "kerple"])

@@ -46,6 +46,14 @@ class DistanceBias(PositionalEncoding):
         return -self.slopes[:, None, None] * distance  # (H, Tq, Tk)
 
 
+class PairBias(DistanceBias):
+    """A bias of both positions, not of their distance alone: slope_h * sin(i / 7) * cos(j / 5)."""
+
+    def score_bias(self, query_positions, key_positions):
+        pairs = torch.sin(query_positions / 7)[:, None] * torch.cos(key_positions / 5)[None, :]
+        return self.slopes[:, None, None] * pairs  # (H, Tq, Tk)
+
+
 class PositionScaledQK(PositionalEncoding):
     """Scales the query or key at position t by 1 + t / 4, as a stand-in for a rotation."""
 
@@ -58,6 +66,8 @@ class PositionScaledQK(PositionalEncoding):
 def make_encoding(name: str, args: ModelArgs) -> PositionalEncoding:
     if name == "distance-bias":
         return DistanceBias(ForTestConfig(), args.d_model, args.n_head)
+    if name == "pair-bias":
+        return PairBias(ForTestConfig(), args.d_model, args.n_head)
     return build_encoding({"name": name}, args.d_model, args.n_head)
 
 
@@ -308,11 +318,10 @@ def test_blocked_model_equals_the_single_call_model_in_float32(monkeypatch):
     torch.testing.assert_close(blocked, single, rtol=0, atol=1e-5)
 
 
-@pytest.mark.parametrize("name", BIASED)
-def test_each_query_block_sees_keys_only_up_to_its_own_end_and_stays_under_the_limit(
-    name, monkeypatch
+def test_each_block_of_a_general_bias_sees_keys_only_up_to_its_own_end_and_stays_under_the_limit(
+    monkeypatch,
 ):
-    encoding = random_bias_encoding(name)
+    encoding = random_bias_encoding("distance-bias")
     calls = []
     score_bias = encoding.score_bias
 
@@ -329,6 +338,173 @@ def test_each_query_block_sees_keys_only_up_to_its_own_end_and_stays_under_the_l
     for query_positions, key_positions, elements in calls:
         assert torch.equal(key_positions, torch.arange(int(query_positions[-1]) + 1))
         assert elements <= 400
+
+
+# --- a bias of the distance alone (relative_bias): no (H, Tq, Tk) tensor --------------------------
+
+RELATIVE = ["alibi", "t5", "kerple"]
+
+
+def masked_attention(q, k, v, encoding, positions):
+    """The plain computation: softmax(q k^T / sqrt(hs) + score_bias + causal mask) v, written out
+    with the whole (H, T, T) bias of the encoding's reference score_bias."""
+    bias = causal_bias(encoding.score_bias(positions, positions), positions, positions)
+    scores = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1]) + bias  # (B, H, T, T)
+    return torch.softmax(scores, dim=-1) @ v
+
+
+def random_qkv(batch, n_head, length, head_dim, dtype=F64):
+    generator = torch.Generator().manual_seed(8)
+    shape = (batch, n_head, length, head_dim)
+    return [torch.randn(shape, dtype=dtype, generator=generator) for _ in range(3)]
+
+
+@pytest.mark.parametrize("name", RELATIVE)
+@pytest.mark.parametrize("length", [1, 16, 37, 300])
+@pytest.mark.parametrize("block", [16, 256])
+@pytest.mark.parametrize("gradients", [True, False])
+def test_relative_bias_attention_equals_the_masked_computation(
+    name, length, block, gradients, monkeypatch
+):
+    # With gradients, a learned bias (t5, kerple) is written out for the explicit computation.
+    monkeypatch.setattr(posbench.model, "QUERY_BLOCK", block)  # 16: 300 = 18 * 16 + 12
+    encoding = random_bias_encoding(name)
+    q, k, v = random_qkv(2, SMALL.n_head, length, 8)
+    positions = torch.arange(length)
+    with torch.set_grad_enabled(gradients):
+        out = posbench.model.causal_attention(q, k, v, positions, encoding)
+    expected = masked_attention(q, k, v, encoding, positions)
+    torch.testing.assert_close(out, expected, rtol=0, atol=1e-10)
+
+
+@pytest.mark.parametrize("name", [*RELATIVE, "pair-bias"])  # pair-bias: the general path
+def test_bias_attention_equals_the_masked_computation_at_4096_tokens_in_float32(name):
+    encoding = random_bias_encoding(name).float()
+    q, k, v = random_qkv(1, SMALL.n_head, 4096, 4, dtype=torch.float32)
+    positions = torch.arange(4096)
+    with torch.no_grad():
+        out = posbench.model.causal_attention(q, k, v, positions, encoding)
+        expected = masked_attention(q, k, v, encoding, positions)
+    torch.testing.assert_close(out, expected, rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", RELATIVE)
+def test_relative_bias_attention_gives_the_gradients_of_the_masked_computation(name, monkeypatch):
+    monkeypatch.setattr(posbench.model, "QUERY_BLOCK", 16)
+    encoding = random_bias_encoding(name)
+    inputs = [t.requires_grad_() for t in random_qkv(2, SMALL.n_head, 45, 8)]
+    leaves = [*inputs, *encoding.parameters()]
+    out_grad = torch.randn(2, SMALL.n_head, 45, 8, dtype=F64)
+
+    def gradients(attend) -> list[torch.Tensor]:
+        return torch.autograd.grad(attend(*inputs, encoding, torch.arange(45)), leaves, out_grad)
+
+    fast = gradients(lambda q, k, v, e, p: posbench.model.causal_attention(q, k, v, p, e))
+    for got, expected in zip(fast, gradients(masked_attention), strict=True):
+        torch.testing.assert_close(got, expected, rtol=0, atol=1e-10)
+
+
+@pytest.mark.parametrize("name", RELATIVE)
+@pytest.mark.parametrize(
+    "positions", [torch.arange(1000, 1037), torch.arange(0, 74, 2), torch.arange(37) ** 2]
+)
+def test_bias_attention_at_positions_other_than_zero_to_length_equals_the_masked_computation(
+    name, positions, monkeypatch
+):
+    # Consecutive positions from 1000 take the relative path; the others (increasing, with gaps)
+    # the general one.
+    monkeypatch.setattr(posbench.model, "QUERY_BLOCK", 16)
+    encoding = random_bias_encoding(name)
+    q, k, v = random_qkv(2, SMALL.n_head, 37, 8)
+    with torch.no_grad():
+        out = posbench.model.causal_attention(q, k, v, positions, encoding)
+    expected = masked_attention(q, k, v, encoding, positions)
+    torch.testing.assert_close(out, expected, rtol=0, atol=1e-10)
+
+
+@pytest.mark.parametrize("name", RELATIVE)
+def test_relative_bias_attention_in_evaluation_never_writes_a_bias_of_queries_by_keys(
+    name, monkeypatch
+):
+    encoding = random_bias_encoding(name)
+    masks = []
+    sdpa = F.scaled_dot_product_attention
+
+    def recording(*args, **kwargs):
+        masks.append(kwargs["attn_mask"])
+        return sdpa(*args, **kwargs)
+
+    def refuse(*args):
+        raise AssertionError("score_bias builds an (H, Tq, Tk) bias")
+
+    monkeypatch.setattr(encoding, "score_bias", refuse)
+    monkeypatch.setattr(posbench.model.F, "scaled_dot_product_attention", recording)
+    q, k, v = random_qkv(1, SMALL.n_head, 1000, 8)
+    with torch.no_grad():
+        posbench.model.causal_attention(q, k, v, torch.arange(1000), encoding)
+    block = posbench.model.QUERY_BLOCK
+    assert len(masks) == math.ceil(1000 / block)
+    for mask in masks:
+        stored = mask.untyped_storage().nbytes() // mask.element_size()
+        assert stored <= SMALL.n_head * (block - 1 + 1000) < mask.numel()
+
+
+# --- any other bias (score_bias only) ------------------------------------------------------------
+
+GENERAL = ["distance-bias", "pair-bias"]
+
+
+@pytest.mark.parametrize("name", GENERAL)
+@pytest.mark.parametrize("length", [1, 16, 37, 300])
+@pytest.mark.parametrize("gradients", [True, False])
+def test_general_bias_attention_equals_the_masked_computation(name, length, gradients, monkeypatch):
+    # Without gradients, blocks after the first attend to their past and diagonal keys apart.
+    monkeypatch.setattr(posbench.model, "QUERY_BLOCK", 16)
+    encoding = random_bias_encoding(name)
+    q, k, v = random_qkv(2, SMALL.n_head, length, 8)
+    positions = torch.arange(length)
+    with torch.set_grad_enabled(gradients):
+        out = posbench.model.causal_attention(q, k, v, positions, encoding)
+    expected = masked_attention(q, k, v, encoding, positions)
+    torch.testing.assert_close(out, expected, rtol=0, atol=1e-10)
+
+
+@pytest.mark.parametrize("positions", [torch.arange(1000, 1037), torch.arange(37) ** 2])
+def test_general_bias_attention_at_other_increasing_positions_equals_the_masked_computation(
+    positions, monkeypatch
+):
+    monkeypatch.setattr(posbench.model, "QUERY_BLOCK", 16)
+    encoding = random_bias_encoding("pair-bias")
+    q, k, v = random_qkv(2, SMALL.n_head, 37, 8)
+    with torch.no_grad():
+        out = posbench.model.causal_attention(q, k, v, positions, encoding)
+    expected = masked_attention(q, k, v, encoding, positions)
+    torch.testing.assert_close(out, expected, rtol=0, atol=1e-10)
+
+
+def test_attention_with_a_mask_that_needs_a_gradient_equals_the_plain_computation():
+    q, k, v = random_qkv(2, 3, 11, 8)
+    positions = torch.arange(11)
+    bias = torch.randn(3, 11, 11, dtype=F64, requires_grad=True)
+    mask = causal_bias(bias, positions, positions)[None]  # (1, H, T, T)
+    out_grad = torch.randn(2, 3, 11, 8, dtype=F64)
+    out = posbench.model.attend(q, k, v, mask)
+    scores = q @ k.transpose(-1, -2) / math.sqrt(8) + mask
+    expected = torch.softmax(scores, dim=-1) @ v
+    torch.testing.assert_close(out, expected, rtol=0, atol=1e-12)
+    (got,) = torch.autograd.grad(out, bias, out_grad, retain_graph=True)
+    torch.testing.assert_close(got, torch.autograd.grad(expected, bias, out_grad)[0])
+
+
+def test_attention_with_a_mask_that_needs_a_gradient_applies_dropout_to_the_weights():
+    q, k, v = random_qkv(1, 2, 64, 8)
+    mask = torch.zeros(1, 2, 64, 64, dtype=F64, requires_grad=True)
+    torch.manual_seed(9)
+    dropped = posbench.model.attend(q, k, v, mask, dropout=0.5)
+    weights = torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(8), dim=-1)
+    torch.manual_seed(9)
+    expected = torch.nn.functional.dropout(weights, 0.5) @ v
+    torch.testing.assert_close(dropped, expected, rtol=0, atol=1e-12)
 
 
 def test_training_shapes_take_a_single_attention_call():

@@ -45,13 +45,6 @@ class AlibiPositionalBias(PositionalEncoding):
         # Fixed and recomputable from n_head, so not saved in checkpoints.
         self.register_buffer("slopes", alibi_slopes(n_head).float(), persistent=False)
 
-    def score_bias(
-        self, query_positions: torch.Tensor, key_positions: torch.Tensor
-    ) -> torch.Tensor:
-        # In the slopes' dtype from the start (exact below 2^24 in float32): one (Tq, Tk) pass
-        # less than integer distances.
-        query_positions, key_positions = (
-            p.to(self.slopes.dtype) for p in (query_positions, key_positions)
-        )
-        distance = query_positions[:, None] - key_positions[None, :]  # (Tq, Tk): i - j
-        return -self.slopes[:, None, None] * distance  # (H, Tq, Tk)
+    def relative_bias(self, distance: torch.Tensor) -> torch.Tensor:
+        # In the slopes' dtype: distances are exact below 2^24 in float32.
+        return -self.slopes[:, None] * distance.to(self.slopes.dtype)  # (H, D)

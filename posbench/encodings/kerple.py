@@ -66,15 +66,9 @@ class KerpleRelativeBias(PositionalEncoding):
                 if outside.any():
                     param.clamp_(SMALLEST, upper)
 
-    def score_bias(
-        self, query_positions: torch.Tensor, key_positions: torch.Tensor
-    ) -> torch.Tensor:
+    def relative_bias(self, distance: torch.Tensor) -> torch.Tensor:
         self.project()
-        distance = (query_positions[:, None] - key_positions[None, :]).abs()  # (Tq, Tk)
-        # The kernel of each distinct distance once, then the (Tq, Tk) grid looked up: at long
-        # lengths that saves several (H, Tq, Tk) temporaries.
-        distinct = torch.arange(int(distance.max()) + 1, device=distance.device)
-        return self.kernel(distinct.to(self.r1.dtype))[:, distance]  # (H, Tq, Tk)
+        return self.kernel(distance.abs().to(self.r1.dtype))  # (H, D)
 
     def kernel(self, distance: torch.Tensor) -> torch.Tensor:
         """k(m, n) of each head at distances |m - n| ``distance`` (D,) -> (H, D)."""

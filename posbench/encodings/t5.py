@@ -73,14 +73,6 @@ class T5RelativeBias(PositionalEncoding):
         # like one and kept out of weight decay (train.make_optimizer).
         self.bias_table = nn.Embedding(config.num_buckets, n_head)
 
-    def score_bias(
-        self, query_positions: torch.Tensor, key_positions: torch.Tensor
-    ) -> torch.Tensor:
-        relative = key_positions[None, :] - query_positions[:, None]  # (Tq, Tk): j - i
-        # Bucket each distinct relative position once (there are at most Tq + Tk - 1), then
-        # look the (Tq, Tk) grid up: at long lengths that saves a dozen (Tq, Tk) temporaries.
-        lowest = relative.min()
-        distinct = torch.arange(lowest, relative.max() + 1, device=relative.device)
-        buckets = t5_bucket(distinct, self.config.num_buckets, self.config.max_distance)
-        grid = buckets[relative - lowest]  # (Tq, Tk)
-        return self.bias_table.weight.T[:, grid]  # (H, Tq, Tk)
+    def relative_bias(self, distance: torch.Tensor) -> torch.Tensor:
+        buckets = t5_bucket(-distance, self.config.num_buckets, self.config.max_distance)
+        return self.bias_table.weight.T[:, buckets]  # (H, D)

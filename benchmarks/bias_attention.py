@@ -1,0 +1,127 @@
+"""Score-bias attention: evaluation time at long lengths and training tokens/s, per encoding, as
+ratios to NoPE measured in the same process (model: tiny, untrained).
+
+    python benchmarks/bias_attention.py eval [--lengths 2048 16384] [--rounds 5] [--threads 1]
+    python benchmarks/bias_attention.py train [--rounds 15] [--threads 1]
+    python benchmarks/bias_attention.py eval --quick     # a small, fast check that it runs
+
+Besides the registered encodings, ``general`` is KERPLE's bias given only through
+``score_bias`` (looked up at every (query, key) pair; no ``relative_bias``): the path that any
+bias without exploitable structure takes. Models are timed in interleaved rounds (one forward
+or training step of each per round; median per model; see benchmarks/README.md). Peak memory at
+16,384 tokens is benchmarks/long_eval_memory.py's figure.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from throughput import median_seconds
+
+from posbench.config import compose_config
+from posbench.encodings import PositionalEncoding, encoding_names
+from posbench.encodings.kerple import KerpleConfig, KerpleRelativeBias
+from posbench.model import ModelArgs, Transformer, build_model
+
+EVAL_ENCODINGS = ("none", "alibi", "t5", "kerple", "general")
+# The issue's targets: eval time at most this many times NoPE's; training tokens/s at least
+# 0.91x NoPE's (every encoding).
+EVAL_TARGETS = {"alibi": 2.0, "t5": 2.0, "kerple": 3.0, "general": 3.0}
+TRAIN_TARGET = 0.91
+
+
+class GeneralKerple(PositionalEncoding):
+    """KERPLE's bias given through score_bias only: the (query, key) grid is looked up from its
+    values at each distinct distance, as PositionalEncoding.score_bias does."""
+
+    def __init__(self, config: KerpleConfig, d_model: int, n_head: int) -> None:
+        super().__init__(config, d_model, n_head)
+        self.kerple = KerpleRelativeBias(config, d_model, n_head)
+
+    def score_bias(
+        self, query_positions: torch.Tensor, key_positions: torch.Tensor
+    ) -> torch.Tensor:
+        return self.kerple.score_bias(query_positions, key_positions)  # (H, Tq, Tk)
+
+
+def tiny_model(encoding: str, length: int) -> Transformer:
+    """An untrained tiny model (ModelArgs' defaults) with ``encoding`` for inputs of ``length``."""
+    torch.manual_seed(0)
+    if encoding == "general":
+        args = ModelArgs()
+        return Transformer(args, GeneralKerple(KerpleConfig(), args.d_model, args.n_head))
+    # Composed as `posbench train` would; seq_len=length sizes a learned table to fit.
+    cfg = compose_config([f"encoding={encoding}", f"train.seq_len={length}"])
+    return build_model({}, cfg.encoding)
+
+
+def eval_step(model: Transformer, length: int) -> Callable[[], None]:
+    tokens = torch.randint(0, 256, (1, length))
+
+    @torch.inference_mode()
+    def step() -> None:
+        model(tokens).sum().item()
+
+    return step
+
+
+def train_step(model: Transformer, batch: int, seq_len: int) -> Callable[[], None]:
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    x = torch.randint(0, 256, (batch, seq_len + 1))
+
+    def step() -> None:
+        loss = F.cross_entropy(model(x[:, :-1]).flatten(0, 1), x[:, 1:].flatten())
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+
+    return step
+
+
+def report(title: str, seconds: dict[str, float], targets: dict[str, float], slower: bool) -> None:
+    """One line per model: its time as a ratio to NoPE's (``slower``) or its speed as one."""
+    print(title)
+    for name, value in seconds.items():
+        ratio = value / seconds["none"] if slower else seconds["none"] / value
+        target = targets.get(name)
+        bound = "" if target is None else f"  target {'<=' if slower else '>='} {target:.2f}"
+        met = "" if target is None else ("  ok" if (ratio <= target) == slower else "  MISSED")
+        print(f"  {name:<11}{value:>9.3f} s{ratio:>7.2f}x{bound}{met}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("figure", choices=["eval", "train"])
+    parser.add_argument("--lengths", type=int, nargs="+", default=[2048, 16384])
+    parser.add_argument("--batch", type=int, default=32, help="training batch")
+    parser.add_argument("--seq-len", type=int, default=128, help="training length")
+    parser.add_argument("--rounds", type=int, default=None, help="default: eval 5, train 15")
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--quick", action="store_true", help="small sizes, 1 round")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    rounds = args.rounds or (5 if args.figure == "eval" else 15)
+    if args.quick:
+        args.lengths, args.batch, rounds = [512], 4, 1
+    print(f"threads={args.threads}, rounds={rounds}, model tiny, ratios to NoPE's")
+    if args.figure == "eval":
+        for length in args.lengths:
+            steps = {name: eval_step(tiny_model(name, length), length) for name in EVAL_ENCODINGS}
+            seconds = median_seconds(steps, rounds)
+            report(f"eval time at {length} tokens (one window)", seconds, EVAL_TARGETS, True)
+    else:
+        names = ["none", *(n for n in encoding_names() if n != "none"), "general"]
+        steps = {
+            name: train_step(tiny_model(name, args.seq_len), args.batch, args.seq_len)
+            for name in names
+        }
+        seconds = median_seconds(steps, rounds)
+        targets = dict.fromkeys(names, TRAIN_TARGET)
+        report(f"training tokens/s at {args.batch} x {args.seq_len}", seconds, targets, False)
+
+
+if __name__ == "__main__":
+    main()
