@@ -1,12 +1,14 @@
 """The posbench command end to end, through subprocesses, as a user runs it."""
 
 import json
+import os
 import subprocess
 import sys
 import venv
 from pathlib import Path
 
 import pytest
+import torch
 from conftest import TINY, TINY_RUN
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -17,9 +19,9 @@ pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[1]
 
 
-def posbench(*args, cwd, executable="posbench", check=True):
+def posbench(*args, cwd, executable="posbench", check=True, env=None):
     result = subprocess.run(
-        [executable, *args], cwd=cwd, capture_output=True, text=True, timeout=600
+        [executable, *args], cwd=cwd, capture_output=True, text=True, timeout=600, env=env
     )
     if check and result.returncode != 0:
         raise AssertionError(f"posbench {' '.join(args)} failed:\n{result.stderr}")
@@ -202,41 +204,49 @@ def test_an_empty_text_corpus_is_one_line_naming_the_fix(tmp_path, cache_dir):
     assert "data.path" in lines[0] and "Traceback" not in result.stderr
 
 
+def checked(command: list, **kwargs) -> subprocess.CompletedProcess:
+    """``subprocess.run`` that fails the test with the child's stderr, not just its exit code."""
+    result = subprocess.run(command, capture_output=True, text=True, **kwargs)
+    if result.returncode != 0:
+        raise AssertionError(f"{' '.join(map(str, command))} failed:\n{result.stderr}")
+    return result
+
+
+def venv_seeing_this_interpreters_packages(env_dir: Path) -> Path:
+    """A fresh virtual environment whose imports fall back on this interpreter's: a .pth file
+    lists every directory on this sys.path except source trees holding posbench. (A venv with
+    system_site_packages would see the *base* interpreter's packages, not those of the venv
+    the tests may be running in.) Returns its python."""
+    venv.create(env_dir, with_pip=False)
+    python = env_dir / "bin" / "python"
+    site_packages = checked(
+        [python, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"]
+    ).stdout.strip()
+    outer = [
+        p for p in sys.path if Path(p).is_dir() and not Path(p, "posbench/__init__.py").is_file()
+    ]
+    Path(site_packages, "outer_interpreter.pth").write_text("\n".join(outer) + "\n")
+    return python
+
+
 def test_installed_wheel_runs_with_its_bundled_configs(tmp_path, cache_dir):
     """A plain `pip install` (no source tree) finds conf/ inside the package."""
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "wheel",
-            "--no-deps",
-            "--no-build-isolation",
-            "-q",
-            "-w",
-            str(tmp_path / "dist"),
-            str(REPO),
-        ],
-        check=True,
-        capture_output=True,
-    )
-    (wheel,) = (tmp_path / "dist").glob("posbench-*.whl")
+    dist = tmp_path / "dist"
+    build = ["pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", dist, REPO]
+    checked([sys.executable, "-m", *build])
+    (wheel,) = dist.glob("posbench-*.whl")
     env_dir = tmp_path / "venv"
-    venv.create(env_dir, system_site_packages=True, with_pip=True)
-    python = env_dir / "bin" / "python"
-    subprocess.run(
-        [python, "-m", "pip", "install", "--no-deps", "-q", str(wheel)],
-        check=True,
-        capture_output=True,
-    )
-    where = subprocess.run(
-        [python, "-c", "import posbench.config as c; print(c.config_dir())"],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        check=True,
+    python = venv_seeing_this_interpreters_packages(env_dir)
+    checked([sys.executable, "-m", "pip", "--python", python, "install", "--no-deps", "-q", wheel])
+    # Without PYTHONPATH, so that nothing but the wheel can provide posbench.
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    where = checked(
+        [python, "-c", "import posbench.config as c; print(c.config_dir())"], cwd=tmp_path, env=env
     ).stdout.strip()
     assert where.startswith(str(env_dir)) and where.endswith("posbench/conf")
+    # Its dependencies are those the tests run with (in a venv: the venv's, not the base's).
+    torch_there = checked([python, "-c", "import torch; print(torch.__file__)"], env=env)
+    assert torch_there.stdout.strip() == torch.__file__
     workdir = tmp_path / "work"
     workdir.mkdir()
     posbench(
@@ -245,6 +255,7 @@ def test_installed_wheel_runs_with_its_bundled_configs(tmp_path, cache_dir):
         *TINY,
         cwd=workdir,
         executable=str(env_dir / "bin" / "posbench"),
+        env=env,
     )
     (run_dir,) = run_dirs(workdir)
     assert results_of(run_dir)["encoding"] == "sinusoidal"
