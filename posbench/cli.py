@@ -29,7 +29,6 @@ from hydra.errors import CompactHydraException, HydraException
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
-from torch.utils.tensorboard import SummaryWriter
 
 from posbench.checkpoint import CHECKPOINT_FILE
 from posbench.config import compose_config, config_dir, eval_lengths, register_schemas, validate
@@ -39,18 +38,11 @@ from posbench.errors import PosbenchError
 from posbench.evaluate import evaluate_run, rope_scaling_overrides
 from posbench.model import build_model
 from posbench.output_dirs import register_unique_dir_resolver, unclaimed
+from posbench.reevaluate import default_run, record_eval
 from posbench.report import build_report, markdown, write_report
-from posbench.runs import (
-    CONFIG_FILE,
-    append_eval_results,
-    check_can_create,
-    latest_run,
-    load_run_config,
-    saved_config,
-)
+from posbench.runs import CONFIG_FILE, check_can_create, load_run_config, saved_config
 from posbench.signals import handling
 from posbench.tables import data_baselines, eval_table
-from posbench.tensorboard_log import log_eval_records
 from posbench.train import TrainingInterrupted, train
 
 # Launchers (joblib, submitit) run train_job in fresh processes that import this module but
@@ -421,7 +413,10 @@ def run_eval(args: Sequence[str]) -> None:
     options = eval_parser().parse_args(list(args))
     if options.factor is not None and options.rope_scaling is None:
         fail("--factor needs --rope-scaling METHOD (see posbench eval --help)")
-    run_dir = options.run if options.run is not None else latest_run(Path("outputs"))
+    run_dir = options.run
+    if run_dir is None:
+        run_dir, why = default_run()
+        print(why)
     cfg = load_run_config(run_dir)  # for the defaults; evaluate_run loads the weights
     lengths = options.length or eval_lengths(cfg)
     if options.stride is not None and options.stride > min(lengths):
@@ -438,11 +433,9 @@ def run_eval(args: Sequence[str]) -> None:
         options.max_tokens,
         encoding_overrides=overrides,
     )
-    append_eval_results(run_dir, records)
-    with SummaryWriter(log_dir=str(run_dir)) as writer:
-        log_eval_records(writer, records, cfg.train.seq_len)
+    results = record_eval(run_dir, records, cfg.train.seq_len)
     print(f"{cfg.encoding.name} trained at {cfg.train.seq_len} ({run_dir})")
-    print(eval_table(records, cfg.train.seq_len))
+    print(eval_table(records, cfg.train.seq_len, references=results["eval"]))
 
 
 # --------------------------------------------------------------------------- report

@@ -83,10 +83,38 @@ def test_eval_appends_new_lengths_to_the_newest_run(trained):
     before = results_of(run_dir)["eval"]
     out = posbench("eval", "--length", "48", cwd=workdir).stdout
     assert "48" in out
+    why = "no --run given: evaluating the newest run under outputs/ (the one whose "
+    assert f"{why}model.safetensors was written last): {run_dir.relative_to(workdir)}" in out
     after = results_of(run_dir)["eval"]
     assert [r for r in after if r["length"] != 48] == before
     (new,) = [r for r in after if r["length"] == 48]
     assert new["status"] == "ok" and new["stride"] is None
+
+
+def test_eval_keeps_tensorboard_in_step_with_results_json(trained):
+    """A re-evaluated length replaces its TensorBoard point, and the figure shows every record."""
+    workdir, run_dir, _ = trained
+    posbench("eval", "--run", str(run_dir), "--length", "16", "--length", "48", cwd=workdir)
+    events = EventAccumulator(str(run_dir), size_guidance={"images": 0, "scalars": 0})
+    events.Reload()
+    plain = [
+        r for r in results_of(run_dir)["eval"] if r["stride"] is None and r["scaling"] == "none"
+    ]
+    logged = [(e.step, e.value) for e in events.Scalars("eval/ppl")]
+    assert logged == [(r["length"], pytest.approx(r["ppl"])) for r in plain]
+    assert len(events.Images("eval/ppl_vs_length")) == 1
+
+
+def test_eval_of_other_lengths_shows_the_ratio_to_the_recorded_training_length(trained):
+    workdir, run_dir, _ = trained
+    out = posbench("eval", "--run", str(run_dir), "--length", "32", cwd=workdir).stdout
+    (row,) = [line.split() for line in out.splitlines() if line.split()[:1] == ["32"]]
+    plain = {
+        r["length"]: r["ppl"]
+        for r in results_of(run_dir)["eval"]
+        if r["stride"] is None and r["scaling"] == "none"
+    }
+    assert float(row[4]) == pytest.approx(plain[32] / plain[16], abs=0.005)
 
 
 def test_eval_with_a_chosen_run_several_lengths_and_a_stride(trained):
