@@ -185,12 +185,37 @@ def test_rope_scaling_on_a_run_without_rope_is_one_line(tmp_path):
     assert line.startswith("error:") and "encoding=rope" in line and "'learned'" in line
 
 
-def test_multirun_sweep_makes_one_run_directory_per_job(tmp_path, cache_dir):
-    posbench("train", "-m", "encoding=none,learned", *TINY, cwd=tmp_path)
-    runs = {results_of(d)["encoding"]: results_of(d) for d in run_dirs(tmp_path)}
+@pytest.fixture(scope="module")
+def sweep(tmp_path_factory, cache_dir):
+    """A two-job sweep: its working directory and what it printed."""
+    workdir = tmp_path_factory.mktemp("sweep")
+    out = posbench("train", "-m", "encoding=none,learned", *TINY, cwd=workdir).stdout
+    return workdir, out
+
+
+def test_multirun_sweep_makes_one_run_directory_per_job(sweep):
+    workdir, _ = sweep
+    runs = {results_of(d)["encoding"]: results_of(d) for d in run_dirs(workdir)}
     assert set(runs) == {"none", "learned"}
     learned = {r["length"]: r["status"] for r in runs["learned"]["eval"]}
     assert learned == {16: "ok", 32: "unsupported", 64: "unsupported"}
+
+
+def test_a_sweep_ends_with_its_directory_and_the_report_command(sweep):
+    workdir, out = sweep
+    (sweep_dir,) = {d.parent.relative_to(workdir) for d in run_dirs(workdir)}
+    assert out.splitlines()[-2:] == [
+        f"sweep finished: 2 runs in {sweep_dir}",
+        f"compare them: posbench report {sweep_dir}",
+    ]
+
+
+def test_eval_without_run_after_a_sweep_says_it_took_the_sweeps_last_job(sweep):
+    workdir, _ = sweep
+    out = posbench("eval", "--length", "16", cwd=workdir).stdout
+    newest = max(run_dirs(workdir), key=lambda d: (d / "model.safetensors").stat().st_mtime)
+    job, sweep_dir = newest.relative_to(workdir), newest.parent.relative_to(workdir)
+    assert f"{job}, the last job of the sweep {sweep_dir}" in out
 
 
 @pytest.mark.parametrize(
