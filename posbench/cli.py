@@ -8,6 +8,7 @@ posbench report DIR [--out OUT]           tables, plot and TensorBoard compariso
 from __future__ import annotations
 
 import argparse
+import difflib
 import os
 import re
 import shlex
@@ -31,7 +32,14 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from posbench.checkpoint import CHECKPOINT_FILE
-from posbench.config import compose_config, config_dir, eval_lengths, register_schemas, validate
+from posbench.config import (
+    compose_config,
+    config_dir,
+    eval_lengths,
+    flat_config,
+    register_schemas,
+    validate,
+)
 from posbench.encodings import encoding_names
 from posbench.encodings.rope import SCALING_METHODS
 from posbench.errors import PosbenchError
@@ -133,8 +141,9 @@ def stop_interrupted(err: KeyboardInterrupt, detail: str = "") -> NoReturn:
 # ---------------------------------------------------------------------------- train
 
 
-def hydra_error_line(err: Exception) -> str:
-    """One line for a Hydra/OmegaConf composition error (their messages span many lines)."""
+def hydra_error_line(err: Exception, overrides: Sequence[str] = ()) -> str:
+    """One line for a Hydra/OmegaConf composition error (their messages span many lines) of
+    the command line ``overrides``."""
     text = str(err)
     missing = re.search(r"Could not find '([^']+)/([^'/]+)'", text)
     if missing:
@@ -150,10 +159,25 @@ def hydra_error_line(err: Exception) -> str:
         lines.append(str(cause).strip().splitlines()[0])
     summary = lines[0].rstrip(".")
     if "Could not override" in summary or "Key '" in summary:
-        summary += " (no such key; `posbench train --cfg job` lists every key)"
+        misspelt = re.search(r"Could not override '([^']+)'", summary)
+        closest = closest_key(misspelt.group(1), overrides) if misspelt else None
+        hint = f"did you mean {closest}? " if closest else ""
+        summary += f" (no such key; {hint}`posbench train --cfg job` lists every key)"
     elif len(lines) > 1:
         summary += f": {lines[-1]}"
     return summary
+
+
+def closest_key(key: str, overrides: Sequence[str]) -> str | None:
+    """The config key most like the misspelt ``key``, among the keys of the config the other
+    ``overrides`` compose (so a group's options count: ``encoding=t5 encoding.num_bucket=8``)."""
+    others = [o.input_line for o in parse_overrides(overrides) if o.key_or_group != key]
+    try:
+        cfg = compose_config(others)
+    except (HydraException, OmegaConfBaseException):  # another mistake: the default keys
+        cfg = compose_config([])
+    matches = difflib.get_close_matches(key, flat_config(cfg), n=1)
+    return matches[0] if matches else None
 
 
 def parse_overrides(overrides: Sequence[str]) -> list[Override]:
@@ -203,7 +227,7 @@ def compose_or_fail(overrides: Sequence[str], with_hydra: bool = False) -> DictC
     try:
         return compose_config(overrides, with_hydra)
     except (HydraException, OmegaConfBaseException) as err:
-        fail(hydra_error_line(err))
+        fail(hydra_error_line(err, overrides))
 
 
 class JobFailed(CompactHydraException):

@@ -224,6 +224,8 @@ def test_eval_without_run_after_a_sweep_says_it_took_the_sweeps_last_job(sweep):
         (["train", "encoding=nope"], "unknown encoding 'nope'; choose one of"),
         (["train", "model.d_model=36", "model.n_head=4"], "head dim"),
         (["train", "train.steps=-5"], "train.steps must be positive"),
+        (["train", "train.stpes=10"], "no such key; did you mean train.steps?"),
+        (["train", "encoding=t5", "encoding.num_bucket=8"], "did you mean encoding.num_buckets?"),
         (["eval", "--length", "0"], "positive integer"),
         (["eval", "--length", "many"], "positive integer"),
         (["eval", "--length", "16", "--run", "no/such/run"], "not found"),
@@ -255,6 +257,15 @@ def test_an_empty_text_corpus_is_one_line_naming_the_fix(tmp_path, cache_dir):
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1, result.stderr
     assert "data.path" in lines[0] and "Traceback" not in result.stderr
+
+
+def test_an_uncached_hub_corpus_offline_fails_before_building_anything(tmp_path):
+    env = {**os.environ, "HF_HOME": str(tmp_path / "empty_hf_home"), "HF_DATASETS_OFFLINE": "1"}
+    result = posbench("train", "data=wikitext103", cwd=tmp_path, check=False, env=env)
+    assert result.returncode == 2
+    (line,) = result.stderr.strip().splitlines()
+    assert line.startswith("error: cannot download 'Salesforce/wikitext'") and "data=text" in line
+    assert "building corpus" not in result.stdout + result.stderr
 
 
 def checked(command: list, **kwargs) -> subprocess.CompletedProcess:
