@@ -84,6 +84,7 @@ commands:
 encodings (encoding=...): {", ".join(encoding_names())}
 models    (model=...):    {", ".join(group_options("model"))}
 data      (data=...):     {", ".join(group_options("data"))}
+sweeps    (-m +experiment=...): {", ".join(group_options("experiment"))}
 key options: {KEY_OPTIONS}
 
 examples:
@@ -298,7 +299,8 @@ def remove_empty_parents(path: Path) -> None:
 def train_help(overrides: Sequence[str]) -> str:
     """``posbench train --help``: the config groups and the config these overrides compose."""
     groups = "\n".join(
-        f"  {group:<9} {', '.join(group_options(group))}" for group in ("encoding", "model", "data")
+        f"  {group:<10} {', '.join(group_options(group))}"
+        for group in ("encoding", "model", "data", "experiment")
     )
     cfg = compose_or_fail(overrides)
     return f"""usage: posbench train [KEY=VALUE ...] [-m KEY=A,B ...] [--resume DIR] [--debug]
@@ -309,7 +311,7 @@ Sweeps: -m (--multirun) runs one job per combination, e.g. -m encoding=rope,lear
 Resume: --resume DIR continues DIR from its checkpoint.pt (Ctrl-C/SIGTERM write one and
 print this command); with train.steps=N it extends a finished run.
 
-config groups (GROUP=OPTION):
+config groups (GROUP=OPTION; experiments are sweeps: -m +experiment=OPTION):
 {groups}
 
 config (override any key with KEY=VALUE; key options: {KEY_OPTIONS}):
