@@ -5,7 +5,7 @@ Python API (stable; README's "Python API" section runs it):
     run_dir = posbench.latest_run()                          # the newest run under ./outputs
     model, cfg = posbench.load_run(run_dir)
     logits = model(tokens)                               # (batch, time) bytes -> (batch, time, 256)
-    records = posbench.evaluate_run(run_dir, [1024, 4096])   # results.json eval records, not written
+    records = posbench.evaluate_run(run_dir, [1024, 4096])   # eval records; writes nothing
     records = posbench.evaluate(model, tokens, [1024])       # any model, any byte tensor
     overrides = posbench.rope_scaling_overrides(cfg, "yarn", 8.0)  # eval-time RoPE extension
     records = posbench.evaluate_run(run_dir, [8192], encoding_overrides=overrides)
