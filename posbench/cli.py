@@ -381,6 +381,15 @@ def scale_factor(text: str) -> float:
     return value
 
 
+def chosen_run(options: argparse.Namespace) -> Path:
+    """``--run``, else the newest run under outputs/, after saying which one and why."""
+    if options.run is not None:
+        return options.run
+    run_dir, why = default_run()
+    print(why)
+    return run_dir
+
+
 def eval_parser() -> argparse.ArgumentParser:
     parser = OneLineParser(
         prog="posbench eval",
@@ -439,10 +448,7 @@ def run_eval(args: Sequence[str]) -> None:
     options = eval_parser().parse_args(list(args))
     if options.factor is not None and options.rope_scaling is None:
         fail("--factor needs --rope-scaling METHOD (see posbench eval --help)")
-    run_dir = options.run
-    if run_dir is None:
-        run_dir, why = default_run()
-        print(why)
+    run_dir = chosen_run(options)
     cfg = load_run_config(run_dir)  # for the defaults; evaluate_run loads the weights
     lengths = options.length or eval_lengths(cfg)
     if options.stride is not None and options.stride > min(lengths):
