@@ -1,26 +1,30 @@
 """posbench: which positional encoding keeps working past the length it was trained on?
 
-Python API (stable):
+Python API (stable; README's "Python API" section runs it):
 
-    model, cfg = posbench.load_run("outputs/2026-11-30/12-00-00_rope")
+    run_dir = posbench.latest_run()                          # the newest run under ./outputs
+    model, cfg = posbench.load_run(run_dir)
     logits = model(tokens)                               # (batch, time) bytes -> (batch, time, 256)
-    records = posbench.evaluate_run(run_dir, [1024, 4096])   # results.json eval records
+    records = posbench.evaluate_run(run_dir, [1024, 4096])   # eval records; writes nothing
     records = posbench.evaluate(model, tokens, [1024])       # any model, any byte tensor
     overrides = posbench.rope_scaling_overrides(cfg, "yarn", 8.0)  # eval-time RoPE extension
     records = posbench.evaluate_run(run_dir, [8192], encoding_overrides=overrides)
     diagnosis, paths = posbench.diagnose_run(run_dir, 2048, n_windows=4)  # attention statistics
+    results = posbench.train(cfg, "outputs/my_run")      # may raise posbench.Diverged
 """
 
 from posbench.diagnose import diagnose_run
 from posbench.evaluate import evaluate, evaluate_run, rope_scaling_overrides
-from posbench.runs import load_run
-from posbench.train import train
+from posbench.runs import latest_run, load_run
+from posbench.train import Diverged, train
 
 __version__ = "0.1.0"
 __all__ = [
+    "Diverged",
     "diagnose_run",
     "evaluate",
     "evaluate_run",
+    "latest_run",
     "load_run",
     "rope_scaling_overrides",
     "train",

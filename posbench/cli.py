@@ -9,6 +9,7 @@ posbench diagnose --length N [--run DIR]  attention statistics by position (posb
 from __future__ import annotations
 
 import argparse
+import difflib
 import os
 import re
 import shlex
@@ -29,10 +30,16 @@ from hydra.errors import CompactHydraException, HydraException
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
-from torch.utils.tensorboard import SummaryWriter
 
 from posbench.checkpoint import CHECKPOINT_FILE
-from posbench.config import compose_config, config_dir, eval_lengths, register_schemas, validate
+from posbench.config import (
+    compose_config,
+    config_dir,
+    eval_lengths,
+    flat_config,
+    register_schemas,
+    validate,
+)
 from posbench.diagnose import diagnose_run, summary_table
 from posbench.encodings import encoding_names
 from posbench.encodings.rope import SCALING_METHODS
@@ -40,18 +47,11 @@ from posbench.errors import PosbenchError
 from posbench.evaluate import evaluate_run, rope_scaling_overrides
 from posbench.model import check_model_config
 from posbench.output_dirs import register_unique_dir_resolver, unclaimed
+from posbench.reevaluate import default_run, record_eval
 from posbench.report import build_report, markdown, write_report
-from posbench.runs import (
-    CONFIG_FILE,
-    append_eval_results,
-    check_can_create,
-    latest_run,
-    load_run_config,
-    saved_config,
-)
+from posbench.runs import CONFIG_FILE, check_can_create, load_run_config, saved_config
 from posbench.signals import handling
 from posbench.tables import data_baselines, eval_table
-from posbench.tensorboard_log import log_eval_records
 from posbench.threads import AUTO, use_threads
 from posbench.train import TrainingInterrupted, train
 
@@ -88,6 +88,7 @@ commands:
 encodings (encoding=...): {", ".join(encoding_names())}
 models    (model=...):    {", ".join(group_options("model"))}
 data      (data=...):     {", ".join(group_options("data"))}
+sweeps    (-m +experiment=...): {", ".join(group_options("experiment"))}
 key options: {KEY_OPTIONS}
 
 examples:
@@ -146,8 +147,9 @@ def stop_interrupted(err: KeyboardInterrupt, detail: str = "") -> NoReturn:
 # ---------------------------------------------------------------------------- train
 
 
-def hydra_error_line(err: Exception) -> str:
-    """One line for a Hydra/OmegaConf composition error (their messages span many lines)."""
+def hydra_error_line(err: Exception, overrides: Sequence[str] = ()) -> str:
+    """One line for a Hydra/OmegaConf composition error (their messages span many lines) of
+    the command line ``overrides``."""
     text = str(err)
     missing = re.search(r"Could not find '([^']+)/([^'/]+)'", text)
     if missing:
@@ -163,10 +165,25 @@ def hydra_error_line(err: Exception) -> str:
         lines.append(str(cause).strip().splitlines()[0])
     summary = lines[0].rstrip(".")
     if "Could not override" in summary or "Key '" in summary:
-        summary += " (no such key; `posbench train --cfg job` lists every key)"
+        misspelt = re.search(r"Could not override '([^']+)'", summary)
+        closest = closest_key(misspelt.group(1), overrides) if misspelt else None
+        hint = f"did you mean {closest}? " if closest else ""
+        summary += f" (no such key; {hint}`posbench train --cfg job` lists every key)"
     elif len(lines) > 1:
         summary += f": {lines[-1]}"
     return summary
+
+
+def closest_key(key: str, overrides: Sequence[str]) -> str | None:
+    """The config key most like the misspelt ``key``, among the keys of the config the other
+    ``overrides`` compose (so a group's options count: ``encoding=t5 encoding.num_bucket=8``)."""
+    others = [o.input_line for o in parse_overrides(overrides) if o.key_or_group != key]
+    try:
+        cfg = compose_config(others)
+    except (HydraException, OmegaConfBaseException):  # another mistake: the default keys
+        cfg = compose_config([])
+    matches = difflib.get_close_matches(key, flat_config(cfg), n=1)
+    return matches[0] if matches else None
 
 
 def parse_overrides(overrides: Sequence[str]) -> list[Override]:
@@ -215,7 +232,7 @@ def compose_or_fail(overrides: Sequence[str], with_hydra: bool = False) -> DictC
     try:
         return compose_config(overrides, with_hydra)
     except (HydraException, OmegaConfBaseException) as err:
-        fail(hydra_error_line(err))
+        fail(hydra_error_line(err, overrides))
 
 
 class JobFailed(CompactHydraException):
@@ -288,7 +305,8 @@ def remove_empty_parents(path: Path) -> None:
 def train_help(overrides: Sequence[str]) -> str:
     """``posbench train --help``: the config groups and the config these overrides compose."""
     groups = "\n".join(
-        f"  {group:<9} {', '.join(group_options(group))}" for group in ("encoding", "model", "data")
+        f"  {group:<10} {', '.join(group_options(group))}"
+        for group in ("encoding", "model", "data", "experiment")
     )
     cfg = compose_or_fail(overrides)
     return f"""usage: posbench train [KEY=VALUE ...] [-m KEY=A,B ...] [--resume DIR] [--debug]
@@ -299,7 +317,7 @@ Sweeps: -m (--multirun) runs one job per combination, e.g. -m encoding=rope,lear
 Resume: --resume DIR continues DIR from its checkpoint.pt (Ctrl-C/SIGTERM write one and
 print this command); with train.steps=N it extends a finished run.
 
-config groups (GROUP=OPTION):
+config groups (GROUP=OPTION; experiments are sweeps: -m +experiment=OPTION):
 {groups}
 
 config (override any key with KEY=VALUE; key options: {KEY_OPTIONS}):
@@ -392,7 +410,12 @@ def add_run_argument(parser: argparse.ArgumentParser) -> None:
 
 
 def chosen_run(options: argparse.Namespace) -> Path:
-    return options.run if options.run is not None else latest_run(Path("outputs"))
+    """``--run``, else the newest run under outputs/, after saying which one and why."""
+    if options.run is not None:
+        return options.run
+    run_dir, why = default_run()
+    print(why)
+    return run_dir
 
 
 def eval_parser() -> argparse.ArgumentParser:
@@ -476,11 +499,9 @@ def run_eval(args: Sequence[str]) -> None:
         options.max_tokens,
         encoding_overrides=overrides,
     )
-    append_eval_results(run_dir, records)
-    with SummaryWriter(log_dir=str(run_dir)) as writer:
-        log_eval_records(writer, records, cfg.train.seq_len)
+    results = record_eval(run_dir, records, cfg.train.seq_len)
     print(f"{cfg.encoding.name} trained at {cfg.train.seq_len} ({run_dir})")
-    print(eval_table(records, cfg.train.seq_len))
+    print(eval_table(records, cfg.train.seq_len, references=results["eval"]))
 
 
 # --------------------------------------------------------------------------- report

@@ -126,6 +126,8 @@ def load_corpus(cfg: Mapping[str, Any] | DictConfig) -> Corpus:
     entry = _cache_root(config) / f"{config.source}-{_cache_key(config)}"  # a directory
     corpus = _read_cache(entry, config.name)
     if corpus is None:
+        if isinstance(config, HubDataConfig):
+            _check_hub_available(config.hub_path)
         log.info("building corpus %r into %s", config.name, entry)
         corpus = _build(config)
         _write_cache(entry, corpus)
@@ -421,10 +423,6 @@ def _read_hub(config: HubDataConfig, split: str, max_bytes: int | None) -> np.nd
     """
     import datasets  # a second to import, and only text and hub corpora need it
 
-    # A local directory needs no hub; in offline mode datasets fails fast or uses its cache.
-    local, offline = os.path.isdir(config.hub_path), datasets.config.HF_HUB_OFFLINE
-    if not (local or offline or _reachable(datasets.config.HF_ENDPOINT)):
-        raise _hub_unreachable(config.hub_path)
     try:
         rows = datasets.load_dataset(
             config.hub_path, config.hub_name, split=split, streaming=max_bytes is not None
@@ -441,6 +439,38 @@ def _read_hub(config: HubDataConfig, split: str, max_bytes: int | None) -> np.nd
             f"cannot load split '{split}' of data.hub_path '{config.hub_path}' "
             f"(data.hub_name={config.hub_name}): {str(error).splitlines()[0]}"
         ) from error
+
+
+def _check_hub_available(hub_path: str) -> None:
+    """Fail in a second when a hub corpus can be neither downloaded nor found in the cache:
+    checked before ``datasets`` is imported (seconds by itself) and before anything is built,
+    from the environment variables datasets and huggingface_hub read themselves. A local
+    dataset directory needs neither."""
+    if os.path.isdir(hub_path):
+        return
+    if _hub_offline():
+        if not _hub_cached(hub_path):
+            raise _hub_unreachable(hub_path)
+    elif not _reachable(os.environ.get("HF_ENDPOINT", "https://huggingface.co")):
+        raise _hub_unreachable(hub_path)
+
+
+def _hub_offline() -> bool:
+    flags = (os.environ.get(name, "").upper() for name in ("HF_DATASETS_OFFLINE", "HF_HUB_OFFLINE"))
+    return any(flag in {"1", "ON", "YES", "TRUE"} for flag in flags)
+
+
+def _hub_cached(hub_path: str) -> bool:
+    """Whether datasets' cache (``<namespace>___<name>``) or the hub's file cache
+    (``datasets--<namespace>--<name>``) holds anything of ``hub_path``, which is all that
+    offline mode can load."""
+    hf_home = Path(os.environ.get("HF_HOME", _xdg_cache_home() / "huggingface"))
+    datasets_cache = Path(os.environ.get("HF_DATASETS_CACHE", hf_home / "datasets"))
+    hub_cache = Path(os.environ.get("HF_HUB_CACHE", hf_home / "hub"))
+    return (
+        any(datasets_cache.glob(f"{hub_path.replace('/', '___')}*"))
+        or (hub_cache / f"datasets--{hub_path.replace('/', '--')}").is_dir()
+    )
 
 
 def _reachable(url: str, timeout: float = 5.0) -> bool:
@@ -504,8 +534,11 @@ def _cache_root(config: DataConfig) -> Path:
         return Path(config.cache_dir).expanduser()
     if os.environ.get("POSBENCH_CACHE"):
         return Path(os.environ["POSBENCH_CACHE"]).expanduser()
-    xdg = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(xdg) / "posbench"
+    return _xdg_cache_home() / "posbench"
+
+
+def _xdg_cache_home() -> Path:
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
 
 
 def _cache_key(config: DataConfig) -> str:

@@ -8,16 +8,24 @@ from typing import Any
 from posbench.runs import scaling_name
 
 
-def eval_table(records: Sequence[dict[str, Any]], train_seq_len: int) -> str:
+def eval_table(
+    records: Sequence[dict[str, Any]],
+    train_seq_len: int,
+    references: Sequence[dict[str, Any]] | None = None,
+) -> str:
     """Length -> perplexity, with each perplexity's ratio to the one at the training length
     measured the same way (stride, eval-time scaling method and factor), i.e. how much worse
-    the model gets past the length it was trained on."""
+    the model gets past the length it was trained on. That reference is looked up in
+    ``references`` (e.g. all of results.json's records, when ``records`` are only the lengths
+    just evaluated), else in ``records``."""
 
     def way(record: dict[str, Any]) -> tuple:
         return record["stride"], scaling_name(record)
 
     reference = {
-        way(r): r["ppl"] for r in records if r["length"] == train_seq_len and r["status"] == "ok"
+        way(r): r["ppl"]
+        for r in (records if references is None else references)
+        if r["length"] == train_seq_len and r["status"] == "ok"
     }
     width = max([7, *(len(scaling_name(r)) for r in records)])
     header = (

@@ -9,19 +9,33 @@ configured factor, e.g. ``yarn_s4``), ``eval/ppl/stride_<S>`` (sliding windows),
 
 Loss by position is one series per evaluated length, ``eval/loss_by_position/L<length>``
 (suffixed with the scaling method when there is one), whose step is each bucket's end position.
+
+The evaluation results live in one event file of their own, ``EVAL_EVENTS_FILE``, rewritten
+from all of results.json's records whenever they change (after training, after each
+``posbench eval``): a re-evaluated length replaces its point instead of adding a second one,
+and the ``eval/ppl_vs_length`` figure always shows every record.
 """
 
 from __future__ import annotations
 
+import shutil
+import tempfile
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from torch.utils.tensorboard import SummaryWriter
 
+from posbench.atomic import atomic_path
 from posbench.runs import scaling_method, scaling_setting
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
+
+# TensorBoard reads a directory's event files in name order; this name sorts after the
+# timestamped ones SummaryWriter makes (digits < letters), so a resumed run's purge of later
+# training steps (a SessionLog START) never drops evaluation points, whose step is a length.
+EVAL_EVENTS_FILE = "events.out.tfevents.eval"
 
 
 def series_name(record: Mapping[str, Any]) -> str:
@@ -75,6 +89,21 @@ def log_loss_by_position(writer: SummaryWriter, records: Sequence[Mapping[str, A
             writer.add_scalar(
                 loss_by_position_tag(record), bucket["nll"], global_step=bucket["end"]
             )
+
+
+def write_eval_events(
+    run_dir: Path, records: Sequence[Mapping[str, Any]], train_seq_len: int
+) -> Path:
+    """(Re)write ``run_dir/EVAL_EVENTS_FILE`` from ``records``, all of the run's eval records,
+    atomically: TensorBoard then shows exactly what results.json holds."""
+    path = Path(run_dir) / EVAL_EVENTS_FILE
+    with tempfile.TemporaryDirectory() as scratch:  # SummaryWriter names its own file
+        with SummaryWriter(log_dir=scratch) as writer:
+            log_eval_records(writer, records, train_seq_len)
+        (written,) = Path(scratch).iterdir()
+        with atomic_path(path) as tmp:
+            shutil.copyfile(written, tmp)
+    return path
 
 
 def extrapolation_figure(

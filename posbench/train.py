@@ -52,7 +52,7 @@ from posbench.runs import (
     write_json,
 )
 from posbench.signals import handling, restore
-from posbench.tensorboard_log import log_eval_records, log_hparams
+from posbench.tensorboard_log import log_hparams, write_eval_events
 from posbench.threads import use_threads, warn_if_busy
 
 log = logging.getLogger(__name__)
@@ -378,9 +378,9 @@ def train(cfg: DictConfig, run_dir: str | Path) -> dict[str, Any]:
             cfg.eval.max_tokens,
             cfg.train.seq_len,
         )
-        log_eval_records(writer, records, cfg.train.seq_len)
         results = {**results, "train": summary, "eval": records}
         write_json(run_dir / RESULTS_FILE, results)
+        write_eval_events(run_dir, records, cfg.train.seq_len)
         log_hparams(writer, hparams(cfg), headline_metrics(results))
     return results
 

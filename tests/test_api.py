@@ -1,5 +1,7 @@
 """The Python API for notebooks: load_run and evaluate_run, as README documents them."""
 
+import shutil
+
 import pytest
 import torch
 
@@ -39,3 +41,21 @@ def test_evaluate_takes_any_model_and_byte_tensor(run_dir):
     tokens = torch.tensor(list(b"abcabcabc" * 100), dtype=torch.uint8)
     (record,) = posbench.evaluate(model, tokens, [64])
     assert record["status"] == "ok" and record["tokens"] == len(tokens) - 1
+
+
+def test_diverged_is_exported_and_is_the_training_loops_error():
+    from posbench.errors import PosbenchError
+    from posbench.train import Diverged
+
+    assert posbench.Diverged is Diverged and issubclass(posbench.Diverged, PosbenchError)
+
+
+def test_latest_run_finds_the_newest_trained_run_below_a_directory(run_dir, tmp_path):
+    shutil.copytree(run_dir, tmp_path / "outputs" / "run")
+    assert posbench.latest_run(tmp_path / "outputs") == tmp_path / "outputs" / "run"
+
+
+def test_evaluate_run_writes_nothing_to_the_run(run_dir):
+    before = read_results(run_dir)
+    posbench.evaluate_run(run_dir, [48], device="cpu")
+    assert read_results(run_dir) == before

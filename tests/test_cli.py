@@ -1,12 +1,14 @@
 """The posbench command end to end, through subprocesses, as a user runs it."""
 
 import json
+import os
 import subprocess
 import sys
 import venv
 from pathlib import Path
 
 import pytest
+import torch
 from conftest import TINY, TINY_RUN
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -19,9 +21,9 @@ pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[1]
 
 
-def posbench(*args, cwd, executable="posbench", check=True):
+def posbench(*args, cwd, executable="posbench", check=True, env=None):
     result = subprocess.run(
-        [executable, *args], cwd=cwd, capture_output=True, text=True, timeout=600
+        [executable, *args], cwd=cwd, capture_output=True, text=True, timeout=600, env=env
     )
     if check and result.returncode != 0:
         raise AssertionError(f"posbench {' '.join(args)} failed:\n{result.stderr}")
@@ -64,7 +66,9 @@ def test_top_level_help_lists_commands_encodings_and_key_options(tmp_path):
 
 def test_train_help_lists_groups_and_the_composed_config(tmp_path):
     out = posbench("train", "--help", "encoding=learned", cwd=tmp_path).stdout
-    assert "encoding  alibi, fire, kerple, learned, none, rope, sinusoidal, t5" in out
+    assert "encoding   alibi, fire, kerple, learned, none, rope, sinusoidal, t5" in out
+    assert "experiment extrapolation, extrapolation_text" in out
+    assert "-m +experiment=OPTION" in out
     assert "max_length" in out  # the learned encoding's own option, composed
     assert "seq_len: 128" in out
 
@@ -83,10 +87,38 @@ def test_eval_appends_new_lengths_to_the_newest_run(trained):
     before = results_of(run_dir)["eval"]
     out = posbench("eval", "--length", "48", cwd=workdir).stdout
     assert "48" in out
+    why = "no --run given: evaluating the newest run under outputs/ (the one whose "
+    assert f"{why}model.safetensors was written last): {run_dir.relative_to(workdir)}" in out
     after = results_of(run_dir)["eval"]
     assert [r for r in after if r["length"] != 48] == before
     (new,) = [r for r in after if r["length"] == 48]
     assert new["status"] == "ok" and new["stride"] is None
+
+
+def test_eval_keeps_tensorboard_in_step_with_results_json(trained):
+    """A re-evaluated length replaces its TensorBoard point, and the figure shows every record."""
+    workdir, run_dir, _ = trained
+    posbench("eval", "--run", str(run_dir), "--length", "16", "--length", "48", cwd=workdir)
+    events = EventAccumulator(str(run_dir), size_guidance={"images": 0, "scalars": 0})
+    events.Reload()
+    plain = [
+        r for r in results_of(run_dir)["eval"] if r["stride"] is None and r["scaling"] == "none"
+    ]
+    logged = [(e.step, e.value) for e in events.Scalars("eval/ppl")]
+    assert logged == [(r["length"], pytest.approx(r["ppl"])) for r in plain]
+    assert len(events.Images("eval/ppl_vs_length")) == 1
+
+
+def test_eval_of_other_lengths_shows_the_ratio_to_the_recorded_training_length(trained):
+    workdir, run_dir, _ = trained
+    out = posbench("eval", "--run", str(run_dir), "--length", "32", cwd=workdir).stdout
+    (row,) = [line.split() for line in out.splitlines() if line.split()[:1] == ["32"]]
+    plain = {
+        r["length"]: r["ppl"]
+        for r in results_of(run_dir)["eval"]
+        if r["stride"] is None and r["scaling"] == "none"
+    }
+    assert float(row[4]) == pytest.approx(plain[32] / plain[16], abs=0.005)
 
 
 def test_eval_with_a_chosen_run_several_lengths_and_a_stride(trained):
@@ -171,12 +203,37 @@ def test_rope_scaling_on_a_run_without_rope_is_one_line(tmp_path):
     assert line.startswith("error:") and "encoding=rope" in line and "'learned'" in line
 
 
-def test_multirun_sweep_makes_one_run_directory_per_job(tmp_path, cache_dir):
-    posbench("train", "-m", "encoding=none,learned", *TINY, cwd=tmp_path)
-    runs = {results_of(d)["encoding"]: results_of(d) for d in run_dirs(tmp_path)}
+@pytest.fixture(scope="module")
+def sweep(tmp_path_factory, cache_dir):
+    """A two-job sweep: its working directory and what it printed."""
+    workdir = tmp_path_factory.mktemp("sweep")
+    out = posbench("train", "-m", "encoding=none,learned", *TINY, cwd=workdir).stdout
+    return workdir, out
+
+
+def test_multirun_sweep_makes_one_run_directory_per_job(sweep):
+    workdir, _ = sweep
+    runs = {results_of(d)["encoding"]: results_of(d) for d in run_dirs(workdir)}
     assert set(runs) == {"none", "learned"}
     learned = {r["length"]: r["status"] for r in runs["learned"]["eval"]}
     assert learned == {16: "ok", 32: "unsupported", 64: "unsupported"}
+
+
+def test_a_sweep_ends_with_its_directory_and_the_report_command(sweep):
+    workdir, out = sweep
+    (sweep_dir,) = {d.parent.relative_to(workdir) for d in run_dirs(workdir)}
+    assert out.splitlines()[-2:] == [
+        f"sweep finished: 2 runs in {sweep_dir}",
+        f"compare them: posbench report {sweep_dir}",
+    ]
+
+
+def test_eval_without_run_after_a_sweep_says_it_took_the_sweeps_last_job(sweep):
+    workdir, _ = sweep
+    out = posbench("eval", "--length", "16", cwd=workdir).stdout
+    newest = max(run_dirs(workdir), key=lambda d: (d / "model.safetensors").stat().st_mtime)
+    job, sweep_dir = newest.relative_to(workdir), newest.parent.relative_to(workdir)
+    assert f"{job}, the last job of the sweep {sweep_dir}" in out
 
 
 @pytest.mark.parametrize(
@@ -187,6 +244,8 @@ def test_multirun_sweep_makes_one_run_directory_per_job(tmp_path, cache_dir):
         (["train", "train.steps=-5"], "train.steps must be positive"),
         (["train", "threads=0"], "threads must be auto or a positive integer"),
         (["eval", "--threads", "two"], "expected auto or a positive integer"),
+        (["train", "train.stpes=10"], "no such key; did you mean train.steps?"),
+        (["train", "encoding=t5", "encoding.num_bucket=8"], "did you mean encoding.num_buckets?"),
         (["eval", "--length", "0"], "positive integer"),
         (["eval", "--length", "many"], "positive integer"),
         (["eval", "--length", "16", "--run", "no/such/run"], "not found"),
@@ -220,41 +279,58 @@ def test_an_empty_text_corpus_is_one_line_naming_the_fix(tmp_path, cache_dir):
     assert "data.path" in lines[0] and "Traceback" not in result.stderr
 
 
+def test_an_uncached_hub_corpus_offline_fails_before_building_anything(tmp_path):
+    env = {**os.environ, "HF_HOME": str(tmp_path / "empty_hf_home"), "HF_DATASETS_OFFLINE": "1"}
+    result = posbench("train", "data=wikitext103", cwd=tmp_path, check=False, env=env)
+    assert result.returncode == 2
+    (line,) = result.stderr.strip().splitlines()
+    assert line.startswith("error: cannot download 'Salesforce/wikitext'") and "data=text" in line
+    assert "building corpus" not in result.stdout + result.stderr
+
+
+def checked(command: list, **kwargs) -> subprocess.CompletedProcess:
+    """``subprocess.run`` that fails the test with the child's stderr, not just its exit code."""
+    result = subprocess.run(command, capture_output=True, text=True, **kwargs)
+    if result.returncode != 0:
+        raise AssertionError(f"{' '.join(map(str, command))} failed:\n{result.stderr}")
+    return result
+
+
+def venv_seeing_this_interpreters_packages(env_dir: Path) -> Path:
+    """A fresh virtual environment whose imports fall back on this interpreter's: a .pth file
+    lists every directory on this sys.path except source trees holding posbench. (A venv with
+    system_site_packages would see the *base* interpreter's packages, not those of the venv
+    the tests may be running in.) Returns its python."""
+    venv.create(env_dir, with_pip=False)
+    python = env_dir / "bin" / "python"
+    site_packages = checked(
+        [python, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"]
+    ).stdout.strip()
+    outer = [
+        p for p in sys.path if Path(p).is_dir() and not Path(p, "posbench/__init__.py").is_file()
+    ]
+    Path(site_packages, "outer_interpreter.pth").write_text("\n".join(outer) + "\n")
+    return python
+
+
 def test_installed_wheel_runs_with_its_bundled_configs(tmp_path, cache_dir):
     """A plain `pip install` (no source tree) finds conf/ inside the package."""
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "wheel",
-            "--no-deps",
-            "--no-build-isolation",
-            "-q",
-            "-w",
-            str(tmp_path / "dist"),
-            str(REPO),
-        ],
-        check=True,
-        capture_output=True,
-    )
-    (wheel,) = (tmp_path / "dist").glob("posbench-*.whl")
+    dist = tmp_path / "dist"
+    build = ["pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", dist, REPO]
+    checked([sys.executable, "-m", *build])
+    (wheel,) = dist.glob("posbench-*.whl")
     env_dir = tmp_path / "venv"
-    venv.create(env_dir, system_site_packages=True, with_pip=True)
-    python = env_dir / "bin" / "python"
-    subprocess.run(
-        [python, "-m", "pip", "install", "--no-deps", "-q", str(wheel)],
-        check=True,
-        capture_output=True,
-    )
-    where = subprocess.run(
-        [python, "-c", "import posbench.config as c; print(c.config_dir())"],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        check=True,
+    python = venv_seeing_this_interpreters_packages(env_dir)
+    checked([sys.executable, "-m", "pip", "--python", python, "install", "--no-deps", "-q", wheel])
+    # Without PYTHONPATH, so that nothing but the wheel can provide posbench.
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    where = checked(
+        [python, "-c", "import posbench.config as c; print(c.config_dir())"], cwd=tmp_path, env=env
     ).stdout.strip()
     assert where.startswith(str(env_dir)) and where.endswith("posbench/conf")
+    # Its dependencies are those the tests run with (in a venv: the venv's, not the base's).
+    torch_there = checked([python, "-c", "import torch; print(torch.__file__)"], env=env)
+    assert torch_there.stdout.strip() == torch.__file__
     workdir = tmp_path / "work"
     workdir.mkdir()
     posbench(
@@ -263,6 +339,7 @@ def test_installed_wheel_runs_with_its_bundled_configs(tmp_path, cache_dir):
         *TINY,
         cwd=workdir,
         executable=str(env_dir / "bin" / "posbench"),
+        env=env,
     )
     (run_dir,) = run_dirs(workdir)
     assert results_of(run_dir)["encoding"] == "sinusoidal"

@@ -1,6 +1,7 @@
 """posbench.data: the synthetic process, local text and hub loading, the cache, batches."""
 
 import json
+import logging
 import math
 import time
 
@@ -348,17 +349,29 @@ def test_offline_hub_corpus_fails_with_one_line_pointing_to_local_text(offline, 
     assert "data=text data.path=" in one_line_error(lambda: load_corpus(config))
 
 
-def test_unreachable_hub_fails_fast_outside_offline_mode(offline, monkeypatch, tmp_path):
-    import huggingface_hub
-
-    monkeypatch.setattr(offline.config, "HF_HUB_OFFLINE", False)
-    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+def test_unreachable_hub_fails_fast_outside_offline_mode(monkeypatch, tmp_path):
+    monkeypatch.delenv("HF_DATASETS_OFFLINE")
+    monkeypatch.delenv("HF_HUB_OFFLINE")
     # Nothing listens on the discard port, so every request made in this test fails at once.
-    monkeypatch.setattr(offline.config, "HF_ENDPOINT", "http://127.0.0.1:9")
+    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")
     config = hub_config(tmp_path, "Salesforce/wikitext", hub_name="wikitext-2-raw-v1")
     start = time.monotonic()
     assert "unreachable" in one_line_error(lambda: load_corpus(config))
-    assert time.monotonic() - start < 20  # datasets alone retries for ~25 s before failing
+    assert time.monotonic() - start < 1  # datasets alone retries for ~25 s before failing
+
+
+def test_an_uncached_hub_corpus_in_offline_mode_fails_before_building(
+    monkeypatch, tmp_path, caplog
+):
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "empty_hf_home"))
+    monkeypatch.delenv("HF_DATASETS_CACHE", raising=False)
+    monkeypatch.delenv("HF_HUB_CACHE", raising=False)
+    config = hub_config(tmp_path, "Salesforce/wikitext", hub_name="wikitext-103-raw-v1")
+    start = time.monotonic()
+    with caplog.at_level(logging.INFO):
+        assert "data=text data.path=" in one_line_error(lambda: load_corpus(config))
+    assert time.monotonic() - start < 1
+    assert "building corpus" not in caplog.text
 
 
 # The cache ---------------------------------------------------------------------------------------

@@ -1,9 +1,15 @@
 """TensorBoard tags and the extrapolation figure: one series per way of evaluating."""
 
 import pytest
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from posbench.tables import eval_table
-from posbench.tensorboard_log import eval_tag, extrapolation_figure, loss_by_position_tag
+from posbench.tensorboard_log import (
+    eval_tag,
+    extrapolation_figure,
+    loss_by_position_tag,
+    write_eval_events,
+)
 
 
 def record(length, ppl=2.0, stride=None, **scaling):
@@ -81,3 +87,34 @@ def test_the_table_shows_the_method_and_compares_each_method_with_itself():
     assert rows[1].split()[:5] == ["64", "-", "none", "4.000", "2.00"]
     assert rows[3].split()[:5] == ["64", "-", "yarn", "3.000", "1.50"]
     assert rows[4].split()[:5] == ["64", "-", "none", "5.000", "2.50"]
+
+
+def test_the_ratio_uses_the_training_length_record_of_the_references():
+    """`posbench eval --length 64` alone still shows the ratio to the 1x record in results.json."""
+    references = [record(16, ppl=2.0, scaling="none"), record(64, ppl=3.0, scaling="none")]
+    (row,) = eval_table([record(64, ppl=3.0, scaling="none")], 16, references).splitlines()[2:]
+    assert row.split()[:5] == ["64", "-", "none", "3.000", "1.50"]
+
+
+def eval_events(run_dir):
+    events = EventAccumulator(str(run_dir), size_guidance={"images": 0, "scalars": 0})
+    events.Reload()
+    return events
+
+
+def test_rewriting_the_eval_events_replaces_a_reevaluated_point(tmp_path):
+    write_eval_events(tmp_path, [record(16, ppl=2.0), record(32, ppl=3.0)], 16)
+    write_eval_events(tmp_path, [record(16, ppl=2.0), record(32, ppl=2.5)], 16)
+    events = eval_events(tmp_path)
+    assert [(e.step, e.value) for e in events.Scalars("eval/ppl")] == [(16, 2.0), (32, 2.5)]
+    assert len(events.Images("eval/ppl_vs_length")) == 1
+
+
+def test_the_figure_is_drawn_from_all_records_given(tmp_path):
+    everything = [record(16, ppl=2.0), record(32, ppl=3.0), record(2048, ppl=9.0)]
+    write_eval_events(tmp_path / "at_once", everything, 16)
+    write_eval_events(tmp_path / "in_two_steps", everything[:2], 16)
+    write_eval_events(tmp_path / "in_two_steps", everything, 16)
+    (expected,) = eval_events(tmp_path / "at_once").Images("eval/ppl_vs_length")
+    (image,) = eval_events(tmp_path / "in_two_steps").Images("eval/ppl_vs_length")
+    assert image.encoded_image_string == expected.encoded_image_string

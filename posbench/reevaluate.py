@@ -1,0 +1,37 @@
+"""``posbench eval``: which run to re-evaluate, and where its new records go (results.json and
+its TensorBoard view, rewritten together so that they always agree)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from posbench.runs import WEIGHTS_FILE, append_eval_results, latest_run
+from posbench.tensorboard_log import write_eval_events
+
+# Hydra writes this file into every sweep directory, next to the sweep's job directories.
+SWEEP_MARKER = "multirun.yaml"
+
+
+def default_run(root: Path = Path("outputs")) -> tuple[Path, str]:
+    """The run ``posbench eval`` takes without ``--run``, and one line saying why that one."""
+    run_dir = latest_run(root)
+    why = (
+        f"no --run given: evaluating the newest run under {root}/ (the one whose {WEIGHTS_FILE} "
+        f"was written last): {run_dir}"
+    )
+    if (run_dir.parent / SWEEP_MARKER).is_file():
+        why += f", the last job of the sweep {run_dir.parent}"
+    return run_dir, why + "; pass --run DIR to choose another"
+
+
+def record_eval(
+    run_dir: Path, records: Sequence[dict[str, Any]], train_seq_len: int
+) -> dict[str, Any]:
+    """Add ``records`` to the run's results.json (replacing those of the same length, stride
+    and scaling method) and redraw its TensorBoard evaluation from all the records it now
+    holds. Returns the new results."""
+    results = append_eval_results(run_dir, list(records))
+    write_eval_events(run_dir, results["eval"], train_seq_len)
+    return results

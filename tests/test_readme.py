@@ -1,0 +1,127 @@
+"""README's code blocks run as written: every ```python and ```bash block, against small runs.
+
+Each block runs in a fresh copy of one working directory that holds what README's first
+command leaves (a `posbench train encoding=rope` run) plus a small sweep. A block marked
+``<!-- readme-test: skip (reason) -->`` on the line before it is skipped with that reason:
+those need the network, a cluster, a server or minutes, or are CI itself (README's first
+block: .ci/run installs into a fresh venv and runs the tests).
+
+Two things keep the blocks cheap without editing what users read:
+
+* ``posbench`` here is a small script that appends ``TRAIN_OVERRIDES`` (a one-layer model,
+  40 steps, short lengths) to every ``posbench train``; the command line's last value of a
+  key wins in Hydra, so README's own overrides are still parsed and checked;
+* ``SUBSTITUTIONS`` replaces README's placeholders with the directories they stand for.
+"""
+
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import TINY_RUN
+
+pytestmark = pytest.mark.slow
+README = Path(__file__).resolve().parents[1] / "README.md"
+# README's `posbench diagnose --length 2048` averages its default 4 windows: 4 x 2048 + 1 bytes.
+TRAIN_OVERRIDES = [*TINY_RUN, "data.train_tokens=40000", "data.val_tokens=8193", "data.lags=[3,7]"]
+
+# (pattern, replacement, why): applied, in order, to each bash block before it runs.
+SUBSTITUTIONS = [
+    (
+        r"outputs/multirun/<date>/<time>/",
+        "$(newest outputs/multirun/*/*/)",
+        "a sweep directory: the newest one",
+    ),
+    (
+        r"outputs/(<date>/<time>|\d{4}-\d\d-\d\d/\d\d-\d\d-\d\d|\.\.\./\d\d-\d\d-\d\d)_rope/",
+        "$(newest outputs/*/*_rope/)",
+        "a rope run's directory: the newest one",
+    ),
+    (
+        r"\+experiment=extrapolation(?=\s)",
+        "+experiment=extrapolation encoding=rope seed=0",
+        "the experiment's 21 jobs, narrowed to one as README shows",
+    ),
+]
+# Defined before each bash block: the newest of the directories a glob matches (their names
+# are dates and times, so the last in name order).
+PRELUDE = 'set -e\nnewest() { ls -d "$@" | sort | tail -n 1; }\n'
+
+SHIM = f"""#!/bin/sh
+# `posbench`, with tests/test_readme.py's small-run overrides after `train`'s own arguments.
+if [ "$1" = train ]; then
+    exec {sys.executable} -m posbench.cli "$@" {" ".join(TRAIN_OVERRIDES)}
+fi
+exec {sys.executable} -m posbench.cli "$@"
+"""
+
+BLOCK = re.compile(
+    r"(?:<!-- readme-test: skip \((?P<skip>[^)]*)\) -->\n)?^```(?P<lang>python|bash)\n"
+    r"(?P<code>.*?)^```$",
+    re.MULTILINE | re.DOTALL,
+)
+
+
+def readme_blocks() -> list:
+    """One pytest param per python/bash block, named by language and README line."""
+    text = README.read_text()
+    params = []
+    for match in BLOCK.finditer(text):
+        line = text.count("\n", 0, match.start("code"))
+        marks = [pytest.mark.skip(reason=match["skip"])] if match["skip"] else []
+        block = (match["lang"], match["code"])
+        params.append(pytest.param(*block, id=f"{match['lang']}-line{line}", marks=marks))
+    return params
+
+
+def substituted(code: str) -> str:
+    for pattern, replacement, _ in SUBSTITUTIONS:
+        code = re.sub(pattern, replacement, code)
+    return code
+
+
+def run(command: list, cwd: Path, env: dict) -> subprocess.CompletedProcess:
+    result = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True)
+    assert result.returncode == 0, f"{command[-1]}\nfailed:\n{result.stdout}\n{result.stderr}"
+    return result
+
+
+@pytest.fixture(scope="session")
+def readme_env(tmp_path_factory, cache_dir):
+    """The environment README's commands run in: ``posbench`` is the shim."""
+    import os
+
+    bin_dir = tmp_path_factory.mktemp("readme-bin")
+    shim = bin_dir / "posbench"
+    shim.write_text(SHIM)
+    shim.chmod(0o755)
+    return {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
+
+
+@pytest.fixture(scope="session")
+def trained_workdir(tmp_path_factory, readme_env):
+    """A directory holding what README's first command leaves, and a small sweep."""
+    workdir = tmp_path_factory.mktemp("readme-runs")
+    commands = "posbench train encoding=rope\nposbench train -m encoding=none,rope\n"
+    run(["bash", "-c", PRELUDE + commands], workdir, readme_env)
+    return workdir
+
+
+def test_every_block_that_is_not_run_says_why():
+    """The marker must sit right before its block; a misplaced one would run a slow block."""
+    text = README.read_text()
+    markers = re.findall(r"^<!-- readme-test: skip", text, flags=re.MULTILINE)
+    assert len(markers) == sum(1 for m in BLOCK.finditer(text) if m["skip"])
+
+
+@pytest.mark.parametrize(("lang", "code"), readme_blocks())
+def test_readme_block_runs(lang, code, trained_workdir, readme_env, tmp_path):
+    workdir = tmp_path / "work"
+    shutil.copytree(trained_workdir, workdir, symlinks=True)
+    if lang == "python":
+        run([sys.executable, "-c", code], workdir, readme_env)
+    else:
+        run(["bash", "-c", PRELUDE + substituted(code)], workdir, readme_env)
