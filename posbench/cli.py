@@ -397,6 +397,12 @@ def eval_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
     parser.add_argument(
+        "--precision",
+        choices=["fp32", "bf16"],
+        help="of the forward passes; log-probabilities are summed in fp32/fp64 either way "
+        "(default: the run's eval.precision)",
+    )
+    parser.add_argument(
         "--rope-scaling",
         choices=list(SCALING_METHODS),
         metavar="METHOD",
@@ -437,6 +443,7 @@ def run_eval(args: Sequence[str]) -> None:
         options.device,
         options.max_tokens,
         encoding_overrides=overrides,
+        precision=options.precision,
     )
     append_eval_results(run_dir, records)
     with SummaryWriter(log_dir=str(run_dir)) as writer:

@@ -1,0 +1,232 @@
+"""train.precision, eval.precision and train.compile: what auto picks on which hardware, that
+bf16 computes what fp32 does within bf16's accuracy, and what results and resumes record."""
+
+import json
+
+import pytest
+import torch
+import torch.nn.functional as F
+from conftest import TINY
+
+from posbench.checkpoint import CHECKPOINT_FILE, load_checkpoint
+from posbench.config import compose_config
+from posbench.errors import PosbenchError
+from posbench.evaluate import evaluate_length, evaluate_run
+from posbench.model import MAX_SCORE_ELEMENTS, build_model, unbiased_causal_attention
+from posbench.precision import BF16_MIN_D_MODEL, bf16_hardware, resolve_precision
+from posbench.train import train, train_step
+
+CPU, CUDA = torch.device("cpu"), torch.device("cuda")
+# bf16 keeps 8 significant bits: one rounding is off by at most u = 2^-9 relative. The bf16
+# attention rounds its inputs' products, the probabilities and the output, and the training
+# step does so in every layer, so results may differ from exact arithmetic by a few u.
+BF16_TOLERANCE = 4 * 2**-9  # relative (in norm) error of one bf16 attention: 4 u, about 0.8 %
+
+
+def fake_cpu(monkeypatch, **flags: bool) -> None:
+    """Pretend the CPU has exactly the bf16 features in ``flags`` (amx_bf16, avx512_bf16)."""
+    monkeypatch.setattr(torch.cpu, "get_capabilities", lambda: flags)
+
+
+@pytest.mark.parametrize(
+    ("flags", "hardware"),
+    [
+        ({"amx_bf16": True, "avx512_bf16": True}, "amx"),
+        ({"amx_bf16": False, "avx512_bf16": True}, "avx512_bf16"),
+        ({"amx_bf16": False, "avx512_bf16": False}, None),
+    ],
+)
+def test_bf16_hardware_is_detected_from_the_cpus_flags(monkeypatch, flags, hardware):
+    fake_cpu(monkeypatch, **flags)
+    assert bf16_hardware(CPU) == hardware
+
+
+@pytest.mark.parametrize("hardware", ["amx", "avx512_bf16"])
+def test_auto_picks_bf16_on_a_bf16_cpu_from_the_measured_width_on(monkeypatch, hardware):
+    fake_cpu(monkeypatch, **{"amx_bf16": hardware == "amx", "avx512_bf16": True})
+    width = BF16_MIN_D_MODEL[hardware]
+    assert resolve_precision("auto", CPU, width) == "bf16"
+    assert resolve_precision("auto", CPU, width // 2) == "fp32"
+
+
+def test_auto_keeps_the_default_tiny_model_fp32_on_amx_where_bf16_was_measured_slower(
+    monkeypatch,
+):
+    fake_cpu(monkeypatch, amx_bf16=True, avx512_bf16=True)
+    tiny = compose_config().model.d_model
+    assert resolve_precision("auto", CPU, tiny) == "fp32"
+
+
+def test_auto_picks_fp32_on_a_cpu_without_bf16_units_at_any_size(monkeypatch):
+    fake_cpu(monkeypatch, amx_bf16=False, avx512_bf16=False)
+    assert resolve_precision("auto", CPU, 4096) == "fp32"
+
+
+@pytest.mark.parametrize(("supported", "expected"), [(True, "bf16"), (False, "fp32")])
+def test_auto_on_cuda_follows_the_gpus_bf16_support(monkeypatch, supported, expected):
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda: supported)
+    assert resolve_precision("auto", CUDA, BF16_MIN_D_MODEL["cuda"]) == expected
+
+
+@pytest.mark.parametrize("requested", ["fp32", "bf16"])
+def test_an_explicit_precision_is_used_on_any_hardware(monkeypatch, requested):
+    for flags in ({"amx_bf16": True}, {}):
+        fake_cpu(monkeypatch, **flags)
+        assert resolve_precision(requested, CPU, 512) == requested
+
+
+# --- the bf16 attention fast path -------------------------------------------------------------
+
+
+def attention_and_grads(attention, q, k, v, grad, dtype):
+    """Output and input gradients of ``attention`` run in ``dtype``, as float64."""
+    inputs = [t.detach().to(dtype).requires_grad_() for t in (q, k, v)]
+    out = attention(*inputs)
+    out.backward(grad.to(dtype))
+    return [out.double()] + [t.grad.double() for t in inputs]
+
+
+def sdpa(q, k, v):
+    return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+
+@pytest.mark.parametrize("shape", [(4, 4, 128, 32), (2, 8, 128, 64), (3, 2, 17, 16)])
+def test_bf16_attention_matches_exact_attention_forward_and_backward(shape):
+    torch.manual_seed(0)
+    # bf16-valued inputs, so the comparison measures the computation, not the input rounding
+    q, k, v, grad = (torch.randn(shape).bfloat16() for _ in range(4))
+    exact = attention_and_grads(sdpa, q, k, v, grad, torch.float64)
+    fast = attention_and_grads(unbiased_causal_attention, q, k, v, grad, torch.bfloat16)
+    for name, want, got in zip(("out", "dq", "dk", "dv"), exact, fast, strict=True):
+        error = (got - want).norm() / want.norm()
+        assert error < BF16_TOLERANCE, f"{name}: relative error {error:.4f}"
+
+
+def test_attention_outside_bf16_training_sizes_is_sdpas_fused_kernel():
+    torch.manual_seed(0)
+    small = [torch.randn(2, 2, 16, 8) for _ in range(3)]
+    assert torch.equal(unbiased_causal_attention(*small), sdpa(*small))  # fp32
+    T = 64
+    batch = MAX_SCORE_ELEMENTS // (T * T) + 1  # one more sequence than the scores may hold
+    long = [torch.randn(batch, 1, T, 8).bfloat16() for _ in range(3)]
+    assert torch.equal(unbiased_causal_attention(*long), sdpa(*long))
+
+
+# --- training and evaluation in bf16 ----------------------------------------------------------
+
+
+def test_a_bf16_training_step_computes_the_fp32_loss_and_gradients_within_bf16_accuracy():
+    cfg = compose_config(TINY)
+    torch.manual_seed(0)
+    tokens = torch.randint(0, 256, (4096,), dtype=torch.uint8)
+    outcomes = {}
+    for precision in ("fp32", "bf16"):
+        torch.manual_seed(0)
+        model = build_model(cfg.model, cfg.encoding)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.0)  # keeps the gradients
+        sampler = torch.Generator().manual_seed(0)
+        loss = train_step(model, optimizer, tokens, sampler, 0, cfg.train, precision)
+        grads = torch.cat([p.grad.flatten() for p in model.parameters()])
+        outcomes[precision] = loss, grads
+    (loss32, grads32), (loss16, grads16) = outcomes["fp32"], outcomes["bf16"]
+    assert loss16 != loss32  # it did run in bf16
+    assert loss16 == pytest.approx(loss32, rel=2**-8)
+    # every layer rounds again, and the clipped gradient norm mixes all of them: 4x one layer
+    assert (grads16 - grads32).norm() / grads32.norm() < 4 * BF16_TOLERANCE
+
+
+def test_bf16_evaluation_matches_fp32_perplexity_and_says_it_ran_in_bf16():
+    cfg = compose_config(TINY)
+    torch.manual_seed(0)
+    model = build_model(cfg.model, cfg.encoding)
+    tokens = torch.randint(0, 256, (2048,), dtype=torch.uint8)
+    fp32 = evaluate_length(model, tokens, 64)
+    bf16 = evaluate_length(model, tokens, 64, precision="bf16")
+    assert (fp32["precision"], bf16["precision"]) == ("fp32", "bf16")
+    assert bf16["ppl"] != fp32["ppl"]  # it did run in bf16
+    assert bf16["ppl"] == pytest.approx(fp32["ppl"], rel=2**-8)
+
+
+@pytest.fixture(scope="module")
+def bf16_run(tmp_path_factory, cache_dir):
+    run_dir = tmp_path_factory.mktemp("bf16")
+    overrides = [*TINY, f"data.cache_dir={cache_dir}", "train.precision=bf16"]
+    return run_dir, train(compose_config(overrides), run_dir)
+
+
+def test_results_record_the_precision_used_and_a_bf16_run_learns(bf16_run):
+    run_dir, results = bf16_run
+    assert json.loads((run_dir / "results.json").read_text())["precision"] == "bf16"
+    assert results["train"]["final_loss"] < 0.75 * torch.log(torch.tensor(256.0)).item()
+    assert load_checkpoint(run_dir / CHECKPOINT_FILE)["precision"] == "bf16"
+
+
+def test_results_record_what_auto_resolved_to_not_auto(monkeypatch, tiny, tmp_path):
+    fake_cpu(monkeypatch, avx512_bf16=True)
+    width = BF16_MIN_D_MODEL["avx512_bf16"]
+    overrides = [*tiny, f"model.d_model={width}", "train.steps=2", "eval.lengths=[16]"]
+    assert train(compose_config(overrides), tmp_path)["precision"] == "bf16"
+
+
+def test_the_same_seed_gives_the_same_numbers_in_bf16(bf16_run, cache_dir, tmp_path):
+    overrides = [*TINY, f"data.cache_dir={cache_dir}", "train.precision=bf16"]
+    again = train(compose_config(overrides), tmp_path)
+    assert again["train"]["final_loss"] == bf16_run[1]["train"]["final_loss"]
+    assert again["eval"] == bf16_run[1]["eval"]
+
+
+def test_eval_precision_applies_to_the_runs_evaluation_and_posbench_eval(bf16_run):
+    run_dir, results = bf16_run
+    assert {r["precision"] for r in results["eval"]} == {"fp32"}  # eval.precision's default
+    records = evaluate_run(run_dir, [16], device="cpu", precision="bf16")
+    assert records[0]["precision"] == "bf16"
+    assert records[0]["ppl"] == pytest.approx(results["eval"][0]["ppl"], rel=2**-7)
+
+
+# --- resume -----------------------------------------------------------------------------------
+
+
+def copy_run(source, target) -> None:
+    for name in ("config.yaml", CHECKPOINT_FILE):
+        (target / name).write_bytes((source / name).read_bytes())
+
+
+def test_resuming_refuses_another_precision_than_the_run_was_trained_in(bf16_run, tiny, tmp_path):
+    copy_run(bf16_run[0], tmp_path)
+    overrides = [*tiny, "train.resume=true", "train.precision=fp32", "train.steps=45"]
+    with pytest.raises(PosbenchError, match=r"trained in bf16.*train.precision=bf16") as err:
+        train(compose_config(overrides), tmp_path)
+    assert "\n" not in str(err.value)
+
+
+def test_resuming_may_spell_out_the_precision_auto_chose(monkeypatch, bf16_run, tiny, tmp_path):
+    copy_run(bf16_run[0], tmp_path)
+    fake_cpu(monkeypatch)  # auto resolves to fp32 here, so the run must say bf16 explicitly
+    base = [*tiny, "train.resume=true", "train.steps=42", "eval.lengths=[16]"]
+    with pytest.raises(PosbenchError, match="trained in bf16"):
+        train(compose_config([*base, "train.precision=auto"]), tmp_path)
+    results = train(compose_config([*base, "train.precision=bf16"]), tmp_path)
+    assert results["precision"] == "bf16" and results["train"]["steps"] == 42
+
+
+def test_checkpoints_from_before_train_precision_count_as_fp32(bf16_run, tiny, tmp_path):
+    copy_run(bf16_run[0], tmp_path)
+    state = load_checkpoint(tmp_path / CHECKPOINT_FILE)
+    del state["precision"]
+    torch.save(state, tmp_path / CHECKPOINT_FILE)
+    overrides = [*tiny, "train.resume=true", "train.precision=bf16", "train.steps=45"]
+    with pytest.raises(PosbenchError, match="trained in fp32"):
+        train(compose_config(overrides), tmp_path)
+
+
+# --- train.compile ----------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_a_compiled_run_trains_like_the_eager_one_and_reports_its_compile_time(tiny, tmp_path):
+    short = [*tiny, "train.steps=6", "eval.lengths=[16]", "train.precision=fp32"]
+    eager = train(compose_config(short), tmp_path / "eager")
+    compiled = train(compose_config([*short, "train.compile=true"]), tmp_path / "compiled")
+    assert eager["train"]["compile_s"] == 0.0 < compiled["train"]["compile_s"]
+    assert compiled["train"]["final_loss"] == pytest.approx(eager["train"]["final_loss"], rel=1e-4)
+    assert compiled["eval"][0]["ppl"] == pytest.approx(eager["eval"][0]["ppl"], rel=1e-4)
