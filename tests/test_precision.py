@@ -13,7 +13,7 @@ from posbench.config import compose_config
 from posbench.errors import PosbenchError
 from posbench.evaluate import evaluate_length, evaluate_run
 from posbench.model import MAX_SCORE_ELEMENTS, build_model, unbiased_causal_attention
-from posbench.precision import BF16_MIN_D_MODEL, bf16_hardware, resolve_precision
+from posbench.precision import BF16_MIN_D_MODEL, autocast, bf16_hardware, resolve_precision
 from posbench.train import train, train_step
 
 CPU, CUDA = torch.device("cpu"), torch.device("cuda")
@@ -230,3 +230,22 @@ def test_a_compiled_run_trains_like_the_eager_one_and_reports_its_compile_time(t
     assert eager["train"]["compile_s"] == 0.0 < compiled["train"]["compile_s"]
     assert compiled["train"]["final_loss"] == pytest.approx(eager["train"]["final_loss"], rel=1e-4)
     assert compiled["eval"][0]["ppl"] == pytest.approx(eager["eval"][0]["ppl"], rel=1e-4)
+
+
+def test_compiled_rope_training_rotates_exactly_as_its_table_does(monkeypatch):
+    cfg = compose_config(TINY)
+    model = build_model(cfg.model, cfg.encoding)  # a new model trains: plain RoPE
+    x = torch.randn(2, cfg.model.n_head, 16, cfg.model.d_model // cfg.model.n_head)
+    positions = torch.tensor([0, 3, 5, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 40])
+    from_table = model.encoding.rotate(x, positions)
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    assert torch.equal(model.encoding.rotate(x, positions), from_table)
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_the_training_forward_is_one_graph_for_torch_compile(precision):
+    cfg = compose_config(TINY)  # rope: its position table is the one thing that used to break
+    model = build_model(cfg.model, cfg.encoding).train()
+    with autocast(precision, CPU):
+        explained = torch._dynamo.explain(model)(torch.zeros(2, 16, dtype=torch.long))
+    assert explained.graph_break_count == 0, explained.break_reasons
