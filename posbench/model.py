@@ -97,24 +97,22 @@ def unbiased_causal_attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout: float = 0.0
 ) -> torch.Tensor:
     """softmax(q k^T / sqrt(hs) + causal mask) v for q, k, v of (B, H, T, hs): SDPA's fused
-    causal kernel, except in bf16 on a CPU at training sizes.
+    causal kernel, run in fp32 for bf16 inputs on a CPU.
 
-    There SDPA's CPU flash attention is slower in bf16 than in fp32 (its backward most of all:
-    the issue measured 22.9 ms bf16 vs 13.3 ms fp32 forward and backward at (32, 4, 128, 64)),
-    while plain bf16 products around an fp32 softmax took 9.7 ms, and made bf16 training steps
-    1.3-1.4x faster than with SDPA at tiny and small on an AVX512-BF16 CPU. The plain form holds
-    all (B, H, T, T) scores, so longer inputs (evaluation lengths) keep the fused kernel.
+    SDPA's CPU flash attention is slower in bf16 than in fp32, its backward most of all (the
+    issue measured 22.9 ms bf16 vs 13.3 ms fp32 forward and backward at (32, 4, 128, 64)), and
+    that made bf16 training steps slow. Casting q, k, v up and the output down costs little next
+    to the (T, T) work, keeps the fused kernel's memory bound at any length, and is as accurate
+    as fp32 attention. (Plain bf16 products around an fp32 softmax measured as fast in whole
+    training steps, but rounds the scores to bf16: 5x SDPA's error at peaked attention.)
     """
-    B, H, T, hs = q.shape
-    if q.dtype != torch.bfloat16 or q.device.type != "cpu" or B * H * T * T > MAX_SCORE_ELEMENTS:
+    if q.dtype != torch.bfloat16 or q.device.type != "cpu":
         return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=True)
-    scores = (q * hs**-0.5) @ k.transpose(-2, -1)  # (B, H, T, T) bf16
-    future = torch.ones(T, T, dtype=torch.bool, device=q.device).triu(1)  # (T, T)
-    # The softmax in fp32: its exponentials and sums lose accuracy in bf16.
-    probs = scores.float().masked_fill(future, float("-inf")).softmax(dim=-1)  # (B, H, T, T)
-    if dropout > 0:
-        probs = F.dropout(probs, dropout)
-    return probs.to(v.dtype) @ v  # (B, H, T, hs)
+    with torch.autocast("cpu", enabled=False):  # autocast would cast q, k, v back to bf16
+        y = F.scaled_dot_product_attention(
+            q.float(), k.float(), v.float(), dropout_p=dropout, is_causal=True
+        )  # (B, H, T, hs) fp32
+    return y.to(q.dtype)
 
 
 def causal_bias(
