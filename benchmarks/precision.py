@@ -138,13 +138,17 @@ def speed(args: argparse.Namespace) -> None:
         interleaved(steps, args.warmup)
         times = interleaved(steps, args.rounds)
         d_model = compose_config([f"model={model_name}"]).model.d_model
-        print(f"\nmodel={model_name}: auto picks {resolve_precision('auto', device, d_model)}")
+        auto = resolve_precision("auto", device, d_model)
+        print(f"\nmodel={model_name}: auto picks {auto}")
         print(f"{'variant':<14}{'tok/s':>10}{'vs fp32':>9}{'MFU':>7}{'compile s':>11}")
         for name, (_, compile_s, flops_per_token, precision) in variants.items():
             seconds = statistics.median(times[name])
             mfu = tokens * flops_per_token / seconds / peaks[precision]
             ratio = ratio_to(times, args.variants[0], name)
             print(f"{name:<14}{tokens / seconds:>10,.0f}{ratio:>9.2f}{mfu:>7.1%}{compile_s:>11.1f}")
+        if {"fp32", "bf16"} <= times.keys():
+            faster = min(("fp32", "bf16"), key=lambda name: statistics.median(times[name]))
+            print(f"auto ({auto}) / faster ({faster}): {ratio_to(times, faster, auto):.2f}")
 
 
 def attention(args: argparse.Namespace) -> None:
