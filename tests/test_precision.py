@@ -9,6 +9,7 @@ import torch.nn.functional as F
 from conftest import TINY
 
 from posbench.checkpoint import CHECKPOINT_FILE, load_checkpoint
+from posbench.cli import main
 from posbench.config import compose_config
 from posbench.errors import PosbenchError
 from posbench.evaluate import evaluate_length, evaluate_run
@@ -183,6 +184,18 @@ def test_eval_precision_applies_to_the_runs_evaluation_and_posbench_eval(bf16_ru
     assert records[0]["precision"] == "bf16"
     # a trained model's logits are larger than a fresh one's: so are their rounding errors
     assert records[0]["ppl"] == pytest.approx(results["eval"][0]["ppl"], rel=4 * 2**-9)
+
+
+def test_posbench_eval_precision_flag_records_bf16_beside_the_fp32_records(bf16_run, capsys):
+    run_dir, _ = bf16_run
+    main(["eval", "--run", str(run_dir), "--length", "40", "--precision", "bf16"])
+    records = json.loads((run_dir / "results.json").read_text())["eval"]
+    assert {r["length"]: r["precision"] for r in records} == {
+        16: "fp32",
+        32: "fp32",
+        40: "bf16",
+        64: "fp32",
+    }
 
 
 # --- resume -----------------------------------------------------------------------------------
