@@ -30,9 +30,9 @@ log = logging.getLogger(__name__)
 # (model.d_model) at which bf16 training steps were measured faster than fp32 (T=128, batch 32;
 # benchmarks/precision.py measures the ratio). Narrower models stay fp32: their matrices are
 # too small for bf16's faster products to pay for the casts autocast adds.
-# - avx512_bf16 (AMD EPYC Zen 4, no AMX; 1 thread, interleaved rounds on a shared machine):
-#   bf16 / fp32 tokens/s 1.5-1.7x at tiny (d128), 2.0x at small (d256), more at base: every
-#   shipped size wins, so from d128 on.
+# - avx512_bf16 (AMD EPYC Zen 4, no AMX; interleaved rounds on a busy shared machine, so
+#   indicative only): bf16 / fp32 tokens/s 1.6x at tiny (d128; 1.4x with 2 threads), 1.9x at
+#   small (d256), 2.9x at base (d512): every shipped size wins, so from d128 on.
 # - amx (Intel, AMX-BF16): the issue measured plain autocast at 0.85x fp32 at d128 and 1.70x at
 #   d256. Our bf16 attention removes the kernel that made autocast slow, but this has not been
 #   measured on AMX yet, so tiny stays fp32 there (the default run must never get slower).

@@ -350,7 +350,7 @@ def train(cfg: DictConfig, run_dir: str | Path) -> dict[str, Any]:
         check_resume_precision(trained_precision(checkpoint), precision, run_dir)
     save_config(run_dir, cfg)
     log.info(
-        "%s: %s parameters, %s train / %s val bytes, device %s, %s",
+        "%s: %s parameters, %s train / %s val bytes, device %s, precision %s",
         cfg.encoding.name,
         f"{model.num_parameters():,}",
         f"{len(corpus.train):,}",
