@@ -34,6 +34,7 @@ class TrainProgress:
     recent_losses: list[float] = field(default_factory=list)  # the window behind final_loss
     tokens_seen: int = 0
     train_time: float = 0.0
+    compile_time: float = 0.0  # torch.compile's warm-up (train.compile), apart from train_time
     val_loss: float | None = None  # the latest periodic validation
 
 
@@ -43,6 +44,7 @@ def save_checkpoint(
     optimizer: torch.optim.Optimizer,
     sampler: torch.Generator,
     progress: TrainProgress,
+    precision: str = "fp32",
 ) -> Path:
     """Write ``run_dir/checkpoint.pt`` atomically; an OSError (disk full, ...) becomes a
     one-line PosbenchError and leaves the previous checkpoint intact."""
@@ -55,6 +57,7 @@ def save_checkpoint(
         "torch_rng": torch.get_rng_state(),
         "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else [],
         "progress": asdict(progress),
+        "precision": precision,  # the one used (train.precision=auto resolves per machine)
     }
     path = Path(run_dir) / CHECKPOINT_FILE
     try:
@@ -93,6 +96,12 @@ def load_checkpoint(path: Path) -> dict[str, Any]:
     if not isinstance(state, dict) or state.get("format") != FORMAT:
         raise PosbenchError(f"{path} is not a posbench checkpoint; delete it or point elsewhere")
     return state
+
+
+def trained_precision(state: dict[str, Any]) -> str:
+    """The precision the checkpoint's steps ran in; checkpoints written before
+    train.precision existed were all trained in fp32."""
+    return state.get("precision", "fp32")
 
 
 def restore_checkpoint(

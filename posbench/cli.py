@@ -455,6 +455,12 @@ def eval_parser() -> argparse.ArgumentParser:
         "torchrun runs at once) or a positive integer, e.g. 1 for evaluations run side by side",
     )
     parser.add_argument(
+        "--precision",
+        choices=["fp32", "bf16"],
+        help="of the forward passes; log-probabilities are summed in fp32/fp64 either way "
+        "(default: the run's eval.precision)",
+    )
+    parser.add_argument(
         "--rope-scaling",
         choices=list(SCALING_METHODS),
         metavar="METHOD",
@@ -498,6 +504,7 @@ def run_eval(args: Sequence[str]) -> None:
         options.device,
         options.max_tokens,
         encoding_overrides=overrides,
+        precision=options.precision,
     )
     results = record_eval(run_dir, records, cfg.train.seq_len)
     print(f"{cfg.encoding.name} trained at {cfg.train.seq_len} ({run_dir})")

@@ -32,6 +32,17 @@ class Device(Enum):
     cuda = "cuda"
 
 
+class Precision(Enum):
+    auto = "auto"  # bf16 where measured faster for the model (posbench/precision.py), else fp32
+    fp32 = "fp32"
+    bf16 = "bf16"  # autocast: bf16 products, fp32 weights and optimizer state
+
+
+class EvalPrecision(Enum):
+    fp32 = "fp32"
+    bf16 = "bf16"
+
+
 @dataclass
 class ModelConfig:
     n_layer: int = 2
@@ -65,6 +76,10 @@ class TrainConfig:
     random_positions: int | None = None
     # start from this run's weights (a fine-tune: same model and encoding, scaling may differ)
     init_from: str | None = None
+    # auto | fp32 | bf16 (autocast; auto: bf16 where measured faster, posbench/precision.py)
+    precision: Precision = Precision.auto
+    # torch.compile the model for training (compile time reported apart: train.compile_s)
+    compile: bool = False
 
 
 @dataclass
@@ -77,6 +92,8 @@ class EvalConfig:
     batch_size: int | None = None
     # score at most this many validation tokens per length (null: the whole split)
     max_tokens: int | None = 262144
+    # fp32 | bf16 (autocast for the forward passes; log-probabilities stay fp32/fp64)
+    precision: EvalPrecision = EvalPrecision.fp32
 
 
 @dataclass
@@ -199,12 +216,16 @@ def validate(cfg: DictConfig) -> None:
 
 # What a resumed run may change: none of it alters the trained weights (train.steps moves the
 # end of the LR schedule, so extending a run is allowed but is not a run of that length; the
-# thread count changes only the speed).
+# thread count and train.compile change only rounding). train.precision may change only to a
+# setting that resolves to the precision the run was trained in (checked against the
+# checkpoint by posbench.precision.check_resume_precision).
 RESUMABLE_KEYS = (
     "threads",
     "train.steps",
     "train.checkpoint_every",
     "train.resume",
+    "train.compile",
+    "train.precision",
     "eval.",
     "data.cache_dir",
 )

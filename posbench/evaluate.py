@@ -44,6 +44,7 @@ from posbench.data import load_corpus
 from posbench.errors import PosbenchError
 from posbench.memory import fitting_batch_size
 from posbench.model import Transformer
+from posbench.precision import autocast
 from posbench.runs import load_run
 
 TOKENS_PER_BATCH = 65536  # default eval batch: about this many tokens per forward pass
@@ -136,11 +137,13 @@ def evaluate_length(
     stride: int | None = None,
     batch_size: int | None = None,
     train_seq_len: int | None = None,
+    precision: str = "fp32",
 ) -> dict[str, Any]:
     """One results.json eval record: the model's perplexity on ``tokens`` at ``length``, the
     eval-time extension (``scaling``) its encoding applied there and, for non-overlapping
     windows, ``loss_by_position`` with ``train_seq_len`` as a bucket boundary (None: the
-    window is bucketed as if it were the training length)."""
+    window is bucketed as if it were the training length). ``precision`` is that of the
+    forward passes (posbench.precision.autocast); the NLL is summed in float64 either way."""
     assert stride is None or 0 < stride <= length, "stride must be in (0, length]"
     model.eval()  # no dropout; eval-time extensions (RoPE scaling) apply
     scaling = model.encoding.scaling_record(length)
@@ -172,7 +175,8 @@ def evaluate_length(
         for i in range(0, len(spans), batch_size):
             batch = spans[i : i + batch_size]
             rows = torch.stack([tokens[s : s + length + 1] for s, _ in batch]).long().to(device)
-            logits = model(rows[:, :-1])  # (B, T, vocab)
+            with autocast(precision, device):
+                logits = model(rows[:, :-1])  # (B, T, vocab)
             nll = F.cross_entropy(logits.transpose(1, 2).float(), rows[:, 1:], reduction="none")
             first = torch.tensor([f for _, f in batch], device=device)  # (B,)
             is_scored = torch.arange(length, device=device) >= first[:, None]  # (B, T)
@@ -193,6 +197,7 @@ def evaluate_length(
         "tokens": scored,
         "status": "ok",
         "reason": None,
+        "precision": precision,
         **scaling,
         **by_position,
     }
@@ -206,18 +211,22 @@ def evaluate(
     batch_size: int | None = None,
     max_tokens: int | None = None,
     train_seq_len: int | None = None,
+    precision: str = "fp32",
 ) -> list[dict[str, Any]]:
-    """Evaluate ``model`` on the byte tensor ``tokens`` at each length.
+    """Evaluate ``model`` on the byte tensor ``tokens`` at each length, in ``precision``.
 
     Every length scores the same leading ``max_tokens`` tokens (all of them when ``None``),
     so perplexities at different lengths are measured on the same text.
     Returns results.json eval records: length, stride, ppl, bits_per_byte, tokens, status,
-    reason, scaling, scaling_factor and (non-overlapping windows) loss_by_position, bucketed
-    around ``train_seq_len``.
+    reason, precision (of measured records), scaling, scaling_factor and (non-overlapping
+    windows) loss_by_position, bucketed around ``train_seq_len``.
     """
     if max_tokens is not None:
         tokens = tokens[: max_tokens + 1]
-    return [evaluate_length(model, tokens, n, stride, batch_size, train_seq_len) for n in lengths]
+    return [
+        evaluate_length(model, tokens, n, stride, batch_size, train_seq_len, precision)
+        for n in lengths
+    ]
 
 
 def evaluate_run(
@@ -228,18 +237,24 @@ def evaluate_run(
     device: str = "auto",
     max_tokens: int | None = None,
     encoding_overrides: Mapping[str, Any] | None = None,
+    precision: str | None = None,
 ) -> list[dict[str, Any]]:
     """Evaluate a trained run on its own validation split; returns results.json eval records.
 
-    ``max_tokens`` defaults to the run's ``eval.max_tokens``, so the numbers are comparable
-    with the ones measured at the end of training. ``encoding_overrides`` are merged over the
+    ``max_tokens`` and ``precision`` default to the run's ``eval.max_tokens`` and
+    ``eval.precision``, so the numbers are comparable with the ones measured at the end of
+    training. ``encoding_overrides`` are merged over the
     run's encoding config before its weights are loaded (e.g. ``rope_scaling_overrides``).
     """
     model, cfg = load_run(run_dir, resolve_device(device), encoding_overrides)
     corpus = load_corpus(cfg.data)
     if max_tokens is None:
         max_tokens = cfg.eval.max_tokens
-    return evaluate(model, corpus.val, lengths, stride, batch_size, max_tokens, cfg.train.seq_len)
+    if precision is None:  # runs from before eval.precision existed evaluated in fp32
+        precision = OmegaConf.select(cfg, "eval.precision", default="fp32")
+    return evaluate(
+        model, corpus.val, lengths, stride, batch_size, max_tokens, cfg.train.seq_len, precision
+    )
 
 
 def rope_scaling_overrides(

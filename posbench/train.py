@@ -29,6 +29,7 @@ from posbench.checkpoint import (
     load_checkpoint,
     restore_checkpoint,
     save_checkpoint,
+    trained_precision,
 )
 from posbench.config import (
     check_resumable,
@@ -42,6 +43,12 @@ from posbench.errors import PosbenchError
 from posbench.evaluate import evaluate
 from posbench.finetune import fine_tune_config, load_parent_weights
 from posbench.model import Transformer, build_model
+from posbench.precision import (
+    autocast,
+    check_resume_precision,
+    compile_for_training,
+    resolve_precision,
+)
 from posbench.runs import (
     RESULTS_FILE,
     prepare_run_dir,
@@ -92,13 +99,17 @@ def validation_batches(tokens: torch.Tensor, cfg: DictConfig) -> Iterator[torch.
 
 
 @torch.inference_mode()
-def validation_loss(model: Transformer, tokens: torch.Tensor, cfg: DictConfig) -> float:
+def validation_loss(
+    model: Transformer, tokens: torch.Tensor, cfg: DictConfig, precision: str = "fp32"
+) -> float:
+    """Mean loss on ``validation_batches``, in the training ``precision``."""
     model.eval()
     device = next(model.parameters()).device
     total, count = 0.0, 0
     for rows in validation_batches(tokens, cfg):
         rows = rows.to(device)
-        logits = model(rows[:, :-1])
+        with autocast(precision, device):
+            logits = model(rows[:, :-1]).float()  # (B, T, vocab)
         total += F.cross_entropy(logits.flatten(0, 1), rows[:, 1:].flatten(), reduction="sum")
         count += rows[:, 1:].numel()
     model.train()
@@ -153,14 +164,16 @@ def stop_requests() -> Iterator[StopRequest]:
 
 
 def train_step(
-    model: Transformer,
+    model: torch.nn.Module,
     optimizer: torch.optim.Optimizer,
     tokens: torch.Tensor,
     sampler: torch.Generator,
     step: int,
     cfg: DictConfig,
+    precision: str = "fp32",
 ) -> float:
-    """One optimisation step at ``lr_at(step)``; returns its loss."""
+    """One optimisation step at ``lr_at(step)`` in ``precision``; returns its loss. ``model`` is
+    the Transformer or its compiled wrapper (compile_for_training)."""
     device = next(model.parameters()).device
     for group in optimizer.param_groups:
         group["lr"] = lr_at(step, cfg)
@@ -171,7 +184,8 @@ def train_step(
         # One subset per step, shared by the batch (the encodings take one (T,) position
         # vector); drawn from the batch sampler, whose state the checkpoint already holds.
         positions = sample_positions(cfg.random_positions, cfg.seq_len, sampler).to(device)
-    loss = F.cross_entropy(model(x, positions).flatten(0, 1), y.flatten())
+    with autocast(precision, device):  # the loss takes fp32 logits: log-softmax stays fp32
+        loss = F.cross_entropy(model(x, positions).float().flatten(0, 1), y.flatten())
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
     if cfg.grad_clip > 0:
@@ -187,8 +201,10 @@ def train_steps(
     writer: SummaryWriter,
     run_dir: Path,
     checkpoint: dict[str, Any] | None = None,
+    precision: str = "fp32",
 ) -> dict[str, Any]:
-    """The optimisation loop, from ``checkpoint`` when given; returns the training summary.
+    """The optimisation loop in ``precision``, from ``checkpoint`` when given; returns the
+    training summary.
 
     Checkpoints every ``train.checkpoint_every`` steps, at the end, and when a stop signal
     arrives (then raises TrainingInterrupted); raises Diverged on a non-finite loss.
@@ -202,6 +218,13 @@ def train_steps(
     saved_step = progress.step
     recent_losses = deque(progress.recent_losses, maxlen=tcfg.log_every)  # for final_loss
     model.train()
+    stepper: torch.nn.Module = model
+    if tcfg.compile and progress.step < tcfg.steps:
+        device = next(model.parameters()).device
+        batch = torch.zeros(tcfg.batch_size, tcfg.seq_len, dtype=torch.long, device=device)
+        stepper, seconds = compile_for_training(model, batch, precision)
+        progress.compile_time += seconds
+        log.info("torch.compile: %.1f s (not counted in tokens/s)", seconds)
     bar = tqdm(
         range(progress.step, tcfg.steps),
         initial=progress.step,
@@ -212,7 +235,9 @@ def train_steps(
     with stop_requests() as stop:
         for step in bar:
             started = time.perf_counter()
-            loss_value = train_step(model, optimizer, corpus.train, sampler, step, tcfg)
+            loss_value = train_step(
+                stepper, optimizer, corpus.train, sampler, step, tcfg, precision
+            )
             if not math.isfinite(loss_value):
                 raise divergence(step + 1, loss_value, recent_losses, saved_step, run_dir, tcfg)
             progress.train_time += time.perf_counter() - started
@@ -222,13 +247,13 @@ def train_steps(
             if progress.step % tcfg.log_every == 0 or progress.step == tcfg.steps:
                 log_training(writer, bar, progress, loss_value, lr_at(step, tcfg))
             if progress.step % tcfg.val_every == 0 or progress.step == tcfg.steps:
-                progress.val_loss = validation_loss(model, corpus.val, tcfg)
+                progress.val_loss = validation_loss(model, corpus.val, tcfg, precision)
                 writer.add_scalar("val/loss", progress.val_loss, progress.step)
                 writer.add_scalar("val/ppl", math.exp(progress.val_loss), progress.step)
             if checkpoint_due(progress.step, tcfg) or stop.signum is not None:
                 progress.recent_losses = list(recent_losses)
                 writer.flush()  # TensorBoard holds at least what the checkpoint holds
-                save_checkpoint(run_dir, model, optimizer, sampler, progress)
+                save_checkpoint(run_dir, model, optimizer, sampler, progress, precision)
                 saved_step = progress.step
             if stop.signum is not None:
                 bar.close()
@@ -240,6 +265,7 @@ def train_steps(
         "val_ppl": math.exp(progress.val_loss),
         "tokens_per_s": progress.tokens_seen / progress.train_time,
         "wall_s": progress.train_time,
+        "compile_s": progress.compile_time,
     }
 
 
@@ -334,14 +360,18 @@ def train(cfg: DictConfig, run_dir: str | Path) -> dict[str, Any]:
     if cfg.train.init_from is not None and checkpoint is None:
         load_parent_weights(model, cfg)
     model = model.to(device)
+    precision = resolve_precision(cfg.train.precision.value, device, cfg.model.d_model)
+    if checkpoint is not None:
+        check_resume_precision(trained_precision(checkpoint), precision, run_dir)
     save_config(run_dir, cfg)
     log.info(
-        "%s: %s parameters, %s train / %s val bytes, device %s",
+        "%s: %s parameters, %s train / %s val bytes, device %s, precision %s",
         cfg.encoding.name,
         f"{model.num_parameters():,}",
         f"{len(corpus.train):,}",
         f"{len(corpus.val):,}",
         device,
+        precision,
     )
     results = {
         "status": "ok",
@@ -351,6 +381,7 @@ def train(cfg: DictConfig, run_dir: str | Path) -> dict[str, Any]:
         "seed": cfg.seed,
         "threads": threads.threads,
         "parameters": model.num_parameters(),
+        "precision": precision,
         "data": {"name": corpus.name, **corpus.stats},
         "init_from": parent_run(cfg),
     }
@@ -358,7 +389,7 @@ def train(cfg: DictConfig, run_dir: str | Path) -> dict[str, Any]:
     purge_step = checkpoint["progress"]["step"] + 1 if checkpoint is not None else None
     with SummaryWriter(log_dir=str(run_dir), purge_step=purge_step) as writer:
         try:
-            summary = train_steps(model, corpus, cfg, writer, run_dir, checkpoint)
+            summary = train_steps(model, corpus, cfg, writer, run_dir, checkpoint, precision)
         except Diverged as err:
             train_summary = {
                 "steps": cfg.train.steps,
@@ -377,6 +408,7 @@ def train(cfg: DictConfig, run_dir: str | Path) -> dict[str, Any]:
             cfg.eval.batch_size,
             cfg.eval.max_tokens,
             cfg.train.seq_len,
+            cfg.eval.precision.value,
         )
         results = {**results, "train": summary, "eval": records}
         write_json(run_dir / RESULTS_FILE, results)

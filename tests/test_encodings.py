@@ -379,3 +379,10 @@ def test_build_encoding_fills_defaults_from_a_partial_dict(values, expected):
 def test_encoding_config_accepts_a_typed_config():
     config = encoding_config(ENCODINGS["rope"].Config(base=123.0))
     assert (config.name, config.base) == ("rope", 123.0)
+
+
+@pytest.mark.parametrize("name", encoding_names())
+def test_has_score_bias_says_whether_the_encoding_returns_a_bias(name):
+    encoding = build_encoding({"name": name}, d_model=32, n_head=4)
+    positions = torch.arange(8)
+    assert encoding.has_score_bias == (encoding.score_bias(positions, positions) is not None)

@@ -64,6 +64,18 @@ class PositionalEncoding(nn.Module):
         """Queries or keys ``x`` (B, H, T, hs) at ``positions`` (T,) -> (B, H, T, hs)."""
         return x
 
+    @property
+    def has_score_bias(self) -> bool:
+        """Whether this encoding biases attention logits at all, i.e. overrides a bias hook (the
+        defaults add none). Known without computing a bias, so attention without one goes
+        straight to the fused causal kernel, with no data-dependent check (no graph break under
+        torch.compile)."""
+        cls = type(self)
+        return (
+            cls.relative_bias is not PositionalEncoding.relative_bias
+            or cls.score_bias is not PositionalEncoding.score_bias
+        )
+
     def relative_bias(self, distance: torch.Tensor) -> torch.Tensor | None:
         """The attention-logit bias of a query at position i and a key at j, when it depends on
         the distance ``i - j`` alone: every head's bias at integer distances ``distance`` (D,)

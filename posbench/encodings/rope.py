@@ -367,6 +367,12 @@ class RotaryPositionalEncoding(PositionalEncoding):
         self.table_factor = factor
 
     def rotate(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        if self.training and torch.compiler.is_compiling():
+            # Training rotates by plain RoPE; computed for just these positions, it needs no
+            # table, whose size check (int(positions.max())) would break torch.compile's graph.
+            return apply_rope(
+                x, positions, self.config.base, self.config.layout, self.config.fraction
+            )
         needed = int(positions.max()) + 1
         factor = self.scaling_factor(needed)
         if (

@@ -1,0 +1,109 @@
+"""Numeric precision and torch.compile: the runtime choices the training loop and evaluation
+call, kept out of the loop itself.
+
+* ``train.precision``: ``fp32``, ``bf16`` or ``auto``. bf16 is autocast for the forward pass
+  and the loss: matrix products run in bfloat16 while the weights, their gradients and the
+  optimizer state stay float32 (bf16 keeps fp32's exponent range, so no loss scaling is
+  needed). ``auto`` resolves to bf16 only where it was measured faster (``BF16_MIN_D_MODEL``).
+* ``eval.precision``: ``fp32`` (default) or ``bf16``, the same autocast around evaluation's
+  forward passes; log-probabilities are always taken and summed in float32/float64.
+* ``train.compile``: ``torch.compile`` of the model for the training steps, compiled once
+  before the first step so that its time is reported apart from the steady-state tokens/s.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from posbench.errors import PosbenchError
+
+log = logging.getLogger(__name__)
+
+# Where auto picks bf16: hardware with bf16 matrix units -> the smallest model width
+# (model.d_model) at which bf16 training steps were measured faster than fp32 (T=128, batch 32;
+# benchmarks/precision.py measures the ratio). Narrower models stay fp32: their matrices are
+# too small for bf16's faster products to pay for the casts autocast adds.
+# - avx512_bf16 (AMD EPYC Zen 4, no AMX; interleaved rounds on a busy shared machine, so
+#   indicative only): bf16 / fp32 tokens/s 1.6x at tiny (d128; 1.4x with 2 threads), 1.9x at
+#   small (d256), 2.9x at base (d512): every shipped size wins, so from d128 on.
+# - amx (Intel, AMX-BF16): the issue measured plain autocast at 0.85x fp32 at d128 and 1.70x at
+#   d256. Our bf16 attention removes the kernel that made autocast slow, but this has not been
+#   measured on AMX yet, so tiny stays fp32 there (the default run must never get slower).
+# - cuda (bf16-capable GPUs): not measured; a tiny model's steps are bound by kernel launches,
+#   which autocast's casts add to, so the same width as on AMX.
+BF16_MIN_D_MODEL = {"avx512_bf16": 128, "amx": 256, "cuda": 256}
+
+
+def bf16_hardware(device: torch.device) -> str | None:
+    """Which bf16 matrix unit ``device`` has: "cuda", "amx", "avx512_bf16", or None (bf16 then
+    runs emulated, slower than fp32). Detected, never assumed: machines differ between runs."""
+    if device.type == "cuda":
+        return "cuda" if torch.cuda.is_bf16_supported() else None
+    if device.type != "cpu":
+        return None
+    capabilities = torch.cpu.get_capabilities()
+    if capabilities.get("amx_bf16"):
+        return "amx"
+    if capabilities.get("avx512_bf16"):
+        return "avx512_bf16"
+    return None
+
+
+def resolve_precision(requested: str, device: torch.device, d_model: int) -> str:
+    """The precision a run uses: ``requested`` itself, or for ``auto`` bf16 where it was measured
+    faster for a model of width ``d_model`` on this device (``BF16_MIN_D_MODEL``), else fp32."""
+    hardware = bf16_hardware(device)
+    if requested == "bf16" and hardware is None:
+        log.warning(
+            "bf16 requested but %s has no bf16 matrix unit: expect it slower than fp32", device
+        )
+    if requested != "auto":
+        return requested
+    if hardware is not None and d_model >= BF16_MIN_D_MODEL[hardware]:
+        return "bf16"
+    return "fp32"
+
+
+def autocast(precision: str, device: torch.device) -> AbstractContextManager:
+    """The context a forward pass (and its loss) runs in: bf16 autocast, or nothing for fp32."""
+    return torch.autocast(device.type, dtype=torch.bfloat16, enabled=precision == "bf16")
+
+
+def check_resume_precision(trained: str, resolved: str, run_dir: Path) -> None:
+    """A resumed run continues in the precision it was trained in: changing it changes the
+    numbers, so the result would be a run of neither precision. (``train.precision`` itself may
+    change, e.g. to spell out what ``auto`` chose on the first machine.)"""
+    if trained != resolved:
+        raise PosbenchError(
+            f"{run_dir} was trained in {trained}, but this run would continue in {resolved}; "
+            f"resume with train.precision={trained}"
+        )
+
+
+def compile_for_training(
+    model: nn.Module, tokens: torch.Tensor, precision: str
+) -> tuple[Callable[[torch.Tensor], torch.Tensor], float]:
+    """``torch.compile(model)`` and the seconds it took to compile, for training batches shaped
+    like ``tokens`` (B, T).
+
+    Compilation is lazy (it happens at the first call), so one forward and backward pass on
+    ``tokens`` triggers it here, apart from the timed steps; the gradients it leaves are
+    cleared and the random state (dropout) is restored, so training draws the same numbers as
+    without this warm-up. Evaluation keeps calling ``model`` itself: its changing lengths and
+    eval mode would each compile anew.
+    """
+    compiled = torch.compile(model)
+    started = time.perf_counter()
+    with torch.random.fork_rng(devices=[tokens.device] if tokens.is_cuda else []):
+        with autocast(precision, tokens.device):
+            logits = compiled(tokens)
+        logits.float().sum().backward()
+    model.zero_grad(set_to_none=True)
+    return compiled, time.perf_counter() - started

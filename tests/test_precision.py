@@ -1,0 +1,266 @@
+"""train.precision, eval.precision and train.compile: what auto picks on which hardware, that
+bf16 computes what fp32 does within bf16's accuracy, and what results and resumes record."""
+
+import json
+
+import pytest
+import torch
+import torch.nn.functional as F
+from conftest import TINY
+
+from posbench.checkpoint import CHECKPOINT_FILE, load_checkpoint
+from posbench.cli import main
+from posbench.config import compose_config
+from posbench.errors import PosbenchError
+from posbench.evaluate import evaluate_length, evaluate_run
+from posbench.model import build_model, unbiased_causal_attention
+from posbench.precision import BF16_MIN_D_MODEL, autocast, bf16_hardware, resolve_precision
+from posbench.train import train, train_step
+
+CPU, CUDA = torch.device("cpu"), torch.device("cuda")
+# bf16 keeps 8 significant bits: one rounding is off by at most u = 2^-9 relative. A bf16
+# training step rounds the output of every product, forward and backward; a parameter's
+# gradient passes through a few of them per layer, so it may be off by several u (measured:
+# 0.4 % in norm for the test model, 0.7 % for model=tiny). The loss averages its tokens' errors.
+GRAD_TOLERANCE = 8 * 2**-9  # relative error of the gradients in norm: 8 u, about 1.6 %
+LOSS_TOLERANCE = 2 * 2**-9  # relative error of the loss (measured: 2e-6 and 4e-5)
+
+
+def fake_cpu(monkeypatch, **flags: bool) -> None:
+    """Pretend the CPU has exactly the bf16 features in ``flags`` (amx_bf16, avx512_bf16)."""
+    monkeypatch.setattr(torch.cpu, "get_capabilities", lambda: flags)
+
+
+@pytest.mark.parametrize(
+    ("flags", "hardware"),
+    [
+        ({"amx_bf16": True, "avx512_bf16": True}, "amx"),
+        ({"amx_bf16": False, "avx512_bf16": True}, "avx512_bf16"),
+        ({"amx_bf16": False, "avx512_bf16": False}, None),
+    ],
+)
+def test_bf16_hardware_is_detected_from_the_cpus_flags(monkeypatch, flags, hardware):
+    fake_cpu(monkeypatch, **flags)
+    assert bf16_hardware(CPU) == hardware
+
+
+@pytest.mark.parametrize("hardware", ["amx", "avx512_bf16"])
+def test_auto_picks_bf16_on_a_bf16_cpu_from_the_measured_width_on(monkeypatch, hardware):
+    fake_cpu(monkeypatch, **{"amx_bf16": hardware == "amx", "avx512_bf16": True})
+    width = BF16_MIN_D_MODEL[hardware]
+    assert resolve_precision("auto", CPU, width) == "bf16"
+    assert resolve_precision("auto", CPU, width // 2) == "fp32"
+
+
+def test_auto_keeps_the_default_tiny_model_fp32_on_amx_where_bf16_was_measured_slower(
+    monkeypatch,
+):
+    fake_cpu(monkeypatch, amx_bf16=True, avx512_bf16=True)
+    tiny = compose_config().model.d_model
+    assert resolve_precision("auto", CPU, tiny) == "fp32"
+
+
+def test_auto_picks_fp32_on_a_cpu_without_bf16_units_at_any_size(monkeypatch):
+    fake_cpu(monkeypatch, amx_bf16=False, avx512_bf16=False)
+    assert resolve_precision("auto", CPU, 4096) == "fp32"
+
+
+@pytest.mark.parametrize(("supported", "expected"), [(True, "bf16"), (False, "fp32")])
+def test_auto_on_cuda_follows_the_gpus_bf16_support(monkeypatch, supported, expected):
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda: supported)
+    assert resolve_precision("auto", CUDA, BF16_MIN_D_MODEL["cuda"]) == expected
+
+
+@pytest.mark.parametrize("requested", ["fp32", "bf16"])
+def test_an_explicit_precision_is_used_on_any_hardware(monkeypatch, requested):
+    for flags in ({"amx_bf16": True}, {}):
+        fake_cpu(monkeypatch, **flags)
+        assert resolve_precision(requested, CPU, 512) == requested
+
+
+# --- the bf16 attention fast path -------------------------------------------------------------
+
+
+def attention_and_grads(attention, q, k, v, grad):
+    """Output and input gradients of ``attention`` at inputs of ``grad``'s dtype."""
+    inputs = [t.detach().to(grad.dtype).requires_grad_() for t in (q, k, v)]
+    out = attention(*inputs)
+    out.backward(grad)
+    return [out, *(t.grad for t in inputs)]
+
+
+def sdpa(q, k, v):
+    return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+
+@pytest.mark.parametrize("shape", [(4, 4, 128, 32), (2, 8, 128, 64), (3, 2, 17, 16)])
+def test_bf16_attention_is_fp32_attention_rounded_to_bf16_forward_and_backward(shape):
+    torch.manual_seed(0)
+    # bf16-valued inputs (as a bf16 model makes them); scaled, so that attention is peaked
+    q, k, v = (3 * torch.randn(shape).bfloat16() for _ in range(3))
+    grad = torch.randn(shape).bfloat16()
+    fp32 = attention_and_grads(sdpa, q, k, v, grad.float())
+    with torch.autocast("cpu", torch.bfloat16):  # as in training: autocast must not interfere
+        fast = attention_and_grads(unbiased_causal_attention, q, k, v, grad)
+    for name, want, got in zip(("out", "dq", "dk", "dv"), fp32, fast, strict=True):
+        assert got.dtype == torch.bfloat16, name
+        assert torch.equal(got, want.bfloat16()), name
+
+
+def test_attention_in_fp32_is_sdpas_fused_kernel_itself():
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 2, 16, 8) for _ in range(3))
+    assert torch.equal(unbiased_causal_attention(q, k, v), sdpa(q, k, v))
+
+
+# --- training and evaluation in bf16 ----------------------------------------------------------
+
+
+def test_a_bf16_training_step_computes_the_fp32_loss_and_gradients_within_bf16_accuracy():
+    cfg = compose_config(TINY)
+    torch.manual_seed(0)
+    tokens = torch.randint(0, 256, (4096,), dtype=torch.uint8)
+    outcomes = {}
+    for precision in ("fp32", "bf16"):
+        torch.manual_seed(0)
+        model = build_model(cfg.model, cfg.encoding)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.0)  # keeps the gradients
+        sampler = torch.Generator().manual_seed(0)
+        loss = train_step(model, optimizer, tokens, sampler, 0, cfg.train, precision)
+        grads = torch.cat([p.grad.flatten() for p in model.parameters()])
+        outcomes[precision] = loss, grads
+    (loss32, grads32), (loss16, grads16) = outcomes["fp32"], outcomes["bf16"]
+    assert loss16 != loss32  # it did run in bf16
+    assert loss16 == pytest.approx(loss32, rel=LOSS_TOLERANCE)
+    assert (grads16 - grads32).norm() / grads32.norm() < GRAD_TOLERANCE
+
+
+def test_bf16_evaluation_matches_fp32_perplexity_and_says_it_ran_in_bf16():
+    cfg = compose_config(TINY)
+    torch.manual_seed(0)
+    model = build_model(cfg.model, cfg.encoding)
+    tokens = torch.randint(0, 256, (2048,), dtype=torch.uint8)
+    fp32 = evaluate_length(model, tokens, 64)
+    bf16 = evaluate_length(model, tokens, 64, precision="bf16")
+    assert (fp32["precision"], bf16["precision"]) == ("fp32", "bf16")
+    assert bf16["ppl"] != fp32["ppl"]  # it did run in bf16
+    # ppl = exp(mean NLL): its relative error is the mean NLL's absolute error, which averages
+    # the logits' rounding errors (a few u of logits of order 1) over the tokens
+    assert bf16["ppl"] == pytest.approx(fp32["ppl"], rel=2 * 2**-9)
+
+
+@pytest.fixture(scope="module")
+def bf16_run(tmp_path_factory, cache_dir):
+    run_dir = tmp_path_factory.mktemp("bf16")
+    overrides = [*TINY, f"data.cache_dir={cache_dir}", "train.precision=bf16"]
+    return run_dir, train(compose_config(overrides), run_dir)
+
+
+def test_results_record_the_precision_used_and_a_bf16_run_learns(bf16_run):
+    run_dir, results = bf16_run
+    assert json.loads((run_dir / "results.json").read_text())["precision"] == "bf16"
+    assert results["train"]["final_loss"] < 0.75 * torch.log(torch.tensor(256.0)).item()
+    assert load_checkpoint(run_dir / CHECKPOINT_FILE)["precision"] == "bf16"
+
+
+def test_results_record_what_auto_resolved_to_not_auto(monkeypatch, tiny, tmp_path):
+    fake_cpu(monkeypatch, avx512_bf16=True)
+    width = BF16_MIN_D_MODEL["avx512_bf16"]
+    overrides = [*tiny, f"model.d_model={width}", "train.steps=2", "eval.lengths=[16]"]
+    assert train(compose_config(overrides), tmp_path)["precision"] == "bf16"
+
+
+def test_the_same_seed_gives_the_same_numbers_in_bf16(bf16_run, cache_dir, tmp_path):
+    overrides = [*TINY, f"data.cache_dir={cache_dir}", "train.precision=bf16"]
+    again = train(compose_config(overrides), tmp_path)
+    assert again["train"]["final_loss"] == bf16_run[1]["train"]["final_loss"]
+    assert again["eval"] == bf16_run[1]["eval"]
+
+
+def test_eval_precision_applies_to_the_runs_evaluation_and_posbench_eval(bf16_run):
+    run_dir, results = bf16_run
+    assert {r["precision"] for r in results["eval"]} == {"fp32"}  # eval.precision's default
+    records = evaluate_run(run_dir, [16], device="cpu", precision="bf16")
+    assert records[0]["precision"] == "bf16"
+    # a trained model's logits are larger than a fresh one's: so are their rounding errors
+    assert records[0]["ppl"] == pytest.approx(results["eval"][0]["ppl"], rel=4 * 2**-9)
+
+
+def test_posbench_eval_precision_flag_records_bf16_beside_the_fp32_records(bf16_run, capsys):
+    run_dir, _ = bf16_run
+    main(["eval", "--run", str(run_dir), "--length", "40", "--precision", "bf16"])
+    records = json.loads((run_dir / "results.json").read_text())["eval"]
+    assert {r["length"]: r["precision"] for r in records} == {
+        16: "fp32",
+        32: "fp32",
+        40: "bf16",
+        64: "fp32",
+    }
+
+
+# --- resume -----------------------------------------------------------------------------------
+
+
+def copy_run(source, target) -> None:
+    for name in ("config.yaml", CHECKPOINT_FILE):
+        (target / name).write_bytes((source / name).read_bytes())
+
+
+def test_resuming_refuses_another_precision_than_the_run_was_trained_in(bf16_run, tiny, tmp_path):
+    copy_run(bf16_run[0], tmp_path)
+    overrides = [*tiny, "train.resume=true", "train.precision=fp32", "train.steps=45"]
+    with pytest.raises(PosbenchError, match=r"trained in bf16.*train.precision=bf16") as err:
+        train(compose_config(overrides), tmp_path)
+    assert "\n" not in str(err.value)
+
+
+def test_resuming_may_spell_out_the_precision_auto_chose(monkeypatch, bf16_run, tiny, tmp_path):
+    copy_run(bf16_run[0], tmp_path)
+    fake_cpu(monkeypatch)  # auto resolves to fp32 here, so the run must say bf16 explicitly
+    base = [*tiny, "train.resume=true", "train.steps=42", "eval.lengths=[16]"]
+    with pytest.raises(PosbenchError, match="trained in bf16"):
+        train(compose_config([*base, "train.precision=auto"]), tmp_path)
+    results = train(compose_config([*base, "train.precision=bf16"]), tmp_path)
+    assert results["precision"] == "bf16" and results["train"]["steps"] == 42
+
+
+def test_checkpoints_from_before_train_precision_count_as_fp32(bf16_run, tiny, tmp_path):
+    copy_run(bf16_run[0], tmp_path)
+    state = load_checkpoint(tmp_path / CHECKPOINT_FILE)
+    del state["precision"]
+    torch.save(state, tmp_path / CHECKPOINT_FILE)
+    overrides = [*tiny, "train.resume=true", "train.precision=bf16", "train.steps=45"]
+    with pytest.raises(PosbenchError, match="trained in fp32"):
+        train(compose_config(overrides), tmp_path)
+
+
+# --- train.compile ----------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_a_compiled_run_trains_like_the_eager_one_and_reports_its_compile_time(tiny, tmp_path):
+    short = [*tiny, "train.steps=6", "eval.lengths=[16]", "train.precision=fp32"]
+    eager = train(compose_config(short), tmp_path / "eager")
+    compiled = train(compose_config([*short, "train.compile=true"]), tmp_path / "compiled")
+    assert eager["train"]["compile_s"] == 0.0 < compiled["train"]["compile_s"]
+    assert compiled["train"]["final_loss"] == pytest.approx(eager["train"]["final_loss"], rel=1e-4)
+    assert compiled["eval"][0]["ppl"] == pytest.approx(eager["eval"][0]["ppl"], rel=1e-4)
+
+
+def test_compiled_rope_training_rotates_exactly_as_its_table_does(monkeypatch):
+    cfg = compose_config(TINY)
+    model = build_model(cfg.model, cfg.encoding)  # a new model trains: plain RoPE
+    x = torch.randn(2, cfg.model.n_head, 16, cfg.model.d_model // cfg.model.n_head)
+    positions = torch.tensor([0, 3, 5, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 40])
+    from_table = model.encoding.rotate(x, positions)
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    assert torch.equal(model.encoding.rotate(x, positions), from_table)
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_the_training_forward_is_one_graph_for_torch_compile(precision):
+    cfg = compose_config(TINY)  # rope: its position table is the one thing that used to break
+    model = build_model(cfg.model, cfg.encoding).train()
+    with autocast(precision, CPU):
+        explained = torch._dynamo.explain(model)(torch.zeros(2, 16, dtype=torch.long))
+    assert explained.graph_break_count == 0, explained.break_reasons
