@@ -1,10 +1,12 @@
-"""Corpora as byte tensors: the synthetic default, local text files, and hub corpora.
+"""Data: corpora as byte tensors (the synthetic default, local text files, hub corpora) and
+tasks (passkey, copy, recall) that generate prompts with answers.
 
 Every corpus is a train and a validation stream of bytes (uint8 tensors), cached on disk so a
 second run neither re-generates nor re-reads it, plus a few reference numbers in ``stats``.
 One module per source: ``synthetic`` (the default, see its docstring), ``text`` (local files),
 ``hub`` (``datasets`` corpora); ``cache`` stores what they build; ``corpus`` holds the
-``Corpus`` type and training batches.
+``Corpus`` type and training batches; ``task`` the ``Task`` interface that ``passkey``,
+``copying`` and ``recall`` implement. ``load_data`` gives either, ``load_corpus`` a corpus.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
 
 from posbench.data.cache import _cache_key, _cache_root, _read_cache, _write_cache
+from posbench.data.copying import CopyDataConfig, CopyTask
 from posbench.data.corpus import (
     MIN_SPLIT_BYTES,
     Corpus,
@@ -26,39 +29,60 @@ from posbench.data.corpus import (
     unigram_bits_per_byte,
 )
 from posbench.data.hub import HubDataConfig, _hub_splits
+from posbench.data.passkey import PasskeyDataConfig, PasskeyTask
+from posbench.data.recall import RecallDataConfig, RecallTask
 from posbench.data.synthetic import (
     ALPHABET,
     CopyMarkovProcess,
     SyntheticDataConfig,
     _synthetic_splits,
 )
+from posbench.data.task import IGNORE, Examples, Task
 from posbench.data.text import TextDataConfig, _text_splits
 from posbench.errors import PosbenchError
 
 __all__ = [
     "ALPHABET",
     "DATA_SCHEMAS",
+    "IGNORE",
     "MIN_SPLIT_BYTES",
+    "TASKS",
     "CopyMarkovProcess",
     "Corpus",
     "DataConfig",
+    "Examples",
     "HubDataConfig",
     "SyntheticDataConfig",
+    "Task",
     "TextDataConfig",
     "load_corpus",
+    "load_data",
     "sample_batch",
     "unigram_bits_per_byte",
 ]
 
 log = logging.getLogger(__name__)
 
+# The task sources, each built from its config (a ``data.source`` not here is a corpus).
+TASKS: dict[str, type[Task]] = {"passkey": PasskeyTask, "copy": CopyTask, "recall": RecallTask}
+
 DATA_SCHEMAS = {
     "synthetic": SyntheticDataConfig,
     "text": TextDataConfig,
     "hub": HubDataConfig,
+    "passkey": PasskeyDataConfig,
+    "copy": CopyDataConfig,
+    "recall": RecallDataConfig,
 }
 
-DataConfig = SyntheticDataConfig | TextDataConfig | HubDataConfig
+DataConfig = (
+    SyntheticDataConfig
+    | TextDataConfig
+    | HubDataConfig
+    | PasskeyDataConfig
+    | CopyDataConfig
+    | RecallDataConfig
+)
 
 
 _BUILDERS: dict[str, Callable[[Any], Splits]] = {
@@ -78,6 +102,11 @@ def load_corpus(cfg: Mapping[str, Any] | DictConfig) -> Corpus:
     ``entropy_floor_bits_per_byte``, the best bits per byte any model can reach on val.
     """
     config = _typed_config(cfg)
+    if config.source in TASKS:
+        raise PosbenchError(
+            f"data={config.source} is a task that generates prompts, not a corpus of text; "
+            "this needs a run trained on a corpus (data=synthetic, text, wikitext2, ...)"
+        )
     entry = _cache_root(config) / f"{config.source}-{_cache_key(config)}"  # a directory
     corpus = _read_cache(entry, config.name)
     if corpus is None:
@@ -85,6 +114,14 @@ def load_corpus(cfg: Mapping[str, Any] | DictConfig) -> Corpus:
         corpus = _build(config)
         _write_cache(entry, corpus)
     return corpus
+
+
+def load_data(cfg: Mapping[str, Any] | DictConfig) -> Corpus | Task:
+    """The corpus or the task a ``data`` config describes (see ``load_corpus``)."""
+    config = _typed_config(cfg)
+    if config.source in TASKS:
+        return TASKS[config.source](config)
+    return load_corpus(cfg)
 
 
 def _build(config: DataConfig) -> Corpus:

@@ -17,6 +17,15 @@ class Corpus:
     val: torch.Tensor  # uint8 (M,)
     stats: dict[str, float] = field(default_factory=dict)
 
+    def train_batch(
+        self, batch_size: int, seq_len: int, generator: torch.Generator
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Random windows of the train split (``sample_batch``)."""
+        return sample_batch(self.train, batch_size, seq_len, generator)
+
+    def describe(self) -> str:
+        return f"{len(self.train):,} train / {len(self.val):,} val bytes"
+
 
 # What a source builds: train bytes, val bytes (uint8 arrays) and its own stats.
 Splits = tuple[np.ndarray, np.ndarray, dict[str, float]]
