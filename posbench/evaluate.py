@@ -287,7 +287,8 @@ def task_predictions(
         ):
             inputs, targets = inputs.to(device), targets.to(device)  # (B, T)
             logits = model(inputs).float()  # (B, T, vocab)
-            nll += F.cross_entropy(logits.transpose(1, 2), targets, reduction="sum").item()
+            nll_bt = F.cross_entropy(logits.transpose(1, 2), targets, reduction="none")  # (B, T)
+            nll += nll_bt.double().sum().item()  # IGNORE targets add 0
             hits = logits.argmax(-1) == targets  # (B, T): IGNORE targets never match
             correct.append(hits.sum(1).cpu())
             bar.update(len(inputs))

@@ -414,4 +414,6 @@ def headline_metrics(results: dict[str, Any]) -> dict[str, float]:
     for record in results["eval"]:
         if record["status"] == "ok":
             metrics[f"ppl_at_{record['length']}"] = record["ppl"]
+        if record.get("accuracy") is not None:  # a task's
+            metrics[f"accuracy_at_{record['length']}"] = record["accuracy"]
     return metrics

@@ -288,3 +288,40 @@ def test_runs_without_loss_by_position_get_no_position_table_or_figure(tmp_path)
     assert report.groups[0].position_length is None
     assert "Loss by position" not in markdown(report)
     assert not (out / "loss_by_position.png").exists()
+
+
+def add_accuracy(run, accuracies):
+    """Task records: ``accuracies`` maps length -> (accuracy, sequence_accuracy)."""
+    results = json.loads((run / "results.json").read_text())
+    for record in results["eval"]:
+        record["accuracy"], record["sequence_accuracy"] = accuracies[record["length"]]
+    (run / "results.json").write_text(json.dumps(results))
+
+
+def test_task_runs_get_accuracy_tables_averaged_over_seeds_and_a_figure(tmp_path):
+    add_accuracy(make_run(tmp_path / "a", seed=0), {16: (1.0, 1.0), 32: (0.5, 0.25)})
+    add_accuracy(make_run(tmp_path / "b", seed=1), {16: (0.8, 0.5), 32: (0.3, 0.0)})
+    out = tmp_path / "report"
+    report = build_report(tmp_path, out)
+    write_report(report, out)
+    text = markdown(report)
+    assert "| rope | 2 | 0.90 ± 0.14 | 0.40 ± 0.14 |" in text.split("Accuracy (")[1]
+    assert "| rope | 2 | 0.75 ± 0.35 | 0.12 ± 0.18 |" in text.split("Sequence accuracy")[1]
+    cells = report_cells(out)
+    assert cells[("rope", 32)]["accuracy_mean"] == pytest.approx(0.4)
+    assert cells[("rope", 32)]["sequence_accuracy_n"] == 2
+    height, width, _ = image.imread(out / "accuracy_vs_length.png").shape
+    assert (width, height) == (FIGURE_INCHES[0] * FIGURE_DPI, FIGURE_INCHES[1] * FIGURE_DPI)
+    events = EventAccumulator(str(out / "tensorboard" / "rope"))
+    events.Reload()
+    points = [(e.step, round(e.value, 6)) for e in events.Scalars("report/accuracy")]
+    assert points == [(16, 0.9), (32, 0.4)]
+
+
+def test_corpus_runs_get_no_accuracy_table_or_figure(tmp_path):
+    make_run(tmp_path / "r")
+    out = tmp_path / "report"
+    report = build_report(tmp_path, out)
+    write_report(report, out)
+    assert "Accuracy" not in markdown(report)
+    assert not (out / "accuracy_vs_length.png").exists()

@@ -3,7 +3,12 @@
 import pytest
 
 from posbench.tables import eval_table
-from posbench.tensorboard_log import eval_tag, extrapolation_figure, loss_by_position_tag
+from posbench.tensorboard_log import (
+    eval_tag,
+    extrapolation_figure,
+    log_eval_records,
+    loss_by_position_tag,
+)
 
 
 def record(length, ppl=2.0, stride=None, **scaling):
@@ -73,3 +78,27 @@ def test_the_table_shows_the_method_and_compares_each_method_with_itself():
     assert rows[1].split()[:5] == ["64", "-", "none", "4.000", "2.00"]
     assert rows[3].split()[:5] == ["64", "-", "yarn", "3.000", "1.50"]
     assert rows[4].split()[:5] == ["64", "-", "none", "5.000", "2.50"]
+
+
+class Recorder:
+    """A SummaryWriter stand-in that keeps the scalars it is given."""
+
+    def __init__(self):
+        self.scalars = []
+
+    def add_scalar(self, tag, value, global_step):
+        self.scalars.append((tag, global_step, value))
+
+    def add_figure(self, tag, figure):
+        pass
+
+    def flush(self):
+        pass
+
+
+def test_task_records_plot_accuracy_against_length():
+    writer = Recorder()
+    records = [record(16, accuracy=0.75), record(32, accuracy=0.25), record(64)]
+    log_eval_records(writer, records, train_seq_len=16)
+    accuracy = [(step, value) for tag, step, value in writer.scalars if tag == "eval/accuracy"]
+    assert accuracy == [(16, 0.75), (32, 0.25)]
