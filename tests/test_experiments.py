@@ -92,3 +92,12 @@ def test_the_retrieval_experiment_sweeps_every_encoding_and_task_over_three_seed
     assert swept_values(cfg, "seed") == ["0", "1", "2"]
     for task in TASKS:
         validate(compose_config(["+experiment=retrieval", f"data={task}"]))
+
+
+def test_a_sweep_takes_values_of_the_groups_the_experiment_sweeps():
+    """``data.val_examples`` exists only once the sweep has chosen a task for ``data``."""
+    overrides = ["+experiment=retrieval", "encoding=rope", "seed=0", "data.val_examples=4"]
+    candidates = expand_sweeps(sweep_overrides(overrides))
+    assert sorted(c[-1] for c in candidates) == ["data=copy", "data=passkey", "data=recall"]
+    for candidate in candidates:
+        assert compose_config(candidate).data.val_examples == 4
