@@ -128,6 +128,7 @@ class Row:
     runs: list[Path] = field(default_factory=list)
     cells: list[Cell] = field(default_factory=list)
     by_position: PositionCurve | None = None  # none for sliding windows
+    by_depth: dict[int, Stat] | None = None  # passkey: accuracy per needle depth (percent)
 
 
 @dataclass
@@ -139,6 +140,7 @@ class Group:
     lengths: list[int]
     rows: list[Row]
     position_length: int | None = None  # the longest length with loss by position
+    depth_length: int | None = None  # the longest length with passkey accuracy by depth
 
 
 @dataclass
@@ -264,7 +266,26 @@ def build_group(runs: Sequence[Run], name: str, title: str, setting: dict[str, A
         for key, row in zip(sorted_keys, rows, strict=True):
             measured = table[key].get(group.position_length, [])
             row.by_position = position_curve(measured, train_seq_len)
+    with_depths = [
+        length
+        for by_length in table.values()
+        for length, measured in by_length.items()
+        if any("accuracy_by_depth" in r for _, r in measured)
+    ]
+    if with_depths:
+        group.depth_length = max(with_depths)
+        for key, row in zip(sorted_keys, rows, strict=True):
+            row.by_depth = depth_accuracy(table[key].get(group.depth_length, []))
     return group
+
+
+def depth_accuracy(measured: Sequence[tuple[Run, dict]]) -> dict[int, Stat] | None:
+    """The runs' passkey accuracy at each needle depth, over runs; None when none has one."""
+    per_depth: dict[int, list[float]] = defaultdict(list)
+    for _, record in measured:
+        for entry in record.get("accuracy_by_depth", []):
+            per_depth[entry["depth_percent"]].append(entry["accuracy"])
+    return {depth: Stat.of(values) for depth, values in sorted(per_depth.items())} or None
 
 
 def nll_split(buckets: Sequence[dict[str, Any]], train_seq_len: int) -> tuple[float, float | None]:
@@ -432,6 +453,26 @@ ACCURACIES = {
 }
 
 
+def depth_table(group: Group) -> list[str]:
+    """Passkey accuracy per depth of the needle at the group's ``depth_length``."""
+    depths = sorted({d for row in group.rows if row.by_depth for d in row.by_depth})
+    length = group.depth_length
+    lines = [
+        f"Accuracy by depth of the pass key in the filler, at {length} tokens "
+        f"({multiple(length, group.train_seq_len)}; 0 % = first, 100 % = just before the "
+        "question):",
+        "",
+        "| encoding | runs | " + " | ".join(f"{d} %" for d in depths) + " |",
+        "| --- | --- |" + " --- |" * len(depths),
+    ]
+    for row in group.rows:
+        if row.by_depth:
+            texts = [stat_text(row.by_depth[d]) if d in row.by_depth else "–" for d in depths]
+            n = max(stat.n for stat in row.by_depth.values())
+            lines.append(f"| {row.label} | {n} | " + " | ".join(texts) + " |")
+    return lines
+
+
 def markdown(report: Report) -> str:
     n_runs = sum(len({p for row in g.rows for p in row.runs}) for g in report.groups)
     lines = [
@@ -456,6 +497,8 @@ def markdown(report: Report) -> str:
             for metric, what in ACCURACIES.items():
                 lines += ["", f"{what}:", ""]
                 lines += markdown_table(group, metric, footnotes, best_of=max)
+        if group.depth_length is not None:
+            lines += ["", *depth_table(group)]
         if group.position_length is not None:
             lines += ["", *position_table(group)]
     if footnotes:
@@ -552,6 +595,7 @@ def json_content(report: Report, records: Sequence[dict[str, Any]]) -> dict[str,
                 "train_seq_len": g.train_seq_len,
                 "rows": {row.label: [relative(p, report.root) for p in row.runs] for row in g.rows},
                 "loss_by_position": position_content(g),
+                "accuracy_by_depth": depth_content(g),
             }
             for g in report.groups
         ],
@@ -560,6 +604,24 @@ def json_content(report: Report, records: Sequence[dict[str, Any]]) -> dict[str,
             {"path": relative(e.path, report.root), "reason": e.reason} for e in report.excluded
         ],
     }
+
+
+def depth_content(group: Group) -> dict[str, Any] | None:
+    """The group's passkey accuracy per needle depth, for report.json."""
+    if group.depth_length is None:
+        return None
+    rows = {
+        row.label: {
+            "depth_percent": list(row.by_depth),
+            **{
+                f"accuracy_{part}": [getattr(stat, part) for stat in row.by_depth.values()]
+                for part in ("n", "mean", "std")
+            },
+        }
+        for row in group.rows
+        if row.by_depth
+    }
+    return {"length": group.depth_length, "rows": rows}
 
 
 def position_content(group: Group) -> dict[str, Any] | None:

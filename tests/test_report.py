@@ -325,3 +325,24 @@ def test_corpus_runs_get_no_accuracy_table_or_figure(tmp_path):
     write_report(report, out)
     assert "Accuracy" not in markdown(report)
     assert not (out / "accuracy_vs_length.png").exists()
+
+
+def test_passkey_accuracy_by_depth_is_averaged_over_seeds_at_the_longest_length(tmp_path):
+    for seed, accuracies in enumerate([(1.0, 0.5), (0.6, 0.3)]):
+        run = make_run(tmp_path / str(seed), seed=seed)
+        add_accuracy(run, {16: (1.0, 1.0), 32: (0.7, 0.5)})
+        results = json.loads((run / "results.json").read_text())
+        results["eval"][1]["accuracy_by_depth"] = [
+            {"depth_percent": d, "accuracy": a, "sequence_accuracy": a, "examples": 10}
+            for d, a in zip((0, 100), accuracies, strict=True)
+        ]
+        (run / "results.json").write_text(json.dumps(results))
+    out = tmp_path / "report"
+    report = build_report(tmp_path, out)
+    write_report(report, out)
+    assert "| rope | 2 | 0.80 ± 0.28 | 0.40 ± 0.14 |" in markdown(report).split("by depth")[1]
+    (group,) = json.loads((out / "report.json").read_text())["groups"]
+    by_depth = group["accuracy_by_depth"]
+    assert by_depth["length"] == 32
+    assert by_depth["rows"]["rope"]["depth_percent"] == [0, 100]
+    assert by_depth["rows"]["rope"]["accuracy_mean"] == pytest.approx([0.8, 0.4])

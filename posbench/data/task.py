@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
 import numpy as np
@@ -111,8 +111,7 @@ class Task(ABC):
             return self.batch(length, rng, [None] * count)
         percents = [self.eval_depths[i % len(self.eval_depths)] for i in range(count)]
         examples = self.batch(length, rng, [p / 100 for p in percents])
-        examples.depth_percent = torch.tensor(percents)
-        return examples
+        return replace(examples, depth_percent=torch.tensor(percents))
 
 
 def check_positive(config: Any, keys: Sequence[str]) -> None:
