@@ -16,6 +16,7 @@ from posbench.config import compose_config, validate
 from posbench.data import TASKS, load_corpus, load_data
 from posbench.data.passkey import QUESTION
 from posbench.data.recall import pairs_in
+from posbench.diagnose import diagnose_run
 from posbench.errors import PosbenchError
 from posbench.train import train
 
@@ -195,6 +196,13 @@ def test_a_tiny_task_run_records_accuracy_at_every_length(source, tmp_path):
         (length, pytest.approx(record["accuracy"]))
         for length, record in zip(lengths, results["eval"], strict=True)
     ]
+
+
+def test_diagnosing_a_task_run_asks_for_a_corpus_run(tmp_path):
+    overrides = [*TINY_RUN, "data=copy", *TASK_RUNS["copy"], "data.val_examples=4"]
+    train(compose_config([*overrides, "train.steps=2"]), tmp_path)
+    with pytest.raises(PosbenchError, match="needs a run trained on a corpus"):
+        diagnose_run(tmp_path, 32, n_windows=1)
 
 
 @pytest.mark.slow
