@@ -186,6 +186,8 @@ def test_a_tiny_task_run_records_accuracy_at_every_length(source, tmp_path):
     overrides = [*TINY_RUN, f"data={source}", *TASK_RUNS[source], "data.val_examples=20"]
     results = train(compose_config(overrides), tmp_path / "run")
     assert results["data"] == {"name": source, "chance_accuracy": CHANCE[source]}
+    # Trained on the answers: their perplexity falls from ~256 to about the answer alphabet's.
+    assert results["train"]["val_ppl"] < 2 / CHANCE[source]
     for record in results["eval"]:
         assert record["status"] == "ok" and record["examples"] == 20
         assert 0 <= record["sequence_accuracy"] <= record["accuracy"] <= 1
