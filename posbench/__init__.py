@@ -7,23 +7,28 @@ Python API (stable; README's "Python API" section runs it):
     logits = model(tokens)                               # (batch, time) bytes -> (batch, time, 256)
     records = posbench.evaluate_run(run_dir, [1024, 4096])   # eval records; writes nothing
     records = posbench.evaluate(model, tokens, [1024])       # any model, any byte tensor
+    task = posbench.data.load_data({"source": "passkey"})     # a Task: prompts with answers
+    records = posbench.evaluate_task(model, task, [1024])     # accuracy, sequence_accuracy
     overrides = posbench.rope_scaling_overrides(cfg, "yarn", 8.0)  # eval-time RoPE extension
     records = posbench.evaluate_run(run_dir, [8192], encoding_overrides=overrides)
     diagnosis, paths = posbench.diagnose_run(run_dir, 2048, n_windows=4)  # attention statistics
     results = posbench.train(cfg, "outputs/my_run")      # may raise posbench.Diverged
 """
 
+from posbench import data
 from posbench.diagnose import diagnose_run
-from posbench.evaluate import evaluate, evaluate_run, rope_scaling_overrides
+from posbench.evaluate import evaluate, evaluate_run, evaluate_task, rope_scaling_overrides
 from posbench.runs import latest_run, load_run
 from posbench.train import Diverged, train
 
 __version__ = "0.1.0"
 __all__ = [
     "Diverged",
+    "data",
     "diagnose_run",
     "evaluate",
     "evaluate_run",
+    "evaluate_task",
     "latest_run",
     "load_run",
     "rope_scaling_overrides",

@@ -221,8 +221,15 @@ def check_overrides(overrides: Sequence[str], multirun: bool) -> None:
 
 def sweep_overrides(overrides: Sequence[str]) -> list[str]:
     """What a multirun sweeps: the config's ``hydra.sweeper.params`` (set by experiments),
-    then the command line, whose values win per key."""
-    fixed = [o.input_line for o in parse_overrides(overrides) if not o.is_sweep_override()]
+    then the command line, whose values win per key. The params are read with the fixed group
+    choices and hydra keys only: a value such as ``data.digits=3`` may belong to a group
+    choice (``data=passkey``) that only the sweep makes."""
+    fixed = [
+        o.input_line
+        for o in parse_overrides(overrides)
+        if not o.is_sweep_override()
+        and ("." not in o.get_key_element() or o.get_key_element().startswith("hydra."))
+    ]
     params = compose_or_fail(fixed, with_hydra=True).hydra.sweeper.get("params") or {}
     return [*(f"{key}={value}" for key, value in params.items()), *overrides]
 

@@ -18,7 +18,7 @@ from hydra import compose, initialize_config_dir
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
-from posbench.data import DATA_SCHEMAS
+from posbench.data import DATA_SCHEMAS, TASKS, load_data
 from posbench.encodings import ENCODINGS
 from posbench.errors import PosbenchError
 from posbench.threads import AUTO, is_threads_setting
@@ -207,6 +207,13 @@ def validate(cfg: DictConfig) -> None:
     lengths = eval_lengths(cfg)
     if not lengths or min(lengths) <= 0:
         raise PosbenchError(f"eval.lengths must be positive integers (got {lengths})")
+    if cfg.data.source in TASKS:
+        load_data(cfg.data).check_length(cfg.train.seq_len, "train.seq_len")
+        if cfg.eval.stride is not None:
+            raise PosbenchError(
+                f"data={cfg.data.source} scores whole prompts: eval.stride applies to corpora "
+                "only; drop eval.stride"
+            )
     if cfg.eval.stride is not None and cfg.eval.stride > min(lengths):
         raise PosbenchError(
             f"eval.stride ({cfg.eval.stride}) must not exceed the shortest eval length "

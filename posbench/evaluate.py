@@ -21,6 +21,13 @@ Where in the window the loss rises: each non-overlapping record also holds
 (``position_buckets``), summed over every window. Sliding-window records omit it: their scored
 positions are only the window's last ``stride``.
 
+Tasks (``data=passkey``, ``copy``, ``recall``) are scored on their answer bytes only: at each
+length, ``data.val_examples`` prompts of exactly that length, the model's argmax at each answer
+byte under teacher forcing (greedy decoding that never sees its own mistakes: the prediction
+of every byte is exact given the true prefix). Their records add ``accuracy`` (answer bytes
+right), ``sequence_accuracy`` (examples whose answer is right in full) and, for passkey,
+``accuracy_by_depth``; ``ppl`` and ``bits_per_byte`` are those of the answer bytes.
+
 Each record also names the eval-time extension it measured (``scaling``: "none" when the model
 is evaluated as trained, else e.g. "yarn" for a RoPE run, with the factor in
 ``scaling_factor``); ``rope_scaling_overrides`` builds that extension for a trained rope run.
@@ -40,7 +47,7 @@ from omegaconf import DictConfig, OmegaConf
 from tqdm.auto import tqdm
 
 from posbench.config import resolve_device
-from posbench.data import load_corpus
+from posbench.data import Corpus, Examples, Task, load_data
 from posbench.errors import PosbenchError
 from posbench.memory import fitting_batch_size
 from posbench.model import Transformer
@@ -129,6 +136,16 @@ def unsupported(
     }
 
 
+def beyond_max_length(model: Transformer, length: int) -> str | None:
+    """Why ``model`` cannot represent ``length`` positions, or None when it can."""
+    if model.max_length is not None and length > model.max_length:
+        return (
+            f"the {model.encoding.config.name} encoding represents {model.max_length} "
+            f"positions; retrain with encoding.max_length>={length}"
+        )
+    return None
+
+
 @torch.inference_mode()
 def evaluate_length(
     model: Transformer,
@@ -147,14 +164,8 @@ def evaluate_length(
     assert stride is None or 0 < stride <= length, "stride must be in (0, length]"
     model.eval()  # no dropout; eval-time extensions (RoPE scaling) apply
     scaling = model.encoding.scaling_record(length)
-    if model.max_length is not None and length > model.max_length:
-        return unsupported(
-            length,
-            stride,
-            f"the {model.encoding.config.name} encoding represents {model.max_length} "
-            f"positions; retrain with encoding.max_length>={length}",
-            scaling,
-        )
+    if (reason := beyond_max_length(model, length)) is not None:
+        return unsupported(length, stride, reason, scaling)
     spans = list(windows(len(tokens), length, stride))
     if not spans:
         return unsupported(
@@ -229,6 +240,132 @@ def evaluate(
     ]
 
 
+NOT_SCORED = {"accuracy": None, "sequence_accuracy": None}  # a task length not measured
+
+
+def answer_scores(
+    correct: torch.Tensor, answer_bytes: torch.Tensor, depth_percent: torch.Tensor | None = None
+) -> dict[str, Any]:
+    """``accuracy`` (answer bytes right / answer bytes), ``sequence_accuracy`` (examples with
+    every answer byte right / examples) and, with ``depth_percent``, ``accuracy_by_depth``:
+    the same two per needle depth. ``correct`` and ``answer_bytes`` are (N,) counts per example."""
+    scores = {
+        "accuracy": correct.sum().item() / answer_bytes.sum().item(),
+        "sequence_accuracy": (correct == answer_bytes).double().mean().item(),
+    }
+    if depth_percent is not None:
+        by_depth = []
+        for depth in depth_percent.unique().tolist():
+            at = depth_percent == depth  # (N,)
+            scores_at = answer_scores(correct[at], answer_bytes[at])
+            by_depth.append({"depth_percent": depth, **scores_at, "examples": int(at.sum())})
+        scores["accuracy_by_depth"] = by_depth
+    return scores
+
+
+@torch.inference_mode()
+def evaluate_task_length(
+    model: Transformer,
+    task: Task,
+    length: int,
+    batch_size: int | None = None,
+    precision: str = "fp32",
+) -> dict[str, Any]:
+    """One results.json eval record of a task at ``length``: the answer bytes' ppl and
+    bits_per_byte, and their ``answer_scores`` under teacher forcing, with forward passes in
+    ``precision``."""
+    model.eval()
+    scaling = model.encoding.scaling_record(length)
+    reason = beyond_max_length(model, length)
+    if reason is None and length < task.min_length():
+        reason = f"data={task.config.source} needs windows of at least {task.min_length()} tokens"
+    if reason is not None:
+        return {**unsupported(length, None, reason, scaling), **NOT_SCORED}
+    examples = task.examples(length)
+    n = len(examples.tokens)
+    device = next(model.parameters()).device
+    batch_size = min(batch_size or max(1, TOKENS_PER_BATCH // length), n)
+    batch_size, shortfall = fitting_batch_size(model, length, batch_size, device)
+    if shortfall is not None:
+        return {**unsupported(length, None, shortfall, scaling), **NOT_SCORED}
+    nll, correct = task_predictions(model, examples, batch_size, device, precision)
+    answer_bytes = examples.answer.sum(1)  # (N,)
+    mean_nll = nll / answer_bytes.sum().item()
+    return {
+        "length": length,
+        "stride": None,
+        "ppl": math.exp(mean_nll),
+        "bits_per_byte": mean_nll / math.log(2),
+        "tokens": answer_bytes.sum().item(),
+        "status": "ok",
+        "reason": None,
+        "precision": precision,
+        **scaling,
+        "examples": n,
+        **answer_scores(correct, answer_bytes, examples.depth_percent),
+    }
+
+
+def task_predictions(
+    model: Transformer,
+    examples: Examples,
+    batch_size: int,
+    device: torch.device,
+    precision: str = "fp32",
+) -> tuple[float, torch.Tensor]:
+    """The answer bytes' summed NLL (nats) and, per example, how many of its answer bytes are
+    the model's argmax given the true prefix: (float, (N,) int64)."""
+    nll, correct = 0.0, []
+    with tqdm(total=len(examples.tokens), desc="eval task", unit="example", leave=False) as bar:
+        for inputs, targets in zip(
+            examples.inputs().split(batch_size), examples.targets().split(batch_size), strict=True
+        ):
+            inputs, targets = inputs.to(device), targets.to(device)  # (B, T)
+            with autocast(precision, device):
+                logits = model(inputs).float()  # (B, T, vocab)
+            nll_bt = F.cross_entropy(logits.transpose(1, 2), targets, reduction="none")  # (B, T)
+            nll += nll_bt.double().sum().item()  # IGNORE targets add 0
+            hits = logits.argmax(-1) == targets  # (B, T): IGNORE targets never match
+            correct.append(hits.sum(1).cpu())
+            bar.update(len(inputs))
+    return nll, torch.cat(correct)
+
+
+def evaluate_task(
+    model: Transformer,
+    task: Task,
+    lengths: Sequence[int],
+    batch_size: int | None = None,
+    precision: str = "fp32",
+) -> list[dict[str, Any]]:
+    """Evaluate ``model`` on ``task``'s examples at each length, in ``precision``; results.json
+    eval records."""
+    return [evaluate_task_length(model, task, n, batch_size, precision) for n in lengths]
+
+
+def evaluate_data(
+    model: Transformer,
+    data: Corpus | Task,
+    lengths: Sequence[int],
+    stride: int | None = None,
+    batch_size: int | None = None,
+    max_tokens: int | None = None,
+    train_seq_len: int | None = None,
+    precision: str = "fp32",
+) -> list[dict[str, Any]]:
+    """``evaluate`` on a corpus's validation split, ``evaluate_task`` on a task."""
+    if isinstance(data, Corpus):
+        return evaluate(
+            model, data.val, lengths, stride, batch_size, max_tokens, train_seq_len, precision
+        )
+    if stride is not None:
+        raise PosbenchError(
+            f"data={data.config.source} scores whole prompts: a stride applies to corpora only; "
+            "drop --stride / eval.stride"
+        )
+    return evaluate_task(model, data, lengths, batch_size, precision)
+
+
 def evaluate_run(
     run_dir: str | Path,
     lengths: Sequence[int],
@@ -247,13 +384,13 @@ def evaluate_run(
     run's encoding config before its weights are loaded (e.g. ``rope_scaling_overrides``).
     """
     model, cfg = load_run(run_dir, resolve_device(device), encoding_overrides)
-    corpus = load_corpus(cfg.data)
+    data = load_data(cfg.data)
     if max_tokens is None:
         max_tokens = cfg.eval.max_tokens
     if precision is None:  # runs from before eval.precision existed evaluated in fp32
         precision = OmegaConf.select(cfg, "eval.precision", default="fp32")
-    return evaluate(
-        model, corpus.val, lengths, stride, batch_size, max_tokens, cfg.train.seq_len, precision
+    return evaluate_data(
+        model, data, lengths, stride, batch_size, max_tokens, cfg.train.seq_len, precision
     )
 
 

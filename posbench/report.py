@@ -9,9 +9,11 @@ Written to DIR/report/ (or --out):
     report.md                    the tables (also printed)
     report.csv, report.json      the same numbers, one row per (group, row, length)
     ppl_vs_length[_<group>].png  perplexity against evaluation length, one line per row
+    accuracy_vs_length[_<group>].png  a task's answer accuracy against evaluation length
     loss_by_position[_<group>].png  NLL against position in the window at the longest length
     tensorboard/[<group>/]<row>/ the mean curves as TensorBoard runs that overlay in Scalars
-                                 (report/ppl, report/ppl_ratio, report/loss_by_position)
+                                 (report/ppl, report/ppl_ratio, report/loss_by_position,
+                                 report/accuracy)
 
 Loss by position is reported at the longest length whose records hold it: the mean NLL per
 position bucket over seeds, and per run "nll after / before" = the token-weighted mean NLL of
@@ -99,6 +101,8 @@ class Cell:
     ppl: Stat
     ratio: Stat  # ppl(length) / ppl(train length), per run
     unsupported: str | None  # the reason, when no run could measure this length
+    accuracy: Stat = Stat(0, None, None)  # a task's answer bytes right, per run
+    sequence_accuracy: Stat = Stat(0, None, None)  # a task's examples right in full, per run
 
 
 @dataclass(frozen=True)
@@ -126,6 +130,7 @@ class Row:
     runs: list[Path] = field(default_factory=list)
     cells: list[Cell] = field(default_factory=list)
     by_position: PositionCurve | None = None  # none for sliding windows
+    by_depth: dict[int, Stat] | None = None  # passkey: accuracy per needle depth (percent)
 
 
 @dataclass
@@ -137,6 +142,7 @@ class Group:
     lengths: list[int]
     rows: list[Row]
     position_length: int | None = None  # the longest length with loss by position
+    depth_length: int | None = None  # the longest length with passkey accuracy by depth
 
 
 @dataclass
@@ -262,7 +268,26 @@ def build_group(runs: Sequence[Run], name: str, title: str, setting: dict[str, A
         for key, row in zip(sorted_keys, rows, strict=True):
             measured = table[key].get(group.position_length, [])
             row.by_position = position_curve(measured, train_seq_len)
+    with_depths = [
+        length
+        for by_length in table.values()
+        for length, measured in by_length.items()
+        if any("accuracy_by_depth" in r for _, r in measured)
+    ]
+    if with_depths:
+        group.depth_length = max(with_depths)
+        for key, row in zip(sorted_keys, rows, strict=True):
+            row.by_depth = depth_accuracy(table[key].get(group.depth_length, []))
     return group
+
+
+def depth_accuracy(measured: Sequence[tuple[Run, dict]]) -> dict[int, Stat] | None:
+    """The runs' passkey accuracy at each needle depth, over runs; None when none has one."""
+    per_depth: dict[int, list[float]] = defaultdict(list)
+    for _, record in measured:
+        for entry in record.get("accuracy_by_depth", []):
+            per_depth[entry["depth_percent"]].append(entry["accuracy"])
+    return {depth: Stat.of(values) for depth, values in sorted(per_depth.items())} or None
 
 
 def nll_split(buckets: Sequence[dict[str, Any]], train_seq_len: int) -> tuple[float, float | None]:
@@ -304,7 +329,20 @@ def cell(length: int, measured: Sequence[tuple[Run, dict]]) -> Cell:
     ratios = [ppl / ref for run, ppl in ok if (ref := reference_ppl(run)) is not None]
     reasons = sorted({r["reason"] for _, r in measured if r["status"] != "ok"})
     unsupported = "; ".join(reasons) if reasons and not ok else None
-    return Cell(length, Stat.of([ppl for _, ppl in ok]), Stat.of(ratios), unsupported)
+    scored = [r for _, r in measured if r.get("accuracy") is not None]
+    return Cell(
+        length,
+        Stat.of([ppl for _, ppl in ok]),
+        Stat.of(ratios),
+        unsupported,
+        Stat.of([r["accuracy"] for r in scored]),
+        Stat.of([r["sequence_accuracy"] for r in scored]),
+    )
+
+
+def has_accuracy(group: Group) -> bool:
+    """Whether the group's runs are of a task (their records score answers)."""
+    return any(c.accuracy.n for row in group.rows for c in row.cells)
 
 
 def group_title(config: dict[str, Any]) -> str:
@@ -358,9 +396,12 @@ def stat_text(stat: Stat, bold: bool = False) -> str:
     return mean if stat.std is None else f"{mean} ± {stat.std:.2f}"
 
 
-def markdown_table(group: Group, metric: str, footnotes: dict[str, int]) -> list[str]:
-    """``metric`` "ppl" or "ratio": one line per row, one column per length; the lowest mean
-    per column in bold; unsupported cells point to a footnote with the reason."""
+def markdown_table(
+    group: Group, metric: str, footnotes: dict[str, int], best_of: Any = min
+) -> list[str]:
+    """``metric`` a Cell's Stat ("ppl", "ratio", "accuracy", ...): one line per row, one column
+    per length; the best mean per column (``best_of`` the means: min, or max for accuracies)
+    in bold; unsupported cells point to a footnote with the reason."""
     header = [f"{length} ({multiple(length, group.train_seq_len)})" for length in group.lengths]
     lines = [
         "| encoding | runs | " + " | ".join(header) + " |",
@@ -370,7 +411,7 @@ def markdown_table(group: Group, metric: str, footnotes: dict[str, int]) -> list
     for i in range(len(group.lengths)):
         means = [getattr(row.cells[i], metric).mean for row in group.rows]
         measured = [m for m in means if m is not None]
-        best[i] = min(measured) if len(measured) > 1 else None
+        best[i] = best_of(measured) if len(measured) > 1 else None
     for row in group.rows:
         texts = []
         for i, c in enumerate(row.cells):
@@ -408,6 +449,32 @@ def position_table(group: Group) -> list[str]:
     return lines
 
 
+ACCURACIES = {
+    "accuracy": "Accuracy (answer bytes predicted right, argmax under teacher forcing)",
+    "sequence_accuracy": "Sequence accuracy (examples whose whole answer is right)",
+}
+
+
+def depth_table(group: Group) -> list[str]:
+    """Passkey accuracy per depth of the needle at the group's ``depth_length``."""
+    depths = sorted({d for row in group.rows if row.by_depth for d in row.by_depth})
+    length = group.depth_length
+    lines = [
+        f"Accuracy by depth of the pass key in the filler, at {length} tokens "
+        f"({multiple(length, group.train_seq_len)}; 0 % = first, 100 % = just before the "
+        "question):",
+        "",
+        "| encoding | runs | " + " | ".join(f"{d} %" for d in depths) + " |",
+        "| --- | --- |" + " --- |" * len(depths),
+    ]
+    for row in group.rows:
+        if row.by_depth:
+            texts = [stat_text(row.by_depth[d]) if d in row.by_depth else "–" for d in depths]
+            n = max(stat.n for stat in row.by_depth.values())
+            lines.append(f"| {row.label} | {n} | " + " | ".join(texts) + " |")
+    return lines
+
+
 def markdown(report: Report) -> str:
     n_runs = sum(len({p for row in g.rows for p in row.runs}) for g in report.groups)
     lines = [
@@ -415,7 +482,7 @@ def markdown(report: Report) -> str:
         "",
         f"{n_runs} runs. Cells: mean ± sample standard deviation (n − 1) over the runs (seeds) "
         "of a row; a single run shows its value alone, (n=k) marks a cell fewer runs "
-        "measured. Lowest mean per column in bold.",
+        "measured. Best mean per column in bold (lowest perplexity, highest accuracy).",
     ]
     footnotes: dict[str, int] = {}
     for group in report.groups:
@@ -428,6 +495,12 @@ def markdown(report: Report) -> str:
             "",
         ]
         lines += markdown_table(group, "ratio", footnotes)
+        if has_accuracy(group):
+            for metric, what in ACCURACIES.items():
+                lines += ["", f"{what}:", ""]
+                lines += markdown_table(group, metric, footnotes, best_of=max)
+        if group.depth_length is not None:
+            lines += ["", *depth_table(group)]
         if group.position_length is not None:
             lines += ["", *position_table(group)]
     if footnotes:
@@ -460,6 +533,12 @@ CSV_FIELDS = [
     "ratio_n",
     "ratio_mean",
     "ratio_std",
+    "accuracy_n",
+    "accuracy_mean",
+    "accuracy_std",
+    "sequence_accuracy_n",
+    "sequence_accuracy_mean",
+    "sequence_accuracy_std",
 ]
 
 
@@ -486,6 +565,11 @@ def cell_records(report: Report) -> list[dict[str, Any]]:
             "ratio_n": c.ratio.n,
             "ratio_mean": c.ratio.mean,
             "ratio_std": c.ratio.std,
+            **{
+                f"{metric}_{part}": getattr(getattr(c, metric), part)
+                for metric in ACCURACIES
+                for part in ("n", "mean", "std")
+            },
         }
         for group in report.groups
         for row in group.rows
@@ -513,6 +597,7 @@ def json_content(report: Report, records: Sequence[dict[str, Any]]) -> dict[str,
                 "train_seq_len": g.train_seq_len,
                 "rows": {row.label: [relative(p, report.root) for p in row.runs] for row in g.rows},
                 "loss_by_position": position_content(g),
+                "accuracy_by_depth": depth_content(g),
             }
             for g in report.groups
         ],
@@ -521,6 +606,24 @@ def json_content(report: Report, records: Sequence[dict[str, Any]]) -> dict[str,
             {"path": relative(e.path, report.root), "reason": e.reason} for e in report.excluded
         ],
     }
+
+
+def depth_content(group: Group) -> dict[str, Any] | None:
+    """The group's passkey accuracy per needle depth, for report.json."""
+    if group.depth_length is None:
+        return None
+    rows = {
+        row.label: {
+            "depth_percent": list(row.by_depth),
+            **{
+                f"accuracy_{part}": [getattr(stat, part) for stat in row.by_depth.values()]
+                for part in ("n", "mean", "std")
+            },
+        }
+        for row in group.rows
+        if row.by_depth
+    }
+    return {"length": group.depth_length, "rows": rows}
 
 
 def position_content(group: Group) -> dict[str, Any] | None:
@@ -552,14 +655,37 @@ def position_content(group: Group) -> dict[str, Any] | None:
 def ppl_figure(group: Group) -> Figure:
     """Mean perplexity against evaluation length (log-log), ± one std shaded, one line per
     row; a fixed FIGURE_INCHES x FIGURE_DPI canvas so every report image has the same size."""
+    from matplotlib.ticker import StrMethodFormatter  # lazily: only commands that draw
+
+    figure, axes = length_figure(group, "ppl")
+    axes.set_yscale("log")
+    axes.yaxis.set_major_formatter(StrMethodFormatter("{x:g}"))
+    axes.yaxis.set_minor_formatter(StrMethodFormatter("{x:g}"))
+    axes.set_ylabel("perplexity (mean ± std over seeds)")
+    figure.tight_layout()  # arranges the axes inside the fixed canvas; the size stays
+    return figure
+
+
+def accuracy_figure(group: Group) -> Figure:
+    """A task's mean accuracy on the answer bytes against evaluation length, as ppl_figure."""
+    figure, axes = length_figure(group, "accuracy")
+    axes.set_ylim(0, 1)
+    axes.set_ylabel("accuracy on the answer bytes (mean ± std over seeds)")
+    figure.tight_layout()
+    return figure
+
+
+def length_figure(group: Group, metric: str) -> tuple[Figure, Any]:
+    """The cells' ``metric`` Stat against evaluation length (log x), ± one std shaded, one
+    line per row, the training length marked; the caller labels the y axis."""
     # matplotlib takes a second to import: only commands that draw pay for it
     from matplotlib.figure import Figure
-    from matplotlib.ticker import StrMethodFormatter
 
     figure = Figure(figsize=FIGURE_INCHES, dpi=FIGURE_DPI)
     axes = figure.add_subplot()
     for row in group.rows:
-        points = [(c.length, c.ppl.mean, c.ppl.std or 0.0) for c in row.cells if c.ppl.n]
+        stats = [(c.length, getattr(c, metric)) for c in row.cells]
+        points = [(length, stat.mean, stat.std or 0.0) for length, stat in stats if stat.n]
         if not points:
             continue
         lengths, means, stds = (np.array(v) for v in zip(*points, strict=True))
@@ -567,17 +693,12 @@ def ppl_figure(group: Group) -> Figure:
         axes.fill_between(lengths, means - stds, means + stds, color=line.get_color(), alpha=0.2)
     axes.axvline(group.train_seq_len, color="grey", linestyle="--", label="train length")
     axes.set_xscale("log", base=2)
-    axes.set_yscale("log")
-    axes.yaxis.set_major_formatter(StrMethodFormatter("{x:g}"))
-    axes.yaxis.set_minor_formatter(StrMethodFormatter("{x:g}"))
     axes.set_xticks(group.lengths, labels=[str(length) for length in group.lengths])
     axes.set_xlabel("evaluation length (tokens)")
-    axes.set_ylabel("perplexity (mean ± std over seeds)")
     axes.set_title(group.title, fontsize="small")
     axes.grid(True, which="both", alpha=0.3)
     axes.legend(fontsize="small")
-    figure.tight_layout()  # arranges the axes inside the fixed canvas; the size stays
-    return figure
+    return figure, axes
 
 
 def position_figure(group: Group) -> Figure:
@@ -626,6 +747,8 @@ def write_tensorboard(report: Report, directory: Path) -> None:
                         writer.add_scalar("report/ppl", c.ppl.mean, global_step=c.length)
                     if c.ratio.n:
                         writer.add_scalar("report/ppl_ratio", c.ratio.mean, global_step=c.length)
+                    if c.accuracy.n:
+                        writer.add_scalar("report/accuracy", c.accuracy.mean, global_step=c.length)
                 if row.by_position is not None:
                     for (_, end), stat in zip(
                         row.by_position.buckets, row.by_position.nll, strict=True
@@ -644,6 +767,8 @@ def write_report(report: Report, out: Path) -> list[Path]:
         figures = {"ppl_vs_length": ppl_figure(group)}
         if group.position_length is not None:
             figures["loss_by_position"] = position_figure(group)
+        if has_accuracy(group):
+            figures["accuracy_vs_length"] = accuracy_figure(group)
         for stem, figure in figures.items():
             path = out / f"{stem}{'_' + group.name if group.name else ''}.png"
             with atomic_path(path) as tmp:

@@ -28,9 +28,11 @@ def eval_table(
         if r["length"] == train_seq_len and r["status"] == "ok"
     }
     width = max([7, *(len(scaling_name(r)) for r in records)])
+    scored = any("accuracy" in r for r in records)  # a task's records: answer accuracy too
     header = (
         f"{'length':>8}  {'stride':>6}  {'scaling':>{width}}  {'ppl':>9}  {'ratio':>6}  "
         f"{'bits/byte':>9}  {'tokens':>9}"
+        + (f"  {'accuracy':>8}  {'seq acc':>8}" if scored else "")
     )
     lines = [header, "-" * len(header)]
     for r in records:
@@ -41,14 +43,18 @@ def eval_table(
             continue
         base = reference.get(way(r))
         ratio = f"{r['ppl'] / base:6.2f}" if base else f"{'-':>6}"
-        lines.append(
-            f"{measured}  {r['ppl']:9.3f}  {ratio}  {r['bits_per_byte']:9.3f}  {r['tokens']:>9,}"
-        )
+        line = f"{measured}  {r['ppl']:9.3f}  {ratio}  {r['bits_per_byte']:9.3f}  {r['tokens']:>9,}"
+        if scored:
+            line += f"  {r['accuracy']:8.3f}  {r['sequence_accuracy']:8.3f}"
+        lines.append(line)
     return "\n".join(lines)
 
 
 def data_baselines(data: dict[str, Any]) -> str:
-    """The reference points a perplexity should be read against, in bits per byte."""
+    """The reference points a perplexity (bits per byte) or a task's accuracy is read against."""
+    if "chance_accuracy" in data:
+        chance = data["chance_accuracy"]
+        return f"data {data['name']}: chance accuracy {chance:.3f} (a model that never looks back)"
     line = f"data {data['name']}: unigram {data['unigram_bits_per_byte']:.3f} bits/byte"
     floor = data.get("entropy_floor_bits_per_byte")
     if floor is not None:

@@ -7,6 +7,8 @@ scaling such as ``yarn``, with s from each length), ``eval/ppl/<method>_s<factor
 configured factor, e.g. ``yarn_s4``), ``eval/ppl/stride_<S>`` (sliding windows), and
 ``eval/ppl/<method>/stride_<S>`` for both.
 
+A task's records also go to ``eval/accuracy`` (answer bytes right, step = length).
+
 Loss by position is one series per evaluated length, ``eval/loss_by_position/L<length>``
 (suffixed with the scaling method when there is one), whose step is each bucket's end position.
 
@@ -60,7 +62,8 @@ def eval_tag(metric: str, record: Mapping[str, Any]) -> str:
 def log_eval_records(
     writer: SummaryWriter, records: Sequence[Mapping[str, Any]], train_seq_len: int
 ) -> None:
-    """One point per evaluated length on ``eval/ppl`` and ``eval/bits_per_byte``."""
+    """One point per evaluated length on ``eval/ppl``, ``eval/bits_per_byte`` and, for a task,
+    ``eval/accuracy``."""
     for record in records:
         if record["status"] == "ok":
             writer.add_scalar(eval_tag("ppl", record), record["ppl"], global_step=record["length"])
@@ -69,6 +72,10 @@ def log_eval_records(
                 record["bits_per_byte"],
                 global_step=record["length"],
             )
+            if record.get("accuracy") is not None:  # a task's record
+                writer.add_scalar(
+                    eval_tag("accuracy", record), record["accuracy"], global_step=record["length"]
+                )
     log_loss_by_position(writer, records)
     figure = extrapolation_figure(records, train_seq_len)
     if figure is not None:

@@ -38,9 +38,9 @@ from posbench.config import (
     resolve_device,
     validate,
 )
-from posbench.data import Corpus, load_corpus, sample_batch, sample_positions
+from posbench.data import IGNORE, Corpus, Task, load_data, sample_positions
 from posbench.errors import PosbenchError
-from posbench.evaluate import evaluate
+from posbench.evaluate import evaluate_data
 from posbench.finetune import fine_tune_config, load_parent_weights
 from posbench.model import Transformer, build_model
 from posbench.precision import (
@@ -89,29 +89,43 @@ def lr_at(step: int, cfg: DictConfig) -> float:
     return cfg.min_lr + 0.5 * (cfg.lr - cfg.min_lr) * (1 + math.cos(math.pi * progress))
 
 
-def validation_batches(tokens: torch.Tensor, cfg: DictConfig) -> Iterator[torch.Tensor]:
-    """The same leading non-overlapping windows of the validation split at every check, so
-    validation curves are comparable across steps and runs."""
-    width = cfg.seq_len + 1
+def validation_batches(
+    data: Corpus | Task, cfg: DictConfig
+) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """(inputs, targets) int64 (B, T), the same at every check, so validation curves are
+    comparable across steps and runs: the leading non-overlapping windows of a corpus's
+    validation split, or a task's evaluation examples at the training length (targets
+    IGNORE outside the answers)."""
+    if isinstance(data, Task):
+        examples = data.examples(cfg.seq_len)
+        yield from zip(
+            examples.inputs().split(cfg.batch_size),
+            examples.targets().split(cfg.batch_size),
+            strict=True,
+        )
+        return
+    width, tokens = cfg.seq_len + 1, data.val
     n_windows = min(cfg.val_batches * cfg.batch_size, (len(tokens) - 1) // cfg.seq_len)
     rows = tokens[: n_windows * cfg.seq_len + 1].unfold(0, width, cfg.seq_len)  # (N, T+1)
-    yield from rows.long().split(cfg.batch_size)
+    for batch in rows.long().split(cfg.batch_size):
+        yield batch[:, :-1], batch[:, 1:]
 
 
 @torch.inference_mode()
 def validation_loss(
-    model: Transformer, tokens: torch.Tensor, cfg: DictConfig, precision: str = "fp32"
+    model: Transformer, data: Corpus | Task, cfg: DictConfig, precision: str = "fp32"
 ) -> float:
-    """Mean loss on ``validation_batches``, in the training ``precision``."""
+    """Mean NLL per scored target (every target of a corpus, a task's answer bytes), in the
+    training ``precision``."""
     model.eval()
     device = next(model.parameters()).device
     total, count = 0.0, 0
-    for rows in validation_batches(tokens, cfg):
-        rows = rows.to(device)
+    for inputs, targets in validation_batches(data, cfg):
+        inputs, targets = inputs.to(device), targets.to(device)
         with autocast(precision, device):
-            logits = model(rows[:, :-1]).float()  # (B, T, vocab)
-        total += F.cross_entropy(logits.flatten(0, 1), rows[:, 1:].flatten(), reduction="sum")
-        count += rows[:, 1:].numel()
+            logits = model(inputs).float()  # (B, T, vocab)
+        total += F.cross_entropy(logits.flatten(0, 1), targets.flatten(), reduction="sum")
+        count += (targets != IGNORE).sum().item()
     model.train()
     return float(total) / count
 
@@ -166,18 +180,19 @@ def stop_requests() -> Iterator[StopRequest]:
 def train_step(
     model: torch.nn.Module,
     optimizer: torch.optim.Optimizer,
-    tokens: torch.Tensor,
+    data: Corpus | Task,
     sampler: torch.Generator,
     step: int,
     cfg: DictConfig,
     precision: str = "fp32",
 ) -> float:
-    """One optimisation step at ``lr_at(step)`` in ``precision``; returns its loss. ``model`` is
-    the Transformer or its compiled wrapper (compile_for_training)."""
+    """One optimisation step at ``lr_at(step)`` in ``precision`` on a batch drawn from
+    ``sampler``; returns its loss (a task's: on its answer bytes only). ``model`` is the
+    Transformer or its compiled wrapper (compile_for_training)."""
     device = next(model.parameters()).device
     for group in optimizer.param_groups:
         group["lr"] = lr_at(step, cfg)
-    x, y = sample_batch(tokens, cfg.batch_size, cfg.seq_len, sampler)
+    x, y = data.train_batch(cfg.batch_size, cfg.seq_len, sampler)
     x, y = x.to(device), y.to(device)
     positions = None  # 0..seq_len-1
     if cfg.random_positions is not None:
@@ -196,7 +211,7 @@ def train_step(
 
 def train_steps(
     model: Transformer,
-    corpus: Corpus,
+    data: Corpus | Task,
     cfg: DictConfig,
     writer: SummaryWriter,
     run_dir: Path,
@@ -235,9 +250,7 @@ def train_steps(
     with stop_requests() as stop:
         for step in bar:
             started = time.perf_counter()
-            loss_value = train_step(
-                stepper, optimizer, corpus.train, sampler, step, tcfg, precision
-            )
+            loss_value = train_step(stepper, optimizer, data, sampler, step, tcfg, precision)
             if not math.isfinite(loss_value):
                 raise divergence(step + 1, loss_value, recent_losses, saved_step, run_dir, tcfg)
             progress.train_time += time.perf_counter() - started
@@ -247,7 +260,7 @@ def train_steps(
             if progress.step % tcfg.log_every == 0 or progress.step == tcfg.steps:
                 log_training(writer, bar, progress, loss_value, lr_at(step, tcfg))
             if progress.step % tcfg.val_every == 0 or progress.step == tcfg.steps:
-                progress.val_loss = validation_loss(model, corpus.val, tcfg, precision)
+                progress.val_loss = validation_loss(model, data, tcfg, precision)
                 writer.add_scalar("val/loss", progress.val_loss, progress.step)
                 writer.add_scalar("val/ppl", math.exp(progress.val_loss), progress.step)
             if checkpoint_due(progress.step, tcfg) or stop.signum is not None:
@@ -354,7 +367,7 @@ def train(cfg: DictConfig, run_dir: str | Path) -> dict[str, Any]:
         log.info("%s already finished; `posbench eval` re-evaluates it", run_dir)
         return read_results(run_dir)
     device = resolve_device(cfg.device)
-    corpus = load_corpus(cfg.data)
+    data = load_data(cfg.data)
     torch.manual_seed(cfg.seed)  # model init (and dropout) depend on the seed alone
     model = build_model(cfg.model, cfg.encoding)
     if cfg.train.init_from is not None and checkpoint is None:
@@ -365,11 +378,10 @@ def train(cfg: DictConfig, run_dir: str | Path) -> dict[str, Any]:
         check_resume_precision(trained_precision(checkpoint), precision, run_dir)
     save_config(run_dir, cfg)
     log.info(
-        "%s: %s parameters, %s train / %s val bytes, device %s, precision %s",
+        "%s: %s parameters, %s, device %s, precision %s",
         cfg.encoding.name,
         f"{model.num_parameters():,}",
-        f"{len(corpus.train):,}",
-        f"{len(corpus.val):,}",
+        data.describe(),
         device,
         precision,
     )
@@ -382,14 +394,14 @@ def train(cfg: DictConfig, run_dir: str | Path) -> dict[str, Any]:
         "threads": threads.threads,
         "parameters": model.num_parameters(),
         "precision": precision,
-        "data": {"name": corpus.name, **corpus.stats},
+        "data": {"name": data.name, **data.stats},
         "init_from": parent_run(cfg),
     }
     # Events past the checkpoint (written before a crash) are dropped, so no step repeats.
     purge_step = checkpoint["progress"]["step"] + 1 if checkpoint is not None else None
     with SummaryWriter(log_dir=str(run_dir), purge_step=purge_step) as writer:
         try:
-            summary = train_steps(model, corpus, cfg, writer, run_dir, checkpoint, precision)
+            summary = train_steps(model, data, cfg, writer, run_dir, checkpoint, precision)
         except Diverged as err:
             train_summary = {
                 "steps": cfg.train.steps,
@@ -400,9 +412,9 @@ def train(cfg: DictConfig, run_dir: str | Path) -> dict[str, Any]:
             write_json(run_dir / RESULTS_FILE, diverged)
             raise
         save_weights(run_dir, model)
-        records = evaluate(
+        records = evaluate_data(
             model,
-            corpus.val,
+            data,
             eval_lengths(cfg),
             cfg.eval.stride,
             cfg.eval.batch_size,
@@ -454,4 +466,6 @@ def headline_metrics(results: dict[str, Any]) -> dict[str, float]:
     for record in results["eval"]:
         if record["status"] == "ok":
             metrics[f"ppl_at_{record['length']}"] = record["ppl"]
+        if record.get("accuracy") is not None:  # a task's
+            metrics[f"accuracy_at_{record['length']}"] = record["accuracy"]
     return metrics

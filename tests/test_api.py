@@ -59,3 +59,19 @@ def test_evaluate_run_writes_nothing_to_the_run(run_dir):
     before = read_results(run_dir)
     posbench.evaluate_run(run_dir, [48], device="cpu")
     assert read_results(run_dir) == before
+
+
+def test_evaluate_task_scores_any_model_on_a_task(run_dir):
+    model, _ = posbench.load_run(run_dir)
+    task = posbench.data.load_data({"source": "copy", "val_examples": 4})
+    (record,) = posbench.evaluate_task(model, task, [32])
+    assert record["examples"] == 4 and record["tokens"] == 4 * 16
+    assert 0 <= record["sequence_accuracy"] <= record["accuracy"] <= 1
+
+
+def test_evaluate_run_on_a_task_run_returns_the_records_training_wrote(tmp_path):
+    from conftest import TINY_RUN
+
+    cfg = compose_config([*TINY_RUN, "data=copy", "data.val_examples=8", "eval.lengths=[16,32]"])
+    results = posbench.train(cfg, tmp_path)
+    assert posbench.evaluate_run(tmp_path, [16, 32], device="cpu") == results["eval"]

@@ -6,17 +6,19 @@ import itertools
 import json
 import os
 import signal
+import time
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import TINY
+from conftest import TINY, TINY_SYNTHETIC
 from safetensors.torch import load_file
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 import posbench.checkpoint
 from posbench.checkpoint import CHECKPOINT_FILE, load_checkpoint
 from posbench.config import compose_config
+from posbench.data import Corpus, Task
 from posbench.errors import PosbenchError
 from posbench.runs import WEIGHTS_FILE, check_run_dir
 from posbench.train import Diverged, TrainingInterrupted, train
@@ -54,17 +56,26 @@ def losses(run_dir: Path) -> list[tuple[int, float]]:
     return [(e.step, e.value) for e in events.Scalars("train/loss")]
 
 
-def at_batch(monkeypatch, call: int, action) -> None:
-    """Run ``action()`` when training draws its ``call``-th batch (a test-only injection)."""
+def at_batch(monkeypatch, call: int, action, source: type = Corpus) -> None:
+    """Run ``action()`` when training draws its ``call``-th batch from a ``source`` (Corpus or
+    Task; a test-only injection)."""
     calls = itertools.count(1)
-    sample_batch = train_module.sample_batch
+    train_batch = source.train_batch
 
-    def sampling(*args):
+    def sampling(self, *args):
         if next(calls) == call:
             action()
-        return sample_batch(*args)
+        return train_batch(self, *args)
 
-    monkeypatch.setattr(train_module, "sample_batch", sampling)
+    monkeypatch.setattr(source, "train_batch", sampling)
+
+
+def resume_later(overrides: list[str], run_dir: Path) -> dict:
+    """Resume as a new process would: in a later second than the stopped run's TensorBoard
+    files. They are read in name order, `events.out.tfevents.<second>.<host>.<pid>.<n>`: within
+    one second of one process the writer counter n decides, and "10" sorts before "9"."""
+    time.sleep(1 - time.time() % 1)
+    return train(compose_config([*overrides, "train.resume=true"]), run_dir)
 
 
 def crash() -> None:
@@ -89,9 +100,24 @@ def test_a_crashed_run_resumed_from_its_checkpoint_equals_an_uninterrupted_one(
         train(compose_config(short), tmp_path)
     assert load_checkpoint(tmp_path / CHECKPOINT_FILE)["progress"]["step"] == 10
     monkeypatch.undo()
-    train(compose_config([*short, "train.resume=true"]), tmp_path)
+    resume_later(short, tmp_path)
     assert [step for step, _ in losses(tmp_path)] == list(range(1, 21))
     assert_same_run(tmp_path, straight[0])
+
+
+def test_a_crashed_task_run_resumed_from_its_checkpoint_equals_an_uninterrupted_one(
+    tmp_path, monkeypatch
+):
+    """A task's batches come from the checkpointed sampler, so resuming redraws the same ones."""
+    task = [*(o for o in SHORT if o not in TINY_SYNTHETIC), "data=copy", "data.val_examples=8"]
+    reference = tmp_path / "straight"
+    train(compose_config(task), reference)
+    at_batch(monkeypatch, 13, crash, source=Task)
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        train(compose_config(task), tmp_path / "run")
+    monkeypatch.undo()
+    resume_later(task, tmp_path / "run")
+    assert_same_run(tmp_path / "run", reference)
 
 
 def test_sigint_finishes_the_step_checkpoints_and_the_resumed_run_is_identical(
@@ -105,7 +131,7 @@ def test_sigint_finishes_the_step_checkpoints_and_the_resumed_run_is_identical(
     assert load_checkpoint(tmp_path / CHECKPOINT_FILE)["progress"]["step"] == 12
     assert signal.getsignal(signal.SIGINT) == handler  # restored
     monkeypatch.undo()
-    train(compose_config([*short, "train.resume=true"]), tmp_path)
+    resume_later(short, tmp_path)
     assert_same_run(tmp_path, straight[0])
 
 

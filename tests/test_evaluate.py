@@ -7,14 +7,18 @@ import pytest
 import torch
 
 from posbench.config import compose_config
+from posbench.data import load_data
 from posbench.encodings import build_encoding
 from posbench.errors import PosbenchError
 from posbench.evaluate import (
     MAX_POSITION_BUCKETS,
+    answer_scores,
     evaluate,
     evaluate_length,
+    evaluate_task_length,
     position_buckets,
     rope_scaling_overrides,
+    task_predictions,
     windows,
 )
 from posbench.model import ModelArgs, Transformer
@@ -234,3 +238,71 @@ def test_loss_by_position_counts_only_the_scored_tail_of_a_last_partial_window()
     assert sum(b["tokens"] for b in buckets) == record["tokens"] == 3 * 64 + 20
     mean = sum(b["nll"] * b["tokens"] for b in buckets) / record["tokens"]
     assert math.exp(mean) == pytest.approx(record["ppl"], rel=1e-9)
+
+
+# Task scoring --------------------------------------------------------------------------------
+
+
+def test_answer_scores_count_bytes_whole_answers_and_each_depth():
+    correct, answer_bytes = torch.tensor([5, 3, 0, 5]), torch.tensor([5, 5, 5, 5])
+    scores = answer_scores(correct, answer_bytes, depth_percent=torch.tensor([0, 25, 0, 25]))
+    assert scores["accuracy"] == 13 / 20 and scores["sequence_accuracy"] == 2 / 4
+    assert scores["accuracy_by_depth"] == [
+        {"depth_percent": 0, "accuracy": 5 / 10, "sequence_accuracy": 1 / 2, "examples": 2},
+        {"depth_percent": 25, "accuracy": 8 / 10, "sequence_accuracy": 1 / 2, "examples": 2},
+    ]
+
+
+def test_answers_of_different_lengths_weigh_by_their_bytes():
+    scores = answer_scores(torch.tensor([1, 9]), torch.tensor([2, 10]))
+    assert scores == {"accuracy": 10 / 12, "sequence_accuracy": 0.0}
+
+
+class Teacher(torch.nn.Module):
+    """Logits that put all the mass on the true next byte of each example (looked up by its
+    inputs), except where ``wrong`` says: (example, target index) predicted as byte 0."""
+
+    def __init__(self, examples, wrong=()):
+        super().__init__()
+        self.next_bytes = {bytes(t[:-1].tolist()): t[1:].long() for t in examples.tokens}
+        self.wrong = {bytes(examples.tokens[i, :-1].tolist()): t for i, t in wrong}
+
+    def forward(self, inputs):
+        logits = torch.zeros(*inputs.shape, 256)  # (B, T, vocab)
+        for row, x in enumerate(inputs):
+            targets = self.next_bytes[bytes(x.tolist())].clone()  # (T,)
+            if bytes(x.tolist()) in self.wrong:
+                targets[self.wrong[bytes(x.tolist())]] = 0
+            logits[row, torch.arange(len(targets)), targets] = 30.0
+        return logits
+
+
+def test_a_model_that_predicts_every_answer_byte_scores_one():
+    examples = load_data({"source": "recall", "val_examples": 6}).examples(48)
+    nll, correct = task_predictions(Teacher(examples), examples, 4, torch.device("cpu"))
+    assert torch.equal(correct, examples.answer.sum(1)) and nll < 1e-9
+
+
+def test_one_wrong_answer_byte_costs_one_byte_and_one_whole_answer():
+    examples = load_data({"source": "copy", "val_examples": 3}).examples(16)
+    last = examples.answer.shape[1] - 1  # the last answer byte of example 1
+    _, correct = task_predictions(Teacher(examples, [(1, last)]), examples, 2, torch.device("cpu"))
+    scores = answer_scores(correct, examples.answer.sum(1))
+    assert scores == {"accuracy": 23 / 24, "sequence_accuracy": 2 / 3}
+
+
+def test_a_uniform_model_scores_its_argmax_byte_and_perplexity_256_on_the_answers():
+    task = load_data({"source": "passkey", "val_examples": 10})
+    record = evaluate_task_length(uniform_model(), task, 128)
+    assert record["ppl"] == pytest.approx(256.0, rel=1e-5) and record["tokens"] == 50
+    assert record["accuracy"] == 0.0  # its argmax is byte 0, never a digit
+    assert [d["depth_percent"] for d in record["accuracy_by_depth"]] == [0, 25, 50, 75, 100]
+
+
+def test_task_lengths_too_short_or_beyond_the_encoding_are_unsupported():
+    task = load_data({"source": "passkey"})
+    record = evaluate_task_length(uniform_model(), task, 64)
+    assert record["status"] == "unsupported" and "at least 102 tokens" in record["reason"]
+    learned = uniform_model("learned", max_length=128)
+    record = evaluate_task_length(learned, task, 256)
+    assert record["status"] == "unsupported" and record["accuracy"] is None

@@ -5,6 +5,7 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 
 from posbench.cli import expand_sweeps, sweep_overrides
 from posbench.config import compose_config, eval_lengths, validate
+from posbench.data import TASKS
 from posbench.encodings import encoding_names
 from posbench.errors import PosbenchError
 from posbench.output_dirs import register_unique_dir_resolver
@@ -82,3 +83,21 @@ def test_validating_a_config_with_its_hydra_node_claims_no_directory(tmp_path, m
     monkeypatch.chdir(tmp_path)
     validate(compose_config(["+experiment=extrapolation"], with_hydra=True))
     assert list(tmp_path.iterdir()) == []
+
+
+def test_the_retrieval_experiment_sweeps_every_encoding_and_task_over_three_seeds():
+    cfg = compose_config(["+experiment=retrieval"], with_hydra=True)
+    assert sorted(swept_values(cfg, "encoding")) == encoding_names()
+    assert sorted(swept_values(cfg, "data")) == sorted(TASKS)
+    assert swept_values(cfg, "seed") == ["0", "1", "2"]
+    for task in TASKS:
+        validate(compose_config(["+experiment=retrieval", f"data={task}"]))
+
+
+def test_a_sweep_takes_values_of_the_groups_the_experiment_sweeps():
+    """``data.val_examples`` exists only once the sweep has chosen a task for ``data``."""
+    overrides = ["+experiment=retrieval", "encoding=rope", "seed=0", "data.val_examples=4"]
+    candidates = expand_sweeps(sweep_overrides(overrides))
+    assert sorted(c[-1] for c in candidates) == ["data=copy", "data=passkey", "data=recall"]
+    for candidate in candidates:
+        assert compose_config(candidate).data.val_examples == 4

@@ -11,6 +11,7 @@ from conftest import TINY
 from posbench.checkpoint import CHECKPOINT_FILE, load_checkpoint
 from posbench.cli import main
 from posbench.config import compose_config
+from posbench.data import Corpus
 from posbench.errors import PosbenchError
 from posbench.evaluate import evaluate_length, evaluate_run
 from posbench.model import build_model, unbiased_causal_attention
@@ -120,13 +121,14 @@ def test_a_bf16_training_step_computes_the_fp32_loss_and_gradients_within_bf16_a
     cfg = compose_config(TINY)
     torch.manual_seed(0)
     tokens = torch.randint(0, 256, (4096,), dtype=torch.uint8)
+    corpus = Corpus("random", train=tokens, val=tokens)
     outcomes = {}
     for precision in ("fp32", "bf16"):
         torch.manual_seed(0)
         model = build_model(cfg.model, cfg.encoding)
         optimizer = torch.optim.SGD(model.parameters(), lr=0.0)  # keeps the gradients
         sampler = torch.Generator().manual_seed(0)
-        loss = train_step(model, optimizer, tokens, sampler, 0, cfg.train, precision)
+        loss = train_step(model, optimizer, corpus, sampler, 0, cfg.train, precision)
         grads = torch.cat([p.grad.flatten() for p in model.parameters()])
         outcomes[precision] = loss, grads
     (loss32, grads32), (loss16, grads16) = outcomes["fp32"], outcomes["bf16"]

@@ -310,3 +310,61 @@ def test_runs_without_loss_by_position_get_no_position_table_or_figure(tmp_path)
     assert report.groups[0].position_length is None
     assert "Loss by position" not in markdown(report)
     assert not (out / "loss_by_position.png").exists()
+
+
+def add_accuracy(run, accuracies):
+    """Task records: ``accuracies`` maps length -> (accuracy, sequence_accuracy)."""
+    results = json.loads((run / "results.json").read_text())
+    for record in results["eval"]:
+        record["accuracy"], record["sequence_accuracy"] = accuracies[record["length"]]
+    (run / "results.json").write_text(json.dumps(results))
+
+
+def test_task_runs_get_accuracy_tables_averaged_over_seeds_and_a_figure(tmp_path):
+    add_accuracy(make_run(tmp_path / "a", seed=0), {16: (1.0, 1.0), 32: (0.5, 0.25)})
+    add_accuracy(make_run(tmp_path / "b", seed=1), {16: (0.8, 0.5), 32: (0.3, 0.0)})
+    out = tmp_path / "report"
+    report = build_report(tmp_path, out)
+    write_report(report, out)
+    text = markdown(report)
+    assert "| rope | 2 | 0.90 ± 0.14 | 0.40 ± 0.14 |" in text.split("Accuracy (")[1]
+    assert "| rope | 2 | 0.75 ± 0.35 | 0.12 ± 0.18 |" in text.split("Sequence accuracy")[1]
+    cells = report_cells(out)
+    assert cells[("rope", 32)]["accuracy_mean"] == pytest.approx(0.4)
+    assert cells[("rope", 32)]["sequence_accuracy_n"] == 2
+    height, width, _ = image.imread(out / "accuracy_vs_length.png").shape
+    assert (width, height) == (FIGURE_INCHES[0] * FIGURE_DPI, FIGURE_INCHES[1] * FIGURE_DPI)
+    events = EventAccumulator(str(out / "tensorboard" / "rope"))
+    events.Reload()
+    points = [(e.step, round(e.value, 6)) for e in events.Scalars("report/accuracy")]
+    assert points == [(16, 0.9), (32, 0.4)]
+
+
+def test_corpus_runs_get_no_accuracy_table_or_figure(tmp_path):
+    make_run(tmp_path / "r")
+    out = tmp_path / "report"
+    report = build_report(tmp_path, out)
+    write_report(report, out)
+    assert "Accuracy" not in markdown(report)
+    assert not (out / "accuracy_vs_length.png").exists()
+
+
+def test_passkey_accuracy_by_depth_is_averaged_over_seeds_at_the_longest_length(tmp_path):
+    for seed, accuracies in enumerate([(1.0, 0.5), (0.6, 0.3)]):
+        run = make_run(tmp_path / str(seed), seed=seed)
+        add_accuracy(run, {16: (1.0, 1.0), 32: (0.7, 0.5)})
+        results = json.loads((run / "results.json").read_text())
+        results["eval"][1]["accuracy_by_depth"] = [
+            {"depth_percent": d, "accuracy": a, "sequence_accuracy": a, "examples": 10}
+            for d, a in zip((0, 100), accuracies, strict=True)
+        ]
+        (run / "results.json").write_text(json.dumps(results))
+    out = tmp_path / "report"
+    report = build_report(tmp_path, out)
+    write_report(report, out)
+    assert "| rope | 2 | 0.80 ± 0.28 | 0.40 ± 0.14 |" in markdown(report).split("by depth")[1]
+    (group,) = json.loads((out / "report.json").read_text())["groups"]
+    by_depth = group["accuracy_by_depth"]
+    assert by_depth["length"] == 32
+    assert by_depth["rows"]["rope"]["depth_percent"] == [0, 100]
+    assert by_depth["rows"]["rope"]["accuracy_mean"] == pytest.approx([0.8, 0.4])

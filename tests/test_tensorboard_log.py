@@ -7,6 +7,7 @@ from posbench.tables import eval_table
 from posbench.tensorboard_log import (
     eval_tag,
     extrapolation_figure,
+    log_eval_records,
     loss_by_position_tag,
     write_eval_events,
 )
@@ -118,3 +119,27 @@ def test_the_figure_is_drawn_from_all_records_given(tmp_path):
     (expected,) = eval_events(tmp_path / "at_once").Images("eval/ppl_vs_length")
     (image,) = eval_events(tmp_path / "in_two_steps").Images("eval/ppl_vs_length")
     assert image.encoded_image_string == expected.encoded_image_string
+
+
+class Recorder:
+    """A SummaryWriter stand-in that keeps the scalars it is given."""
+
+    def __init__(self):
+        self.scalars = []
+
+    def add_scalar(self, tag, value, global_step):
+        self.scalars.append((tag, global_step, value))
+
+    def add_figure(self, tag, figure):
+        pass
+
+    def flush(self):
+        pass
+
+
+def test_task_records_plot_accuracy_against_length():
+    writer = Recorder()
+    records = [record(16, accuracy=0.75), record(32, accuracy=0.25), record(64)]
+    log_eval_records(writer, records, train_seq_len=16)
+    accuracy = [(step, value) for tag, step, value in writer.scalars if tag == "eval/accuracy"]
+    assert accuracy == [(16, 0.75), (32, 0.25)]

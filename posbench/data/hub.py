@@ -1,0 +1,120 @@
+"""Hub corpora: a ``datasets`` corpus (a hub id or a local dataset directory) as bytes."""
+
+from __future__ import annotations
+
+import os
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from omegaconf import MISSING
+
+from posbench.data.cache import _xdg_cache_home
+from posbench.data.corpus import Splits
+from posbench.data.text import _column, _encode
+from posbench.errors import PosbenchError
+
+
+@dataclass
+class HubDataConfig:
+    name: str = MISSING
+    source: str = "hub"
+    hub_path: str = MISSING
+    hub_name: str | None = None
+    text_field: str = "text"
+    train_split: str = "train"
+    val_split: str = "validation"
+    max_train_bytes: int | None = None
+    max_val_bytes: int | None = None
+    cache_dir: str | None = None
+
+
+def _hub_splits(config: HubDataConfig) -> Splits:
+    caps = {"max_train_bytes": config.max_train_bytes, "max_val_bytes": config.max_val_bytes}
+    for key, cap in caps.items():
+        if cap is not None and cap <= 0:
+            raise PosbenchError(f"data.{key} must be positive or null (got {cap})")
+    train = _read_hub(config, config.train_split, config.max_train_bytes)
+    val = _read_hub(config, config.val_split, config.max_val_bytes)
+    return train, val, {}
+
+
+def _read_hub(config: HubDataConfig, split: str, max_bytes: int | None) -> np.ndarray:
+    """One split of a ``datasets`` corpus (a hub id or a local dataset directory), as bytes.
+
+    Each row becomes a line: rows that end in a newline (wikitext's) are kept as they are, rows
+    that do not (pg19's books) get one. With a byte cap the split is streamed, so only about
+    that much is downloaded.
+    """
+    import datasets  # a second to import, and only text and hub corpora need it
+
+    try:
+        rows = datasets.load_dataset(
+            config.hub_path, config.hub_name, split=split, streaming=max_bytes is not None
+        )
+        lines = (
+            text if text.endswith("\n") else text + "\n"
+            for text in _column(rows, config.text_field)
+        )
+        return _encode(lines, max_bytes)
+    except ConnectionError as error:
+        raise _hub_unreachable(config.hub_path) from error
+    except (FileNotFoundError, ValueError) as error:
+        raise PosbenchError(
+            f"cannot load split '{split}' of data.hub_path '{config.hub_path}' "
+            f"(data.hub_name={config.hub_name}): {str(error).splitlines()[0]}"
+        ) from error
+
+
+def _check_hub_available(hub_path: str) -> None:
+    """Fail in a second when a hub corpus can be neither downloaded nor found in the cache:
+    checked before ``datasets`` is imported (seconds by itself) and before anything is built,
+    from the environment variables datasets and huggingface_hub read themselves. A local
+    dataset directory needs neither."""
+    if os.path.isdir(hub_path):
+        return
+    if _hub_offline():
+        if not _hub_cached(hub_path):
+            raise _hub_unreachable(hub_path)
+    elif not _reachable(os.environ.get("HF_ENDPOINT", "https://huggingface.co")):
+        raise _hub_unreachable(hub_path)
+
+
+def _hub_offline() -> bool:
+    flags = (os.environ.get(name, "").upper() for name in ("HF_DATASETS_OFFLINE", "HF_HUB_OFFLINE"))
+    return any(flag in {"1", "ON", "YES", "TRUE"} for flag in flags)
+
+
+def _hub_cached(hub_path: str) -> bool:
+    """Whether datasets' cache (``<namespace>___<name>``) or the hub's file cache
+    (``datasets--<namespace>--<name>``) holds anything of ``hub_path``, which is all that
+    offline mode can load."""
+    hf_home = Path(os.environ.get("HF_HOME", _xdg_cache_home() / "huggingface"))
+    datasets_cache = Path(os.environ.get("HF_DATASETS_CACHE", hf_home / "datasets"))
+    hub_cache = Path(os.environ.get("HF_HUB_CACHE", hf_home / "hub"))
+    return (
+        any(datasets_cache.glob(f"{hub_path.replace('/', '___')}*"))
+        or (hub_cache / f"datasets--{hub_path.replace('/', '--')}").is_dir()
+    )
+
+
+def _reachable(url: str, timeout: float = 5.0) -> bool:
+    """Whether anything answers at ``url`` (any HTTP status counts). Checked first because
+    without a network datasets retries with backoff for half a minute before giving up."""
+    try:
+        urllib.request.urlopen(urllib.request.Request(url, method="HEAD"), timeout=timeout).close()
+    except urllib.error.HTTPError:
+        return True
+    except (urllib.error.URLError, TimeoutError):
+        return False
+    return True
+
+
+def _hub_unreachable(hub_path: str) -> PosbenchError:
+    return PosbenchError(
+        f"cannot download '{hub_path}': the Hugging Face Hub is unreachable or offline mode is "
+        "on, and datasets has no cached copy to use (it looks for one when HF_DATASETS_OFFLINE=1); "
+        "train on local text instead: data=text data.path=<file, directory or glob>"
+    )
