@@ -17,7 +17,7 @@ import json
 import subprocess
 import sys
 
-ENCODINGS = ("none", "rope", "alibi", "t5", "kerple")
+ENCODINGS = ("none", "rope", "alibi", "t5", "kerple", "fire")
 
 MEASURE = """
 import json, resource, sys, torch
