@@ -176,7 +176,7 @@ def test_eval_logs_the_loss_by_position_it_writes_to_results_json(trained):
     (record,) = [r for r in results_of(run_dir)["eval"] if r["scaling"] == "linear"]
     events = EventAccumulator(str(run_dir))
     events.Reload()
-    logged = [(e.step, e.value) for e in events.Scalars("eval/loss_by_position/L64/linear")]
+    logged = [(e.step, e.value) for e in events.Scalars("eval/loss_by_position/L64/linear_s4")]
     buckets = record["loss_by_position"]
     assert [(b["start"], b["end"]) for b in buckets] == position_buckets(64, 16)  # train.seq_len
     assert logged == [(b["end"], pytest.approx(b["nll"])) for b in buckets]
