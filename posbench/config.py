@@ -266,9 +266,15 @@ def flat_config(cfg: DictConfig) -> dict[str, Any]:
     return flat
 
 
+def choice(value: Enum | str) -> str:
+    """An enum option's name, as the schema types it (Precision.bf16) or as a config loaded
+    without the schema holds it ("bf16": a run's config.yaml, ``posbench.load_run``)."""
+    return value.value if isinstance(value, Enum) else value
+
+
 def resolve_device(device: str | Device) -> torch.device:
     """``auto`` means CUDA when available, else CPU."""
-    name = device.value if isinstance(device, Device) else device
+    name = choice(device)
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if name == "cuda" and not torch.cuda.is_available():

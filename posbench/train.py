@@ -33,6 +33,7 @@ from posbench.checkpoint import (
 )
 from posbench.config import (
     check_resumable,
+    choice,
     eval_lengths,
     flat_config,
     resolve_device,
@@ -373,7 +374,7 @@ def train(cfg: DictConfig, run_dir: str | Path) -> dict[str, Any]:
     if cfg.train.init_from is not None and checkpoint is None:
         load_parent_weights(model, cfg)
     model = model.to(device)
-    precision = resolve_precision(cfg.train.precision.value, device, cfg.model.d_model)
+    precision = resolve_precision(choice(cfg.train.precision), device, cfg.model.d_model)
     if checkpoint is not None:
         check_resume_precision(trained_precision(checkpoint), precision, run_dir)
     save_config(run_dir, cfg)
@@ -420,7 +421,7 @@ def train(cfg: DictConfig, run_dir: str | Path) -> dict[str, Any]:
             cfg.eval.batch_size,
             cfg.eval.max_tokens,
             cfg.train.seq_len,
-            cfg.eval.precision.value,
+            choice(cfg.eval.precision),
         )
         results = {**results, "train": summary, "eval": records}
         write_json(run_dir / RESULTS_FILE, results)

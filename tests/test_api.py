@@ -75,3 +75,10 @@ def test_evaluate_run_on_a_task_run_returns_the_records_training_wrote(tmp_path)
     cfg = compose_config([*TINY_RUN, "data=copy", "data.val_examples=8", "eval.lengths=[16,32]"])
     results = posbench.train(cfg, tmp_path)
     assert posbench.evaluate_run(tmp_path, [16, 32], device="cpu") == results["eval"]
+
+
+def test_train_takes_the_config_a_run_saved(run_dir, tmp_path):
+    # load_run's config is config.yaml read back without the schema: options are strings.
+    _, cfg = posbench.load_run(run_dir)
+    results = posbench.train(cfg, tmp_path / "again")
+    assert results["eval"] == read_results(run_dir)["eval"]  # same config, same seed
