@@ -42,7 +42,7 @@ from posbench.config import resolve_device
 from posbench.data import load_corpus
 from posbench.encodings import PositionalEncoding
 from posbench.errors import PosbenchError
-from posbench.evaluate import position_buckets, windows
+from posbench.evaluate import document_bounds, document_windows, position_buckets, too_short
 from posbench.memory import available_memory
 from posbench.model import Transformer
 from posbench.runs import load_run
@@ -241,23 +241,28 @@ def check_diagnosable(model: Transformer, length: int, device: torch.device) -> 
         )
 
 
-def validation_windows(tokens: torch.Tensor, length: int, n_windows: int) -> torch.Tensor:
-    """The first ``n_windows`` non-overlapping windows of ``length`` tokens -> (K, length).
+def validation_windows(
+    tokens: torch.Tensor, length: int, n_windows: int, documents: torch.Tensor | None = None
+) -> torch.Tensor:
+    """The first ``n_windows`` non-overlapping windows of ``length`` tokens -> (K, length),
+    inside the documents that start at ``documents`` (None: one stream) as evaluation cuts them.
 
     Only whole windows: evaluation's last window may overlap the one before it to score the
     leftover tail, and its queries would be counted twice here."""
-    whole = [
-        start for start, first_scored in windows(len(tokens), length, None) if not first_scored
-    ]
+    spans = document_windows(document_bounds(len(tokens), documents), length, None)
+    whole = [start for start, first_scored in spans if not first_scored]
     starts = whole[:n_windows]
     if len(starts) < n_windows:
+        split = (
+            f"the validation split has {len(tokens)} tokens:"
+            if documents is None
+            else f"the {len(documents)} validation documents ({len(tokens)} tokens) hold"
+        )
         raise PosbenchError(
-            f"the validation split has {len(tokens)} tokens: {len(starts)} windows of "
-            f"{length} tokens, fewer than --windows {n_windows}; pass --windows <= "
-            f"{len(starts)} or a shorter --length"
+            f"{split} {len(starts)} windows of {length} tokens, fewer than --windows "
+            f"{n_windows}; pass --windows <= {len(starts)} or a shorter --length"
             if starts
-            else f"the validation split has {len(tokens)} tokens; --length {length} needs at "
-            f"least {length + 1}"
+            else too_short(len(tokens), documents, length, "--length")
         )
     return torch.stack([tokens[s : s + length] for s in starts]).long()  # (K, length)
 
@@ -272,7 +277,8 @@ def diagnose_run(
     model, cfg = load_run(run_dir, resolve_device(device))
     model_device = next(model.parameters()).device
     check_diagnosable(model, length, model_device)
-    tokens = validation_windows(load_corpus(cfg.data).val, length, n_windows)
+    corpus = load_corpus(cfg.data)
+    tokens = validation_windows(corpus.val, length, n_windows, corpus.val_documents)
     result = diagnose(model, tokens.to(model_device), cfg.train.seq_len)
     return result, write_diagnostics(run_dir, result)
 

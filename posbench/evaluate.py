@@ -13,6 +13,13 @@ Either way, when ``length`` (or S) does not divide the number of targets, a last
 at the last target and scores only the ones not scored yet (with more context than the rest),
 so every length scores exactly the same target bytes.
 
+Documents (a corpus's ``val_documents``: pg19's books, the files of a text directory or glob):
+windows never span two documents. Each document is cut into windows by itself, as above, its
+first byte being context only; a document of fewer than ``length + 1`` bytes (``length``
+inputs and their targets) is skipped at that length. So with documents, longer lengths may
+score fewer documents and bytes than shorter ones: each record says how many it scored
+(``documents``, null for a corpus that is one stream, and ``tokens``).
+
 Perplexity is exp(mean NLL) over the scored tokens; with byte tokens, bits per byte is
 mean NLL / ln 2.
 
@@ -120,6 +127,26 @@ def windows(n_tokens: int, length: int, stride: int | None) -> Iterator[tuple[in
         start = min(start + (stride or length), targets - length)
 
 
+def document_bounds(n_tokens: int, documents: torch.Tensor | None) -> list[tuple[int, int]]:
+    """The [begin, end) of each document of a split of ``n_tokens`` tokens whose documents
+    start at ``documents`` (int64 offsets, increasing from 0); None: one stream, one span."""
+    if documents is None:
+        return [(0, n_tokens)]
+    starts = documents.tolist()
+    return list(zip(starts, [*starts[1:], n_tokens], strict=True))
+
+
+def document_windows(
+    bounds: Sequence[tuple[int, int]], length: int, stride: int | None
+) -> Iterator[tuple[int, int]]:
+    """``windows`` cut inside each document's [begin, end) by itself, as (start in the split,
+    first scored index): no window crosses a document's end, and a document of fewer than
+    ``length + 1`` tokens has none."""
+    for begin, end in bounds:
+        for start, first_scored in windows(end - begin, length, stride):
+            yield begin + start, first_scored
+
+
 def unsupported(
     length: int, stride: int | None, reason: str, scaling: dict[str, Any]
 ) -> dict[str, Any]:
@@ -155,31 +182,33 @@ def evaluate_length(
     batch_size: int | None = None,
     train_seq_len: int | None = None,
     precision: str = "fp32",
+    documents: torch.Tensor | None = None,
 ) -> dict[str, Any]:
     """One results.json eval record: the model's perplexity on ``tokens`` at ``length``, the
     eval-time extension (``scaling``) its encoding applied there and, for non-overlapping
     windows, ``loss_by_position`` with ``train_seq_len`` as a bucket boundary (None: the
     window is bucketed as if it were the training length). ``precision`` is that of the
-    forward passes (posbench.precision.autocast); the NLL is summed in float64 either way."""
+    forward passes (posbench.precision.autocast); the NLL is summed in float64 either way.
+    ``documents``: where each document of ``tokens`` starts (None: one stream); windows stay
+    inside a document and the record's ``documents`` counts those scored."""
     assert stride is None or 0 < stride <= length, "stride must be in (0, length]"
     model.eval()  # no dropout; eval-time extensions (RoPE scaling) apply
     scaling = model.encoding.scaling_record(length)
-    if (reason := beyond_max_length(model, length)) is not None:
-        return unsupported(length, stride, reason, scaling)
-    spans = list(windows(len(tokens), length, stride))
-    if not spans:
-        return unsupported(
-            length,
-            stride,
-            f"the validation split has {len(tokens)} tokens; length {length} needs "
-            f"at least {length + 1}",
-            scaling,
-        )
+    bounds = document_bounds(len(tokens), documents)
+    long_documents = [(begin, end) for begin, end in bounds if end - begin > length]
+    spans = list(document_windows(long_documents, length, stride))
     device = next(model.parameters()).device
-    batch_size = min(batch_size or max(1, TOKENS_PER_BATCH // length), len(spans))
-    batch_size, shortfall = fitting_batch_size(model, length, batch_size, device)
-    if shortfall is not None:
-        return unsupported(length, stride, shortfall, scaling)
+    reason = beyond_max_length(model, length)
+    if reason is None and not spans:
+        reason = too_short(len(tokens), documents, length)
+    if reason is None:
+        batch_size = min(batch_size or max(1, TOKENS_PER_BATCH // length), len(spans))
+        batch_size, reason = fitting_batch_size(model, length, batch_size, device)
+    if reason is not None:
+        return {
+            **unsupported(length, stride, reason, scaling),
+            "documents": None if documents is None else 0,
+        }
     position_nll = torch.zeros(length, dtype=torch.float64, device=device)  # summed on the device
     position_tokens = torch.zeros(length, dtype=torch.long, device=device)
     with tqdm(total=len(spans), desc=f"eval length {length}", unit="window", leave=False) as bar:
@@ -206,12 +235,23 @@ def evaluate_length(
         "ppl": math.exp(mean_nll),
         "bits_per_byte": mean_nll / math.log(2),
         "tokens": scored,
+        "documents": None if documents is None else len(long_documents),
         "status": "ok",
         "reason": None,
         "precision": precision,
         **scaling,
         **by_position,
     }
+
+
+def too_short(
+    n_tokens: int, documents: torch.Tensor | None, length: int, option: str = "length"
+) -> str:
+    """Why no window of ``length`` (set by ``option``) fits in a split of ``n_tokens`` tokens
+    whose documents start at ``documents``."""
+    longest = max(end - begin for begin, end in document_bounds(n_tokens, documents))
+    what = "validation split" if documents is None else "longest validation document"
+    return f"the {what} has {longest} tokens; {option} {length} needs at least {length + 1}"
 
 
 def evaluate(
@@ -223,19 +263,25 @@ def evaluate(
     max_tokens: int | None = None,
     train_seq_len: int | None = None,
     precision: str = "fp32",
+    documents: torch.Tensor | None = None,
 ) -> list[dict[str, Any]]:
     """Evaluate ``model`` on the byte tensor ``tokens`` at each length, in ``precision``.
 
     Every length scores the same leading ``max_tokens`` tokens (all of them when ``None``),
-    so perplexities at different lengths are measured on the same text.
-    Returns results.json eval records: length, stride, ppl, bits_per_byte, tokens, status,
-    reason, precision (of measured records), scaling, scaling_factor and (non-overlapping
-    windows) loss_by_position, bucketed around ``train_seq_len``.
+    so perplexities at different lengths are measured on the same text. With ``documents``
+    (where each document of ``tokens`` starts) windows stay inside a document, ``max_tokens``
+    cuts the document it falls in (its head stays a document), and a length skips the
+    documents shorter than ``length + 1`` tokens.
+    Returns results.json eval records: length, stride, ppl, bits_per_byte, tokens, documents,
+    status, reason, precision (of measured records), scaling, scaling_factor and
+    (non-overlapping windows) loss_by_position, bucketed around ``train_seq_len``.
     """
     if max_tokens is not None:
         tokens = tokens[: max_tokens + 1]
+        if documents is not None:
+            documents = documents[documents < len(tokens)]
     return [
-        evaluate_length(model, tokens, n, stride, batch_size, train_seq_len, precision)
+        evaluate_length(model, tokens, n, stride, batch_size, train_seq_len, precision, documents)
         for n in lengths
     ]
 
@@ -356,7 +402,15 @@ def evaluate_data(
     """``evaluate`` on a corpus's validation split, ``evaluate_task`` on a task."""
     if isinstance(data, Corpus):
         return evaluate(
-            model, data.val, lengths, stride, batch_size, max_tokens, train_seq_len, precision
+            model,
+            data.val,
+            lengths,
+            stride,
+            batch_size,
+            max_tokens,
+            train_seq_len,
+            precision,
+            data.val_documents,
         )
     if stride is not None:
         raise PosbenchError(

@@ -18,6 +18,10 @@ Written to DIR/report/ (or --out):
 Loss by position is reported at the longest length whose records hold it: the mean NLL per
 position bucket over seeds, and per run "nll after / before" = the token-weighted mean NLL of
 the buckets at positions >= train.seq_len over that of the buckets below it.
+
+For a corpus with documents, the documents scored at each length are shown under the
+perplexity table (a document shorter than L + 1 bytes is skipped at L, so lengths can score
+different text).
 """
 
 from __future__ import annotations
@@ -103,6 +107,7 @@ class Cell:
     unsupported: str | None  # the reason, when no run could measure this length
     accuracy: Stat = Stat(0, None, None)  # a task's answer bytes right, per run
     sequence_accuracy: Stat = Stat(0, None, None)  # a task's examples right in full, per run
+    documents: tuple[int, ...] = ()  # the documents its runs scored (distinct counts), if any
 
 
 @dataclass(frozen=True)
@@ -325,11 +330,13 @@ def position_curve(
 
 
 def cell(length: int, measured: Sequence[tuple[Run, dict]]) -> Cell:
-    ok = [(run, r["ppl"]) for run, r in measured if r["status"] == "ok"]
+    ok_records = [(run, r) for run, r in measured if r["status"] == "ok"]
+    ok = [(run, r["ppl"]) for run, r in ok_records]
     ratios = [ppl / ref for run, ppl in ok if (ref := reference_ppl(run)) is not None]
     reasons = sorted({r["reason"] for _, r in measured if r["status"] != "ok"})
     unsupported = "; ".join(reasons) if reasons and not ok else None
     scored = [r for _, r in measured if r.get("accuracy") is not None]
+    documents = {count for _, r in ok_records if (count := r.get("documents")) is not None}
     return Cell(
         length,
         Stat.of([ppl for _, ppl in ok]),
@@ -337,6 +344,7 @@ def cell(length: int, measured: Sequence[tuple[Run, dict]]) -> Cell:
         unsupported,
         Stat.of([r["accuracy"] for r in scored]),
         Stat.of([r["sequence_accuracy"] for r in scored]),
+        tuple(sorted(documents)),
     )
 
 
@@ -396,15 +404,40 @@ def stat_text(stat: Stat, bold: bool = False) -> str:
     return mean if stat.std is None else f"{mean} ± {stat.std:.2f}"
 
 
+def length_headers(group: Group) -> list[str]:
+    return [f"{length} ({multiple(length, group.train_seq_len)})" for length in group.lengths]
+
+
+def documents_note(group: Group) -> list[str]:
+    """How many documents each length scored, for a corpus with documents (nothing for one
+    stream): a document shorter than L + 1 bytes is skipped at L, so lengths can differ."""
+    counts = [
+        sorted({n for row in group.rows for n in row.cells[i].documents})
+        for i in range(len(group.lengths))
+    ]
+    if not any(counts):
+        return []
+    texts = [", ".join(str(n) for n in c) or "–" for c in counts]
+    if len(set(texts)) == 1:
+        return [f"Documents scored: {texts[0]} at every length."]
+    return [
+        "Documents scored at each length (a document shorter than L + 1 bytes is skipped at L: "
+        "these lengths score different documents):",
+        "",
+        "| | " + " | ".join(length_headers(group)) + " |",
+        "| --- |" + " --- |" * len(group.lengths),
+        "| documents | " + " | ".join(texts) + " |",
+    ]
+
+
 def markdown_table(
     group: Group, metric: str, footnotes: dict[str, int], best_of: Any = min
 ) -> list[str]:
     """``metric`` a Cell's Stat ("ppl", "ratio", "accuracy", ...): one line per row, one column
     per length; the best mean per column (``best_of`` the means: min, or max for accuracies)
     in bold; unsupported cells point to a footnote with the reason."""
-    header = [f"{length} ({multiple(length, group.train_seq_len)})" for length in group.lengths]
     lines = [
-        "| encoding | runs | " + " | ".join(header) + " |",
+        "| encoding | runs | " + " | ".join(length_headers(group)) + " |",
         "| --- | --- |" + " --- |" * len(group.lengths),
     ]
     best = {}
@@ -488,6 +521,8 @@ def markdown(report: Report) -> str:
     for group in report.groups:
         lines += ["", f"## {group.title}", "", "Perplexity:", ""]
         lines += markdown_table(group, "ppl", footnotes)
+        if note := documents_note(group):
+            lines += ["", *note]
         lines += [
             "",
             f"ppl(L) / ppl({group.train_seq_len}), each run against its own "
@@ -539,6 +574,8 @@ CSV_FIELDS = [
     "sequence_accuracy_n",
     "sequence_accuracy_mean",
     "sequence_accuracy_std",
+    "documents_min",
+    "documents_max",
 ]
 
 
@@ -570,6 +607,8 @@ def cell_records(report: Report) -> list[dict[str, Any]]:
                 for metric in ACCURACIES
                 for part in ("n", "mean", "std")
             },
+            "documents_min": min(c.documents, default=None),
+            "documents_max": max(c.documents, default=None),
         }
         for group in report.groups
         for row in group.rows

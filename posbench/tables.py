@@ -29,9 +29,12 @@ def eval_table(
     }
     width = max([7, *(len(scaling_name(r)) for r in records)])
     scored = any("accuracy" in r for r in records)  # a task's records: answer accuracy too
+    # a corpus with documents: longer lengths may skip the shorter ones, so say how many
+    documents = any(r.get("documents") is not None for r in records)
     header = (
         f"{'length':>8}  {'stride':>6}  {'scaling':>{width}}  {'ppl':>9}  {'ratio':>6}  "
         f"{'bits/byte':>9}  {'tokens':>9}"
+        + (f"  {'documents':>9}" if documents else "")
         + (f"  {'accuracy':>8}  {'seq acc':>8}" if scored else "")
     )
     lines = [header, "-" * len(header)]
@@ -44,6 +47,9 @@ def eval_table(
         base = reference.get(way(r))
         ratio = f"{r['ppl'] / base:6.2f}" if base else f"{'-':>6}"
         line = f"{measured}  {r['ppl']:9.3f}  {ratio}  {r['bits_per_byte']:9.3f}  {r['tokens']:>9,}"
+        if documents:
+            count = r.get("documents")
+            line += f"  {'-' if count is None else f'{count:,}':>9}"
         if scored:
             line += f"  {r['accuracy']:8.3f}  {r['sequence_accuracy']:8.3f}"
         lines.append(line)

@@ -290,6 +290,63 @@ def test_a_file_that_is_not_utf8_text_is_read_as_raw_bytes(tmp_path):
     assert bytes(torch.cat([corpus.train, corpus.val]).numpy()) == content
 
 
+def starts(documents: torch.Tensor | None) -> list[int] | None:
+    return None if documents is None else documents.tolist()
+
+
+def test_files_of_a_text_directory_are_documents(tmp_path):
+    write(tmp_path / "val" / "a.txt", "a" * 300)
+    write(tmp_path / "val" / "b.txt", "")  # an empty file starts no document
+    write(tmp_path / "val" / "c.txt", "c" * 900)
+    write(tmp_path / "train" / "t.txt", "t" * 2000)
+    config = text_config(tmp_path, tmp_path / "train", val_path=str(tmp_path / "val"))
+    corpus = load_corpus(config)
+    assert starts(corpus.val_documents) == [0, 300]
+    assert starts(corpus.train_documents) == [0]
+    assert corpus.describe() == "2,000 train / 1,200 val bytes, 1 train documents, 2 val documents"
+
+
+def test_a_single_text_file_is_one_stream_without_documents(tmp_path):
+    path = write(tmp_path / "corpus.txt", TEXT * 200)
+    corpus = load_corpus(
+        text_config(tmp_path, path, val_path=str(write(tmp_path / "v", TEXT * 30)))
+    )
+    assert corpus.train_documents is None and corpus.val_documents is None
+    corpus = load_corpus(text_config(tmp_path, path))
+    assert corpus.train_documents is None and corpus.val_documents is None
+
+
+def test_the_val_fraction_cut_makes_two_documents_of_the_file_it_falls_in(tmp_path):
+    for name, size in {"a": 1000, "b": 3000, "c": 4000, "d": 2000}.items():
+        write(tmp_path / "docs" / f"{name}.txt", name * size)
+    corpus = load_corpus(text_config(tmp_path, tmp_path / "docs", val_fraction=0.25))
+    # 10,000 bytes cut at 7,500, inside c (4,000..8,000): its tail is val's first document
+    assert starts(corpus.train_documents) == [0, 1000, 4000]
+    assert starts(corpus.val_documents) == [0, 500]
+    assert as_bytes(corpus.val) == b"c" * 500 + b"d" * 2000
+
+
+def test_document_starts_count_a_crlf_as_the_one_byte_it_is_read_as(tmp_path):
+    write(tmp_path / "val" / "a.txt", "x\r\n" * 400)  # read as "x\n": 800 bytes
+    write(tmp_path / "val" / "b.txt", "y\ry\n" * 300)
+    config = text_config(
+        tmp_path, write(tmp_path / "t.txt", TEXT * 40), val_path=str(tmp_path / "val")
+    )
+    corpus = load_corpus(config)
+    assert starts(corpus.val_documents) == [0, 800]
+    assert as_bytes(corpus.val) == b"x\n" * 400 + b"y\ny\n" * 300
+
+
+def test_files_of_raw_bytes_are_documents_too(tmp_path):
+    (tmp_path / "val").mkdir()
+    (tmp_path / "val" / "a.bin").write_bytes(b"\xff\xfe" * 600)  # not UTF-8
+    (tmp_path / "val" / "b.bin").write_bytes(b"\x00\x81" * 400)
+    config = text_config(
+        tmp_path, write(tmp_path / "t.txt", TEXT * 40), val_path=str(tmp_path / "val")
+    )
+    assert starts(load_corpus(config).val_documents) == [0, 1200]
+
+
 # Hub corpora -------------------------------------------------------------------------------------
 
 
@@ -330,6 +387,48 @@ def test_hub_byte_caps_cut_each_split_exactly(offline, tmp_path, local_hub_datas
     corpus = load_corpus(config)
     assert as_bytes(corpus.train) == (HUB_TEXT * 100).encode()[:1500]
     assert as_bytes(corpus.val) == ("ünïcode\n" * 300).encode()[:1100]
+
+
+BOOKS = ["first book " * 60, "second, longer book " * 90, "third\n" * 100]
+
+
+@pytest.fixture
+def local_books(tmp_path):
+    """A dataset directory laid out like pg19: one row per book, no final newlines."""
+    root = tmp_path / "books"
+    (root / "data").mkdir(parents=True)
+    for split in ("train", "validation"):
+        pq.write_table(pa.table({"text": BOOKS * 2}), root / "data" / f"{split}.parquet")
+    return root
+
+
+def test_hub_rows_are_documents_with_rows_are_documents(offline, tmp_path, local_books):
+    corpus = load_corpus(hub_config(tmp_path, local_books, rows_are_documents=True))
+    sizes = [len(book.encode()) + (not book.endswith("\n")) for book in BOOKS * 2]
+    expected = np.cumsum([0, *sizes[:-1]]).tolist()
+    assert starts(corpus.val_documents) == expected and starts(corpus.train_documents) == expected
+    assert (
+        as_bytes(corpus.val)[expected[1] : expected[2]]
+        == ("second, longer book " * 90 + "\n").encode()
+    )
+
+
+def test_a_hub_byte_cap_keeps_the_head_of_the_row_it_cuts(offline, tmp_path, local_books):
+    config = hub_config(tmp_path, local_books, rows_are_documents=True, max_val_bytes=2500)
+    corpus = load_corpus(config)
+    # rows of 661 and 1801 bytes, then 600 of which the cap keeps 38
+    assert len(corpus.val) == 2500 and starts(corpus.val_documents) == [0, 661, 2462]
+
+
+def test_hub_rows_are_one_stream_by_default(offline, tmp_path, local_books):
+    corpus = load_corpus(hub_config(tmp_path, local_books))
+    assert corpus.train_documents is None and corpus.val_documents is None
+
+
+def test_the_pg19_config_takes_each_book_as_a_document():
+    from posbench.config import compose_config
+
+    assert compose_config(["data=pg19"]).data.rows_are_documents is True
 
 
 def test_hub_missing_text_field_is_rejected(offline, tmp_path, local_hub_dataset):
@@ -414,6 +513,43 @@ def test_cache_entry_without_its_meta_file_is_rebuilt(synthetic, tmp_path):
     (entry / "meta.json").unlink()  # as if killed before the last write
     assert torch.equal(load_corpus(synthetic).val, first.val)
     assert sorted(p.name for p in entry.iterdir()) == ["meta.json", "train.npy", "val.npy"]
+
+
+def documents_corpus(tmp_path):
+    for name, size in {"a": 1000, "b": 3000, "c": 2000}.items():
+        write(tmp_path / "docs" / f"{name}.txt", name * size)
+    return text_config(tmp_path, tmp_path / "docs", val_fraction=0.5)
+
+
+def test_documents_are_cached_next_to_their_splits(tmp_path, monkeypatch):
+    config = documents_corpus(tmp_path)
+    first = load_corpus(config)
+    monkeypatch.setitem(data._BUILDERS, "text", fail_if_called)
+    second = load_corpus(config)
+    assert starts(second.train_documents) == starts(first.train_documents) == [0, 1000]
+    assert starts(second.val_documents) == starts(first.val_documents) == [0, 1000]
+    (entry,) = (tmp_path / "cache").iterdir()
+    meta = json.loads((entry / "meta.json").read_text())
+    assert meta["documents"] == {"train": 2, "val": 2}
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [
+        lambda path: np.save(path, np.array([0, 3000], dtype=np.int64)),  # at the split's end
+        lambda path: np.save(path, np.array([0, 0], dtype=np.int64)),  # not increasing
+        lambda path: np.save(path, np.array([0], dtype=np.int64)),  # fewer than meta.json says
+        lambda path: path.unlink(),
+    ],
+    ids=["at the end", "not increasing", "wrong count", "missing"],
+)
+def test_a_damaged_documents_file_is_rebuilt(tmp_path, damage):
+    config = documents_corpus(tmp_path)
+    load_corpus(config)
+    (entry,) = (tmp_path / "cache").iterdir()
+    damage(entry / "val_documents.npy")
+    assert starts(load_corpus(config).val_documents) == [0, 1000]
+    assert starts(load_corpus(config).val_documents) == [0, 1000]
 
 
 def test_cache_directory_falls_back_to_posbench_cache_then_xdg(synthetic, tmp_path, monkeypatch):

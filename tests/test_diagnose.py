@@ -146,6 +146,24 @@ def test_a_length_longer_than_the_split_is_one_line():
         validation_windows(torch.zeros(100, dtype=torch.uint8), 100, 1)
 
 
+def test_windows_stay_inside_documents_as_evaluation_cuts_them():
+    # documents of 10, 5 and 20 tokens, each token its document's number
+    tokens = torch.repeat_interleave(
+        torch.tensor([1, 2, 3], dtype=torch.uint8), torch.tensor([10, 5, 20])
+    )
+    documents = torch.tensor([0, 10, 15])
+    # whole windows of 8: one in the first document (its second one only scores a tail), none in
+    # the second (5 < 8 + 1), two in the third
+    windows_tokens = validation_windows(tokens, 8, 3, documents)
+    assert windows_tokens.tolist() == [[1] * 8, [3] * 8, [3] * 8]
+    with pytest.raises(PosbenchError, match=r"the 3 validation documents .* pass --windows <= 3"):
+        validation_windows(tokens, 8, 4, documents)
+    with pytest.raises(
+        PosbenchError, match="longest validation document has 20 tokens; --length 20"
+    ):
+        validation_windows(tokens, 20, 1, documents)
+
+
 def test_a_missing_run_is_one_line(tmp_path):
     with pytest.raises(PosbenchError, match="not found") as err:
         diagnose_run(tmp_path / "nowhere", 64)

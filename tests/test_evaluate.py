@@ -13,7 +13,10 @@ from posbench.errors import PosbenchError
 from posbench.evaluate import (
     MAX_POSITION_BUCKETS,
     answer_scores,
+    document_bounds,
+    document_windows,
     evaluate,
+    evaluate_data,
     evaluate_length,
     evaluate_task_length,
     position_buckets,
@@ -138,6 +141,113 @@ def test_max_tokens_makes_every_length_score_the_same_tokens(stride):
     tokens = torch.randint(0, 256, (5000,), dtype=torch.uint8)
     records = evaluate(uniform_model(), tokens, [16, 48, 128, 300], stride, max_tokens=1000)
     assert [r["tokens"] for r in records] == [1000] * 4
+
+
+# Documents --------------------------------------------------------------------------------------
+
+# Documents of 20, 9, 31 and 40 tokens in a split of 100.
+DOCUMENTS = torch.tensor([0, 20, 29, 60])
+
+
+@pytest.mark.parametrize("stride", [None, 1, 3, 8])
+@pytest.mark.parametrize("length", [4, 8, 19, 20, 39])
+def test_document_windows_stay_inside_a_document_and_score_each_of_its_targets_once(length, stride):
+    bounds = document_bounds(100, DOCUMENTS)
+    assert bounds == [(0, 20), (20, 29), (29, 60), (60, 100)]
+    scored = []
+    for start, first in document_windows(bounds, length, stride):
+        end = next(e for b, e in bounds if b <= start < e)
+        assert start + length < end  # the last target, start + length, is in the document
+        scored += range(start + first + 1, start + length + 1)
+    long_enough = [(b, e) for b, e in bounds if e - b >= length + 1]
+    assert sorted(scored) == [t for b, e in long_enough for t in range(b + 1, e)]
+
+
+@pytest.mark.parametrize(
+    ("length", "documents", "tokens"),
+    [(8, 4, 96), (19, 3, 19 + 30 + 39), (20, 2, 30 + 39), (39, 1, 39)],
+)
+def test_documents_shorter_than_length_plus_one_are_skipped(length, documents, tokens):
+    generator = torch.Generator().manual_seed(0)
+    split = torch.randint(0, 256, (100,), dtype=torch.uint8, generator=generator)
+    record = evaluate_length(uniform_model(), split, length, documents=DOCUMENTS)
+    assert (record["documents"], record["tokens"]) == (documents, tokens)
+    assert record["ppl"] == pytest.approx(256.0)
+
+
+def test_a_length_no_document_can_hold_is_unsupported_with_the_longest_document():
+    split = torch.zeros(100, dtype=torch.uint8)
+    record = evaluate_length(uniform_model(), split, 40, documents=DOCUMENTS)
+    assert record["status"] == "unsupported" and record["documents"] == 0
+    assert (
+        record["reason"]
+        == "the longest validation document has 40 tokens; length 40 needs at least 41"
+    )
+
+
+def test_a_stream_scores_as_one_document_and_its_records_say_null_documents():
+    model = random_rope_model()
+    tokens = torch.randint(0, 256, (300,), dtype=torch.uint8)
+    stream = evaluate_length(model, tokens, 16)
+    one = evaluate_length(model, tokens, 16, documents=torch.tensor([0]))
+    assert stream["documents"] is None and one["documents"] == 1
+    assert (stream["ppl"], stream["tokens"]) == (one["ppl"], one["tokens"])
+
+
+def test_max_tokens_cuts_the_document_it_falls_in():
+    tokens = torch.randint(0, 256, (200,), dtype=torch.uint8)
+    documents = torch.tensor([0, 50, 120])
+    # 101 tokens kept: documents of 50 and 51 tokens, the second one's head
+    short, long = evaluate(uniform_model(), tokens, [8, 50], max_tokens=100, documents=documents)
+    assert (short["documents"], short["tokens"]) == (2, 49 + 50)
+    assert (long["documents"], long["tokens"]) == (1, 50)
+
+
+ALPHABETS = [b"abcdefgh", b"ABCDEFGH", b"01234567"]
+
+
+class AlphabetModel(Transformer):
+    """After a byte of one of ALPHABETS, a uniform guess among that alphabet's bytes (and
+    almost nothing on any other byte): perplexity 8 exactly when every target is in the same
+    alphabet as the input before it, i.e. when no window crosses from one file to the next."""
+
+    def __init__(self) -> None:
+        super().__init__(
+            ModelArgs(n_layer=1, n_head=2, d_model=8), build_encoding({"name": "none"}, 8, 2)
+        )
+        self.alphabet_of = torch.full((256,), -1)
+        for i, alphabet in enumerate(ALPHABETS):
+            self.alphabet_of[list(alphabet)] = i
+
+    def forward(self, tokens: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
+        same = self.alphabet_of[tokens][..., None] == self.alphabet_of  # (B, T, 256)
+        return torch.zeros(same.shape).masked_fill(~same, -30.0)
+
+
+def test_a_text_directory_is_scored_file_by_file(tmp_path):
+    generator = torch.Generator().manual_seed(0)
+    sizes = {"a.txt": 1500, "b.txt": 300, "c.txt": 700}  # 300 < 512 + 1 < 700
+    for (name, size), alphabet in zip(sizes.items(), ALPHABETS, strict=True):
+        symbols = torch.randint(0, 8, (size,), generator=generator)
+        (tmp_path / "val").mkdir(exist_ok=True)
+        (tmp_path / "val" / name).write_bytes(bytes(alphabet[i] for i in symbols.tolist()))
+    (tmp_path / "train.txt").write_bytes(b"train " * 300)
+    data = load_data(
+        {
+            "source": "text",
+            "path": str(tmp_path / "train.txt"),
+            "val_path": str(tmp_path / "val"),
+            "cache_dir": str(tmp_path / "cache"),
+        }
+    )
+    records = evaluate_data(AlphabetModel(), data, [128, 512, 1024, 2048], stride=None)
+    assert [r["documents"] for r in records] == [3, 2, 1, 0]
+    assert [r["tokens"] for r in records] == [1499 + 299 + 699, 1499 + 699, 1499, 0]
+    assert [r["ppl"] for r in records[:3]] == [pytest.approx(8.0)] * 3
+    assert "the longest validation document has 1500 tokens" in records[3]["reason"]
+    (sliding,) = evaluate_data(AlphabetModel(), data, [512], stride=100)
+    assert (sliding["documents"], sliding["tokens"]) == (2, 1499 + 699)
+    assert sliding["ppl"] == pytest.approx(8.0)
 
 
 def test_records_name_the_scaling_method_and_the_factor_used_at_each_length():

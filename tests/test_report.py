@@ -241,6 +241,43 @@ def test_a_directory_without_finished_runs_is_a_one_line_error(tmp_path):
     assert "\n" not in str(err.value)
 
 
+def add_documents(run, documents):
+    """Give the run's records the documents they scored: ``documents`` maps length -> count."""
+    results = json.loads((run / "results.json").read_text())
+    for record in results["eval"]:
+        record["documents"] = documents[record["length"]]
+    (run / "results.json").write_text(json.dumps(results))
+
+
+def test_documents_scored_are_shown_per_length_when_they_differ(tmp_path):
+    add_documents(make_run(tmp_path / "s0", seed=0), {16: 3, 32: 2})
+    add_documents(make_run(tmp_path / "s1", seed=1), {16: 3, 32: 2})
+    out = tmp_path / "report"
+    report = build_report(tmp_path, out)
+    write_report(report, out)
+    assert "| documents | 3 | 2 |" in markdown(report)
+    cells = report_cells(out)
+    assert (cells[("rope", 32)]["documents_min"], cells[("rope", 32)]["documents_max"]) == (2, 2)
+    assert cells[("rope", 16)]["documents_max"] == 3
+
+
+def test_the_same_documents_at_every_length_are_one_line(tmp_path):
+    add_documents(make_run(tmp_path / "r"), {16: 3, 32: 3})
+    text = markdown(build_report(tmp_path))
+    assert "Documents scored: 3 at every length." in text and "| documents |" not in text
+
+
+def test_runs_whose_documents_differ_show_each_count(tmp_path):
+    add_documents(make_run(tmp_path / "s0", seed=0), {16: 3, 32: 2})
+    add_documents(make_run(tmp_path / "s1", seed=1), {16: 3, 32: 1})  # e.g. another max_tokens
+    assert "| documents | 3 | 1, 2 |" in markdown(build_report(tmp_path))
+
+
+def test_a_stream_corpus_gets_no_documents_note(tmp_path):
+    add_documents(make_run(tmp_path / "r"), {16: None, 32: None})
+    assert "ocuments" not in markdown(build_report(tmp_path))
+
+
 # ------------------------------------------------------------ loss by position (fast)
 
 

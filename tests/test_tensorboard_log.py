@@ -97,6 +97,14 @@ def test_the_ratio_uses_the_training_length_record_of_the_references():
     assert row.split()[:5] == ["64", "-", "none", "3.000", "1.50"]
 
 
+def test_the_table_counts_the_documents_of_a_corpus_with_documents():
+    records = [{**record(16), "documents": 3}, {**record(64), "documents": 1}]
+    header, _, *rows = eval_table(records, train_seq_len=16).splitlines()
+    assert header.split()[-2:] == ["tokens", "documents"]
+    assert [row.split()[-1] for row in rows] == ["3", "1"]
+    assert "documents" not in eval_table([{**record(16), "documents": None}], 16)
+
+
 def eval_events(run_dir):
     events = EventAccumulator(str(run_dir), size_guidance={"images": 0, "scalars": 0})
     events.Reload()

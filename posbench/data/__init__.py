@@ -2,7 +2,9 @@
 tasks (passkey, copy, recall) that generate prompts with answers.
 
 Every corpus is a train and a validation stream of bytes (uint8 tensors), cached on disk so a
-second run neither re-generates nor re-reads it, plus a few reference numbers in ``stats``.
+second run neither re-generates nor re-reads it, plus a few reference numbers in ``stats`` and,
+where the source has documents (the files of a text directory or glob, pg19's books), where
+each document of a split starts.
 One module per source: ``synthetic`` (the default, see its docstring), ``text`` (local files),
 ``hub`` (``datasets`` corpora); ``cache`` stores what they build; ``corpus`` holds the
 ``Corpus`` type and training batches; ``task`` the ``Task`` interface that ``passkey``,
@@ -131,15 +133,26 @@ def load_data(cfg: Mapping[str, Any] | DictConfig) -> Corpus | Task:
 
 
 def _build(config: DataConfig) -> Corpus:
-    train, val, stats = _BUILDERS[config.source](config)
-    for split, data in (("train", train), ("val", val)):
+    splits = _BUILDERS[config.source](config)
+    for split, data in (("train", splits.train), ("val", splits.val)):
         if len(data) < MIN_SPLIT_BYTES:
             raise PosbenchError(
                 f"the {split} split of data '{config.name}' has {len(data)} bytes, fewer than "
                 f"the {MIN_SPLIT_BYTES} needed; give it more data"
             )
-    stats = {"unigram_bits_per_byte": unigram_bits_per_byte(train, val), **stats}
-    return Corpus(config.name, torch.from_numpy(train), torch.from_numpy(val), stats)
+    stats = {"unigram_bits_per_byte": unigram_bits_per_byte(splits.train, splits.val)}
+    train_documents, val_documents = (
+        None if starts is None else torch.from_numpy(starts)
+        for starts in (splits.train_documents, splits.val_documents)
+    )
+    return Corpus(
+        config.name,
+        torch.from_numpy(splits.train),
+        torch.from_numpy(splits.val),
+        {**stats, **splits.stats},
+        train_documents=train_documents,
+        val_documents=val_documents,
+    )
 
 
 def _typed_config(cfg: Mapping[str, Any] | DictConfig) -> DataConfig:

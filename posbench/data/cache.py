@@ -25,7 +25,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 # Bump when the bytes a config produces change (a new generator, a new joining rule).
-_CACHE_FORMAT = 1
+# 2: entries hold each split's document starts.
+_CACHE_FORMAT = 2
 
 
 def _cache_root(config: DataConfig) -> Path:
@@ -59,8 +60,9 @@ def _cache_key(config: DataConfig) -> str:
 def _read_cache(entry: Path, name: str) -> Corpus | None:
     """The corpus stored at ``entry``, or None when it is missing or does not check out.
 
-    ``meta.json`` is written last and records each split's length and SHA-256, so a partly
-    written or damaged entry is rebuilt instead of trusted.
+    ``meta.json`` is written last and records each split's length and SHA-256 and how many
+    documents it has (null: none, no ``<split>_documents.npy``), so a partly written or damaged
+    entry is rebuilt instead of trusted.
     """
     try:
         meta = json.loads((entry / "meta.json").read_text())
@@ -70,7 +72,11 @@ def _read_cache(entry: Path, name: str) -> Corpus | None:
             if data.dtype != np.uint8 or data.ndim != 1 or _digest(data) != meta[split]:
                 raise ValueError(f"{split} split does not match its checksum")
             splits[split] = torch.from_numpy(data)
-        return Corpus(name, splits["train"], splits["val"], meta["stats"])
+        documents = {
+            f"{split}_documents": _read_documents(entry, split, meta, len(splits[split]))
+            for split in ("train", "val")
+        }
+        return Corpus(name, splits["train"], splits["val"], meta["stats"], **documents)
     except FileNotFoundError:
         return None
     except (OSError, EOFError, ValueError, KeyError, TypeError) as error:
@@ -81,16 +87,35 @@ def _read_cache(entry: Path, name: str) -> Corpus | None:
 def _write_cache(entry: Path, corpus: Corpus) -> None:
     """Store ``corpus`` at ``entry``, its ``meta.json`` last (see ``_read_cache``)."""
     splits = {"train": corpus.train.numpy(), "val": corpus.val.numpy()}
+    documents = {"train": corpus.train_documents, "val": corpus.val_documents}
     try:
         for split, data in splits.items():
             atomic_write(entry / f"{split}.npy", _npy_bytes(data))
+        for split, starts in documents.items():
+            if starts is not None:
+                atomic_write(entry / f"{split}_documents.npy", _npy_bytes(starts.numpy()))
         digests = {split: _digest(data) for split, data in splits.items()}
-        write_json(entry / "meta.json", {"stats": corpus.stats, **digests})
+        counts = {split: None if d is None else len(d) for split, d in documents.items()}
+        write_json(entry / "meta.json", {"stats": corpus.stats, **digests, "documents": counts})
     except OSError as error:
         raise PosbenchError(
             f"cannot write the data cache {entry} ({error.strerror}); "
             "set data.cache_dir or POSBENCH_CACHE to a writable directory"
         ) from error
+
+
+def _read_documents(entry: Path, split: str, meta: dict, n_bytes: int) -> torch.Tensor | None:
+    """The document starts of ``split`` (None when it has none), checked against the count
+    ``meta.json`` records and the split's length: increasing offsets into it, from 0."""
+    count = meta["documents"][split]
+    if count is None:
+        return None
+    starts = np.load(entry / f"{split}_documents.npy", allow_pickle=False)
+    if starts.dtype != np.int64 or starts.shape != (count,) or not count:
+        raise ValueError(f"{split} documents do not match meta.json")
+    if starts[0] != 0 or starts[-1] >= n_bytes or np.any(np.diff(starts) <= 0):
+        raise ValueError(f"{split} documents are not increasing offsets into the split")
+    return torch.from_numpy(starts)
 
 
 def _npy_bytes(data: np.ndarray) -> bytes:

@@ -1,8 +1,11 @@
-"""A corpus (train and validation byte tensors) and the random training windows cut from it."""
+"""A corpus (train and validation byte tensors, with their documents when the source has them)
+and the random training windows cut from it."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -16,6 +19,10 @@ class Corpus:
     train: torch.Tensor  # uint8 (N,)
     val: torch.Tensor  # uint8 (M,)
     stats: dict[str, float] = field(default_factory=dict)
+    # Where each document of a split starts (int64, first 0, increasing: ``document_starts``);
+    # None for a source that is one stream (synthetic, a single text file, wikitext).
+    train_documents: torch.Tensor | None = None
+    val_documents: torch.Tensor | None = None
 
     def train_batch(
         self, batch_size: int, seq_len: int, generator: torch.Generator
@@ -24,14 +31,41 @@ class Corpus:
         return sample_batch(self.train, batch_size, seq_len, generator)
 
     def describe(self) -> str:
-        return f"{len(self.train):,} train / {len(self.val):,} val bytes"
+        parts = [f"{len(self.train):,} train / {len(self.val):,} val bytes"]
+        for split, starts in (("train", self.train_documents), ("val", self.val_documents)):
+            if starts is not None:
+                parts.append(f"{len(starts):,} {split} documents")
+        return ", ".join(parts)
 
 
-# What a source builds: train bytes, val bytes (uint8 arrays) and its own stats.
-Splits = tuple[np.ndarray, np.ndarray, dict[str, float]]
+class Splits(NamedTuple):
+    """What a source builds: train bytes, val bytes (uint8 arrays), its own stats and, for a
+    source with documents, where each split's documents start (``document_starts``)."""
+
+    train: np.ndarray
+    val: np.ndarray
+    stats: dict[str, float]
+    train_documents: np.ndarray | None = None
+    val_documents: np.ndarray | None = None
+
 
 # A split this short cannot fill even a few training windows or evaluation lengths.
 MIN_SPLIT_BYTES = 1024
+
+
+def document_starts(sizes: Sequence[int]) -> np.ndarray:
+    """The offsets (int64) at which documents of ``sizes`` bytes start once concatenated;
+    empty documents start none, so the offsets are increasing and the first is 0."""
+    sizes = np.asarray(sizes, dtype=np.int64)
+    return (np.cumsum(sizes) - sizes)[sizes > 0]
+
+
+def documents_between(starts: np.ndarray, begin: int, end: int) -> np.ndarray:
+    """The documents of bytes [begin, end) of a stream whose documents start at ``starts``, as
+    offsets from ``begin``: a document the cut at ``begin`` falls inside keeps its part after
+    the cut as a document, which starts at 0."""
+    inside = starts[(starts > begin) & (starts < end)] - begin
+    return np.concatenate([np.zeros(1, dtype=np.int64), inside])
 
 
 def sample_batch(

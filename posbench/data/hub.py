@@ -24,6 +24,7 @@ class HubDataConfig:
     hub_path: str = MISSING
     hub_name: str | None = None
     text_field: str = "text"
+    rows_are_documents: bool = False  # pg19: a row is a book; wikitext: a row is a line
     train_split: str = "train"
     val_split: str = "validation"
     max_train_bytes: int | None = None
@@ -36,17 +37,20 @@ def _hub_splits(config: HubDataConfig) -> Splits:
     for key, cap in caps.items():
         if cap is not None and cap <= 0:
             raise PosbenchError(f"data.{key} must be positive or null (got {cap})")
-    train = _read_hub(config, config.train_split, config.max_train_bytes)
-    val = _read_hub(config, config.val_split, config.max_val_bytes)
-    return train, val, {}
+    train, train_documents = _read_hub(config, config.train_split, config.max_train_bytes)
+    val, val_documents = _read_hub(config, config.val_split, config.max_val_bytes)
+    return Splits(train, val, {}, train_documents, val_documents)
 
 
-def _read_hub(config: HubDataConfig, split: str, max_bytes: int | None) -> np.ndarray:
-    """One split of a ``datasets`` corpus (a hub id or a local dataset directory), as bytes.
+def _read_hub(
+    config: HubDataConfig, split: str, max_bytes: int | None
+) -> tuple[np.ndarray, np.ndarray | None]:
+    """One split of a ``datasets`` corpus (a hub id or a local dataset directory), as bytes,
+    and where each row starts in them with ``data.rows_are_documents`` (else None).
 
     Each row becomes a line: rows that end in a newline (wikitext's) are kept as they are, rows
     that do not (pg19's books) get one. With a byte cap the split is streamed, so only about
-    that much is downloaded.
+    that much is downloaded; the row the cap cuts keeps its head.
     """
     import datasets  # a second to import, and only text and hub corpora need it
 
@@ -58,7 +62,8 @@ def _read_hub(config: HubDataConfig, split: str, max_bytes: int | None) -> np.nd
             text if text.endswith("\n") else text + "\n"
             for text in _column(rows, config.text_field)
         )
-        return _encode(lines, max_bytes)
+        data, starts = _encode(lines, max_bytes)
+        return data, starts if config.rows_are_documents else None
     except ConnectionError as error:
         raise _hub_unreachable(config.hub_path) from error
     except (FileNotFoundError, ValueError) as error:

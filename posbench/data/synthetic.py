@@ -138,7 +138,7 @@ def _synthetic_splits(config: SyntheticDataConfig) -> Splits:
     val = process.sample(config.val_tokens, np.random.default_rng(val_seed))
     alphabet = np.frombuffer(ALPHABET, dtype=np.uint8)
     floor = float(process.bits(val).mean())
-    return (
+    return Splits(
         alphabet[train[process.burn_in :]],
         alphabet[val[process.burn_in :]],
         {"entropy_floor_bits_per_byte": floor},
