@@ -63,6 +63,7 @@ def measured(work: Callable[[], Any]) -> tuple[Any, float, float]:
 
 def check_run(encoding: str, precision: str, args: argparse.Namespace, scratch: Path) -> dict:
     """Warm up, train and evaluate one encoding in ``precision``; its row of the table."""
+    torch._dynamo.reset()  # compiled as in a run of its own: the recompile limit is per process
     overrides = [f"encoding={encoding}", "device=cuda", f"train.precision={precision}"]
     # The measured run's shapes: batches of 32 x 128 (training, validation), 512 x 128 and
     # 4 x length (evaluation), so that no kernel is compiled while the clock runs.

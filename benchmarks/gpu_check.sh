@@ -42,8 +42,8 @@ if not torch.cuda.is_available():
     sys.exit("FAIL: torch sees no CUDA GPU")
 print(f"GPU: {torch.cuda.get_device_name()}, bf16 supported: {torch.cuda.is_bf16_supported()}")
 PY
-    stage "CUDA tests (pytest -m cuda)" 200 python -m pytest -q -m cuda -p no:cacheprovider tests
-    stage "train and evaluate every encoding" 330 python benchmarks/gpu_check.py --out "$OUT_DIR"
+    stage "CUDA tests (pytest -m cuda)" 240 python -m pytest -q -m cuda -p no:cacheprovider tests
+    stage "train and evaluate every encoding" 300 python benchmarks/gpu_check.py --out "$OUT_DIR"
     echo "== GPU check passed in $SECONDS s; log: $LOG"
 }
 
