@@ -142,11 +142,11 @@ def flex_attention_bias(
     the bias table ``bias[h, i - j]`` at distances 0..T-1 (H, T) -> (B, H, T, hs).
 
     Its score_mod adds the table entry of each score's distance inside the fused kernel, and a
-    causal BlockMask skips the key blocks wholly in a query block's future: no scores, mask or
-    bias of (T, T) are ever written, and a learned table (T5, KERPLE) gets its gradient through
-    the lookup. The table stays float32 under bf16 autocast: rounded to bf16, ALiBi's flattest
-    head's bias at 16,384 tokens (about -64) could move by 0.25. ``compiled=False`` runs
-    flex_attention's unfused implementation (tests), which writes the (B, H, T, T) scores.
+    causal BlockMask skips the key blocks wholly in a query block's future: no scores or bias of
+    (T, T) are written, forward or backward, and a learned table (T5, KERPLE) gets its gradient
+    through the lookup. The table stays float32 under bf16 autocast: rounded to bf16, ALiBi's
+    flattest head's bias at 16,384 tokens (about -64) could move by 0.25. ``compiled=False``
+    runs flex_attention's unfused implementation (tests), which writes the (B, H, T, T) scores.
     """
     table = bias.float()  # (H, T)
 
@@ -186,7 +186,8 @@ def causal(
 @torch.compiler.disable  # built eagerly (and cached) even when called from a compiled model
 @functools.lru_cache(maxsize=16)
 def causal_block_mask(length: int, device: torch.device) -> BlockMask:
-    """The causal BlockMask of ``length`` queries and keys, shared by every batch and head."""
+    """The causal BlockMask of ``length`` queries and keys, shared by every batch and head
+    (create_block_mask evaluates ``causal`` on the whole (T, T) grid once, hence the cache)."""
     return create_block_mask(causal, None, None, length, length, device=device)
 
 
