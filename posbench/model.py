@@ -7,14 +7,16 @@ branches on which encoding it has.
 
 from __future__ import annotations
 
+import functools
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.nn.attention.flex_attention import BlockMask, create_block_mask, flex_attention
 
 from posbench.encodings import PositionalEncoding, build_encoding
 from posbench.errors import PosbenchError
@@ -54,6 +56,11 @@ MAX_SCORE_ELEMENTS = 2**24
 # of its block's diagonal square (and the bias there), so smaller blocks waste less work,
 # larger ones make fewer calls.
 QUERY_BLOCK = 256
+# The device types on which a bias of the distance alone takes flex_attention_bias (one fused
+# kernel that torch.compile generates, reading the bias table) instead of relative_bias_attention.
+# CPUs keep the SDPA paths: they were measured faster there, and in torch 2.13 flex_attention
+# has no backward on a CPU. The one place the choice is made; tests override it.
+FLEX_ATTENTION_DEVICES = frozenset({"cuda"})
 
 
 def query_block_size(batch: int, n_head: int, length: int) -> int:
@@ -74,8 +81,9 @@ def causal_attention(
     (B, H, T, hs) at increasing ``positions`` (T,) -> (B, H, T, hs).
 
     Without a bias this is one fused causal SDPA call, which never builds a (T, T) mask. A bias
-    of the distance alone at consecutive positions takes relative_bias_attention; any other
-    bias takes blocked_bias_attention.
+    of the distance alone at consecutive positions takes flex_attention_bias on the
+    FLEX_ATTENTION_DEVICES (without attention dropout, which flex_attention lacks), else
+    relative_bias_attention; any other bias takes blocked_bias_attention.
     """
     if not encoding.has_score_bias:
         return unbiased_causal_attention(q, k, v, dropout)
@@ -83,6 +91,8 @@ def causal_attention(
     consecutive = bool((positions.diff() == 1).all())
     bias = encoding.relative_bias(torch.arange(T, device=q.device)) if consecutive else None
     if bias is not None:
+        if q.device.type in FLEX_ATTENTION_DEVICES and not dropout:
+            return flex_attention_bias(q, k, v, bias)
         return relative_bias_attention(q, k, v, bias.to(q.dtype), dropout)
     return blocked_bias_attention(q, k, v, positions, encoding, dropout)
 
@@ -122,6 +132,63 @@ def relative_bias_attention(
             y = attend(q[:, :, start:end], k[:, :, T - end :], v[:, :, T - end :], hankel, dropout)
         outputs.append(y)
     return join_blocks(outputs)
+
+
+def flex_attention_bias(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor, compiled: bool = True
+) -> torch.Tensor:
+    """relative_bias_attention's result from one flex_attention call (FlexAttention, Dong et al.
+    2024, https://arxiv.org/abs/2412.05496): q, k, v (B, H, T, hs) at consecutive positions and
+    the bias table ``bias[h, i - j]`` at distances 0..T-1 (H, T) -> (B, H, T, hs).
+
+    Its score_mod adds the table entry of each score's distance inside the fused kernel, and a
+    causal BlockMask skips the key blocks wholly in a query block's future: no scores or bias of
+    (T, T) are written, forward or backward, and a learned table (T5, KERPLE) gets its gradient
+    through the lookup. The table stays float32 under bf16 autocast: rounded to bf16, ALiBi's
+    flattest head's bias at 16,384 tokens (about -64) could move by 0.25. ``compiled=False``
+    runs flex_attention's unfused implementation (tests), which writes the (B, H, T, T) scores.
+    """
+    table = bias.float()  # (H, T)
+
+    def add_bias(
+        score: torch.Tensor,
+        b: torch.Tensor,
+        h: torch.Tensor,
+        q_idx: torch.Tensor,
+        kv_idx: torch.Tensor,
+    ) -> torch.Tensor:
+        # Future keys (negative distances) are masked by the block mask; clamped, their lookup
+        # stays inside the table.
+        return score + table[h, (q_idx - kv_idx).clamp(min=0)]
+
+    # In a compiled model (train.compile) the model's compilation fuses flex_attention itself.
+    fused = compiled and not torch.compiler.is_compiling()
+    attention = compiled_flex_attention() if fused else flex_attention
+    mask = causal_block_mask(q.shape[2], q.device)
+    return attention(q, k, v, score_mod=add_bias, block_mask=mask)
+
+
+@functools.cache
+def compiled_flex_attention() -> Callable[..., torch.Tensor]:
+    """flex_attention compiled once per process: uncompiled, it writes the whole (B, H, T, T)
+    scores. torch.compile caches a kernel per score_mod code and input shapes, so every layer
+    and step reuses it."""
+    return torch.compile(flex_attention)
+
+
+def causal(
+    b: torch.Tensor, h: torch.Tensor, q_idx: torch.Tensor, kv_idx: torch.Tensor
+) -> torch.Tensor:
+    """flex_attention's mask_mod of causal attention: a query sees its own and earlier keys."""
+    return q_idx >= kv_idx
+
+
+@torch.compiler.disable  # built eagerly (and cached) even when called from a compiled model
+@functools.lru_cache(maxsize=16)
+def causal_block_mask(length: int, device: torch.device) -> BlockMask:
+    """The causal BlockMask of ``length`` queries and keys, shared by every batch and head
+    (create_block_mask evaluates ``causal`` on the whole (T, T) grid once, hence the cache)."""
+    return create_block_mask(causal, None, None, length, length, device=device)
 
 
 def attend(

@@ -44,3 +44,16 @@ def cache_dir(tmp_path_factory):
 def tiny(cache_dir):
     """Overrides for a tiny run with the session's data cache."""
     return [*TINY, f"data.cache_dir={cache_dir}"]
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests marked ``cuda`` need a CUDA GPU: without one they are skipped (on a GPU,
+    benchmarks/gpu_check.sh runs them with ``-m cuda``)."""
+    cuda_tests = [item for item in items if item.get_closest_marker("cuda")]
+    if not cuda_tests:
+        return
+    import torch  # only when there are CUDA tests to decide on
+
+    if not torch.cuda.is_available():
+        for item in cuda_tests:
+            item.add_marker(pytest.mark.skip(reason="needs a CUDA GPU"))

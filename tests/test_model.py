@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from torch.nn.attention.flex_attention import flex_attention
 
 import posbench.model
 from posbench.encodings import EncodingConfig, PositionalEncoding, build_encoding, encoding_names
@@ -447,6 +448,153 @@ def test_relative_bias_attention_in_evaluation_never_writes_a_bias_of_queries_by
     for mask in masks:
         stored = mask.untyped_storage().nbytes() // mask.element_size()
         assert stored <= SMALL.n_head * (block - 1 + 1000) < mask.numel()
+
+
+# --- flex_attention: a bias of the distance alone on CUDA ----------------------------------------
+
+FLEX = [*RELATIVE, "distance-table"]
+
+
+class DistanceTable(PositionalEncoding):
+    """A learned bias table indexed by distance, the table flex_attention_bias reads, as a
+    parameter: gradients of the table itself can then be compared entry by entry."""
+
+    Config = ForTestConfig
+
+    def __init__(self, n_head: int, distances: int) -> None:
+        super().__init__(ForTestConfig(), 8 * n_head, n_head)
+        self.table = torch.nn.Parameter(torch.randn(n_head, distances, dtype=F64))
+
+    def relative_bias(self, distance):
+        return self.table[:, distance.abs()]  # (H, D)
+
+
+def flex_encoding(name: str, dtype: torch.dtype, device: str = "cpu") -> PositionalEncoding:
+    if name == "distance-table":
+        torch.manual_seed(3)
+        return DistanceTable(SMALL.n_head, 400).to(device, dtype)
+    return random_bias_encoding(name).to(device, dtype)
+
+
+def flex_and_masked(
+    name: str, length: int, gradients: bool, device: str = "cpu", compiled: bool = False
+) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """flex_attention_bias's output (then its gradients of q, k, v and the encoding's learned
+    parameters, a bias table among them) and the same of the masked computation, in float32."""
+    encoding = flex_encoding(name, torch.float32, device)
+    inputs = [t.to(device) for t in random_qkv(2, SMALL.n_head, length, 16, torch.float32)]
+    leaves = [t.requires_grad_(gradients) for t in inputs] + list(encoding.parameters())
+    positions = torch.arange(length, device=device)
+    with torch.set_grad_enabled(gradients):
+        bias = encoding.relative_bias(positions)
+        flex = posbench.model.flex_attention_bias(*inputs, bias, compiled=compiled)
+        masked = masked_attention(*inputs, encoding, positions)
+    if not gradients:
+        return [flex], [masked]
+    out_grad = torch.randn_like(flex)
+    return (
+        [flex, *torch.autograd.grad(flex, leaves, out_grad)],
+        [masked, *torch.autograd.grad(masked, leaves, out_grad)],
+    )
+
+
+@pytest.mark.parametrize("name", FLEX)
+@pytest.mark.parametrize("length", [37, 300])  # 300: a partial last block of 128
+def test_flex_attention_bias_equals_the_masked_computation(name, length):
+    # flex_attention's unfused implementation: the score_mod and block mask the kernel runs.
+    [flex], [masked] = flex_and_masked(name, length, gradients=False)
+    torch.testing.assert_close(flex, masked, rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", FLEX)
+def test_flex_attention_bias_gives_the_gradients_of_the_masked_computation(name, monkeypatch):
+    # torch 2.13 refuses flex_attention's backward on a CPU before it starts (_validate_device);
+    # its unfused implementation computes it, from the same score_mod as CUDA's kernel.
+    monkeypatch.setattr(torch.nn.attention.flex_attention, "_validate_device", lambda *a: None)
+    flex, masked = flex_and_masked(name, 300, gradients=True)
+    for got, expected in zip(flex, masked, strict=True):
+        torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["alibi", "t5"])
+def test_compiled_flex_attention_bias_on_a_cpu_equals_the_masked_computation(name):
+    # The kernel torch.compile generates for a CPU (forward only there). One length: at a second
+    # one torch 2.13 recompiles for dynamic shapes, and that CPU kernel fails to compile.
+    [flex], [masked] = flex_and_masked(name, 300, gradients=False, compiled=True)
+    torch.testing.assert_close(flex, masked, rtol=0, atol=1e-5)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("name", FLEX)
+def test_compiled_flex_attention_bias_on_cuda_gives_the_masked_computation_and_its_gradients(
+    name,
+):
+    flex, masked = flex_and_masked(name, 300, gradients=True, device="cuda", compiled=True)
+    torch.testing.assert_close(flex[0], masked[0], rtol=0, atol=1e-5)
+    for got, expected in zip(flex[1:], masked[1:], strict=True):
+        torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
+
+
+ATTENTION_PATHS = {
+    path: getattr(posbench.model, path)
+    for path in ("flex_attention_bias", "relative_bias_attention", "blocked_bias_attention")
+}
+
+
+def choose_flex_attention_on(devices: set[str], monkeypatch) -> None:
+    """flex_attention on the device types ``devices``, its unfused implementation in place of
+    the compiled kernel (no compiler needed)."""
+    monkeypatch.setattr(posbench.model, "FLEX_ATTENTION_DEVICES", frozenset(devices))
+    monkeypatch.setattr(posbench.model, "compiled_flex_attention", lambda: flex_attention)
+
+
+def attention_paths(name: str, flex_devices: set[str], monkeypatch) -> list[str]:
+    """The attention functions one forward pass of the small model calls, with flex_attention
+    chosen on ``flex_devices``."""
+    choose_flex_attention_on(flex_devices, monkeypatch)
+    called = []
+    for path, original in ATTENTION_PATHS.items():
+
+        def recording(*args, _path=path, _original=original, **kwargs):
+            called.append(_path)
+            return _original(*args, **kwargs)
+
+        monkeypatch.setattr(posbench.model, path, recording)
+    with torch.no_grad():
+        small_model(name)(torch.zeros(1, 50, dtype=torch.long))
+    return called
+
+
+def test_flex_attention_is_chosen_on_cuda_only():
+    assert posbench.model.FLEX_ATTENTION_DEVICES == {"cuda"}
+
+
+@pytest.mark.parametrize("name", RELATIVE)
+def test_a_bias_of_the_distance_alone_takes_flex_attention_exactly_on_the_flex_devices(
+    name, monkeypatch
+):
+    flex = attention_paths(name, {"cpu"}, monkeypatch)
+    assert flex == ["flex_attention_bias"] * SMALL.n_layer
+    sdpa = attention_paths(name, set(), monkeypatch)
+    assert sdpa == ["relative_bias_attention"] * SMALL.n_layer
+
+
+@pytest.mark.parametrize("name", ["fire", "pair-bias"])
+def test_a_bias_of_both_positions_keeps_the_blocked_path_on_the_flex_devices(name, monkeypatch):
+    # FIRE's bias past its threshold L depends on the query's position, not on i - j alone: it
+    # has no table of distances for flex_attention to read.
+    paths = attention_paths(name, {"cpu"}, monkeypatch)
+    assert paths == ["blocked_bias_attention"] * SMALL.n_layer
+
+
+@pytest.mark.parametrize("name", RELATIVE)
+def test_the_model_with_flex_attention_chosen_computes_the_same_logits(name, monkeypatch):
+    model, tokens = small_model(name), torch.randint(0, 256, (2, 200))
+    with torch.no_grad():
+        expected = model(tokens)
+        choose_flex_attention_on({"cpu"}, monkeypatch)
+        torch.testing.assert_close(model(tokens), expected, rtol=0, atol=1e-5)
 
 
 # --- any other bias (score_bias only) ------------------------------------------------------------

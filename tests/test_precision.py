@@ -67,9 +67,12 @@ def test_auto_picks_fp32_on_a_cpu_without_bf16_units_at_any_size(monkeypatch):
 
 
 @pytest.mark.parametrize(("supported", "expected"), [(True, "bf16"), (False, "fp32")])
-def test_auto_on_cuda_follows_the_gpus_bf16_support(monkeypatch, supported, expected):
+def test_auto_on_cuda_follows_the_gpus_bf16_support_from_the_default_tiny_model_on(
+    monkeypatch, supported, expected
+):
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda: supported)
-    assert resolve_precision("auto", CUDA, BF16_MIN_D_MODEL["cuda"]) == expected
+    tiny = compose_config().model.d_model
+    assert resolve_precision("auto", CUDA, tiny) == expected
 
 
 @pytest.mark.parametrize("requested", ["fp32", "bf16"])

@@ -5,13 +5,14 @@ import math
 from pathlib import Path
 
 import pytest
+import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from posbench.config import compose_config
 from posbench.encodings import encoding_names
 from posbench.evaluate import position_buckets
 from posbench.model import build_model
-from posbench.train import lr_at, make_optimizer, train
+from posbench.train import fused_adamw, lr_at, make_optimizer, train
 
 
 def scalars(run_dir, tag):
@@ -157,6 +158,16 @@ def test_weight_decay_skips_embeddings_norms_and_position_tables():
     assert sum(p.numel() for g in (decayed, plain) for p in g["params"]) == sum(
         p.numel() for p in model.parameters()
     )
+
+
+def test_adamw_is_fused_exactly_when_every_parameter_is_on_cuda():
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    assert fused_adamw([cuda, torch.device("cuda", 0), cuda])
+    assert not fused_adamw([cuda, cpu])
+    assert not fused_adamw([cpu, cpu])
+    cfg = compose_config()
+    cpu_model = build_model(cfg.model, cfg.encoding)
+    assert make_optimizer(cpu_model, cfg.train).defaults["fused"] is False
 
 
 WIKITEXT2 = Path(__file__).resolve().parents[2] / "shared" / "data" / "wikitext-2"

@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# The GPU check (benchmarks/README.md, "GPU check"), on one CUDA GPU, meant to take under five
+# minutes: posbench's CUDA tests, then every encoding trained for 300 steps and evaluated at
+# 16,384 tokens (benchmarks/gpu_check.py: tokens/s, peak GPU memory, perplexities).
+#
+#     bash benchmarks/gpu_check.sh
+#
+# Everything it prints also goes to $OUT/gpu_check/ when OUT is set, else outputs/gpu_check/
+# (the log, and gpu_check.json with the table's rows). Any failure stops it with a non-zero
+# exit status and a line starting with FAIL; each stage has a time limit, so a hang fails too.
+set -euo pipefail
+
+cd "$(dirname "$0")/.."
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"  # this checkout's posbench
+export HF_DATASETS_OFFLINE=1 HF_HUB_OFFLINE=1 TQDM_DISABLE=1
+OUT_DIR="${OUT:-outputs}/gpu_check"
+mkdir -p "$OUT_DIR"
+LOG="$OUT_DIR/gpu_check-$(date -u +%Y%m%dT%H%M%SZ).log"
+
+stage() {  # stage NAME SECONDS COMMAND...: run COMMAND with a time limit, say how long it took
+    local name=$1 limit=$2 started=$SECONDS
+    shift 2
+    echo "== $name (limit ${limit} s)"
+    if ! timeout "$limit" "$@"; then
+        echo "FAIL: $name (exit status or time limit; see above)"
+        return 1
+    fi
+    echo "== $name: $((SECONDS - started)) s"
+}
+
+check() {
+    echo "== posbench GPU check, $(date -u), commit $(git rev-parse --short HEAD 2>/dev/null || echo '?')"
+    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader \
+        || echo "(nvidia-smi not found)"
+    python - <<'PY'
+import sys
+
+import torch
+
+print(f"python {sys.version.split()[0]}, torch {torch.__version__}, CUDA {torch.version.cuda}")
+if not torch.cuda.is_available():
+    sys.exit("FAIL: torch sees no CUDA GPU")
+print(f"GPU: {torch.cuda.get_device_name()}, bf16 supported: {torch.cuda.is_bf16_supported()}")
+PY
+    stage "CUDA tests (pytest -m cuda)" 240 python -m pytest -q -m cuda -p no:cacheprovider tests
+    stage "train and evaluate every encoding" 300 python benchmarks/gpu_check.py --out "$OUT_DIR"
+    echo "== GPU check passed in $SECONDS s; log: $LOG"
+}
+
+check 2>&1 | tee "$LOG"
