@@ -277,18 +277,16 @@ def train_job(cfg: DictConfig) -> float | None:
         report(err)
     except distributed.PeerFailed:
         raise SystemExit(1) from None  # rank 0 said why
-    except DistError as err:  # a rank vanished, or a collective timed out
-        report(PosbenchError(f"training lost its other ranks: {first_line(err)}"))
+    except (DistError, RuntimeError) as err:
+        reason = distributed.lost_contact(err)
+        if reason is None:
+            raise
+        report(PosbenchError(f"lost the other ranks ({reason}): one failed or timed out"))
     if distributed.is_main():
         print(f"\n{cfg.encoding.name} trained at {cfg.train.seq_len} -> {run_dir}")
         print(eval_table(results["eval"], cfg.train.seq_len))
         print(data_baselines(results["data"]))
     return results["train"]["val_ppl"]  # for optimising sweepers (e.g. Optuna)
-
-
-def first_line(err: BaseException) -> str:
-    lines = str(err).strip().splitlines()
-    return lines[0] if lines else type(err).__name__
 
 
 def resumed_config(cfg: DictConfig, run_dir: Path) -> DictConfig:

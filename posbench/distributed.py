@@ -22,6 +22,7 @@ from __future__ import annotations
 import atexit
 import logging
 import os
+import re
 from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
@@ -213,6 +214,16 @@ def on_rank_zero(work: Callable[[], T], send_result: bool) -> T | None:
     if not succeeded:
         raise PeerFailed("rank 0 failed")
     return result
+
+
+def lost_contact(err: BaseException) -> str | None:
+    """Why this rank lost the others, when ``err`` says so (a rank died, a collective timed
+    out), else None. Gloo reports it as a plain RuntimeError naming its own source file."""
+    text = str(err).strip()
+    if not (isinstance(err, dist.DistError) or (isinstance(err, RuntimeError) and "gloo" in text)):
+        return None
+    reason = re.sub(r"^\[[^\]]*\] ", "", text.splitlines()[0] if text else type(err).__name__)
+    return reason.split(". ")[0]
 
 
 def wait_for_all() -> None:

@@ -248,3 +248,34 @@ def test_a_failure_on_rank_0_after_the_ranks_met_stops_them_all_with_one_error_l
     errors = [line for line in stderr.splitlines() if line.startswith("error: ")]
     assert len(errors) == 1 and "data.path" in errors[0], stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["empty.txt"]  # no run directory left
+
+
+def rank_process(torchrun_pid: int, rank: int) -> int:
+    """The pid of the worker torchrun started as ``rank`` (Linux: read from /proc)."""
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            parent = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+            environ = (stat.parent / "environ").read_bytes().split(b"\0")
+        except (OSError, IndexError, ValueError):
+            continue  # exited meanwhile
+        if parent == torchrun_pid and f"RANK={rank}".encode() in environ:
+            return int(stat.parent.name)
+    raise AssertionError(f"no rank {rank} under torchrun {torchrun_pid}")
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="reads /proc (Linux)")
+def test_a_rank_killed_mid_training_stops_the_others_with_one_error_line(tmp_path, cache_dir):
+    endless = [*SHORT, "train.steps=100000", "train.checkpoint_every=5", "hydra.run.dir=run"]
+    run = torchrun(2, "train", *endless, cwd=tmp_path)
+    checkpoint = tmp_path / "run" / CHECKPOINT_FILE
+    deadline = time.monotonic() + 120
+    while not checkpoint.is_file():
+        assert run.poll() is None and time.monotonic() < deadline, run.stderr.read()
+        time.sleep(0.01)
+    os.kill(rank_process(run.pid, 1), signal.SIGKILL)
+    code, stderr = finished(run)
+    assert code != 0
+    errors = [line for line in stderr.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1 and "lost the other ranks" in errors[0], stderr
+    assert "Traceback" not in stderr.split("error: ")[0]  # torchrun's own summary comes after
