@@ -23,7 +23,7 @@ import atexit
 import logging
 import os
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, MutableMapping
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from datetime import timedelta
@@ -90,7 +90,7 @@ def launch(environ: Mapping[str, str] = os.environ) -> Launch | None:
     return None
 
 
-def export(ranks: Launch, environ: dict[str, str] | os._Environ = os.environ) -> None:
+def export(ranks: Launch, environ: MutableMapping[str, str] = os.environ) -> None:
     """Put ``ranks`` into torchrun's variables, which ``init_process_group``'s env:// reads."""
     environ.update(
         RANK=str(ranks.rank),
