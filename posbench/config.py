@@ -274,8 +274,8 @@ def flat_config(cfg: DictConfig) -> dict[str, Any]:
 
 
 def choice(value: Enum | str) -> str:
-    """An enum-typed key's value as its name: a composed config holds the Enum, a run's saved
-    config.yaml (what a resumed run continues with) the plain string."""
+    """An enum option's name, as the schema types it (Precision.bf16) or as a config loaded
+    without the schema holds it ("bf16": a run's config.yaml, ``posbench.load_run``)."""
     return value.value if isinstance(value, Enum) else value
 
 
