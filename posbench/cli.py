@@ -30,7 +30,9 @@ from hydra.errors import CompactHydraException, HydraException
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
+from torch.distributed import DistError
 
+from posbench import distributed
 from posbench.checkpoint import CHECKPOINT_FILE
 from posbench.config import (
     compose_config,
@@ -106,8 +108,16 @@ examples:
 
 
 def fail(message: str) -> NoReturn:
-    print(f"error: {message}", file=sys.stderr)
+    say(f"error: {message}")
     raise SystemExit(2)
+
+
+def say(message: str) -> None:
+    """``message`` on stderr; from rank 0 only when torchrun or SLURM runs several ranks: they
+    all meet the same mistakes, and one that rank 0 alone meets stops the others quietly
+    (distributed.PeerFailed)."""
+    if distributed.is_main():
+        print(message, file=sys.stderr)
 
 
 def debugging() -> bool:
@@ -124,7 +134,7 @@ def report(err: BaseException) -> NoReturn:
 
 def stop(message: str, exit_code: int) -> NoReturn:
     """A deliberate stop (a signal): one line, the shell's exit code for that signal."""
-    print(message, file=sys.stderr)
+    say(message)
     raise SystemExit(exit_code)
 
 
@@ -265,9 +275,17 @@ def train_job(cfg: DictConfig) -> float | None:
         if HydraConfig.get().mode == RunMode.MULTIRUN:
             raise JobFailed(str(err)) from None
         report(err)
-    print(f"\n{cfg.encoding.name} trained at {cfg.train.seq_len} -> {run_dir}")
-    print(eval_table(results["eval"], cfg.train.seq_len))
-    print(data_baselines(results["data"]))
+    except distributed.PeerFailed:
+        raise SystemExit(1) from None  # rank 0 said why
+    except (DistError, RuntimeError) as err:
+        reason = distributed.lost_contact(err)
+        if reason is None:
+            raise
+        report(PosbenchError(f"lost the other ranks ({reason}): one failed or timed out"))
+    if distributed.is_main():
+        print(f"\n{cfg.encoding.name} trained at {cfg.train.seq_len} -> {run_dir}")
+        print(eval_table(results["eval"], cfg.train.seq_len))
+        print(data_baselines(results["data"]))
     return results["train"]["val_ppl"]  # for optimising sweepers (e.g. Optuna)
 
 
@@ -290,7 +308,10 @@ def resumed_config(cfg: DictConfig, run_dir: Path) -> DictConfig:
 def remove_if_worthless(run_dir: Path) -> None:
     """Remove the directory of a run that failed before writing a checkpoint, weights or
     results, when it holds only what Hydra and posbench put there at the start (never the
-    current directory, nor one holding anything else)."""
+    current directory, nor one holding anything else). Only rank 0 decides: the directory is
+    theirs in common."""
+    if not distributed.is_main():
+        return
     created_at_start = {".hydra", f"{HydraConfig.get().job.name}.log", CONFIG_FILE}
     names = {p.name for p in run_dir.iterdir()} if run_dir.is_dir() else set()
     leftovers = {n for n in names if n not in created_at_start and "tfevents" not in n}
@@ -359,9 +380,25 @@ def run_train(args: Sequence[str]) -> None:
     informational = parsed.hydra_help or parsed.cfg or parsed.info
     if not informational and not parsed.shell_completion:
         check_overrides(parsed.overrides, parsed.multirun)
+        if distributed.launch() is not None:  # torchrun
+            args = [*args, *shared_output_dir(parsed.overrides, parsed.multirun)]
     app = hydra.main(config_path=str(config_dir()), config_name="config", version_base="1.3")
     sys.argv = ["posbench train", *args]
     app(train_job)()
+
+
+def shared_output_dir(overrides: Sequence[str], multirun: bool) -> list[str]:
+    """Overrides that give every torchrun rank rank 0's output directory. Each rank runs this
+    command, and resolving ``${now:...}`` and ``${unique_dir:...}`` itself would make one
+    directory per rank: rank 0 claims the directory and sends its name to the others, which
+    also leave Hydra's record of the run (``.hydra/``) to rank 0."""
+    distributed.setup()
+    key = "hydra.sweep.dir" if multirun else "hydra.run.dir"
+    path = distributed.from_rank_zero(
+        lambda: str(OmegaConf.select(compose_or_fail(overrides, with_hydra=True), key))
+    )
+    quiet = [] if distributed.is_main() else ["hydra.output_subdir=null"]
+    return [f"{key}='{path}'", *quiet]
 
 
 # ----------------------------------------------------------------------------- eval

@@ -19,6 +19,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
 from posbench.data import DATA_SCHEMAS, TASKS, load_data
+from posbench.distributed import check_divisible, world_size
 from posbench.encodings import ENCODINGS
 from posbench.errors import PosbenchError
 from posbench.threads import AUTO, is_threads_setting
@@ -56,7 +57,9 @@ class ModelConfig:
 class TrainConfig:
     seq_len: int = 128
     steps: int = 600
+    # the global batch: split among the ranks (torchrun, SLURM), then into grad_accum micro-batches
     batch_size: int = 32
+    grad_accum: int = 1
     lr: float = 3e-3
     min_lr: float = 3e-4
     warmup_steps: int = 60
@@ -170,6 +173,7 @@ def validate(cfg: DictConfig) -> None:
         "train.seq_len": cfg.train.seq_len,
         "train.steps": cfg.train.steps,
         "train.batch_size": cfg.train.batch_size,
+        "train.grad_accum": cfg.train.grad_accum,
         "train.lr": cfg.train.lr,
         "train.log_every": cfg.train.log_every,
         "train.val_every": cfg.train.val_every,
@@ -191,6 +195,7 @@ def validate(cfg: DictConfig) -> None:
     for key, value in non_negative.items():
         if value < 0:
             raise PosbenchError(f"{key} must be >= 0 (got {value})")
+    check_divisible(cfg.train.batch_size, world_size(), cfg.train.grad_accum)
     if not is_threads_setting(cfg.threads):
         raise PosbenchError(
             f"threads must be {AUTO} or a positive integer (got {cfg.threads!r}); e.g. threads=1 "
@@ -223,15 +228,17 @@ def validate(cfg: DictConfig) -> None:
 
 # What a resumed run may change: none of it alters the trained weights (train.steps moves the
 # end of the LR schedule, so extending a run is allowed but is not a run of that length; the
-# thread count and train.compile change only rounding). train.precision may change only to a
-# setting that resolves to the precision the run was trained in (checked against the
-# checkpoint by posbench.precision.check_resume_precision).
+# thread count, train.compile and train.grad_accum change only rounding, as does resuming with
+# another number of ranks: every rank draws the same global batches). train.precision may
+# change only to a setting that resolves to the precision the run was trained in (checked
+# against the checkpoint by posbench.precision.check_resume_precision).
 RESUMABLE_KEYS = (
     "threads",
     "train.steps",
     "train.checkpoint_every",
     "train.resume",
     "train.compile",
+    "train.grad_accum",
     "train.precision",
     "eval.",
     "data.cache_dir",

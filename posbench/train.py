@@ -12,7 +12,7 @@ import signal
 import time
 from collections import deque
 from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,6 +23,7 @@ from omegaconf import DictConfig, OmegaConf
 from torch.utils.tensorboard import SummaryWriter
 from tqdm.auto import tqdm
 
+from posbench import distributed
 from posbench.checkpoint import (
     CHECKPOINT_FILE,
     TrainProgress,
@@ -174,13 +175,15 @@ STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 def stop_requests() -> Iterator[StopRequest]:
     """While active, SIGINT (Ctrl-C) and SIGTERM (e.g. SLURM pre-emption) only record that a
     stop was asked for, so the loop can finish its step and checkpoint first. A second signal
-    acts at once (the previous handlers are back): an impatient user is never stuck, and the
-    atomic checkpoint write keeps the last complete checkpoint intact either way."""
+    of the same kind acts at once (its previous handler is back): an impatient user is never
+    stuck, and the atomic checkpoint write keeps the last complete checkpoint intact either
+    way. The other kind is still only recorded: Ctrl-C under torchrun reaches the ranks both
+    as SIGINT and, from torchrun, as SIGTERM, and must still checkpoint."""
     request = StopRequest()
 
     def handle(signum: int, frame: object) -> None:
-        request.signum = signum
-        restore(previous)
+        request.signum = request.signum or signum
+        restore({signum: previous[signum]})
 
     with handling(STOP_SIGNALS, handle) as previous:
         yield request
@@ -195,34 +198,50 @@ def train_step(
     cfg: DictConfig,
     precision: str = "fp32",
 ) -> float:
-    """One optimisation step at ``lr_at(step)`` in ``precision`` on a batch drawn from
-    ``sampler``; returns its loss (a task's: on its answer bytes only). ``model`` is the
-    Transformer or its compiled wrapper (compile_for_training)."""
+    """One optimisation step at ``lr_at(step)`` in ``precision`` on a global batch of
+    ``train.batch_size`` drawn from ``sampler``; returns this rank's share of the batch's mean
+    loss (a task's: on its answer bytes only), which summed over the ranks is that mean.
+    ``model`` is the Transformer, its compiled wrapper (compile_for_training) or either
+    wrapped for data parallelism (distributed.data_parallel)."""
     device = next(model.parameters()).device
     for group in optimizer.param_groups:
         group["lr"] = lr_at(step, cfg)
+    # Every rank draws the whole global batch and keeps its own rows: the sampler's state stays
+    # the same on all ranks (and in the checkpoint), and the batches depend on the seed alone,
+    # not on how many ranks and micro-batches share them.
     x, y = data.train_batch(cfg.batch_size, cfg.seq_len, sampler)
-    x, y = x.to(device), y.to(device)
     positions = None  # 0..seq_len-1
     if cfg.random_positions is not None:
         # One subset per step, shared by the batch (the encodings take one (T,) position
         # vector); drawn from the batch sampler, whose state the checkpoint already holds.
         positions = sample_positions(cfg.random_positions, cfg.seq_len, sampler).to(device)
-    with autocast(precision, device):  # the loss takes fp32 logits: log-softmax stays fp32
-        loss = F.cross_entropy(model(x, positions).float().flatten(0, 1), y.flatten())
+    scored = int((y != IGNORE).sum())  # targets in the global batch: the loss is their mean
+    rows, micro_batch = distributed.rows_of_rank(cfg.batch_size, cfg.grad_accum)
+    inputs, targets = x[rows].split(micro_batch), y[rows].split(micro_batch)
+    # DDP averages the gradients over the ranks; scaled by their number, the sum over ranks and
+    # micro-batches is the gradient of the global batch's mean loss.
+    scale = distributed.world_size() / scored
     optimizer.zero_grad(set_to_none=True)
-    loss.backward()
+    loss_sum = 0.0
+    for i, (xs, ys) in enumerate(zip(inputs, targets, strict=True)):
+        xs, ys = xs.to(device), ys.to(device)
+        with distributed.sync_gradients(model, last=i == len(inputs) - 1):
+            with autocast(precision, device):  # the loss takes fp32 logits: fp32 log-softmax
+                logits = model(xs, positions).float()  # (b, T, vocab)
+                nll = F.cross_entropy(logits.flatten(0, 1), ys.flatten(), reduction="sum")
+            (nll * scale).backward()
+        loss_sum += nll.item()  # also waits for the device, so the caller's timing is honest
     if cfg.grad_clip > 0:
         torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
     optimizer.step()
-    return loss.item()  # also waits for the device, so the caller's timing is honest
+    return loss_sum / scored
 
 
 def train_steps(
     model: Transformer,
     data: Corpus | Task,
     cfg: DictConfig,
-    writer: SummaryWriter,
+    writer: SummaryWriter | NoEvents,
     run_dir: Path,
     checkpoint: dict[str, Any] | None = None,
     precision: str = "fp32",
@@ -242,24 +261,31 @@ def train_steps(
     saved_step = progress.step
     recent_losses = deque(progress.recent_losses, maxlen=tcfg.log_every)  # for final_loss
     model.train()
+    device = next(model.parameters()).device
     stepper: torch.nn.Module = model
     if tcfg.compile and progress.step < tcfg.steps:
-        device = next(model.parameters()).device
-        batch = torch.zeros(tcfg.batch_size, tcfg.seq_len, dtype=torch.long, device=device)
+        _, micro_batch = distributed.rows_of_rank(tcfg.batch_size, tcfg.grad_accum)
+        batch = torch.zeros(micro_batch, tcfg.seq_len, dtype=torch.long, device=device)
         stepper, seconds = compile_for_training(model, batch, precision)
         progress.compile_time += seconds
         log.info("torch.compile: %.1f s (not counted in tokens/s)", seconds)
+    stepper = distributed.data_parallel(stepper, device)
     bar = tqdm(
         range(progress.step, tcfg.steps),
         initial=progress.step,
         total=tcfg.steps,
         desc=f"train {cfg.encoding.name}",
         unit="step",
+        disable=not distributed.is_main(),
     )
     with stop_requests() as stop:
         for step in bar:
             started = time.perf_counter()
-            loss_value = train_step(stepper, optimizer, data, sampler, step, tcfg, precision)
+            share = train_step(stepper, optimizer, data, sampler, step, tcfg, precision)
+            # The global batch's mean loss, and whether any rank was asked to stop: every rank
+            # decides alike, so none waits at a step the others never take.
+            loss_value = distributed.sum_over_ranks(share)
+            stop.signum = distributed.agree_on_stop(stop.signum)
             if not math.isfinite(loss_value):
                 raise divergence(step + 1, loss_value, recent_losses, saved_step, run_dir, tcfg)
             progress.train_time += time.perf_counter() - started
@@ -275,7 +301,8 @@ def train_steps(
             if checkpoint_due(progress.step, tcfg) or stop.signum is not None:
                 progress.recent_losses = list(recent_losses)
                 writer.flush()  # TensorBoard holds at least what the checkpoint holds
-                save_checkpoint(run_dir, model, optimizer, sampler, progress, precision)
+                if distributed.is_main():  # the ranks' states are equal: one copy is written
+                    save_checkpoint(run_dir, model, optimizer, sampler, progress, precision)
                 saved_step = progress.step
             if stop.signum is not None:
                 bar.close()
@@ -297,7 +324,7 @@ def checkpoint_due(step: int, cfg: DictConfig) -> bool:
 
 
 def log_training(
-    writer: SummaryWriter, bar: tqdm, progress: TrainProgress, loss: float, lr: float
+    writer: SummaryWriter | NoEvents, bar: tqdm, progress: TrainProgress, loss: float, lr: float
 ) -> None:
     tokens_per_s = progress.tokens_seen / progress.train_time
     writer.add_scalar("train/loss", loss, progress.step)
@@ -366,33 +393,43 @@ def train(cfg: DictConfig, run_dir: str | Path) -> dict[str, Any]:
     ``checkpoint_to_resume``). Returns the content of ``run_dir/results.json``; raises
     Diverged (after recording ``"status": "diverged"``) or TrainingInterrupted.
     """
+    distributed.setup()  # under torchrun or SLURM: join the other ranks (posbench/distributed.py)
+    # Every rank is past Hydra's start in the run directory, which rank 0 alone removes if the
+    # run fails before writing anything (cli.remove_if_worthless).
+    distributed.wait_for_all()
     validate(cfg)
     threads = use_threads(cfg.threads)  # before any work; the run's first log line
     warn_if_busy(threads)
     cfg = fine_tune_config(cfg)
-    run_dir = prepare_run_dir(Path(run_dir))
-    checkpoint = checkpoint_to_resume(cfg, run_dir)
+    run_dir = Path(run_dir)
+    # Rank 0 goes first where it creates what the other ranks read (the directory, the data
+    # cache), so that a mistake there is reported once (distributed.rank_zero_first).
+    checkpoint = distributed.rank_zero_first(lambda: checkpoint_to_resume(cfg, prepared(run_dir)))
     if checkpoint is not None and already_finished(checkpoint, cfg, run_dir):
         log.info("%s already finished; `posbench eval` re-evaluates it", run_dir)
         return read_results(run_dir)
-    device = resolve_device(cfg.device)
-    data = load_data(cfg.data)
+    device = distributed.local_device(resolve_device(cfg.device))
+    data = distributed.rank_zero_first(lambda: load_data(cfg.data))
     torch.manual_seed(cfg.seed)  # model init (and dropout) depend on the seed alone
     model = build_model(cfg.model, cfg.encoding)
     if cfg.train.init_from is not None and checkpoint is None:
         load_parent_weights(model, cfg)
     model = model.to(device)
-    precision = resolve_precision(choice(cfg.train.precision), device, cfg.model.d_model)
+    precision = distributed.from_rank_zero(  # all ranks must compute alike
+        lambda: resolve_precision(choice(cfg.train.precision), device, cfg.model.d_model)
+    )
     if checkpoint is not None:
         check_resume_precision(trained_precision(checkpoint), precision, run_dir)
-    save_config(run_dir, cfg)
+    if distributed.is_main():
+        save_config(run_dir, cfg)
     log.info(
-        "%s: %s parameters, %s, device %s, precision %s",
+        "%s: %s parameters, %s, device %s, precision %s, %d rank(s)",
         cfg.encoding.name,
         f"{model.num_parameters():,}",
         data.describe(),
         device,
         precision,
+        distributed.world_size(),
     )
     results = {
         "status": "ok",
@@ -401,6 +438,7 @@ def train(cfg: DictConfig, run_dir: str | Path) -> dict[str, Any]:
         "train_seq_len": cfg.train.seq_len,
         "seed": cfg.seed,
         "threads": threads.threads,
+        "world_size": distributed.world_size(),
         "parameters": model.num_parameters(),
         "precision": precision,
         "data": {"name": data.name, **data.stats},
@@ -408,7 +446,7 @@ def train(cfg: DictConfig, run_dir: str | Path) -> dict[str, Any]:
     }
     # Events past the checkpoint (written before a crash) are dropped, so no step repeats.
     purge_step = checkpoint["progress"]["step"] + 1 if checkpoint is not None else None
-    with SummaryWriter(log_dir=str(run_dir), purge_step=purge_step) as writer:
+    with event_writer(run_dir, purge_step) as writer:
         try:
             summary = train_steps(model, data, cfg, writer, run_dir, checkpoint, precision)
         except Diverged as err:
@@ -418,23 +456,63 @@ def train(cfg: DictConfig, run_dir: str | Path) -> dict[str, Any]:
                 "last_finite_loss": err.last_finite_loss,
             }
             diverged = {**results, "status": "diverged", "train": train_summary, "eval": []}
-            write_json(run_dir / RESULTS_FILE, diverged)
+            if distributed.is_main():
+                write_json(run_dir / RESULTS_FILE, diverged)
             raise
-        save_weights(run_dir, model)
-        records = evaluate_data(
-            model,
-            data,
-            eval_lengths(cfg),
-            cfg.eval.stride,
-            cfg.eval.batch_size,
-            cfg.eval.max_tokens,
-            cfg.train.seq_len,
-            choice(cfg.eval.precision),
+        # Rank 0 evaluates and writes the run; the other ranks wait for its results.
+        results = {**results, "train": summary}
+        return distributed.from_rank_zero(
+            lambda: evaluate_and_record(model, data, cfg, run_dir, writer, results)
         )
-        results = {**results, "train": summary, "eval": records}
-        write_json(run_dir / RESULTS_FILE, results)
-        write_eval_events(run_dir, records, cfg.train.seq_len)
-        log_hparams(writer, hparams(cfg), headline_metrics(results))
+
+
+def prepared(run_dir: Path) -> Path:
+    """``run_dir``, created and checked by rank 0 (``prepare_run_dir``), which alone writes it."""
+    return prepare_run_dir(run_dir) if distributed.is_main() else run_dir
+
+
+class NoEvents:
+    """The TensorBoard writer of ranks other than 0: rank 0 logs the run's (global) numbers."""
+
+    def add_scalar(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
+    def flush(self) -> None:
+        pass
+
+
+def event_writer(run_dir: Path, purge_step: int | None) -> AbstractContextManager:
+    """The run's TensorBoard writer on rank 0, NoEvents on the others."""
+    if distributed.is_main():
+        return SummaryWriter(log_dir=str(run_dir), purge_step=purge_step)
+    return nullcontext(NoEvents())
+
+
+def evaluate_and_record(
+    model: Transformer,
+    data: Corpus | Task,
+    cfg: DictConfig,
+    run_dir: Path,
+    writer: SummaryWriter,
+    results: dict[str, Any],
+) -> dict[str, Any]:
+    """Save the weights, evaluate them at every eval length, and write ``results`` with the
+    evaluation records to results.json and TensorBoard; returns what it wrote."""
+    save_weights(run_dir, model)
+    records = evaluate_data(
+        model,
+        data,
+        eval_lengths(cfg),
+        cfg.eval.stride,
+        cfg.eval.batch_size,
+        cfg.eval.max_tokens,
+        cfg.train.seq_len,
+        choice(cfg.eval.precision),
+    )
+    results = {**results, "eval": records}
+    write_json(run_dir / RESULTS_FILE, results)
+    write_eval_events(run_dir, records, cfg.train.seq_len)
+    log_hparams(writer, hparams(cfg), headline_metrics(results))
     return results
 
 

@@ -10,11 +10,13 @@ Two things keep the blocks cheap without editing what users read:
 
 * ``posbench`` here is a small script that appends ``TRAIN_OVERRIDES`` (a one-layer model,
   40 steps, short lengths) to every ``posbench train``; the command line's last value of a
-  key wins in Hydra, so README's own overrides are still parsed and checked;
+  key wins in Hydra, so README's own overrides are still parsed and checked (``torchrun ...
+  -m posbench train`` gets them by substitution, as it runs ``python -m posbench``);
 * ``SUBSTITUTIONS`` replaces README's placeholders with the directories they stand for.
 """
 
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -39,6 +41,16 @@ SUBSTITUTIONS = [
         r"outputs/(<date>/<time>|\d{4}-\d\d-\d\d/\d\d-\d\d-\d\d|\.\.\./\d\d-\d\d-\d\d)_rope/",
         "$(newest outputs/*/*_rope/)",
         "a rope run's directory: the newest one",
+    ),
+    (
+        r"^torchrun ",
+        f"{shlex.quote(sys.executable)} -m torch.distributed.run ",
+        "torchrun, run by the interpreter that runs the tests",
+    ),
+    (
+        r"(-m posbench train\b[^#\n]*)",
+        r"\1 " + " ".join(shlex.quote(o) for o in TRAIN_OVERRIDES).replace("\\", "\\\\") + " ",
+        "the small-run overrides, which torchrun's `-m posbench` does not get from the shim",
     ),
     (
         r"\+experiment=extrapolation(?=\s)",
@@ -79,7 +91,7 @@ def readme_blocks() -> list:
 
 def substituted(code: str) -> str:
     for pattern, replacement, _ in SUBSTITUTIONS:
-        code = re.sub(pattern, replacement, code)
+        code = re.sub(pattern, replacement, code, flags=re.MULTILINE)
     return code
 
 

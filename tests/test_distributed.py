@@ -1,0 +1,281 @@
+"""Data-parallel training: torchrun and SLURM ranks, global batches split among ranks and
+micro-batches, one run directory, and faults that stop every rank."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import TINY, TINY_RUN, TINY_SYNTHETIC
+from safetensors.torch import load_file
+
+from posbench import distributed
+from posbench.checkpoint import CHECKPOINT_FILE, load_checkpoint
+from posbench.config import compose_config, validate
+from posbench.data import load_data
+from posbench.errors import PosbenchError
+from posbench.model import build_model
+from posbench.threads import jobs_at_once
+from posbench.train import make_optimizer, train, train_step
+
+RANK_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR")
+# 20 steps of a tiny run, one thread per rank, one short evaluation.
+SHORT_RUN = [
+    *TINY_RUN,
+    "train.steps=20",
+    "train.log_every=1",
+    "eval.lengths=[16]",
+    "eval.max_tokens=1024",
+    "threads=1",
+]
+SHORT = [*SHORT_RUN, *TINY_SYNTHETIC]
+
+
+@pytest.fixture
+def single_process(monkeypatch):
+    """An environment that no launcher started: no torchrun or submitit variables."""
+    for name in (*RANK_VARIABLES, "MASTER_PORT", "SUBMITIT_EXECUTOR"):
+        monkeypatch.delenv(name, raising=False)
+    return monkeypatch
+
+
+def test_a_process_no_launcher_started_is_a_single_rank(single_process):
+    assert distributed.launch() is None
+    assert distributed.world_size() == 1 and distributed.rank() == 0
+
+
+def test_torchrun_variables_give_the_rank_and_its_neighbours(single_process):
+    environ = {"RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2"}
+    environ |= {"MASTER_ADDR": "10.0.0.7", "MASTER_PORT": "29400"}
+    ranks = distributed.launch(environ)
+    assert ranks == distributed.Launch(3, 4, 1, 2, "10.0.0.7", 29400)
+
+
+def fake_slurm_task(monkeypatch, procid: int, localid: int) -> None:
+    """A task of an 8-task SLURM job on two nodes, as submitit starts it."""
+    monkeypatch.setenv("SUBMITIT_EXECUTOR", "slurm")
+    monkeypatch.setenv("SLURM_JOB_ID", "4242")
+    monkeypatch.setenv("SLURM_NTASKS", "8")
+    monkeypatch.setenv("SLURM_JOB_NUM_NODES", "2")
+    monkeypatch.setenv("SLURM_JOB_NODELIST", "gpu[017-018]")
+    monkeypatch.setenv("SLURM_NODELIST", "gpu[017-018]")
+    monkeypatch.setenv("SLURM_NODEID", str(procid // 4))
+    monkeypatch.setenv("SLURM_PROCID", str(procid))
+    monkeypatch.setenv("SLURM_LOCALID", str(localid))
+
+
+def test_a_slurm_task_takes_its_rank_from_slurm_and_rank_0s_node_as_master(single_process):
+    pytest.importorskip("submitit")
+    fake_slurm_task(single_process, procid=5, localid=1)
+    ranks = distributed.launch()
+    assert (ranks.rank, ranks.world_size, ranks.local_rank, ranks.local_world_size) == (5, 8, 1, 4)
+    assert ranks.master_addr == "gpu017"
+    fake_slurm_task(single_process, procid=0, localid=0)
+    assert distributed.launch().master_port == ranks.master_port  # from the job id, on all
+
+
+def test_a_slurm_task_exports_torchrun_variables_so_threads_divide_among_local_ranks(
+    single_process,
+):
+    pytest.importorskip("submitit")
+    fake_slurm_task(single_process, procid=6, localid=2)
+    environ = {}
+    distributed.export(distributed.launch(), environ)
+    assert environ["RANK"] == "6" and environ["WORLD_SIZE"] == "8"
+    assert environ["LOCAL_RANK"] == "2" and environ["MASTER_ADDR"] == "gpu017"
+    assert distributed.launch(environ) == distributed.launch()
+    assert jobs_at_once(None, environ) == 4  # threads=auto: the node's cores / its 4 ranks
+
+
+def test_a_single_task_slurm_job_is_a_single_rank(single_process):
+    pytest.importorskip("submitit")
+    fake_slurm_task(single_process, procid=0, localid=0)
+    single_process.setenv("SLURM_NTASKS", "1")
+    single_process.setenv("SLURM_JOB_NUM_NODES", "1")
+    assert distributed.launch() is None
+
+
+def test_the_collective_timeout_is_read_from_the_environment_in_seconds():
+    assert distributed.timeout({}).total_seconds() == distributed.DEFAULT_TIMEOUT_S
+    assert distributed.timeout({distributed.TIMEOUT_ENV: "90"}).total_seconds() == 90
+    with pytest.raises(PosbenchError, match="POSBENCH_DIST_TIMEOUT must be a positive") as err:
+        distributed.timeout({distributed.TIMEOUT_ENV: "soon"})
+    assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize(
+    ("world", "overrides", "message"),
+    [
+        ("2", ["train.batch_size=15"], r"train.batch_size \(15\) must be divisible by the number "),
+        ("1", ["train.batch_size=16", "train.grad_accum=3"], r"ranks \(1\) x train.grad_accum \(3"),
+        ("1", ["train.grad_accum=0"], "train.grad_accum must be positive"),
+    ],
+)
+def test_a_global_batch_that_does_not_split_evenly_is_one_error_line(
+    single_process, world, overrides, message
+):
+    single_process.setenv("RANK", "0")
+    single_process.setenv("WORLD_SIZE", world)
+    with pytest.raises(PosbenchError, match=message) as err:
+        validate(compose_config([*TINY, *overrides]))
+    assert "\n" not in str(err.value)
+
+
+def gradients_of_one_step(overrides: list[str]) -> list[torch.Tensor]:
+    cfg = compose_config([*SHORT_RUN, *overrides])
+    torch.manual_seed(0)
+    model = build_model(cfg.model, cfg.encoding)
+    sampler = torch.Generator().manual_seed(0)
+    train_step(model, make_optimizer(model, cfg.train), load_data(cfg.data), sampler, 0, cfg.train)
+    return [p.grad for p in model.parameters()]
+
+
+@pytest.mark.parametrize("data", [TINY_SYNTHETIC, ["data=copy"]], ids=["corpus", "task"])
+def test_micro_batches_give_the_gradient_of_the_whole_batch(single_process, cache_dir, data):
+    """The loss is the mean over the global batch, however it is split (a task's: over its
+    answer bytes)."""
+    whole = gradients_of_one_step(data)
+    split = gradients_of_one_step([*data, "train.grad_accum=4"])
+    for a, b in zip(whole, split, strict=True):
+        torch.testing.assert_close(a, b)
+
+
+# ------------------------------------------------------------------- through torchrun
+
+
+def torchrun(nproc: int, *args: str, cwd: Path) -> subprocess.Popen:
+    """``torchrun --standalone --nproc_per_node=N -m posbench ...`` with this interpreter."""
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+    return subprocess.Popen(
+        [*command, f"--nproc_per_node={nproc}", "-m", "posbench", *args],
+        cwd=cwd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
+
+
+def finished(process: subprocess.Popen) -> tuple[int, str]:
+    """Exit code and stderr, the run given at most two minutes."""
+    _, stderr = process.communicate(timeout=120)
+    return process.returncode, stderr
+
+
+def only_run(root: Path) -> Path:
+    """The one run directory below ``root``, checking that no rank made another."""
+    results = list(root.rglob("results.json"))
+    assert len(results) == 1, results
+    hydra_dirs = list(root.rglob(".hydra"))
+    assert hydra_dirs == [results[0].parent / ".hydra"], hydra_dirs
+    return results[0].parent
+
+
+def weights(run_dir: Path) -> dict[str, torch.Tensor]:
+    return load_file(run_dir / "model.safetensors")
+
+
+def assert_same_weights(a: Path, b: Path) -> None:
+    first, second = weights(a), weights(b)
+    assert first.keys() == second.keys()
+    for key in first:
+        torch.testing.assert_close(first[key], second[key], msg=key)
+
+
+@pytest.mark.slow
+def test_two_ranks_and_two_micro_batches_on_one_process_reach_the_same_weights(tmp_path, cache_dir):
+    code, stderr = finished(torchrun(2, "train", *SHORT, cwd=tmp_path))
+    assert code == 0, stderr
+    two = only_run(tmp_path)
+    one = tmp_path / "one"
+    train(compose_config([*SHORT, "train.grad_accum=2"]), one)
+    assert_same_weights(two, one)
+    results = [json.loads((d / "results.json").read_text()) for d in (two, one)]
+    assert [r["world_size"] for r in results] == [2, 1]
+    assert results[0]["train"]["final_loss"] == pytest.approx(results[1]["train"]["final_loss"])
+    assert results[0]["eval"][0]["ppl"] == pytest.approx(results[1]["eval"][0]["ppl"])
+
+
+@pytest.mark.slow
+def test_a_two_rank_run_stopped_by_sigterm_resumes_to_the_uninterrupted_weights(
+    tmp_path, cache_dir
+):
+    long = [*SHORT, "train.steps=300", "train.checkpoint_every=5", "train.val_every=100"]
+    code, stderr = finished(torchrun(2, "train", *long, "hydra.run.dir=straight", cwd=tmp_path))
+    assert code == 0, stderr
+    stopped = torchrun(2, "train", *long, "hydra.run.dir=stopped", cwd=tmp_path)
+    checkpoint = tmp_path / "stopped" / CHECKPOINT_FILE
+    deadline = time.monotonic() + 120
+    while not checkpoint.is_file():
+        assert stopped.poll() is None and time.monotonic() < deadline, stopped.stderr.read()
+        time.sleep(0.01)
+    stopped.send_signal(signal.SIGTERM)  # torchrun passes it on to every rank
+    code, stderr = finished(stopped)
+    assert code != 0
+    assert stderr.count("interrupted: SIGTERM") == 1, stderr
+    step = load_checkpoint(checkpoint)["progress"]["step"]
+    assert 5 <= step < 300
+    assert not (tmp_path / "stopped" / "results.json").exists()
+    time.sleep(1 - time.time() % 1)  # TensorBoard orders event files by their second
+    resumed = torchrun(2, "train", "--resume", "stopped", cwd=tmp_path)
+    code, stderr = finished(resumed)
+    assert code == 0, stderr
+    assert_same_weights(tmp_path / "stopped", tmp_path / "straight")
+
+
+@pytest.mark.slow
+def test_a_bad_override_under_torchrun_is_one_error_line_and_every_rank_exits_nonzero(tmp_path):
+    code, stderr = finished(torchrun(2, "train", "train.stpes=3", cwd=tmp_path))
+    assert code != 0
+    errors = [line for line in stderr.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1 and "did you mean train.steps?" in errors[0], stderr
+    assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.slow
+def test_a_failure_on_rank_0_after_the_ranks_met_stops_them_all_with_one_error_line(
+    tmp_path, cache_dir
+):
+    (tmp_path / "empty.txt").write_text("")
+    run = torchrun(2, "train", *SHORT_RUN, "data=text", "data.path=empty.txt", cwd=tmp_path)
+    code, stderr = finished(run)
+    assert code != 0
+    errors = [line for line in stderr.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1 and "data.path" in errors[0], stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["empty.txt"]  # no run directory left
+
+
+def rank_process(torchrun_pid: int, rank: int) -> int:
+    """The pid of the worker torchrun started as ``rank`` (Linux: read from /proc)."""
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            parent = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+            environ = (stat.parent / "environ").read_bytes().split(b"\0")
+        except (OSError, IndexError, ValueError):
+            continue  # exited meanwhile
+        if parent == torchrun_pid and f"RANK={rank}".encode() in environ:
+            return int(stat.parent.name)
+    raise AssertionError(f"no rank {rank} under torchrun {torchrun_pid}")
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="reads /proc (Linux)")
+def test_a_rank_killed_mid_training_stops_the_others_with_one_error_line(tmp_path, cache_dir):
+    endless = [*SHORT, "train.steps=100000", "train.checkpoint_every=5", "hydra.run.dir=run"]
+    run = torchrun(2, "train", *endless, cwd=tmp_path)
+    checkpoint = tmp_path / "run" / CHECKPOINT_FILE
+    deadline = time.monotonic() + 120
+    while not checkpoint.is_file():
+        assert run.poll() is None and time.monotonic() < deadline, run.stderr.read()
+        time.sleep(0.01)
+    os.kill(rank_process(run.pid, 1), signal.SIGKILL)
+    code, stderr = finished(run)
+    assert code != 0
+    errors = [line for line in stderr.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1 and "lost the other ranks" in errors[0], stderr
+    assert "Traceback" not in stderr.split("error: ")[0]  # torchrun's own summary comes after
