@@ -28,6 +28,7 @@ Queries are processed in blocks (DIAGNOSE_SCORE_ELEMENTS), so 16,384 tokens fit 
 from __future__ import annotations
 
 import math
+from itertools import islice
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -39,7 +40,8 @@ from torch.utils.tensorboard import SummaryWriter
 
 from posbench.atomic import atomic_path, write_json
 from posbench.config import resolve_device
-from posbench.data import load_corpus
+from posbench.data import gather_windows, load_corpus
+from posbench.data.corpus import Bytes
 from posbench.encodings import PositionalEncoding
 from posbench.errors import PosbenchError
 from posbench.evaluate import position_buckets, windows
@@ -241,15 +243,15 @@ def check_diagnosable(model: Transformer, length: int, device: torch.device) -> 
         )
 
 
-def validation_windows(tokens: torch.Tensor, length: int, n_windows: int) -> torch.Tensor:
+def validation_windows(tokens: Bytes, length: int, n_windows: int) -> torch.Tensor:
     """The first ``n_windows`` non-overlapping windows of ``length`` tokens -> (K, length).
 
     Only whole windows: evaluation's last window may overlap the one before it to score the
     leftover tail, and its queries would be counted twice here."""
-    whole = [
+    whole = (
         start for start, first_scored in windows(len(tokens), length, None) if not first_scored
-    ]
-    starts = whole[:n_windows]
+    )
+    starts = list(islice(whole, n_windows))
     if len(starts) < n_windows:
         raise PosbenchError(
             f"the validation split has {len(tokens)} tokens: {len(starts)} windows of "
@@ -259,7 +261,7 @@ def validation_windows(tokens: torch.Tensor, length: int, n_windows: int) -> tor
             else f"the validation split has {len(tokens)} tokens; --length {length} needs at "
             f"least {length + 1}"
         )
-    return torch.stack([tokens[s : s + length] for s in starts]).long()  # (K, length)
+    return gather_windows(tokens, starts, length)  # (K, length)
 
 
 def diagnose_run(

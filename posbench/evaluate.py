@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator, Mapping, Sequence
-from itertools import pairwise
+from itertools import islice, pairwise
 from pathlib import Path
 from typing import Any
 
@@ -47,7 +47,8 @@ from omegaconf import DictConfig, OmegaConf
 from tqdm.auto import tqdm
 
 from posbench.config import resolve_device
-from posbench.data import Corpus, Examples, Task, load_data
+from posbench.data import Corpus, Examples, Task, gather_windows, load_data
+from posbench.data.corpus import Bytes
 from posbench.errors import PosbenchError
 from posbench.memory import fitting_batch_size
 from posbench.model import Transformer
@@ -120,6 +121,15 @@ def windows(n_tokens: int, length: int, stride: int | None) -> Iterator[tuple[in
         start = min(start + (stride or length), targets - length)
 
 
+def count_windows(n_tokens: int, length: int, stride: int | None) -> int:
+    """How many windows ``windows`` gives, without listing them (a split may hold billions):
+    the first, then one per step of the rest of the targets, the last one cut short."""
+    targets = n_tokens - 1
+    if targets < length:
+        return 0
+    return 1 + -(-(targets - length) // (stride or length))
+
+
 def unsupported(
     length: int, stride: int | None, reason: str, scaling: dict[str, Any]
 ) -> dict[str, Any]:
@@ -149,7 +159,7 @@ def beyond_max_length(model: Transformer, length: int) -> str | None:
 @torch.inference_mode()
 def evaluate_length(
     model: Transformer,
-    tokens: torch.Tensor,
+    tokens: Bytes,
     length: int,
     stride: int | None = None,
     batch_size: int | None = None,
@@ -160,14 +170,16 @@ def evaluate_length(
     eval-time extension (``scaling``) its encoding applied there and, for non-overlapping
     windows, ``loss_by_position`` with ``train_seq_len`` as a bucket boundary (None: the
     window is bucketed as if it were the training length). ``precision`` is that of the
-    forward passes (posbench.precision.autocast); the NLL is summed in float64 either way."""
+    forward passes (posbench.precision.autocast); the NLL is summed in float64 either way.
+    ``tokens`` (a tensor or a numpy array, maybe a memory map) is read one batch of windows at
+    a time."""
     assert stride is None or 0 < stride <= length, "stride must be in (0, length]"
     model.eval()  # no dropout; eval-time extensions (RoPE scaling) apply
     scaling = model.encoding.scaling_record(length)
     if (reason := beyond_max_length(model, length)) is not None:
         return unsupported(length, stride, reason, scaling)
-    spans = list(windows(len(tokens), length, stride))
-    if not spans:
+    n_spans = count_windows(len(tokens), length, stride)
+    if not n_spans:
         return unsupported(
             length,
             stride,
@@ -176,16 +188,17 @@ def evaluate_length(
             scaling,
         )
     device = next(model.parameters()).device
-    batch_size = min(batch_size or max(1, TOKENS_PER_BATCH // length), len(spans))
+    batch_size = min(batch_size or max(1, TOKENS_PER_BATCH // length), n_spans)
     batch_size, shortfall = fitting_batch_size(model, length, batch_size, device)
     if shortfall is not None:
         return unsupported(length, stride, shortfall, scaling)
     position_nll = torch.zeros(length, dtype=torch.float64, device=device)  # summed on the device
     position_tokens = torch.zeros(length, dtype=torch.long, device=device)
-    with tqdm(total=len(spans), desc=f"eval length {length}", unit="window", leave=False) as bar:
-        for i in range(0, len(spans), batch_size):
-            batch = spans[i : i + batch_size]
-            rows = torch.stack([tokens[s : s + length + 1] for s, _ in batch]).long().to(device)
+    spans = windows(len(tokens), length, stride)
+    with tqdm(total=n_spans, desc=f"eval length {length}", unit="window", leave=False) as bar:
+        while batch := list(islice(spans, batch_size)):
+            starts = [s for s, _ in batch]
+            rows = gather_windows(tokens, starts, length + 1).to(device)  # (B, T+1)
             with autocast(precision, device):
                 logits = model(rows[:, :-1])  # (B, T, vocab)
             nll = F.cross_entropy(logits.transpose(1, 2).float(), rows[:, 1:], reduction="none")
@@ -216,7 +229,7 @@ def evaluate_length(
 
 def evaluate(
     model: Transformer,
-    tokens: torch.Tensor,
+    tokens: Bytes,
     lengths: Sequence[int],
     stride: int | None = None,
     batch_size: int | None = None,
@@ -224,7 +237,8 @@ def evaluate(
     train_seq_len: int | None = None,
     precision: str = "fp32",
 ) -> list[dict[str, Any]]:
-    """Evaluate ``model`` on the byte tensor ``tokens`` at each length, in ``precision``.
+    """Evaluate ``model`` on the bytes ``tokens`` (a tensor or a numpy array) at each length,
+    in ``precision``.
 
     Every length scores the same leading ``max_tokens`` tokens (all of them when ``None``),
     so perplexities at different lengths are measured on the same text.

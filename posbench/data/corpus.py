@@ -1,20 +1,41 @@
-"""A corpus (train and validation byte tensors) and the random training windows cut from it."""
+"""A corpus (train and validation bytes), the windows cut from it, and the writer it is built
+with.
+
+A corpus's splits are uint8 numpy arrays, normally read-only memory maps of its cache entry
+(posbench/data/cache.py), so they may be larger than memory: everything here reads the windows
+it needs and never the whole split, and gathers with numpy (torch will not wrap read-only
+memory) before handing torch the small batch.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
 from posbench.errors import PosbenchError
 
+if TYPE_CHECKING:
+    from posbench.data.cache import ArrayWriter
+
+# 1-D bytes: a numpy array (a corpus split, maybe a memory map) or a CPU tensor.
+Bytes = np.ndarray | torch.Tensor
+
+# A split this short cannot fill even a few training windows or evaluation lengths.
+MIN_SPLIT_BYTES = 1024
+
+# Building streams bytes in chunks of about this size, so it holds about this much at once.
+CHUNK_BYTES = 1 << 20
+
 
 @dataclass
 class Corpus:
     name: str
-    train: torch.Tensor  # uint8 (N,)
-    val: torch.Tensor  # uint8 (M,)
+    train: np.ndarray  # uint8 (N,), a read-only memory map when loaded from the cache
+    val: np.ndarray  # uint8 (M,), the same
     stats: dict[str, float] = field(default_factory=dict)
 
     def train_batch(
@@ -27,15 +48,17 @@ class Corpus:
         return f"{len(self.train):,} train / {len(self.val):,} val bytes"
 
 
-# What a source builds: train bytes, val bytes (uint8 arrays) and its own stats.
-Splits = tuple[np.ndarray, np.ndarray, dict[str, float]]
+def gather_windows(tokens: Bytes, starts: Sequence[int] | np.ndarray, width: int) -> torch.Tensor:
+    """``tokens[s : s + width]`` for each of ``starts`` -> (len(starts), width) int64.
 
-# A split this short cannot fill even a few training windows or evaluation lengths.
-MIN_SPLIT_BYTES = 1024
+    Only those bytes are read and copied, so ``tokens`` may be a memory map far larger than
+    memory."""
+    index = np.asarray(starts, dtype=np.int64)[:, None] + np.arange(width)  # (B, width)
+    return torch.from_numpy(np.asarray(tokens)[index].astype(np.int64))
 
 
 def sample_batch(
-    tokens: torch.Tensor, batch_size: int, seq_len: int, generator: torch.Generator
+    tokens: Bytes, batch_size: int, seq_len: int, generator: torch.Generator
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Random training windows: ``x = tokens[i : i+T]`` and ``y = tokens[i+1 : i+T+1]``.
 
@@ -48,8 +71,8 @@ def sample_batch(
             "its target; use a shorter sequence length or more data"
         )
     starts = torch.randint(len(tokens) - seq_len, (batch_size,), generator=generator)  # (B,)
-    index = starts[:, None] + torch.arange(seq_len)  # (B, T)
-    return tokens[index].long(), tokens[index + 1].long()
+    rows = gather_windows(tokens, starts.numpy(), seq_len + 1)  # (B, T+1)
+    return rows[:, :-1], rows[:, 1:]
 
 
 def sample_positions(n_positions: int, seq_len: int, generator: torch.Generator) -> torch.Tensor:
@@ -59,9 +82,54 @@ def sample_positions(n_positions: int, seq_len: int, generator: torch.Generator)
     return torch.randperm(n_positions, generator=generator)[:seq_len].sort().values
 
 
-def unigram_bits_per_byte(train: np.ndarray, val: np.ndarray) -> float:
-    """Cross-entropy (bits) on ``val`` of the byte distribution of ``train``, add-one smoothed
-    over all 256 bytes so a byte unseen in train costs finite bits."""
-    counts = np.bincount(train, minlength=256) + 1.0
-    bits = -np.log2(counts / counts.sum())
-    return float(bits[val].mean())
+def byte_counts(tokens: Bytes) -> np.ndarray:
+    """(256,) int64: how often each byte value occurs, counted a chunk at a time (bincount
+    would otherwise widen the whole split to int64 at once)."""
+    tokens = np.asarray(tokens)
+    counts = np.zeros(256, dtype=np.int64)
+    for start in range(0, len(tokens), CHUNK_BYTES):
+        counts += np.bincount(tokens[start : start + CHUNK_BYTES], minlength=256)
+    return counts
+
+
+def unigram_bits(train_counts: np.ndarray, val_counts: np.ndarray) -> float:
+    """Cross-entropy (bits) on bytes counted ``val_counts`` of the byte distribution counted
+    ``train_counts``, add-one smoothed over all 256 bytes so a byte unseen in train costs
+    finite bits."""
+    smoothed = train_counts + 1.0
+    bits = -np.log2(smoothed / smoothed.sum())
+    return float(bits @ val_counts / val_counts.sum())
+
+
+def unigram_bits_per_byte(train: Bytes, val: Bytes) -> float:
+    """``unigram_bits`` of the byte counts of ``train`` and ``val``."""
+    return unigram_bits(byte_counts(train), byte_counts(val))
+
+
+class SplitWriter:
+    """One split of a corpus being built: bytes appended to its cache file, counted on the way
+    (``counts``, for the unigram baseline), so building never holds the split."""
+
+    def __init__(self, array: ArrayWriter) -> None:
+        self.array = array
+        self.counts = np.zeros(256, dtype=np.int64)
+
+    def __len__(self) -> int:
+        return len(self.array)
+
+    def write(self, data: bytes | np.ndarray) -> None:
+        data = np.frombuffer(data, dtype=np.uint8) if isinstance(data, bytes) else data
+        self.array.write(data)
+        self.counts += np.bincount(data, minlength=256)
+
+    def move_tail(self, count: int, into: SplitWriter) -> None:
+        """Move the last ``count`` bytes to the end of ``into`` (a split held out of this one)."""
+        keep = len(self) - count
+        for chunk in self.array.read(keep, len(self)):
+            into.write(chunk)
+            self.counts -= np.bincount(chunk, minlength=256)
+        self.array.truncate(keep)
+
+    def clear(self) -> None:
+        self.array.truncate(0)
+        self.counts[:] = 0

@@ -9,10 +9,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 from omegaconf import MISSING
 
-from posbench.data.corpus import Splits
+from posbench.data.corpus import CHUNK_BYTES, SplitWriter
 from posbench.errors import PosbenchError
 
 log = logging.getLogger(__name__)
@@ -25,18 +24,22 @@ class TextDataConfig:
     path: str = MISSING
     val_path: str | None = None
     val_fraction: float = 0.1
+    max_bytes: int | None = None  # read at most this much of path, and of val_path
     cache_dir: str | None = None
 
 
-def _text_splits(config: TextDataConfig) -> Splits:
-    """Train from ``path``; val from ``val_path``, else the last ``val_fraction`` of the bytes."""
+def _write_text(config: TextDataConfig, train: SplitWriter, val: SplitWriter) -> dict[str, float]:
+    """Train from ``path``; val from ``val_path``, else the last ``val_fraction`` of the bytes
+    (read from ``path`` up to ``max_bytes``)."""
     if config.val_path is not None:
-        return _read_text(config.path, "path"), _read_text(config.val_path, "val_path"), {}
+        _read_text(config.path, "path", config.max_bytes, train)
+        _read_text(config.val_path, "val_path", config.max_bytes, val)
+        return {}
     if not 0 < config.val_fraction < 1:
         raise PosbenchError(f"data.val_fraction must be in (0, 1) (got {config.val_fraction})")
-    train = _read_text(config.path, "path")
-    split = len(train) - round(len(train) * config.val_fraction)
-    return train[:split], train[split:], {}
+    _read_text(config.path, "path", config.max_bytes, train)
+    train.move_tail(round(len(train) * config.val_fraction), into=val)
+    return {}
 
 
 def _check_held_out(config: TextDataConfig) -> None:
@@ -77,9 +80,9 @@ def _hidden(relative: Path) -> bool:
     return any(part.startswith(".") for part in relative.parts)
 
 
-def _read_text(pattern: str, key: str) -> np.ndarray:
-    """The files of ``data.<key>`` concatenated like ``cat``, as UTF-8 bytes (raw bytes when
-    they are not UTF-8 text).
+def _read_text(pattern: str, key: str, max_bytes: int | None, out: SplitWriter) -> None:
+    """Write the files of ``data.<key>``, concatenated like ``cat``, to the empty ``out`` as
+    UTF-8 bytes (raw bytes when they are not UTF-8 text), stopping at ``max_bytes``.
 
     datasets' text builder keeps every line break but reads in universal-newline mode, so
     ``\\r\\n`` and ``\\r`` arrive as ``\\n``. Streaming reads the files directly, without
@@ -92,17 +95,26 @@ def _read_text(pattern: str, key: str) -> np.ndarray:
         "text", data_files=files, split="train", keep_linebreaks=True, streaming=True
     )
     try:
-        data = _encode(_column(rows, "text"))
+        for chunk in _encode(_column(rows, "text"), max_bytes):
+            out.write(chunk)
     except UnicodeDecodeError:
         # The model reads bytes, so any file is a corpus: one that is not UTF-8 text (a binary
         # file, Latin-1 text) is taken byte for byte, with no newline translation.
         log.warning("data.%s '%s' is not UTF-8 text: training on its raw bytes", key, pattern)
-        data = np.concatenate([np.fromfile(f, dtype=np.uint8) for f in files])
-    if not len(data):
+        out.clear()
+        for chunk in _capped(_file_chunks(files), max_bytes):
+            out.write(chunk)
+    if not len(out):
         raise PosbenchError(
             f"data.{key} '{pattern}' contains no text; point it at a non-empty text file"
         )
-    return data
+
+
+def _file_chunks(files: Iterable[str]) -> Iterator[bytes]:
+    for path in files:
+        with open(path, "rb") as file:
+            while chunk := file.read(CHUNK_BYTES):
+                yield chunk
 
 
 def _column(rows: Any, name: str) -> Iterator[str]:
@@ -116,12 +128,34 @@ def _column(rows: Any, name: str) -> Iterator[str]:
         yield from batch[name]
 
 
-def _encode(texts: Iterable[str], max_bytes: int | None = None) -> np.ndarray:
-    """``texts`` joined as UTF-8 bytes (uint8), cut at ``max_bytes``, reading no further."""
-    chunks, size = [], 0
-    for text in texts:
-        chunks.append(text.encode("utf-8"))
-        size += len(chunks[-1])
-        if max_bytes is not None and size >= max_bytes:
-            break
-    return np.frombuffer(bytearray().join(chunks), dtype=np.uint8)[:max_bytes]
+def _encode(texts: Iterable[str], max_bytes: int | None = None) -> Iterator[bytes]:
+    """``texts`` joined as UTF-8 bytes, in chunks of about CHUNK_BYTES, cut at ``max_bytes``:
+    no more than a chunk is held at once, and nothing is read past the chunk that fills
+    ``max_bytes``."""
+    return _capped(_joined(text.encode("utf-8") for text in texts), max_bytes)
+
+
+def _joined(pieces: Iterable[bytes]) -> Iterator[bytes]:
+    """``pieces`` joined into chunks of at least CHUNK_BYTES (the last may be shorter): few
+    enough for each write to be cheap, small enough to hold."""
+    pending, size = [], 0
+    for piece in pieces:
+        pending.append(piece)
+        size += len(piece)
+        if size >= CHUNK_BYTES:
+            yield b"".join(pending)
+            pending, size = [], 0
+    if pending:
+        yield b"".join(pending)
+
+
+def _capped(chunks: Iterable[bytes], max_bytes: int | None) -> Iterator[bytes]:
+    """``chunks`` up to ``max_bytes`` bytes in all (the last one cut), reading no further."""
+    left = max_bytes
+    for chunk in chunks:
+        if left is not None:
+            chunk = chunk[:left]
+            left -= len(chunk)
+        yield chunk
+        if left == 0:
+            return
