@@ -650,31 +650,46 @@ def write_text_corpus(path, mebibytes: int):
     return path
 
 
-def train_peak_rss(args, workdir) -> tuple[int, str]:
-    """Peak resident set size (bytes) of ``posbench train <args>`` in a child process, and its
-    output."""
-    log = workdir / "posbench.log"
-    with open(log, "w") as out:
-        command = [sys.executable, "-m", "posbench.cli", "train", *args]
-        child = subprocess.Popen(command, cwd=workdir, stdout=out, stderr=subprocess.STDOUT)
+def peak_rss_of_trains(runs) -> list[tuple[int, str]]:
+    """Run ``posbench train <args>`` in ``workdir`` for each ``(args, workdir)`` of ``runs``,
+    side by side, one child process each; each child's own peak resident set size (bytes)
+    and output."""
+    children = []
+    for args, workdir in runs:
+        with open(workdir / "posbench.log", "w") as out:
+            command = [sys.executable, "-m", "posbench.cli", "train", *args]
+            children.append(
+                subprocess.Popen(command, cwd=workdir, stdout=out, stderr=subprocess.STDOUT)
+            )
+    results = []
+    for child, (_, workdir) in zip(children, runs, strict=True):
         _, status, usage = os.wait4(child.pid, 0)  # this child's own peak, unlike RUSAGE_CHILDREN
-    child.returncode = os.waitstatus_to_exitcode(status)
-    assert child.returncode == 0, log.read_text()
-    return usage.ru_maxrss * 1024, log.read_text()  # Linux reports KiB
+        child.returncode = os.waitstatus_to_exitcode(status)
+        output = (workdir / "posbench.log").read_text()
+        assert child.returncode == 0, output
+        results.append((usage.ru_maxrss * 1024, output))  # Linux reports KiB
+    return results
 
 
 @pytest.mark.slow
 @pytest.mark.skipif(sys.platform != "linux", reason="ru_maxrss is in KiB on Linux only")
 def test_peak_memory_of_building_and_training_does_not_grow_with_the_corpus(tmp_path):
-    peaks = {}
+    runs = []
     for mebibytes in (2, 200):
         workdir = tmp_path / f"{mebibytes}MiB"
         workdir.mkdir()
         corpus = write_text_corpus(workdir / "corpus.txt", mebibytes)
-        args = ["data=text", f"data.path={corpus}", f"data.cache_dir={workdir}/cache", *FEW_STEPS]
-        built, build_log = train_peak_rss(args, workdir)
-        cached, cached_log = train_peak_rss(args, workdir)
-        assert "building corpus" in build_log and "building corpus" not in cached_log
-        peaks[mebibytes] = built, cached
-    assert peaks[200][0] - peaks[2][0] < 100e6, peaks  # the run that streams it into the cache
-    assert peaks[200][1] - peaks[2][1] < 100e6, peaks  # a run that maps the cache
+        runs.append(
+            (
+                ["data=text", f"data.path={corpus}", f"data.cache_dir={workdir}/cache", *FEW_STEPS],
+                workdir,
+            )
+        )
+    (small_build, small_log), (large_build, large_log) = peak_rss_of_trains(runs)
+    assert "building corpus" in small_log and "building corpus" in large_log
+    (small_cached, small_log), (large_cached, large_log) = peak_rss_of_trains(runs)
+    assert "building corpus" not in small_log + large_log
+    peaks = f"built / cached: 2 MiB {small_build:,} / {small_cached:,} B, "
+    peaks += f"200 MiB {large_build:,} / {large_cached:,} B"
+    assert large_build - small_build < 100e6, peaks  # the runs that stream it into the cache
+    assert large_cached - small_cached < 100e6, peaks  # the runs that map the cache

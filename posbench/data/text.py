@@ -92,7 +92,12 @@ def _read_text(pattern: str, key: str, max_bytes: int | None, out: SplitWriter) 
 
     files = [str(f) for f in _text_files(pattern, key)]
     rows = datasets.load_dataset(
-        "text", data_files=files, split="train", keep_linebreaks=True, streaming=True
+        "text",
+        data_files=files,
+        split="train",
+        keep_linebreaks=True,
+        streaming=True,
+        chunksize=CHUNK_BYTES,  # the bytes it reads at a time (10 MB by default)
     )
     try:
         for chunk in _encode(_column(rows, "text"), max_bytes):
