@@ -520,17 +520,21 @@ def test_damaged_cache_entry_is_rebuilt(synthetic, tmp_path, damage, caplog):
     assert load_corpus(synthetic).stats == first.stats
 
 
-def test_a_byte_changed_in_place_is_found_by_verify_entry_not_on_load(synthetic, tmp_path):
+def test_a_byte_changed_in_place_is_found_by_verify_corpus_not_on_load(synthetic, tmp_path):
     # The trade-off of memory-mapped entries: loading checks sizes, not checksums, which
     # would read the whole corpus on every run.
     first = in_memory(load_corpus(synthetic))
     (entry,) = (tmp_path / "cache").iterdir()
-    assert verify_entry(entry) == []
+    assert data.verify_corpus(synthetic) == []
     damaged = bytearray((entry / "val.bin").read_bytes())
     damaged[len(damaged) // 2] ^= 1
     (entry / "val.bin").write_bytes(damaged)
     assert not np.array_equal(load_corpus(synthetic).val, first.val)
-    assert verify_entry(entry) == ["val"]
+    assert data.verify_corpus(synthetic) == ["val"]
+
+
+def test_verifying_a_corpus_never_built_is_a_one_line_error(synthetic):
+    assert "no intact cache entry" in one_line_error(lambda: data.verify_corpus(synthetic))
 
 
 def test_cache_entry_without_its_meta_file_is_rebuilt(synthetic, tmp_path):

@@ -15,7 +15,8 @@ Building streams: ``EntryBuilder.array`` appends to a file chunk by chunk, hashi
 so a build holds a chunk, never a split. Files are written under temporary names and renamed
 into place when the build succeeds, ``meta.json`` last (atomically): a killed first build
 leaves no ``meta.json``, so the entry is built again. Files are replaced, never rewritten in
-place: a process that has mapped the old ones keeps reading them.
+place: a process that has mapped the old ones keeps reading them (one whose mapped file was
+truncated in place would die of SIGBUS on its next read past the end).
 """
 
 from __future__ import annotations
