@@ -40,8 +40,7 @@ from torch.utils.tensorboard import SummaryWriter
 
 from posbench.atomic import atomic_path, write_json
 from posbench.config import resolve_device
-from posbench.data import gather_windows, load_corpus
-from posbench.data.corpus import Bytes
+from posbench.data import Bytes, gather_windows, load_corpus
 from posbench.encodings import PositionalEncoding
 from posbench.errors import PosbenchError
 from posbench.evaluate import position_buckets, windows

@@ -47,8 +47,7 @@ from omegaconf import DictConfig, OmegaConf
 from tqdm.auto import tqdm
 
 from posbench.config import resolve_device
-from posbench.data import Corpus, Examples, Task, gather_windows, load_data
-from posbench.data.corpus import Bytes
+from posbench.data import Bytes, Corpus, Examples, Task, gather_windows, load_data
 from posbench.errors import PosbenchError
 from posbench.memory import fitting_batch_size
 from posbench.model import Transformer

@@ -25,6 +25,7 @@ from posbench.data.cache import _cache_entry, build_entry, read_entry, verify_en
 from posbench.data.copying import CopyDataConfig, CopyTask
 from posbench.data.corpus import (
     MIN_SPLIT_BYTES,
+    Bytes,
     Corpus,
     SplitWriter,
     gather_windows,
@@ -52,6 +53,7 @@ __all__ = [
     "IGNORE",
     "MIN_SPLIT_BYTES",
     "TASKS",
+    "Bytes",
     "CopyMarkovProcess",
     "Corpus",
     "DataConfig",
