@@ -28,6 +28,7 @@ Queries are processed in blocks (DIAGNOSE_SCORE_ELEMENTS), so 16,384 tokens fit 
 from __future__ import annotations
 
 import math
+from itertools import islice
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -39,7 +40,7 @@ from torch.utils.tensorboard import SummaryWriter
 
 from posbench.atomic import atomic_path, write_json
 from posbench.config import resolve_device
-from posbench.data import load_corpus
+from posbench.data import Bytes, Offsets, gather_windows, load_corpus
 from posbench.encodings import PositionalEncoding
 from posbench.errors import PosbenchError
 from posbench.evaluate import document_bounds, document_windows, position_buckets, too_short
@@ -242,7 +243,7 @@ def check_diagnosable(model: Transformer, length: int, device: torch.device) -> 
 
 
 def validation_windows(
-    tokens: torch.Tensor, length: int, n_windows: int, documents: torch.Tensor | None = None
+    tokens: Bytes, length: int, n_windows: int, documents: Offsets | None = None
 ) -> torch.Tensor:
     """The first ``n_windows`` non-overlapping windows of ``length`` tokens -> (K, length),
     inside the documents that start at ``documents`` (None: one stream) as evaluation cuts them.
@@ -250,8 +251,8 @@ def validation_windows(
     Only whole windows: evaluation's last window may overlap the one before it to score the
     leftover tail, and its queries would be counted twice here."""
     spans = document_windows(document_bounds(len(tokens), documents), length, None)
-    whole = [start for start, first_scored in spans if not first_scored]
-    starts = whole[:n_windows]
+    whole = (start for start, first_scored in spans if not first_scored)
+    starts = list(islice(whole, n_windows))
     if len(starts) < n_windows:
         split = (
             f"the validation split has {len(tokens)} tokens:"
@@ -264,7 +265,7 @@ def validation_windows(
             if starts
             else too_short(len(tokens), documents, length, "--length")
         )
-    return torch.stack([tokens[s : s + length] for s in starts]).long()  # (K, length)
+    return gather_windows(tokens, starts, length)  # (K, length)
 
 
 def diagnose_run(

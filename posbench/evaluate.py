@@ -44,7 +44,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator, Mapping, Sequence
-from itertools import pairwise
+from itertools import islice, pairwise
 from pathlib import Path
 from typing import Any
 
@@ -54,7 +54,7 @@ from omegaconf import DictConfig, OmegaConf
 from tqdm.auto import tqdm
 
 from posbench.config import resolve_device
-from posbench.data import Corpus, Examples, Task, load_data
+from posbench.data import Bytes, Corpus, Examples, Offsets, Task, gather_windows, load_data
 from posbench.errors import PosbenchError
 from posbench.memory import fitting_batch_size
 from posbench.model import Transformer
@@ -127,7 +127,7 @@ def windows(n_tokens: int, length: int, stride: int | None) -> Iterator[tuple[in
         start = min(start + (stride or length), targets - length)
 
 
-def document_bounds(n_tokens: int, documents: torch.Tensor | None) -> list[tuple[int, int]]:
+def document_bounds(n_tokens: int, documents: Offsets | None) -> list[tuple[int, int]]:
     """The [begin, end) of each document of a split of ``n_tokens`` tokens whose documents
     start at ``documents`` (int64 offsets, increasing from 0); None: one stream, one span."""
     if documents is None:
@@ -145,6 +145,15 @@ def document_windows(
     for begin, end in bounds:
         for start, first_scored in windows(end - begin, length, stride):
             yield begin + start, first_scored
+
+
+def count_windows(n_tokens: int, length: int, stride: int | None) -> int:
+    """How many windows ``windows`` gives, without listing them (a split may hold billions):
+    the first, then one per step of the rest of the targets, the last one cut short."""
+    targets = n_tokens - 1
+    if targets < length:
+        return 0
+    return 1 + -(-(targets - length) // (stride or length))
 
 
 def unsupported(
@@ -176,13 +185,13 @@ def beyond_max_length(model: Transformer, length: int) -> str | None:
 @torch.inference_mode()
 def evaluate_length(
     model: Transformer,
-    tokens: torch.Tensor,
+    tokens: Bytes,
     length: int,
     stride: int | None = None,
     batch_size: int | None = None,
     train_seq_len: int | None = None,
     precision: str = "fp32",
-    documents: torch.Tensor | None = None,
+    documents: Offsets | None = None,
 ) -> dict[str, Any]:
     """One results.json eval record: the model's perplexity on ``tokens`` at ``length``, the
     eval-time extension (``scaling``) its encoding applied there and, for non-overlapping
@@ -190,19 +199,20 @@ def evaluate_length(
     window is bucketed as if it were the training length). ``precision`` is that of the
     forward passes (posbench.precision.autocast); the NLL is summed in float64 either way.
     ``documents``: where each document of ``tokens`` starts (None: one stream); windows stay
-    inside a document and the record's ``documents`` counts those scored."""
+    inside a document and the record's ``documents`` counts those scored. ``tokens`` (a tensor
+    or a numpy array, maybe a memory map) is read one batch of windows at a time."""
     assert stride is None or 0 < stride <= length, "stride must be in (0, length]"
     model.eval()  # no dropout; eval-time extensions (RoPE scaling) apply
     scaling = model.encoding.scaling_record(length)
     bounds = document_bounds(len(tokens), documents)
     long_documents = [(begin, end) for begin, end in bounds if end - begin > length]
-    spans = list(document_windows(long_documents, length, stride))
+    n_spans = sum(count_windows(end - begin, length, stride) for begin, end in long_documents)
     device = next(model.parameters()).device
     reason = beyond_max_length(model, length)
-    if reason is None and not spans:
+    if reason is None and not n_spans:
         reason = too_short(len(tokens), documents, length)
     if reason is None:
-        batch_size = min(batch_size or max(1, TOKENS_PER_BATCH // length), len(spans))
+        batch_size = min(batch_size or max(1, TOKENS_PER_BATCH // length), n_spans)
         batch_size, reason = fitting_batch_size(model, length, batch_size, device)
     if reason is not None:
         return {
@@ -211,10 +221,11 @@ def evaluate_length(
         }
     position_nll = torch.zeros(length, dtype=torch.float64, device=device)  # summed on the device
     position_tokens = torch.zeros(length, dtype=torch.long, device=device)
-    with tqdm(total=len(spans), desc=f"eval length {length}", unit="window", leave=False) as bar:
-        for i in range(0, len(spans), batch_size):
-            batch = spans[i : i + batch_size]
-            rows = torch.stack([tokens[s : s + length + 1] for s, _ in batch]).long().to(device)
+    spans = document_windows(long_documents, length, stride)
+    with tqdm(total=n_spans, desc=f"eval length {length}", unit="window", leave=False) as bar:
+        while batch := list(islice(spans, batch_size)):
+            starts = [s for s, _ in batch]
+            rows = gather_windows(tokens, starts, length + 1).to(device)  # (B, T+1)
             with autocast(precision, device):
                 logits = model(rows[:, :-1])  # (B, T, vocab)
             nll = F.cross_entropy(logits.transpose(1, 2).float(), rows[:, 1:], reduction="none")
@@ -244,9 +255,7 @@ def evaluate_length(
     }
 
 
-def too_short(
-    n_tokens: int, documents: torch.Tensor | None, length: int, option: str = "length"
-) -> str:
+def too_short(n_tokens: int, documents: Offsets | None, length: int, option: str = "length") -> str:
     """Why no window of ``length`` (set by ``option``) fits in a split of ``n_tokens`` tokens
     whose documents start at ``documents``."""
     longest = max(end - begin for begin, end in document_bounds(n_tokens, documents))
@@ -256,16 +265,17 @@ def too_short(
 
 def evaluate(
     model: Transformer,
-    tokens: torch.Tensor,
+    tokens: Bytes,
     lengths: Sequence[int],
     stride: int | None = None,
     batch_size: int | None = None,
     max_tokens: int | None = None,
     train_seq_len: int | None = None,
     precision: str = "fp32",
-    documents: torch.Tensor | None = None,
+    documents: Offsets | None = None,
 ) -> list[dict[str, Any]]:
-    """Evaluate ``model`` on the byte tensor ``tokens`` at each length, in ``precision``.
+    """Evaluate ``model`` on the bytes ``tokens`` (a tensor or a numpy array) at each length,
+    in ``precision``.
 
     Every length scores the same leading ``max_tokens`` tokens (all of them when ``None``),
     so perplexities at different lengths are measured on the same text. With ``documents``

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from omegaconf import DictConfig, OmegaConf
@@ -114,9 +115,11 @@ def validation_batches(
             strict=True,
         )
         return
-    width, tokens = cfg.seq_len + 1, data.val
-    n_windows = min(cfg.val_batches * cfg.batch_size, (len(tokens) - 1) // cfg.seq_len)
-    rows = tokens[: n_windows * cfg.seq_len + 1].unfold(0, width, cfg.seq_len)  # (N, T+1)
+    width = cfg.seq_len + 1
+    n_windows = min(cfg.val_batches * cfg.batch_size, (len(data.val) - 1) // cfg.seq_len)
+    # A copy of the bytes these windows cover, not of the split (a memory map of the cache).
+    tokens = torch.from_numpy(np.array(data.val[: n_windows * cfg.seq_len + 1]))
+    rows = tokens.unfold(0, width, cfg.seq_len)  # (N, T+1)
     for batch in rows.long().split(cfg.batch_size):
         yield batch[:, :-1], batch[:, 1:]
 

@@ -7,6 +7,7 @@ os.environ["HF_DATASETS_OFFLINE"] = "1"
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["TQDM_DISABLE"] = "1"
 
+import numpy as np
 import pytest
 
 # One layer, width 32, 16-token training windows: every encoding trains in a few seconds and
@@ -30,6 +31,14 @@ TINY_RUN = [
 # A small synthetic corpus whose copy lags fit inside the 16-token training windows.
 TINY_SYNTHETIC = ["data.train_tokens=40000", "data.val_tokens=8192", "data.lags=[3,7]"]
 TINY = [*TINY_RUN, *TINY_SYNTHETIC]
+
+
+def terabyte_split() -> np.ndarray:
+    """A read-only uint8 split of 2**40 bytes (all 7) that takes no memory: code that copies
+    the whole split fails with MemoryError, code that reads windows of it passes."""
+    return np.lib.stride_tricks.as_strided(
+        np.full(1, 7, dtype=np.uint8), shape=(1 << 40,), strides=(0,), writeable=False
+    )
 
 
 @pytest.fixture(scope="session")

@@ -1,18 +1,26 @@
 """posbench.data: the synthetic process, local text and hub loading, the cache, batches."""
 
+import hashlib
 import json
 import logging
 import math
+import os
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
+from conftest import terabyte_split
 
 from posbench import data
-from posbench.data import ALPHABET, CopyMarkovProcess, load_corpus, sample_batch
+from posbench.data import ALPHABET, CopyMarkovProcess, load_corpus, sample_batch, text
+from posbench.data.cache import build_entry, read_entry, verify_entry
+from posbench.data.corpus import CHUNK_BYTES
 from posbench.errors import PosbenchError
 
 TEXT = "first line\nzweite Zeile: größer, ŝ, 数据\n\n  indented\tand tabbed\nno final newline"
@@ -51,12 +59,19 @@ def offline(monkeypatch, tmp_path):
     return datasets
 
 
+@pytest.fixture
+def small_chunks(monkeypatch):
+    """Builds stream in 64-byte chunks, so small corpora cross many chunk boundaries."""
+    for module in ("corpus", "cache", "text"):
+        monkeypatch.setattr(f"posbench.data.{module}.CHUNK_BYTES", 64)
+
+
 def text_config(tmp_path, path, **overrides):
     return {"source": "text", "path": str(path), "cache_dir": str(tmp_path / "cache"), **overrides}
 
 
-def as_bytes(tokens: torch.Tensor) -> bytes:
-    return tokens.numpy().tobytes()
+def as_bytes(tokens: np.ndarray) -> bytes:
+    return tokens.tobytes()
 
 
 def write(path, text: str):
@@ -80,9 +95,9 @@ def test_synthetic_corpus_is_deterministic_from_the_seed(synthetic, tmp_path):
     first = load_corpus(synthetic)
     again = load_corpus({**synthetic, "cache_dir": str(tmp_path / "other")})
     reseeded = load_corpus({**synthetic, "seed": 1})
-    assert torch.equal(first.train, again.train) and torch.equal(first.val, again.val)
+    assert np.array_equal(first.train, again.train) and np.array_equal(first.val, again.val)
     assert first.stats == again.stats
-    assert not torch.equal(first.train, reseeded.train)
+    assert not np.array_equal(first.train, reseeded.train)
 
 
 def test_synthetic_val_is_not_a_window_of_train(synthetic):
@@ -99,7 +114,7 @@ def test_synthetic_bytes_are_the_first_vocab_size_printable_characters(synthetic
 
 def test_synthetic_corpus_has_both_splits_and_json_float_stats(synthetic):
     corpus = load_corpus(synthetic)
-    assert corpus.train.dtype == corpus.val.dtype == torch.uint8
+    assert corpus.train.dtype == corpus.val.dtype == np.uint8
     assert (len(corpus.train), len(corpus.val)) == (20_000, 5_000)
     assert set(corpus.stats) == {"unigram_bits_per_byte", "entropy_floor_bits_per_byte"}
     assert all(type(v) is float for v in corpus.stats.values())
@@ -182,6 +197,11 @@ def test_invalid_synthetic_parameters_raise_one_line_errors(synthetic, override,
     assert key in one_line_error(lambda: load_corpus({**synthetic, **override}))
 
 
+def test_synthetic_max_bytes_caps_each_split(synthetic):
+    corpus = load_corpus({**synthetic, "max_bytes": 8000})
+    assert (len(corpus.train), len(corpus.val)) == (8000, 5000)
+
+
 def test_unknown_source_names_the_choices():
     assert "synthetic, text, hub" in one_line_error(lambda: load_corpus({"source": "web"}))
 
@@ -196,7 +216,7 @@ def test_unigram_bits_per_byte_is_add_one_smoothed_cross_entropy():
 # Local text --------------------------------------------------------------------------------------
 
 
-def test_text_file_is_split_at_the_exact_val_fraction_and_round_trips(tmp_path):
+def test_text_file_is_split_at_the_exact_val_fraction_and_round_trips(tmp_path, small_chunks):
     path = write(tmp_path / "corpus.txt", TEXT * 80)
     corpus = load_corpus(text_config(tmp_path, path, val_fraction=0.25))
     raw = path.read_bytes()
@@ -287,10 +307,69 @@ def test_a_file_that_is_not_utf8_text_is_read_as_raw_bytes(tmp_path):
     content = bytes(torch.randint(0, 256, (20_000,), generator=torch.Generator().manual_seed(0)))
     path.write_bytes(content)
     corpus = load_corpus(text_config(tmp_path, path))
-    assert bytes(torch.cat([corpus.train, corpus.val]).numpy()) == content
+    assert as_bytes(corpus.train) + as_bytes(corpus.val) == content
 
 
-def starts(documents: torch.Tensor | None) -> list[int] | None:
+def test_text_that_turns_out_not_to_be_utf8_is_reread_as_raw_bytes(tmp_path, small_chunks):
+    # The first file streams into the cache before the second fails to decode.
+    first = write(tmp_path / "docs" / "a.txt", TEXT * 100).read_bytes()
+    second = b"\xff\xfe latin-1: \xe9t\xe9\n" * 600
+    (tmp_path / "docs" / "b.txt").write_bytes(second)
+    corpus = load_corpus(text_config(tmp_path, tmp_path / "docs"))
+    assert as_bytes(corpus.train) + as_bytes(corpus.val) == first + second
+
+
+def test_raw_bytes_stop_at_max_bytes(tmp_path):
+    path = tmp_path / "data.bin"
+    path.write_bytes(bytes(range(256)) * 100)
+    corpus = load_corpus(text_config(tmp_path, path, max_bytes=12_000))
+    assert as_bytes(corpus.train) + as_bytes(corpus.val) == (bytes(range(256)) * 100)[:12_000]
+
+
+def test_text_max_bytes_caps_path_and_val_path_each(tmp_path):
+    train = write(tmp_path / "train.txt", "a" * 10_000)
+    val = write(tmp_path / "val.txt", "b" * 3000)
+    corpus = load_corpus(text_config(tmp_path, train, val_path=str(val), max_bytes=2500))
+    assert as_bytes(corpus.train) == b"a" * 2500 and as_bytes(corpus.val) == b"b" * 2500
+
+
+def test_text_max_bytes_holds_val_out_of_the_bytes_read(tmp_path):
+    path = write(tmp_path / "c.txt", "a" * 16_000 + "b" * 16_000)
+    corpus = load_corpus(text_config(tmp_path, path, max_bytes=20_000))
+    assert as_bytes(corpus.train) == b"a" * 16_000 + b"b" * 2000
+    assert as_bytes(corpus.val) == b"b" * 2000
+
+
+def test_max_bytes_is_part_of_the_cache_key(synthetic, tmp_path):
+    assert len(load_corpus({**synthetic, "max_bytes": 8000}).train) == 8000
+    assert len(load_corpus(synthetic).train) == 20_000
+    assert len(list((tmp_path / "cache").iterdir())) == 2
+
+
+def test_max_bytes_smaller_than_a_split_is_a_one_line_error(synthetic):
+    assert "data.max_bytes" in one_line_error(lambda: load_corpus({**synthetic, "max_bytes": 100}))
+
+
+def test_held_out_split_keeps_its_stats_and_checksums_exact(tmp_path, small_chunks):
+    # Val is moved out of the end of train after both were counted and hashed chunk by chunk.
+    corpus = load_corpus(text_config(tmp_path, write(tmp_path / "c.txt", TEXT * 160)))
+    expected = data.unigram_bits_per_byte(np.array(corpus.train), np.array(corpus.val))
+    assert corpus.stats["unigram_bits_per_byte"] == pytest.approx(expected, rel=1e-12)
+    (entry,) = (tmp_path / "cache").iterdir()
+    assert verify_entry(entry) == []
+
+
+def test_encoding_stops_reading_at_max_bytes_and_holds_a_chunk_at_a_time():
+    def endless():
+        while True:
+            yield "ab" * 1000
+
+    chunks = list(text._encode(endless(), max_bytes=3 * CHUNK_BYTES + 1))
+    assert b"".join(chunks) == (b"ab" * (2 * CHUNK_BYTES))[: 3 * CHUNK_BYTES + 1]
+    assert max(len(chunk) for chunk in chunks) < CHUNK_BYTES + 2000
+
+
+def starts(documents: np.ndarray | None) -> list[int] | None:
     return None if documents is None else documents.tolist()
 
 
@@ -382,11 +461,10 @@ def test_hub_rows_become_lines(offline, tmp_path, local_hub_dataset):
     assert as_bytes(corpus.val) == ("ünïcode\n" * 300).encode()
 
 
-def test_hub_byte_caps_cut_each_split_exactly(offline, tmp_path, local_hub_dataset):
-    config = hub_config(tmp_path, local_hub_dataset, max_train_bytes=1500, max_val_bytes=1100)
-    corpus = load_corpus(config)
+def test_hub_max_bytes_cuts_each_split_exactly(offline, tmp_path, local_hub_dataset):
+    corpus = load_corpus(hub_config(tmp_path, local_hub_dataset, max_bytes=1500))
     assert as_bytes(corpus.train) == (HUB_TEXT * 100).encode()[:1500]
-    assert as_bytes(corpus.val) == ("ünïcode\n" * 300).encode()[:1100]
+    assert as_bytes(corpus.val) == ("ünïcode\n" * 300).encode()[:1500]
 
 
 BOOKS = ["first book " * 60, "second, longer book " * 90, "third\n" * 100]
@@ -414,10 +492,11 @@ def test_hub_rows_are_documents_with_rows_are_documents(offline, tmp_path, local
 
 
 def test_a_hub_byte_cap_keeps_the_head_of_the_row_it_cuts(offline, tmp_path, local_books):
-    config = hub_config(tmp_path, local_books, rows_are_documents=True, max_val_bytes=2500)
+    config = hub_config(tmp_path, local_books, rows_are_documents=True, max_bytes=2500)
     corpus = load_corpus(config)
     # rows of 661 and 1801 bytes, then 600 of which the cap keeps 38
     assert len(corpus.val) == 2500 and starts(corpus.val_documents) == [0, 661, 2462]
+    assert len(corpus.train) == 2500 and starts(corpus.train_documents) == [0, 661, 2462]
 
 
 def test_hub_rows_are_one_stream_by_default(offline, tmp_path, local_books):
@@ -484,35 +563,116 @@ def test_second_load_is_read_from_the_cache(synthetic, monkeypatch):
     first = load_corpus(synthetic)
     monkeypatch.setitem(data._BUILDERS, "synthetic", fail_if_called)
     second = load_corpus({**synthetic, "name": "renamed"})
-    assert torch.equal(first.train, second.train) and torch.equal(first.val, second.val)
+    assert np.array_equal(first.train, second.train) and np.array_equal(first.val, second.val)
     assert second.stats == first.stats and second.name == "renamed"
+
+
+def test_a_loaded_corpus_is_a_read_only_memory_map_of_its_cache_entry(synthetic, tmp_path):
+    for corpus in (load_corpus(synthetic), load_corpus(synthetic)):  # built, then cached
+        (entry,) = (tmp_path / "cache").iterdir()
+        for split in (corpus.train, corpus.val):
+            assert isinstance(split, np.memmap) and not split.flags.writeable
+        assert Path(corpus.train.filename) == entry / "train.bin"
+
+
+def in_memory(corpus: data.Corpus) -> data.Corpus:
+    """``corpus`` copied out of its cache files: a test that rewrites them in place would
+    change (or, by truncating, crash with SIGBUS) what a memory map of them reads."""
+    return data.Corpus(corpus.name, np.array(corpus.train), np.array(corpus.val), corpus.stats)
+
+
+def rewrite_meta(entry, change):
+    meta = json.loads((entry / "meta.json").read_text())
+    change(meta)
+    (entry / "meta.json").write_text(json.dumps(meta))
 
 
 @pytest.mark.parametrize(
     "damage",
     [
-        lambda entry: (entry / "train.npy").write_bytes((entry / "train.npy").read_bytes()[:500]),
-        lambda entry: (entry / "val.npy").write_bytes((entry / "val.npy").read_bytes()[:-1] + b"!"),
-        lambda entry: (entry / "train.npy").write_bytes(b""),
+        lambda entry: (entry / "train.bin").write_bytes((entry / "train.bin").read_bytes()[:500]),
+        lambda entry: (entry / "val.bin").write_bytes((entry / "val.bin").read_bytes() + b"!"),
+        lambda entry: (entry / "train.bin").write_bytes(b""),
+        lambda entry: (entry / "val.bin").unlink(),
         lambda entry: (entry / "meta.json").write_text("{"),
+        lambda entry: rewrite_meta(entry, lambda meta: meta["arrays"].pop("val")),
+        lambda entry: rewrite_meta(entry, lambda meta: meta["arrays"]["train"].update(dtype="<i8")),
+        lambda entry: rewrite_meta(entry, lambda meta: meta.update(format=1)),
     ],
-    ids=["truncated", "flipped byte", "empty", "bad json"],
+    ids=[
+        "truncated",
+        "extended",
+        "empty",
+        "missing file",
+        "bad json",
+        "array not in meta",
+        "other dtype",
+        "old format",
+    ],
 )
-def test_damaged_cache_entry_is_rebuilt(synthetic, tmp_path, damage):
-    first = load_corpus(synthetic)
+def test_damaged_cache_entry_is_rebuilt(synthetic, tmp_path, damage, caplog):
+    first = in_memory(load_corpus(synthetic))  # the damage rewrites the mapped files
     (entry,) = (tmp_path / "cache").iterdir()
     damage(entry)
-    second = load_corpus(synthetic)
-    assert torch.equal(first.train, second.train) and torch.equal(first.val, second.val)
+    with caplog.at_level(logging.INFO):
+        second = load_corpus(synthetic)
+    assert "building corpus" in caplog.text
+    assert np.array_equal(first.train, second.train) and np.array_equal(first.val, second.val)
     assert load_corpus(synthetic).stats == first.stats
+
+
+def test_a_byte_changed_in_place_is_found_by_verify_corpus_not_on_load(synthetic, tmp_path):
+    # The trade-off of memory-mapped entries: loading checks sizes, not checksums, which
+    # would read the whole corpus on every run.
+    first = in_memory(load_corpus(synthetic))
+    (entry,) = (tmp_path / "cache").iterdir()
+    assert data.verify_corpus(synthetic) == []
+    damaged = bytearray((entry / "val.bin").read_bytes())
+    damaged[len(damaged) // 2] ^= 1
+    (entry / "val.bin").write_bytes(damaged)
+    assert not np.array_equal(load_corpus(synthetic).val, first.val)
+    assert data.verify_corpus(synthetic) == ["val"]
+
+
+def test_verifying_a_corpus_never_built_is_a_one_line_error(synthetic):
+    assert "no intact cache entry" in one_line_error(lambda: data.verify_corpus(synthetic))
 
 
 def test_cache_entry_without_its_meta_file_is_rebuilt(synthetic, tmp_path):
     first = load_corpus(synthetic)
     (entry,) = (tmp_path / "cache").iterdir()
     (entry / "meta.json").unlink()  # as if killed before the last write
-    assert torch.equal(load_corpus(synthetic).val, first.val)
-    assert sorted(p.name for p in entry.iterdir()) == ["meta.json", "train.npy", "val.npy"]
+    assert np.array_equal(load_corpus(synthetic).val, first.val)
+    assert sorted(p.name for p in entry.iterdir()) == ["meta.json", "train.bin", "val.bin"]
+
+
+def test_a_failed_build_leaves_no_files_and_no_meta(tmp_path):
+    path = write(tmp_path / "c.txt", "x" * 5000)
+    config = text_config(tmp_path, path, val_fraction=0.01)  # a val split of 50 bytes
+    assert "val split" in one_line_error(lambda: load_corpus(config))
+    (entry,) = (tmp_path / "cache").iterdir()
+    assert list(entry.iterdir()) == []
+
+
+def test_an_unwritable_cache_is_a_one_line_error(synthetic, tmp_path):
+    blocker = write(tmp_path / "a_file", "not a directory")
+    config = {**synthetic, "cache_dir": str(blocker / "cache")}
+    assert "set data.cache_dir or POSBENCH_CACHE" in one_line_error(lambda: load_corpus(config))
+
+
+def test_a_cache_entry_holds_any_named_flat_array(tmp_path):
+    # Per-split arrays besides the bytes (e.g. document offsets) go in the same entry.
+    offsets = np.array([0, 10, 300], dtype=np.int64)
+    with build_entry(tmp_path / "entry") as build:
+        build.write_array("offsets", offsets)
+        chunks = build.array("bytes")
+        chunks.write(np.arange(100, dtype=np.uint8))
+        chunks.write(np.arange(50, dtype=np.uint8))
+        build.meta["stats"] = {}
+    arrays, meta = read_entry(tmp_path / "entry", ["offsets", "bytes"])
+    assert arrays["offsets"].dtype == np.int64 and np.array_equal(arrays["offsets"], offsets)
+    assert np.array_equal(arrays["bytes"], np.r_[np.arange(100), np.arange(50)])
+    assert meta["arrays"]["bytes"]["shape"] == [150] and verify_entry(tmp_path / "entry") == []
 
 
 def documents_corpus(tmp_path):
@@ -530,24 +690,53 @@ def test_documents_are_cached_next_to_their_splits(tmp_path, monkeypatch):
     assert starts(second.val_documents) == starts(first.val_documents) == [0, 1000]
     (entry,) = (tmp_path / "cache").iterdir()
     meta = json.loads((entry / "meta.json").read_text())
-    assert meta["documents"] == {"train": 2, "val": 2}
+    for split in ("train", "val"):
+        assert meta["arrays"][f"{split}_documents"] == {
+            "dtype": "<i8",
+            "shape": [2],
+            "sha256": hashlib.sha256(np.array([0, 1000], dtype=np.int64).tobytes()).hexdigest(),
+        }
+    assert verify_entry(entry) == []
+
+
+def test_a_corpus_without_documents_caches_none(synthetic, tmp_path):
+    corpus = load_corpus(synthetic)
+    assert corpus.train_documents is None and corpus.val_documents is None
+    (entry,) = (tmp_path / "cache").iterdir()
+    assert sorted(p.name for p in entry.iterdir()) == ["meta.json", "train.bin", "val.bin"]
+
+
+def test_max_bytes_keeps_the_head_of_the_file_it_cuts_as_a_document(tmp_path):
+    # 6,000 bytes of files read up to 5,000, inside c (4,000..6,000), then halved at 2,500,
+    # inside b (1,000..4,000): b's tail is val's first document, c's head its second
+    corpus = load_corpus({**documents_corpus(tmp_path), "max_bytes": 5000})
+    assert starts(corpus.train_documents) == [0, 1000]
+    assert starts(corpus.val_documents) == [0, 1500]
+    assert as_bytes(corpus.val) == b"b" * 1500 + b"c" * 1000
+
+
+def test_universal_newline_sizes_count_a_crlf_split_across_two_chunks(tmp_path):
+    path = tmp_path / "crlf.txt"
+    path.write_bytes(b"x" * (CHUNK_BYTES - 1) + b"\r\n" + b"y\r" * 3 + b"\r\n")
+    assert text._universal_newline_size(str(path)) == CHUNK_BYTES - 1 + 1 + 6 + 1
 
 
 @pytest.mark.parametrize(
     "damage",
     [
-        lambda path: np.save(path, np.array([0, 3000], dtype=np.int64)),  # at the split's end
-        lambda path: np.save(path, np.array([0, 0], dtype=np.int64)),  # not increasing
-        lambda path: np.save(path, np.array([0], dtype=np.int64)),  # fewer than meta.json says
+        lambda path: np.array([0, 3000], dtype=np.int64).tofile(path),  # at the split's end
+        lambda path: np.array([0, 0], dtype=np.int64).tofile(path),  # not increasing
+        lambda path: np.array([1000, 2000], dtype=np.int64).tofile(path),  # not from 0
+        lambda path: np.array([0], dtype=np.int64).tofile(path),  # fewer than meta.json says
         lambda path: path.unlink(),
     ],
-    ids=["at the end", "not increasing", "wrong count", "missing"],
+    ids=["at the end", "not increasing", "not from 0", "wrong count", "missing"],
 )
 def test_a_damaged_documents_file_is_rebuilt(tmp_path, damage):
     config = documents_corpus(tmp_path)
     load_corpus(config)
     (entry,) = (tmp_path / "cache").iterdir()
-    damage(entry / "val_documents.npy")
+    damage(entry / "val_documents.bin")
     assert starts(load_corpus(config).val_documents) == [0, 1000]
     assert starts(load_corpus(config).val_documents) == [0, 1000]
 
@@ -591,7 +780,87 @@ def test_sample_batch_fits_a_split_of_exactly_seq_len_plus_one():
     assert torch.equal(y, tokens[1:].long().expand(3, 16))
 
 
+def test_sample_batch_reads_only_its_windows_of_a_split_larger_than_memory():
+    x, y = sample_batch(terabyte_split(), 4, 16, torch.Generator().manual_seed(0))
+    assert x.shape == y.shape == (4, 16) and bool((x == 7).all()) and bool((y == 7).all())
+
+
 def test_sample_batch_rejects_a_split_shorter_than_seq_len_plus_one():
     tokens = torch.zeros(16, dtype=torch.uint8)
     message = one_line_error(lambda: sample_batch(tokens, 1, 16, torch.Generator()))
     assert "seq_len 16" in message
+
+
+# Corpora larger than memory ----------------------------------------------------------------------
+
+# A run that touches little of its corpus: a few steps of a tiny model, a short evaluation.
+FEW_STEPS = [
+    "model.n_layer=1",
+    "model.n_head=2",
+    "model.d_model=32",
+    "train.seq_len=16",
+    "train.steps=3",
+    "train.batch_size=4",
+    "train.log_every=1",
+    "train.val_every=3",
+    "train.val_batches=1",
+    "eval.lengths=[16]",
+    "eval.max_tokens=1024",
+    "threads=1",
+    "device=cpu",
+]
+
+
+def write_text_corpus(path, mebibytes: int):
+    """``mebibytes`` MiB of printable ASCII in 1 KiB lines: one random MiB, repeated."""
+    block = np.random.default_rng(0).integers(32, 127, size=(1024, 1024), dtype=np.uint8)
+    block[:, -1] = ord("\n")
+    with open(path, "wb") as file:
+        for _ in range(mebibytes):
+            file.write(block.tobytes())
+    return path
+
+
+def peak_rss_of_trains(runs) -> list[tuple[int, str]]:
+    """Run ``posbench train <args>`` in ``workdir`` for each ``(args, workdir)`` of ``runs``,
+    side by side, one child process each; each child's own peak resident set size (bytes)
+    and output."""
+    children = []
+    for args, workdir in runs:
+        with open(workdir / "posbench.log", "w") as out:
+            command = [sys.executable, "-m", "posbench.cli", "train", *args]
+            children.append(
+                subprocess.Popen(command, cwd=workdir, stdout=out, stderr=subprocess.STDOUT)
+            )
+    results = []
+    for child, (_, workdir) in zip(children, runs, strict=True):
+        _, status, usage = os.wait4(child.pid, 0)  # this child's own peak, unlike RUSAGE_CHILDREN
+        child.returncode = os.waitstatus_to_exitcode(status)
+        output = (workdir / "posbench.log").read_text()
+        assert child.returncode == 0, output
+        results.append((usage.ru_maxrss * 1024, output))  # Linux reports KiB
+    return results
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(sys.platform != "linux", reason="ru_maxrss is in KiB on Linux only")
+def test_peak_memory_of_building_and_training_does_not_grow_with_the_corpus(tmp_path):
+    runs = []
+    for mebibytes in (2, 200):
+        workdir = tmp_path / f"{mebibytes}MiB"
+        workdir.mkdir()
+        corpus = write_text_corpus(workdir / "corpus.txt", mebibytes)
+        runs.append(
+            (
+                ["data=text", f"data.path={corpus}", f"data.cache_dir={workdir}/cache", *FEW_STEPS],
+                workdir,
+            )
+        )
+    (small_build, small_log), (large_build, large_log) = peak_rss_of_trains(runs)
+    assert "building corpus" in small_log and "building corpus" in large_log
+    (small_cached, small_log), (large_cached, large_log) = peak_rss_of_trains(runs)
+    assert "building corpus" not in small_log + large_log
+    peaks = f"built / cached: 2 MiB {small_build:,} / {small_cached:,} B, "
+    peaks += f"200 MiB {large_build:,} / {large_cached:,} B"
+    assert large_build - small_build < 100e6, peaks  # the runs that stream it into the cache
+    assert large_cached - small_cached < 100e6, peaks  # the runs that map the cache

@@ -6,6 +6,7 @@ import subprocess
 import numpy as np
 import pytest
 import torch
+from conftest import terabyte_split
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from posbench import diagnose as diagnose_module
@@ -141,6 +142,14 @@ def test_more_windows_than_the_split_holds_is_one_line():
     assert "\n" not in str(err.value)
 
 
+def test_diagnosis_reads_only_its_windows_of_a_split_larger_than_memory():
+    tokens = validation_windows(terabyte_split(), 64, 3)
+    assert tokens.shape == (3, 64) and tokens.dtype == torch.int64
+    # documents of 100 tokens (one whole window) and of half the split (the other two)
+    tokens = validation_windows(terabyte_split(), 64, 3, np.array([0, 100, 1 << 39]))
+    assert tokens.shape == (3, 64) and tokens.dtype == torch.int64
+
+
 def test_a_length_longer_than_the_split_is_one_line():
     with pytest.raises(PosbenchError, match="needs at least 101"):
         validation_windows(torch.zeros(100, dtype=torch.uint8), 100, 1)
@@ -208,7 +217,8 @@ def test_diagnose_run_uses_the_windows_posbench_eval_scores(alibi_run, monkeypat
     diagnose_run(alibi_run, 32, n_windows=3)
     val = load_corpus(load_run_config(alibi_run).data).val
     starts = [start for start, _ in windows(len(val), 32, None)][:3]
-    assert torch.equal(seen[0], torch.stack([val[s : s + 32] for s in starts]).long())
+    expected = np.stack([val[s : s + 32] for s in starts]).astype(np.int64)
+    assert torch.equal(seen[0], torch.from_numpy(expected))
 
 
 @pytest.mark.slow

@@ -3,8 +3,10 @@
 import math
 from itertools import pairwise
 
+import numpy as np
 import pytest
 import torch
+from conftest import terabyte_split
 
 from posbench.config import compose_config
 from posbench.data import load_data
@@ -13,6 +15,7 @@ from posbench.errors import PosbenchError
 from posbench.evaluate import (
     MAX_POSITION_BUCKETS,
     answer_scores,
+    count_windows,
     document_bounds,
     document_windows,
     evaluate,
@@ -64,6 +67,28 @@ def test_the_last_window_ends_at_the_last_target_and_scores_only_new_targets():
     # 40 targets, length 16: windows at 0 and 16 score 1..32; the last starts at 24 and
     # scores targets 33..40, its inputs 8..15
     assert list(windows(41, 16, None)) == [(0, 0), (16, 0), (24, 8)]
+
+
+@pytest.mark.parametrize("stride", [None, 1, 3, 7, 8])
+@pytest.mark.parametrize("n_tokens", [5, 8, 9, 10, 33, 46, 100])
+def test_count_windows_counts_windows_without_listing_them(stride, n_tokens):
+    assert count_windows(n_tokens, 8, stride) == len(list(windows(n_tokens, 8, stride)))
+
+
+def test_evaluation_reads_only_the_windows_it_scores_of_a_split_larger_than_memory():
+    records = evaluate(uniform_model(), terabyte_split(), [16, 64], max_tokens=1000)
+    assert [(r["status"], r["tokens"]) for r in records] == [("ok", 1000), ("ok", 1000)]
+    assert records[0]["ppl"] == pytest.approx(256)
+
+
+def test_documents_of_a_split_larger_than_memory_are_read_window_by_window():
+    # 1,001 tokens kept: documents of 300 and 701 tokens (the second one's head)
+    documents = np.array([0, 300, 1 << 39])
+    records = evaluate(
+        uniform_model(), terabyte_split(), [16, 512], max_tokens=1000, documents=documents
+    )
+    assert [(r["documents"], r["tokens"]) for r in records] == [(2, 299 + 700), (1, 700)]
+    assert records[0]["ppl"] == pytest.approx(256)
 
 
 def test_non_overlapping_windows_tile_the_tokens():

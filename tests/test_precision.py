@@ -124,7 +124,7 @@ def test_a_bf16_training_step_computes_the_fp32_loss_and_gradients_within_bf16_a
     cfg = compose_config(TINY)
     torch.manual_seed(0)
     tokens = torch.randint(0, 256, (4096,), dtype=torch.uint8)
-    corpus = Corpus("random", train=tokens, val=tokens)
+    corpus = Corpus("random", train=tokens.numpy(), val=tokens.numpy())
     outcomes = {}
     for precision in ("fp32", "bf16"):
         torch.manual_seed(0)

@@ -6,13 +6,16 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import terabyte_split
+from omegaconf import OmegaConf
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from posbench.config import compose_config
+from posbench.data import Corpus
 from posbench.encodings import encoding_names
 from posbench.evaluate import position_buckets
 from posbench.model import build_model
-from posbench.train import fused_adamw, lr_at, make_optimizer, train
+from posbench.train import fused_adamw, lr_at, make_optimizer, train, validation_batches
 
 
 def scalars(run_dir, tag):
@@ -209,3 +212,10 @@ def test_weight_decay_skips_learned_score_biases(overrides, bias_parameters):
     decayed_ids = {id(p) for p in decayed["params"]}
     for name in bias_parameters:
         assert id(model.encoding.get_parameter(name)) not in decayed_ids
+
+
+def test_validation_reads_only_its_windows_of_a_split_larger_than_memory():
+    corpus = Corpus("huge", terabyte_split(), terabyte_split())
+    cfg = OmegaConf.create({"seq_len": 16, "batch_size": 4, "val_batches": 2})
+    batches = list(validation_batches(corpus, cfg))
+    assert [tuple(x.shape) for x, _ in batches] == [(4, 16), (4, 16)]

@@ -1,47 +1,55 @@
-"""Data: corpora as byte tensors (the synthetic default, local text files, hub corpora) and
-tasks (passkey, copy, recall) that generate prompts with answers.
+"""Data: corpora as bytes (the synthetic default, local text files, hub corpora) and tasks
+(passkey, copy, recall) that generate prompts with answers.
 
-Every corpus is a train and a validation stream of bytes (uint8 tensors), cached on disk so a
-second run neither re-generates nor re-reads it, plus a few reference numbers in ``stats`` and,
-where the source has documents (the files of a text directory or glob, pg19's books), where
-each document of a split starts.
-One module per source: ``synthetic`` (the default, see its docstring), ``text`` (local files),
-``hub`` (``datasets`` corpora); ``cache`` stores what they build; ``corpus`` holds the
-``Corpus`` type and training batches; ``task`` the ``Task`` interface that ``passkey``,
-``copying`` and ``recall`` implement. ``load_data`` gives either, ``load_corpus`` a corpus.
+Every corpus is a train and a validation stream of bytes (uint8 arrays), cached on disk so a
+second run neither re-generates nor re-reads it and memory-mapped from there, so it may be
+larger than memory, plus a few reference numbers in ``stats`` and, where the source has
+documents (the files of a text directory or glob, pg19's books), where each document of a
+split starts. One module per source:
+``synthetic`` (the default, see its docstring), ``text`` (local files), ``hub`` (``datasets``
+corpora), each writing its splits as it produces them; ``cache`` stores what they write;
+``corpus`` holds the ``Corpus`` type, its windows and training batches; ``task`` the ``Task``
+interface that ``passkey``, ``copying`` and ``recall`` implement. ``load_data`` gives either,
+``load_corpus`` a corpus.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any
 
-import torch
+import numpy as np
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
 
-from posbench.data.cache import _cache_key, _cache_root, _read_cache, _write_cache
+from posbench.data.cache import _cache_entry, build_entry, read_entry, verify_entry
 from posbench.data.copying import CopyDataConfig, CopyTask
 from posbench.data.corpus import (
     MIN_SPLIT_BYTES,
+    Bytes,
     Corpus,
-    Splits,
+    Offsets,
+    SplitWriter,
+    check_documents,
+    gather_windows,
     sample_batch,
     sample_positions,
+    unigram_bits,
     unigram_bits_per_byte,
 )
-from posbench.data.hub import HubDataConfig, _check_hub_available, _hub_splits
+from posbench.data.hub import HubDataConfig, _check_hub_available, _write_hub
 from posbench.data.passkey import PasskeyDataConfig, PasskeyTask
 from posbench.data.recall import RecallDataConfig, RecallTask
 from posbench.data.synthetic import (
     ALPHABET,
     CopyMarkovProcess,
     SyntheticDataConfig,
-    _synthetic_splits,
+    _write_synthetic,
 )
 from posbench.data.task import IGNORE, Examples, Task
-from posbench.data.text import TextDataConfig, _check_held_out, _text_splits
+from posbench.data.text import TextDataConfig, _check_held_out, _write_text
 from posbench.errors import PosbenchError
 
 __all__ = [
@@ -50,19 +58,23 @@ __all__ = [
     "IGNORE",
     "MIN_SPLIT_BYTES",
     "TASKS",
+    "Bytes",
     "CopyMarkovProcess",
     "Corpus",
     "DataConfig",
     "Examples",
     "HubDataConfig",
+    "Offsets",
     "SyntheticDataConfig",
     "Task",
     "TextDataConfig",
+    "gather_windows",
     "load_corpus",
     "load_data",
     "sample_batch",
     "sample_positions",
     "unigram_bits_per_byte",
+    "verify_corpus",
 ]
 
 log = logging.getLogger(__name__)
@@ -89,15 +101,21 @@ DataConfig = (
 )
 
 
-_BUILDERS: dict[str, Callable[[Any], Splits]] = {
-    "synthetic": _synthetic_splits,
-    "text": _text_splits,
-    "hub": _hub_splits,
+# Each source writes the train and val bytes of a config as it produces them, and returns
+# its own stats.
+_BUILDERS: dict[str, Callable[[Any, SplitWriter, SplitWriter], dict[str, float]]] = {
+    "synthetic": _write_synthetic,
+    "text": _write_text,
+    "hub": _write_hub,
 }
+
+SPLITS = ("train", "val")  # the arrays of a corpus's cache entry
+DOCUMENTS = ("train_documents", "val_documents")  # and theirs, for a source with documents
 
 
 def load_corpus(cfg: Mapping[str, Any] | DictConfig) -> Corpus:
-    """The corpus a ``data`` config describes, from the cache when it holds it.
+    """The corpus a ``data`` config describes, memory-mapped from the cache (built first when
+    the cache does not hold it).
 
     ``cfg`` is the composed ``data`` node, or a plain mapping with the same keys (missing keys
     take the defaults of the schema that ``cfg["source"]`` names). ``stats`` always holds
@@ -105,23 +123,32 @@ def load_corpus(cfg: Mapping[str, Any] | DictConfig) -> Corpus:
     (add-one smoothed), the baseline any model should beat. Synthetic corpora also hold
     ``entropy_floor_bits_per_byte``, the best bits per byte any model can reach on val.
     """
-    config = _typed_config(cfg)
-    if config.source in TASKS:
-        raise PosbenchError(
-            f"data={config.source} is a task that generates prompts, not a corpus of text; "
-            "this needs a run trained on a corpus (data=synthetic, text, wikitext2, ...)"
-        )
+    config = _corpus_config(cfg)
     if isinstance(config, TextDataConfig) and config.val_path is not None:
         _check_held_out(config)  # before the cache: a cached corpus is never rebuilt
-    entry = _cache_root(config) / f"{config.source}-{_cache_key(config)}"  # a directory
-    corpus = _read_cache(entry, config.name)
+    entry = _cache_entry(config)
+    corpus = _read_corpus(entry, config.name)
     if corpus is None:
         if isinstance(config, HubDataConfig):
             _check_hub_available(config.hub_path)
         log.info("building corpus %r into %s", config.name, entry)
-        corpus = _build(config)
-        _write_cache(entry, corpus)
+        _build(config, entry)
+        corpus = _read_corpus(entry, config.name)
+        assert corpus is not None, f"{entry} was just built"
     return corpus
+
+
+def verify_corpus(cfg: Mapping[str, Any] | DictConfig) -> list[str]:
+    """The arrays of a ``data`` config's cache entry whose SHA-256 no longer matches the one
+    taken when it was built (``[]``: all intact). Loading checks sizes only; this reads the
+    whole entry."""
+    entry = _cache_entry(_corpus_config(cfg))
+    try:
+        return verify_entry(entry)
+    except (OSError, ValueError, KeyError) as error:
+        raise PosbenchError(
+            f"no intact cache entry at {entry} to verify ({error}); load the corpus to build it"
+        ) from error
 
 
 def load_data(cfg: Mapping[str, Any] | DictConfig) -> Corpus | Task:
@@ -132,27 +159,53 @@ def load_data(cfg: Mapping[str, Any] | DictConfig) -> Corpus | Task:
     return load_corpus(cfg)
 
 
-def _build(config: DataConfig) -> Corpus:
-    splits = _BUILDERS[config.source](config)
-    for split, data in (("train", splits.train), ("val", splits.val)):
-        if len(data) < MIN_SPLIT_BYTES:
-            raise PosbenchError(
-                f"the {split} split of data '{config.name}' has {len(data)} bytes, fewer than "
-                f"the {MIN_SPLIT_BYTES} needed; give it more data"
-            )
-    stats = {"unigram_bits_per_byte": unigram_bits_per_byte(splits.train, splits.val)}
-    train_documents, val_documents = (
-        None if starts is None else torch.from_numpy(starts)
-        for starts in (splits.train_documents, splits.val_documents)
-    )
-    return Corpus(
-        config.name,
-        torch.from_numpy(splits.train),
-        torch.from_numpy(splits.val),
-        {**stats, **splits.stats},
-        train_documents=train_documents,
-        val_documents=val_documents,
-    )
+def _build(config: DataConfig, entry: Path) -> None:
+    """Write the corpus of ``config`` to the cache ``entry``, one chunk at a time."""
+    if config.max_bytes is not None and config.max_bytes < MIN_SPLIT_BYTES:
+        raise PosbenchError(
+            f"data.max_bytes must be null or at least {MIN_SPLIT_BYTES} (got {config.max_bytes})"
+        )
+    with build_entry(entry) as build:
+        train, val = (SplitWriter(build.array(split)) for split in SPLITS)
+        stats = _BUILDERS[config.source](config, train, val)
+        for split, data in zip(SPLITS, (train, val), strict=True):
+            if len(data) < MIN_SPLIT_BYTES:
+                raise PosbenchError(
+                    f"the {split} split of data '{config.name}' has {len(data)} bytes, fewer "
+                    f"than the {MIN_SPLIT_BYTES} needed; give it more data"
+                )
+        unigram = unigram_bits(train.counts, val.counts)
+        build.meta["stats"] = {"unigram_bits_per_byte": unigram, **stats}
+        for split, data in zip(SPLITS, (train, val), strict=True):
+            if data.documents is not None:
+                build.write_array(f"{split}_documents", data.documents)
+
+
+def _read_corpus(entry: Path, name: str) -> Corpus | None:
+    """The corpus cached at ``entry`` with its documents, if the source has them (None: to be
+    built; document starts that are not offsets into their split also mean a rebuild)."""
+    cached = read_entry(entry, SPLITS, DOCUMENTS, _check_corpus_documents)
+    if cached is None:
+        return None
+    arrays, meta = cached
+    documents = {key: arrays.get(key) for key in DOCUMENTS}
+    return Corpus(name, arrays["train"], arrays["val"], meta["stats"], **documents)
+
+
+def _check_corpus_documents(arrays: dict[str, np.ndarray]) -> None:
+    for split, documents in zip(SPLITS, DOCUMENTS, strict=True):
+        if documents in arrays:
+            check_documents(arrays[documents], len(arrays[split]))
+
+
+def _corpus_config(cfg: Mapping[str, Any] | DictConfig) -> DataConfig:
+    config = _typed_config(cfg)
+    if config.source in TASKS:
+        raise PosbenchError(
+            f"data={config.source} is a task that generates prompts, not a corpus of text; "
+            "this needs a run trained on a corpus (data=synthetic, text, wikitext2, ...)"
+        )
+    return config
 
 
 def _typed_config(cfg: Mapping[str, Any] | DictConfig) -> DataConfig:

@@ -1,28 +1,48 @@
-"""A corpus (train and validation byte tensors, with their documents when the source has them)
-and the random training windows cut from it."""
+"""A corpus (train and validation bytes, with their documents when the source has them), the
+windows cut from it, and the writer it is built with.
+
+A corpus's splits are uint8 numpy arrays, normally read-only memory maps of its cache entry
+(posbench/data/cache.py), so they may be larger than memory: everything here reads the windows
+it needs and never the whole split, and gathers with numpy (torch will not wrap read-only
+memory) before handing torch the small batch.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
 from posbench.errors import PosbenchError
 
+if TYPE_CHECKING:
+    from posbench.data.cache import ArrayWriter
+
+# 1-D bytes: a numpy array (a corpus split, maybe a memory map) or a CPU tensor.
+Bytes = np.ndarray | torch.Tensor
+# Int64 offsets into a split, such as where its documents start: a numpy array or a tensor.
+Offsets = np.ndarray | torch.Tensor
+
+# A split this short cannot fill even a few training windows or evaluation lengths.
+MIN_SPLIT_BYTES = 1024
+
+# Building streams bytes in chunks of about this size, so it holds about this much at once.
+CHUNK_BYTES = 1 << 20
+
 
 @dataclass
 class Corpus:
     name: str
-    train: torch.Tensor  # uint8 (N,)
-    val: torch.Tensor  # uint8 (M,)
+    train: np.ndarray  # uint8 (N,), a read-only memory map when loaded from the cache
+    val: np.ndarray  # uint8 (M,), the same
     stats: dict[str, float] = field(default_factory=dict)
     # Where each document of a split starts (int64, first 0, increasing: ``document_starts``);
     # None for a source that is one stream (synthetic, a single text file, wikitext).
-    train_documents: torch.Tensor | None = None
-    val_documents: torch.Tensor | None = None
+    train_documents: np.ndarray | None = None
+    val_documents: np.ndarray | None = None
 
     def train_batch(
         self, batch_size: int, seq_len: int, generator: torch.Generator
@@ -38,19 +58,13 @@ class Corpus:
         return ", ".join(parts)
 
 
-class Splits(NamedTuple):
-    """What a source builds: train bytes, val bytes (uint8 arrays), its own stats and, for a
-    source with documents, where each split's documents start (``document_starts``)."""
+def gather_windows(tokens: Bytes, starts: Sequence[int] | np.ndarray, width: int) -> torch.Tensor:
+    """``tokens[s : s + width]`` for each of ``starts`` -> (len(starts), width) int64.
 
-    train: np.ndarray
-    val: np.ndarray
-    stats: dict[str, float]
-    train_documents: np.ndarray | None = None
-    val_documents: np.ndarray | None = None
-
-
-# A split this short cannot fill even a few training windows or evaluation lengths.
-MIN_SPLIT_BYTES = 1024
+    Only those bytes are read and copied, so ``tokens`` may be a memory map far larger than
+    memory."""
+    index = np.asarray(starts, dtype=np.int64)[:, None] + np.arange(width)  # (B, width)
+    return torch.from_numpy(np.asarray(tokens)[index].astype(np.int64))
 
 
 def document_starts(sizes: Sequence[int]) -> np.ndarray:
@@ -68,8 +82,17 @@ def documents_between(starts: np.ndarray, begin: int, end: int) -> np.ndarray:
     return np.concatenate([np.zeros(1, dtype=np.int64), inside])
 
 
+def check_documents(starts: np.ndarray, n_bytes: int) -> None:
+    """Raise ValueError unless ``starts`` are document starts of a split of ``n_bytes`` bytes:
+    int64 offsets into it, the first 0, strictly increasing."""
+    if starts.dtype != np.int64 or starts.ndim != 1 or not len(starts):
+        raise ValueError("document starts are not a non-empty int64 array")
+    if starts[0] != 0 or starts[-1] >= n_bytes or np.any(np.diff(starts) <= 0):
+        raise ValueError("document starts are not increasing offsets into the split")
+
+
 def sample_batch(
-    tokens: torch.Tensor, batch_size: int, seq_len: int, generator: torch.Generator
+    tokens: Bytes, batch_size: int, seq_len: int, generator: torch.Generator
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Random training windows: ``x = tokens[i : i+T]`` and ``y = tokens[i+1 : i+T+1]``.
 
@@ -82,8 +105,8 @@ def sample_batch(
             "its target; use a shorter sequence length or more data"
         )
     starts = torch.randint(len(tokens) - seq_len, (batch_size,), generator=generator)  # (B,)
-    index = starts[:, None] + torch.arange(seq_len)  # (B, T)
-    return tokens[index].long(), tokens[index + 1].long()
+    rows = gather_windows(tokens, starts.numpy(), seq_len + 1)  # (B, T+1)
+    return rows[:, :-1], rows[:, 1:]
 
 
 def sample_positions(n_positions: int, seq_len: int, generator: torch.Generator) -> torch.Tensor:
@@ -93,9 +116,70 @@ def sample_positions(n_positions: int, seq_len: int, generator: torch.Generator)
     return torch.randperm(n_positions, generator=generator)[:seq_len].sort().values
 
 
-def unigram_bits_per_byte(train: np.ndarray, val: np.ndarray) -> float:
-    """Cross-entropy (bits) on ``val`` of the byte distribution of ``train``, add-one smoothed
-    over all 256 bytes so a byte unseen in train costs finite bits."""
-    counts = np.bincount(train, minlength=256) + 1.0
-    bits = -np.log2(counts / counts.sum())
-    return float(bits[val].mean())
+def byte_counts(tokens: Bytes) -> np.ndarray:
+    """(256,) int64: how often each byte value occurs, counted a chunk at a time (bincount
+    would otherwise widen the whole split to int64 at once)."""
+    tokens = np.asarray(tokens)
+    counts = np.zeros(256, dtype=np.int64)
+    for start in range(0, len(tokens), CHUNK_BYTES):
+        counts += np.bincount(tokens[start : start + CHUNK_BYTES], minlength=256)
+    return counts
+
+
+def unigram_bits(train_counts: np.ndarray, val_counts: np.ndarray) -> float:
+    """Cross-entropy (bits) on bytes counted ``val_counts`` of the byte distribution counted
+    ``train_counts``, add-one smoothed over all 256 bytes so a byte unseen in train costs
+    finite bits."""
+    smoothed = train_counts + 1.0
+    bits = -np.log2(smoothed / smoothed.sum())
+    return float(bits @ val_counts / val_counts.sum())
+
+
+def unigram_bits_per_byte(train: Bytes, val: Bytes) -> float:
+    """``unigram_bits`` of the byte counts of ``train`` and ``val``."""
+    return unigram_bits(byte_counts(train), byte_counts(val))
+
+
+class SplitWriter:
+    """One split of a corpus being built: bytes appended to its cache file, counted on the way
+    (``counts``, for the unigram baseline), so building never holds the split. A source with
+    documents says where they start (``set_documents``)."""
+
+    def __init__(self, array: ArrayWriter) -> None:
+        self.array = array
+        self.counts = np.zeros(256, dtype=np.int64)
+        self.documents: np.ndarray | None = None  # None: one stream
+
+    def set_documents(self, sizes: Sequence[int]) -> None:
+        """The bytes written are documents of ``sizes`` bytes, in order. A byte cap that
+        stopped the writing keeps the head of the document it cut; the ones after are dropped."""
+        assert sum(sizes) >= len(self), "the documents cover every byte written"
+        starts = document_starts(sizes)
+        self.documents = starts[starts < len(self)]
+
+    def __len__(self) -> int:
+        return len(self.array)
+
+    def write(self, data: bytes | np.ndarray) -> None:
+        data = np.frombuffer(data, dtype=np.uint8) if isinstance(data, bytes) else data
+        self.array.write(data)
+        self.counts += np.bincount(data, minlength=256)
+
+    def move_tail(self, count: int, into: SplitWriter) -> None:
+        """Move the last ``count`` bytes to the end of ``into`` (a split held out of this one).
+        With documents, ``into`` must be empty: the document the cut falls inside leaves its
+        tail as ``into``'s first document (``documents_between``)."""
+        keep = len(self) - count
+        if self.documents is not None:
+            assert not len(into), "documents move into an empty split"
+            into.documents = documents_between(self.documents, keep, len(self))
+            self.documents = documents_between(self.documents, 0, keep)
+        for chunk in self.array.read(keep, len(self)):
+            into.write(chunk)
+            self.counts -= np.bincount(chunk, minlength=256)
+        self.array.truncate(keep)
+
+    def clear(self) -> None:
+        self.array.truncate(0)
+        self.counts[:] = 0
+        self.documents = None

@@ -8,11 +8,10 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 from omegaconf import MISSING
 
 from posbench.data.cache import _xdg_cache_home
-from posbench.data.corpus import Splits
+from posbench.data.corpus import SplitWriter
 from posbench.data.text import _column, _encode
 from posbench.errors import PosbenchError
 
@@ -27,26 +26,20 @@ class HubDataConfig:
     rows_are_documents: bool = False  # pg19: a row is a book; wikitext: a row is a line
     train_split: str = "train"
     val_split: str = "validation"
-    max_train_bytes: int | None = None
-    max_val_bytes: int | None = None
+    max_bytes: int | None = None  # per split: stream only this much of each
     cache_dir: str | None = None
 
 
-def _hub_splits(config: HubDataConfig) -> Splits:
-    caps = {"max_train_bytes": config.max_train_bytes, "max_val_bytes": config.max_val_bytes}
-    for key, cap in caps.items():
-        if cap is not None and cap <= 0:
-            raise PosbenchError(f"data.{key} must be positive or null (got {cap})")
-    train, train_documents = _read_hub(config, config.train_split, config.max_train_bytes)
-    val, val_documents = _read_hub(config, config.val_split, config.max_val_bytes)
-    return Splits(train, val, {}, train_documents, val_documents)
+def _write_hub(config: HubDataConfig, train: SplitWriter, val: SplitWriter) -> dict[str, float]:
+    _read_hub(config, config.train_split, train)
+    _read_hub(config, config.val_split, val)
+    return {}
 
 
-def _read_hub(
-    config: HubDataConfig, split: str, max_bytes: int | None
-) -> tuple[np.ndarray, np.ndarray | None]:
-    """One split of a ``datasets`` corpus (a hub id or a local dataset directory), as bytes,
-    and where each row starts in them with ``data.rows_are_documents`` (else None).
+def _read_hub(config: HubDataConfig, split: str, out: SplitWriter) -> None:
+    """Write one split of a ``datasets`` corpus (a hub id or a local dataset directory) to
+    ``out`` as bytes, up to ``data.max_bytes``, each row a document of ``out`` with
+    ``data.rows_are_documents``.
 
     Each row becomes a line: rows that end in a newline (wikitext's) are kept as they are, rows
     that do not (pg19's books) get one. With a byte cap the split is streamed, so only about
@@ -56,14 +49,17 @@ def _read_hub(
 
     try:
         rows = datasets.load_dataset(
-            config.hub_path, config.hub_name, split=split, streaming=max_bytes is not None
+            config.hub_path, config.hub_name, split=split, streaming=config.max_bytes is not None
         )
         lines = (
             text if text.endswith("\n") else text + "\n"
             for text in _column(rows, config.text_field)
         )
-        data, starts = _encode(lines, max_bytes)
-        return data, starts if config.rows_are_documents else None
+        sizes: list[int] | None = [] if config.rows_are_documents else None
+        for chunk in _encode(lines, config.max_bytes, sizes):
+            out.write(chunk)
+        if sizes is not None:
+            out.set_documents(sizes)
     except ConnectionError as error:
         raise _hub_unreachable(config.hub_path) from error
     except (FileNotFoundError, ValueError) as error:

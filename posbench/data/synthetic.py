@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from posbench.data.corpus import Splits
+from posbench.data.corpus import SplitWriter
 from posbench.errors import PosbenchError
 
 
@@ -42,6 +42,7 @@ class SyntheticDataConfig:
     successors: int = 4
     copy_prob: float = 0.5
     lags: list[int] = field(default_factory=lambda: [16, 48, 96])
+    max_bytes: int | None = None  # per split: at most this many of train_tokens / val_tokens
     cache_dir: str | None = None
 
 
@@ -123,7 +124,9 @@ class CopyMarkovProcess:
         return -np.log2((1 - self.copy_prob) * markov + self.copy_prob * copied)
 
 
-def _synthetic_splits(config: SyntheticDataConfig) -> Splits:
+def _write_synthetic(
+    config: SyntheticDataConfig, train: SplitWriter, val: SplitWriter
+) -> dict[str, float]:
     """Train and val as independent streams of one process; the floor is measured on val."""
     _check_synthetic(config)
     process_seed, train_seed, val_seed = np.random.SeedSequence(config.seed).spawn(3)
@@ -134,15 +137,15 @@ def _synthetic_splits(config: SyntheticDataConfig) -> Splits:
         config.lags,
         np.random.default_rng(process_seed),
     )
-    train = process.sample(config.train_tokens, np.random.default_rng(train_seed))
-    val = process.sample(config.val_tokens, np.random.default_rng(val_seed))
-    alphabet = np.frombuffer(ALPHABET, dtype=np.uint8)
-    floor = float(process.bits(val).mean())
-    return Splits(
-        alphabet[train[process.burn_in :]],
-        alphabet[val[process.burn_in :]],
-        {"entropy_floor_bits_per_byte": floor},
+    n_train, n_val = (
+        min(n, config.max_bytes or n) for n in (config.train_tokens, config.val_tokens)
     )
+    train_stream = process.sample(n_train, np.random.default_rng(train_seed))
+    val_stream = process.sample(n_val, np.random.default_rng(val_seed))
+    alphabet = np.frombuffer(ALPHABET, dtype=np.uint8)
+    train.write(alphabet[train_stream[process.burn_in :]])
+    val.write(alphabet[val_stream[process.burn_in :]])
+    return {"entropy_floor_bits_per_byte": float(process.bits(val_stream).mean())}
 
 
 def _check_synthetic(config: SyntheticDataConfig) -> None:

@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import glob
 import logging
-from collections.abc import Iterable, Iterator
+import os
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 from omegaconf import MISSING
 
-from posbench.data.corpus import Splits, document_starts, documents_between
+from posbench.data.corpus import CHUNK_BYTES, SplitWriter
 from posbench.errors import PosbenchError
 
 log = logging.getLogger(__name__)
@@ -25,28 +25,26 @@ class TextDataConfig:
     path: str = MISSING
     val_path: str | None = None
     val_fraction: float = 0.1
+    max_bytes: int | None = None  # read at most this much of path, and of val_path
     cache_dir: str | None = None
 
 
-def _text_splits(config: TextDataConfig) -> Splits:
-    """Train from ``path``; val from ``val_path``, else the last ``val_fraction`` of the bytes.
+def _write_text(config: TextDataConfig, train: SplitWriter, val: SplitWriter) -> dict[str, float]:
+    """Train from ``path``; val from ``val_path``, else the last ``val_fraction`` of the bytes
+    (read from ``path`` up to ``max_bytes``).
 
     Files are documents when a pattern names a directory or a glob (a single file is one
     stream); the ``val_fraction`` cut falls inside a document, whose two parts are documents.
     """
     if config.val_path is not None:
-        train, train_documents = _read_text(config.path, "path")
-        val, val_documents = _read_text(config.val_path, "val_path")
-        return Splits(train, val, {}, train_documents, val_documents)
+        _read_text(config.path, "path", config.max_bytes, train)
+        _read_text(config.val_path, "val_path", config.max_bytes, val)
+        return {}
     if not 0 < config.val_fraction < 1:
         raise PosbenchError(f"data.val_fraction must be in (0, 1) (got {config.val_fraction})")
-    data, documents = _read_text(config.path, "path")
-    split = len(data) - round(len(data) * config.val_fraction)
-    if documents is None:
-        return Splits(data[:split], data[split:], {})
-    train_documents = documents_between(documents, 0, split)
-    val_documents = documents_between(documents, split, len(data))
-    return Splits(data[:split], data[split:], {}, train_documents, val_documents)
+    _read_text(config.path, "path", config.max_bytes, train)
+    train.move_tail(round(len(train) * config.val_fraction), into=val)
+    return {}
 
 
 def _check_held_out(config: TextDataConfig) -> None:
@@ -87,10 +85,11 @@ def _hidden(relative: Path) -> bool:
     return any(part.startswith(".") for part in relative.parts)
 
 
-def _read_text(pattern: str, key: str) -> tuple[np.ndarray, np.ndarray | None]:
-    """The files of ``data.<key>`` concatenated like ``cat``, as UTF-8 bytes (raw bytes when
-    they are not UTF-8 text), and where each file starts in them when ``pattern`` names a
-    directory or a glob (None for a single file: one stream).
+def _read_text(pattern: str, key: str, max_bytes: int | None, out: SplitWriter) -> None:
+    """Write the files of ``data.<key>``, concatenated like ``cat``, to the empty ``out`` as
+    UTF-8 bytes (raw bytes when they are not UTF-8 text), stopping at ``max_bytes``; each file
+    is a document of ``out`` when ``pattern`` names a directory or a glob (a single file is one
+    stream).
 
     datasets' text builder keeps every line break but reads in universal-newline mode, so
     ``\\r\\n`` and ``\\r`` arrive as ``\\n``. Streaming reads the files directly, without
@@ -101,32 +100,61 @@ def _read_text(pattern: str, key: str) -> tuple[np.ndarray, np.ndarray | None]:
     files = [str(f) for f in _text_files(pattern, key)]
     one_stream = Path(pattern).expanduser().is_file()
     rows = datasets.load_dataset(
-        "text", data_files=files, split="train", keep_linebreaks=True, streaming=True
+        "text",
+        data_files=files,
+        split="train",
+        keep_linebreaks=True,
+        streaming=True,
+        chunksize=CHUNK_BYTES,  # the bytes it reads at a time (10 MB by default)
     )
+    size_of = _universal_newline_size
     try:
-        data, _ = _encode(_column(rows, "text"))  # its texts are lines, not documents
-        sizes = None if one_stream else [_universal_newline_size(f) for f in files]
+        for chunk in _encode(_column(rows, "text"), max_bytes):  # texts: lines, not documents
+            out.write(chunk)
     except UnicodeDecodeError:
         # The model reads bytes, so any file is a corpus: one that is not UTF-8 text (a binary
         # file, Latin-1 text) is taken byte for byte, with no newline translation.
         log.warning("data.%s '%s' is not UTF-8 text: training on its raw bytes", key, pattern)
-        parts = [np.fromfile(f, dtype=np.uint8) for f in files]
-        data, sizes = np.concatenate(parts), [len(part) for part in parts]
-    if not len(data):
+        out.clear()
+        for chunk in _capped(_file_chunks(files), max_bytes):
+            out.write(chunk)
+        size_of = os.path.getsize
+    if not len(out):
         raise PosbenchError(
             f"data.{key} '{pattern}' contains no text; point it at a non-empty text file"
         )
-    if one_stream:
-        return data, None
-    assert sum(sizes) == len(data), "each file's bytes are where the concatenation has them"
-    return data, document_starts(sizes)
+    if not one_stream:
+        out.set_documents(_leading_sizes(files, size_of, len(out)))
+
+
+def _leading_sizes(files: Iterable[str], size_of: Callable[[str], int], total: int) -> list[int]:
+    """The sizes of the first ``files``, as far as the one that reaches ``total`` bytes: a byte
+    cap stops reading inside it, so the files after it are neither read nor sized."""
+    sizes, size = [], 0
+    for file in files:
+        if size >= total:
+            break
+        sizes.append(size_of(file))
+        size += sizes[-1]
+    return sizes
 
 
 def _universal_newline_size(file: str) -> int:
     """The UTF-8 size of a text file once read in universal-newline mode, as datasets reads it:
-    ``\\r\\n`` becomes one byte, a lone ``\\r`` stays one byte."""
-    raw = Path(file).read_bytes()
-    return len(raw) - raw.count(b"\r\n")
+    ``\\r\\n`` becomes one byte, a lone ``\\r`` stays one byte. Read a chunk at a time."""
+    size, after_cr = 0, False
+    for chunk in _file_chunks([file]):
+        crlf = chunk.count(b"\r\n") + (after_cr and chunk.startswith(b"\n"))
+        size += len(chunk) - crlf
+        after_cr = chunk.endswith(b"\r")
+    return size
+
+
+def _file_chunks(files: Iterable[str]) -> Iterator[bytes]:
+    for path in files:
+        with open(path, "rb") as file:
+            while chunk := file.read(CHUNK_BYTES):
+                yield chunk
 
 
 def _column(rows: Any, name: str) -> Iterator[str]:
@@ -140,15 +168,46 @@ def _column(rows: Any, name: str) -> Iterator[str]:
         yield from batch[name]
 
 
-def _encode(texts: Iterable[str], max_bytes: int | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """``texts`` joined as UTF-8 bytes (uint8), cut at ``max_bytes``, reading no further, and
-    where each non-empty text starts in them (``document_starts``; the cut keeps a head)."""
-    chunks, size = [], 0
-    for text in texts:
-        chunks.append(text.encode("utf-8"))
-        size += len(chunks[-1])
-        if max_bytes is not None and size >= max_bytes:
-            break
-    data = np.frombuffer(bytearray().join(chunks), dtype=np.uint8)[:max_bytes]
-    starts = document_starts([len(chunk) for chunk in chunks])
-    return data, starts[starts < len(data)]
+def _encode(
+    texts: Iterable[str], max_bytes: int | None = None, sizes: list[int] | None = None
+) -> Iterator[bytes]:
+    """``texts`` joined as UTF-8 bytes, in chunks of about CHUNK_BYTES, cut at ``max_bytes``:
+    no more than a chunk is held at once, and nothing is read past the chunk that fills
+    ``max_bytes``. ``sizes``, when given, gets the size of each text read (texts that are
+    documents: ``SplitWriter.set_documents``)."""
+    pieces = (text.encode("utf-8") for text in texts)
+    if sizes is not None:
+        pieces = _sized(pieces, sizes)
+    return _capped(_joined(pieces), max_bytes)
+
+
+def _sized(pieces: Iterable[bytes], sizes: list[int]) -> Iterator[bytes]:
+    for piece in pieces:
+        sizes.append(len(piece))
+        yield piece
+
+
+def _joined(pieces: Iterable[bytes]) -> Iterator[bytes]:
+    """``pieces`` joined into chunks of at least CHUNK_BYTES (the last may be shorter): few
+    enough for each write to be cheap, small enough to hold."""
+    pending, size = [], 0
+    for piece in pieces:
+        pending.append(piece)
+        size += len(piece)
+        if size >= CHUNK_BYTES:
+            yield b"".join(pending)
+            pending, size = [], 0
+    if pending:
+        yield b"".join(pending)
+
+
+def _capped(chunks: Iterable[bytes], max_bytes: int | None) -> Iterator[bytes]:
+    """``chunks`` up to ``max_bytes`` bytes in all (the last one cut), reading no further."""
+    left = max_bytes
+    for chunk in chunks:
+        if left is not None:
+            chunk = chunk[:left]
+            left -= len(chunk)
+        yield chunk
+        if left == 0:
+            return
