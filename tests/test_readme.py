@@ -55,7 +55,7 @@ SUBSTITUTIONS = [
     (
         r"\+experiment=extrapolation(?=\s)",
         "+experiment=extrapolation encoding=rope seed=0",
-        "the experiment's 21 jobs, narrowed to one as README shows",
+        "the experiment's 24 jobs, narrowed to one as README shows",
     ),
 ]
 # Defined before each bash block: the newest of the directories a glob matches (their names
