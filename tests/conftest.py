@@ -7,6 +7,14 @@ os.environ["HF_DATASETS_OFFLINE"] = "1"
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["TQDM_DISABLE"] = "1"
 
+# pytest-xdist runs one worker per core (pyproject's addopts). Each worker keeps to a core of
+# its own, and so do the posbench processes it starts (threads=auto counts the affinity mask):
+# two workers that each used every core would thrash, about 10x slower on two cores.
+_worker = os.environ.get("PYTEST_XDIST_WORKER")  # gw0, gw1, ...
+if _worker and hasattr(os, "sched_setaffinity"):
+    _cores = sorted(os.sched_getaffinity(0))
+    os.sched_setaffinity(0, {_cores[int(_worker.removeprefix("gw")) % len(_cores)]})
+
 import numpy as np
 import pytest
 
