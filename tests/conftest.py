@@ -2,6 +2,9 @@
 
 import os
 
+import numpy as np
+import pytest
+
 # Tests never touch the network, and progress bars would only clutter the logs.
 os.environ["HF_DATASETS_OFFLINE"] = "1"
 os.environ["HF_HUB_OFFLINE"] = "1"
@@ -15,8 +18,6 @@ if _worker and hasattr(os, "sched_setaffinity"):
     _cores = sorted(os.sched_getaffinity(0))
     os.sched_setaffinity(0, {_cores[int(_worker.removeprefix("gw")) % len(_cores)]})
 
-import numpy as np
-import pytest
 
 # One layer, width 32, 16-token training windows: every encoding trains in a few seconds and
 # still ends clearly below the data's unigram baseline.
