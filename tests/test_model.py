@@ -369,6 +369,12 @@ def test_relative_bias_attention_equals_the_masked_computation(
 ):
     # With gradients, a learned bias (t5, kerple) is written out for the explicit computation.
     monkeypatch.setattr(posbench.model, "QUERY_BLOCK", block)  # 16: 300 = 18 * 16 + 12
+    assert_attention_matches_masked(name, length, gradients)
+
+
+def assert_attention_matches_masked(name: str, length: int, gradients: bool) -> None:
+    """causal_attention with ``name``'s random bias at positions 0..length-1 equals the written
+    out masked computation, with or without gradients enabled."""
     encoding = random_bias_encoding(name)
     q, k, v = random_qkv(2, SMALL.n_head, length, 8)
     positions = torch.arange(length)
@@ -608,13 +614,7 @@ GENERAL = ["distance-bias", "pair-bias"]
 def test_general_bias_attention_equals_the_masked_computation(name, length, gradients, monkeypatch):
     # Without gradients, blocks after the first attend to their past and diagonal keys apart.
     monkeypatch.setattr(posbench.model, "QUERY_BLOCK", 16)
-    encoding = random_bias_encoding(name)
-    q, k, v = random_qkv(2, SMALL.n_head, length, 8)
-    positions = torch.arange(length)
-    with torch.set_grad_enabled(gradients):
-        out = posbench.model.causal_attention(q, k, v, positions, encoding)
-    expected = masked_attention(q, k, v, encoding, positions)
-    torch.testing.assert_close(out, expected, rtol=0, atol=1e-10)
+    assert_attention_matches_masked(name, length, gradients)
 
 
 @pytest.mark.parametrize("positions", [torch.arange(1000, 1037), torch.arange(37) ** 2])
