@@ -11,15 +11,17 @@ import functools
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.nn.attention.flex_attention import BlockMask, create_block_mask, flex_attention
 
 from posbench.encodings import PositionalEncoding, build_encoding
 from posbench.errors import PosbenchError
+
+if TYPE_CHECKING:  # importing flex_attention imports torch._dynamo: seconds per process start
+    from torch.nn.attention.flex_attention import BlockMask
 
 VOCAB_SIZE = 256  # byte-level: every corpus is read as raw bytes, no tokenizer to download
 
@@ -148,6 +150,8 @@ def flex_attention_bias(
     flattest head's bias at 16,384 tokens (about -64) could move by 0.25. ``compiled=False``
     runs flex_attention's unfused implementation (tests), which writes the (B, H, T, T) scores.
     """
+    from torch.nn.attention.flex_attention import flex_attention
+
     table = bias.float()  # (H, T)
 
     def add_bias(
@@ -164,7 +168,8 @@ def flex_attention_bias(
     # In a compiled model (train.compile) the model's compilation fuses flex_attention itself.
     fused = compiled and not torch.compiler.is_compiling()
     attention = compiled_flex_attention() if fused else flex_attention
-    mask = causal_block_mask(q.shape[2], q.device)
+    # The mask is built eagerly (and cached) even when called from a compiled model.
+    mask = torch.compiler.disable(causal_block_mask)(q.shape[2], q.device)
     return attention(q, k, v, score_mod=add_bias, block_mask=mask)
 
 
@@ -173,6 +178,8 @@ def compiled_flex_attention() -> Callable[..., torch.Tensor]:
     """flex_attention compiled once per process: uncompiled, it writes the whole (B, H, T, T)
     scores. torch.compile caches a kernel per score_mod code and input shapes, so every layer
     and step reuses it."""
+    from torch.nn.attention.flex_attention import flex_attention
+
     return torch.compile(flex_attention)
 
 
@@ -183,11 +190,12 @@ def causal(
     return q_idx >= kv_idx
 
 
-@torch.compiler.disable  # built eagerly (and cached) even when called from a compiled model
 @functools.lru_cache(maxsize=16)
 def causal_block_mask(length: int, device: torch.device) -> BlockMask:
     """The causal BlockMask of ``length`` queries and keys, shared by every batch and head
     (create_block_mask evaluates ``causal`` on the whole (T, T) grid once, hence the cache)."""
+    from torch.nn.attention.flex_attention import create_block_mask
+
     return create_block_mask(causal, None, None, length, length, device=device)
 
 
