@@ -690,6 +690,15 @@ def position_content(group: Group) -> dict[str, Any] | None:
 
 # ----------------------------------------------------------------------------- plot
 
+# matplotlib's ten default colours, then the same ten dashed, dash-dotted and dotted: a sweep
+# with more than ten rows (every encoding plus scaled re-evaluations) keeps every line distinct.
+LINE_STYLES = ("-", "--", "-.", ":")
+
+
+def row_style(index: int) -> dict[str, str]:
+    """The colour and line style of a group's ``index``-th row, the same in every figure."""
+    return {"color": f"C{index % 10}", "linestyle": LINE_STYLES[index // 10 % len(LINE_STYLES)]}
+
 
 def ppl_figure(group: Group) -> Figure:
     """Mean perplexity against evaluation length (log-log), ± one std shaded, one line per
@@ -722,14 +731,15 @@ def length_figure(group: Group, metric: str) -> tuple[Figure, Any]:
 
     figure = Figure(figsize=FIGURE_INCHES, dpi=FIGURE_DPI)
     axes = figure.add_subplot()
-    for row in group.rows:
+    for index, row in enumerate(group.rows):
         stats = [(c.length, getattr(c, metric)) for c in row.cells]
         points = [(length, stat.mean, stat.std or 0.0) for length, stat in stats if stat.n]
         if not points:
             continue
         lengths, means, stds = (np.array(v) for v in zip(*points, strict=True))
-        (line,) = axes.plot(lengths, means, marker="o", label=row.label)
-        axes.fill_between(lengths, means - stds, means + stds, color=line.get_color(), alpha=0.2)
+        style = row_style(index)
+        axes.plot(lengths, means, marker="o", label=row.label, **style)
+        axes.fill_between(lengths, means - stds, means + stds, color=style["color"], alpha=0.2)
     axes.axvline(group.train_seq_len, color="grey", linestyle="--", label="train length")
     axes.set_xscale("log", base=2)
     axes.set_xticks(group.lengths, labels=[str(length) for length in group.lengths])
@@ -748,14 +758,15 @@ def position_figure(group: Group) -> Figure:
 
     figure = Figure(figsize=FIGURE_INCHES, dpi=FIGURE_DPI)
     axes = figure.add_subplot()
-    for row in group.rows:
+    for index, row in enumerate(group.rows):
         if row.by_position is None:
             continue
         ends = np.array([end for _, end in row.by_position.buckets])
         means = np.array([stat.mean for stat in row.by_position.nll])
         stds = np.array([stat.std or 0.0 for stat in row.by_position.nll])
-        (line,) = axes.plot(ends, means, marker=".", label=row.label)
-        axes.fill_between(ends, means - stds, means + stds, color=line.get_color(), alpha=0.2)
+        style = row_style(index)
+        axes.plot(ends, means, marker=".", label=row.label, **style)
+        axes.fill_between(ends, means - stds, means + stds, color=style["color"], alpha=0.2)
     axes.axvline(group.train_seq_len, color="grey", linestyle="--", label="train length")
     axes.set_xscale("log", base=2)
     axes.set_xlabel(f"position in the window (bucket end; window {group.position_length} tokens)")

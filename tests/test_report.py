@@ -13,7 +13,15 @@ from omegaconf import OmegaConf
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from posbench.errors import PosbenchError
-from posbench.report import FIGURE_DPI, FIGURE_INCHES, build_report, markdown, write_report
+from posbench.report import (
+    FIGURE_DPI,
+    FIGURE_INCHES,
+    build_report,
+    markdown,
+    position_figure,
+    ppl_figure,
+    write_report,
+)
 
 
 def posbench(*args, cwd, check=True):
@@ -337,6 +345,27 @@ def test_report_writes_the_loss_by_position_figure_and_curves(tmp_path):
     events.Reload()
     points = [(e.step, e.value) for e in events.Scalars("report/loss_by_position")]
     assert points == [(8, 2.0), (16, 1.0), (24, 3.0), (40, 4.0)]
+
+
+def test_every_row_has_its_own_line_style_the_same_in_both_figures(tmp_path):
+    """More rows than matplotlib has default colours (a sweep with scaled re-evaluations has
+    12) must not draw two rows alike."""
+    for index in range(13):
+        run = make_run(tmp_path / f"r{index}", encoding=f"enc{index:02d}", ppls={16: 5.0, 40: 6.0})
+        add_loss_by_position(run, 40, dict(zip(BUCKETS, [2.0, 1.0, 3.0, 4.0], strict=True)))
+    (group,) = build_report(tmp_path).groups
+
+    def styles(figure):
+        (axes,) = figure.axes
+        return {
+            line.get_label(): (line.get_color(), line.get_linestyle())
+            for line in axes.get_lines()
+            if line.get_label() != "train length"
+        }
+
+    by_length, by_position = styles(ppl_figure(group)), styles(position_figure(group))
+    assert len(by_length) == 13 and len(set(by_length.values())) == 13
+    assert by_position == by_length
 
 
 def test_runs_without_loss_by_position_get_no_position_table_or_figure(tmp_path):
