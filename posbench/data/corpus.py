@@ -163,7 +163,7 @@ class SplitWriter:
     def write(self, data: bytes | np.ndarray) -> None:
         data = np.frombuffer(data, dtype=np.uint8) if isinstance(data, bytes) else data
         self.array.write(data)
-        self.counts += np.bincount(data, minlength=256)
+        self.counts += byte_counts(data)
 
     def move_tail(self, count: int, into: SplitWriter) -> None:
         """Move the last ``count`` bytes to the end of ``into`` (a split held out of this one).
@@ -176,7 +176,7 @@ class SplitWriter:
             self.documents = documents_between(self.documents, 0, keep)
         for chunk in self.array.read(keep, len(self)):
             into.write(chunk)
-            self.counts -= np.bincount(chunk, minlength=256)
+            self.counts -= byte_counts(chunk)
         self.array.truncate(keep)
 
     def clear(self) -> None:
