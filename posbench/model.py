@@ -80,7 +80,7 @@ def causal_attention(
     dropout: float = 0.0,
 ) -> torch.Tensor:
     """softmax(q k^T / sqrt(hs) + encoding's score bias + causal mask) v, for q, k, v of
-    (B, H, T, hs) at increasing ``positions`` (T,) -> (B, H, T, hs).
+    (B, H, T, hs) at increasing ``positions`` (T,) or (B, T) -> (B, H, T, hs).
 
     Without a bias this is one fused causal SDPA call, which never builds a (T, T) mask. A bias
     of the distance alone at consecutive positions takes flex_attention_bias on the
@@ -229,7 +229,8 @@ def blocked_bias_attention(
 ) -> torch.Tensor:
     """causal_attention for any score bias, from the encoding's score_bias: each block of queries
     [s, e) attends to keys [0, e) only (later keys are all in its future), with the bias and the
-    causal mask folded into one float mask of (H, e - s, e).
+    causal mask folded into one float mask of (1, H, e - s, e), or (B, H, e - s, e) for
+    positions (B, T).
 
     Blocks run from the last (the most keys) to the first: each block's temporaries then fit
     in memory the previous block freed, where growing ones made glibc's heap grow (measured at
@@ -241,15 +242,16 @@ def blocked_bias_attention(
     outputs = []
     for start in reversed(range(0, T, block)):
         end = min(start + block, T)
-        query_positions, key_positions = positions[start:end], positions[:end]
-        bias = encoding.score_bias(query_positions, key_positions)  # (H, e - s, e) or None
+        query_positions, key_positions = positions[..., start:end], positions[..., :end]
+        bias = encoding.score_bias(query_positions, key_positions)  # ([B,] H, e - s, e) or None
         if bias is None:  # the encoding adds no bias at all: no mask to build
             return unbiased_causal_attention(q, k, v, dropout)
-        # (1, H, e - s, e): SDPA's CPU kernel takes a 4-D mask fused, a 3-D one 5x slower.
-        bias = bias.to(q.dtype)[None]
+        bias = bias.to(q.dtype)
+        if bias.dim() == 3:  # SDPA's CPU kernel takes a 4-D mask fused, a 3-D one 5x slower
+            bias = bias[None]
         queries, keys, values = q[:, :, start:end], k[:, :, :end], v[:, :, :end]
         if in_parts and start:  # only the diagonal square [s, e) needs the causal mask
-            diagonal = causal_bias(bias[..., start:], query_positions, key_positions[start:])
+            diagonal = causal_bias(bias[..., start:], query_positions, key_positions[..., start:])
             outputs.append(past_and_diagonal_attention(queries, keys, values, bias, diagonal))
         else:
             mask = causal_bias(bias, query_positions, key_positions)
@@ -308,10 +310,11 @@ def unbiased_causal_attention(
 def causal_bias(
     bias: torch.Tensor, query_positions: torch.Tensor, key_positions: torch.Tensor
 ) -> torch.Tensor:
-    """Fold the causal mask into an additive score bias (H, Tq, Tk): a key whose position is
-    after the query's gets -inf."""
-    future = key_positions[None, :] > query_positions[:, None]  # (Tq, Tk)
-    return torch.where(future, float("-inf"), bias)  # one pass, where masked_fill copies first
+    """Fold the causal mask into an additive score bias (..., H, Tq, Tk) of positions
+    (..., Tq) and (..., Tk): a key whose position is after the query's gets -inf."""
+    future = key_positions[..., None, :] > query_positions[..., :, None]  # (..., Tq, Tk)
+    # One pass, where masked_fill copies first; the mask is the same for every head.
+    return torch.where(future.unsqueeze(-3), float("-inf"), bias)
 
 
 class MLP(nn.Module):
@@ -391,14 +394,15 @@ class Transformer(nn.Module):
         return self.encoding.max_length
 
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
-        """Logits (B, T, vocab) for ``tokens`` (B, T) at ``positions`` (T,), shared by the
-        batch: increasing integers, 0..T-1 by default (randomized positions train at others)."""
+        """Logits (B, T, vocab) for ``tokens`` (B, T) at increasing integer ``positions``: (T,),
+        shared by the batch (0..T-1 by default), or (B, T), one row per sequence (randomized
+        positions train each sequence at its own)."""
         T = tokens.shape[1]
-        needed = T  # positions increase, so the last one + 1 (T by default, read without a sync)
+        needed = T  # the largest position + 1 (T by default, known without a device sync)
         if positions is None:
             positions = torch.arange(T, device=tokens.device)  # (T,)
         elif self.max_length is not None:
-            needed = int(positions[-1]) + 1
+            needed = int(positions[..., -1].max()) + 1
         if self.max_length is not None and needed > self.max_length:
             raise PosbenchError(
                 f"input length {needed} exceeds the {self.max_length} positions this "

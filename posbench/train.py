@@ -213,24 +213,25 @@ def train_step(
     # the same on all ranks (and in the checkpoint), and the batches depend on the seed alone,
     # not on how many ranks and micro-batches share them.
     x, y = data.train_batch(cfg.batch_size, cfg.seq_len, sampler)
-    positions = None  # 0..seq_len-1
-    if cfg.random_positions is not None:
-        # One subset per step, shared by the batch (the encodings take one (T,) position
-        # vector); drawn from the batch sampler, whose state the checkpoint already holds.
-        positions = sample_positions(cfg.random_positions, cfg.seq_len, sampler).to(device)
     scored = int((y != IGNORE).sum())  # targets in the global batch: the loss is their mean
     rows, micro_batch = distributed.rows_of_rank(cfg.batch_size, cfg.grad_accum)
     inputs, targets = x[rows].split(micro_batch), y[rows].split(micro_batch)
+    positions = [None] * len(inputs)  # 0..seq_len-1
+    if cfg.random_positions is not None:
+        # Each sequence at its own sorted subset, drawn for the global batch like the batch
+        # itself, from the sampler whose state the checkpoint already holds.
+        drawn = sample_positions(cfg.random_positions, cfg.batch_size, cfg.seq_len, sampler)
+        positions = drawn[rows].to(device).split(micro_batch)
     # DDP averages the gradients over the ranks; scaled by their number, the sum over ranks and
     # micro-batches is the gradient of the global batch's mean loss.
     scale = distributed.world_size() / scored
     optimizer.zero_grad(set_to_none=True)
     loss_sum = 0.0
-    for i, (xs, ys) in enumerate(zip(inputs, targets, strict=True)):
+    for i, (xs, ys, ps) in enumerate(zip(inputs, targets, positions, strict=True)):
         xs, ys = xs.to(device), ys.to(device)
         with distributed.sync_gradients(model, last=i == len(inputs) - 1):
             with autocast(precision, device):  # the loss takes fp32 logits: fp32 log-softmax
-                logits = model(xs, positions).float()  # (b, T, vocab)
+                logits = model(xs, ps).float()  # (b, T, vocab)
                 nll = F.cross_entropy(logits.flatten(0, 1), ys.flatten(), reduction="sum")
             (nll * scale).backward()
         loss_sum += nll.item()  # also waits for the device, so the caller's timing is honest

@@ -135,10 +135,18 @@ def gradients_of_one_step(overrides: list[str]) -> list[torch.Tensor]:
     return [p.grad for p in model.parameters()]
 
 
-@pytest.mark.parametrize("data", [TINY_SYNTHETIC, ["data=copy"]], ids=["corpus", "task"])
+@pytest.mark.parametrize(
+    "data",
+    [
+        TINY_SYNTHETIC,
+        ["data=copy"],
+        [*TINY_SYNTHETIC, "encoding=rope", "train.random_positions=256"],
+    ],
+    ids=["corpus", "task", "random_positions"],
+)
 def test_micro_batches_give_the_gradient_of_the_whole_batch(single_process, cache_dir, data):
     """The loss is the mean over the global batch, however it is split (a task's: over its
-    answer bytes)."""
+    answer bytes; with randomized positions, each sequence keeps its own)."""
     whole = gradients_of_one_step(data)
     split = gradients_of_one_step([*data, "train.grad_accum=4"])
     for a, b in zip(whole, split, strict=True):

@@ -7,7 +7,7 @@ from test_checkpoint import SHORT, assert_same_run, at_batch, crash
 
 from posbench.config import compose_config, validate
 from posbench.data import sample_positions
-from posbench.encodings import build_encoding
+from posbench.encodings import build_encoding, encoding_names
 from posbench.errors import PosbenchError
 from posbench.model import ModelArgs, Transformer, build_model
 from posbench.train import train
@@ -16,19 +16,23 @@ SMALL = ModelArgs(n_layer=1, n_head=2, d_model=16)
 
 
 @pytest.mark.parametrize(("n", "length"), [(64, 16), (16, 16), (1000, 3)])
-def test_sampled_positions_are_a_sorted_subset_of_distinct_positions_below_n(n, length):
-    positions = sample_positions(n, length, torch.Generator().manual_seed(0))
-    assert positions.shape == (length,) and positions.dtype == torch.long
-    assert positions.tolist() == sorted(set(positions.tolist()))
+def test_each_sequence_gets_a_sorted_subset_of_distinct_positions_below_n(n, length):
+    positions = sample_positions(n, 5, length, torch.Generator().manual_seed(0))
+    assert positions.shape == (5, length) and positions.dtype == torch.long
+    for row in positions.tolist():
+        assert row == sorted(set(row))
     assert 0 <= positions.min() and positions.max() < n
 
 
-def test_sampled_positions_follow_the_generator_and_cover_the_whole_range():
-    draws = [sample_positions(64, 16, torch.Generator().manual_seed(s)) for s in range(50)]
-    assert torch.equal(draws[0], sample_positions(64, 16, torch.Generator().manual_seed(0)))
-    assert not torch.equal(draws[0], draws[1])
-    seen = torch.cat(draws)
-    assert seen.min() == 0 and seen.max() == 63
+def test_sampled_positions_follow_the_generator_differ_per_sequence_and_cover_the_range():
+    draws = sample_positions(64, 50, 16, torch.Generator().manual_seed(0))
+    assert torch.equal(draws, sample_positions(64, 50, 16, torch.Generator().manual_seed(0)))
+    assert len({tuple(row) for row in draws.tolist()}) == 50
+    assert draws.min() == 0 and draws.max() == 63
+    # Uniform over subsets: every position is in a subset with probability 16/64.
+    many = sample_positions(64, 4000, 16, torch.Generator().manual_seed(1))
+    share = torch.bincount(many.flatten(), minlength=64) / 4000
+    assert share.sub(0.25).abs().max() < 0.05
 
 
 def test_the_model_gives_its_encoding_the_positions_it_is_given(monkeypatch):
@@ -46,6 +50,25 @@ def test_the_model_gives_its_encoding_the_positions_it_is_given(monkeypatch):
     model(torch.zeros(1, 4, dtype=torch.long), positions)
     assert len(seen) >= 1 + 2 * SMALL.n_layer
     assert all(torch.equal(p, positions) for p in seen)
+
+
+@pytest.mark.parametrize("name", encoding_names())
+@pytest.mark.parametrize("length", [12, 300])  # 300: several query blocks with a score bias
+def test_one_row_of_positions_per_sequence_equals_each_sequence_alone(name, length):
+    """Positions (B, T) through every encoding hook (embed, rotate, score_bias) and attention
+    path: row b of the batch gives what sequence b alone gives at its own positions (T,)."""
+    torch.manual_seed(0)
+    config = {"name": name, "max_length": 1024} if name == "learned" else {"name": name}
+    model = Transformer(SMALL, build_encoding(config, SMALL.d_model, SMALL.n_head)).double()
+    tokens = torch.randint(0, 256, (3, length))
+    positions = sample_positions(1024, 3, length, torch.Generator().manual_seed(1))
+    for training in (True, False):  # with gradients, and the blocked inference path
+        model.train(training)
+        with torch.set_grad_enabled(training):
+            batched = model(tokens, positions)
+            alone = [model(tokens[b : b + 1], positions[b]) for b in range(3)]
+        torch.testing.assert_close(batched, torch.cat(alone))
+    assert not torch.allclose(alone[0], model(tokens[:1])) or name == "none"
 
 
 def test_a_learned_table_serves_positions_past_the_input_length_up_to_its_rows():
@@ -100,7 +123,9 @@ def test_training_draws_positions_from_the_range_and_evaluation_uses_zero_to_l(
     monkeypatch.setattr(Transformer, "forward", recording)
     train(compose_config([*RANDOM, "train.steps=3", f"data.cache_dir={cache_dir}"]), tmp_path)
     drawn = [p for training, p in used if training]
-    assert len(drawn) == 3 and all(p is not None and p.max() < 64 for p in drawn)
+    batch_size = compose_config(RANDOM).train.batch_size
+    assert len(drawn) == 3 and all(p.shape == (batch_size, 16) and p.max() < 64 for p in drawn)
+    assert all(len({tuple(row) for row in p.tolist()}) == batch_size for p in drawn)  # per row
     assert any(p.max() >= 16 for p in drawn)  # not 0..15
     assert all(p is None for training, p in used if not training)  # eval: 0..L-1
     _, results = straight_random

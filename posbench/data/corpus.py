@@ -109,11 +109,17 @@ def sample_batch(
     return rows[:, :-1], rows[:, 1:]
 
 
-def sample_positions(n_positions: int, seq_len: int, generator: torch.Generator) -> torch.Tensor:
-    """Randomized positions (Ruoss et al. 2023, https://arxiv.org/abs/2305.16843): a sorted
-    random subset of ``seq_len`` distinct positions from [0, n_positions) -> (seq_len,) int64,
-    drawn from ``generator`` alone, so a run's positions are reproducible from its state."""
-    return torch.randperm(n_positions, generator=generator)[:seq_len].sort().values
+def sample_positions(
+    n_positions: int, batch_size: int, seq_len: int, generator: torch.Generator
+) -> torch.Tensor:
+    """Randomized positions (Ruoss et al. 2023, https://arxiv.org/abs/2305.16843): for each of
+    ``batch_size`` sequences its own sorted random subset of ``seq_len`` distinct positions from
+    [0, n_positions) -> (batch_size, seq_len) int64, drawn from ``generator`` alone, so a run's
+    positions are reproducible from its state."""
+    # The seq_len largest of n_positions uniform draws are at a uniformly random subset of
+    # their indices: one call for the whole batch, where randperm is one call per sequence.
+    draws = torch.rand(batch_size, n_positions, generator=generator)
+    return draws.topk(seq_len, dim=1).indices.sort(dim=1).values
 
 
 def byte_counts(tokens: Bytes) -> np.ndarray:

@@ -10,6 +10,10 @@ at the encoding's name:
   defines ``relative_bias`` instead, which gives ``score_bias`` and lets the model attend
   without ever building an (H, Tq, Tk) bias.
 
+Positions are integers, either (T,), shared by the batch (0..T-1 by default), or (B, T), one
+row per sequence (randomized positions train each sequence at its own subset); every hook
+takes both.
+
 ``max_length`` says how long a sequence the encoding can represent (``None``: any length),
 so evaluation can report a length as unsupported instead of silently clamping positions.
 ``scaling_record`` says which eval-time extension (e.g. RoPE's YaRN) the encoding applies at a
@@ -57,11 +61,11 @@ class PositionalEncoding(nn.Module):
         return {"scaling": "none", "scaling_factor": None, "scaling_factor_setting": None}
 
     def embed(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """Token embeddings ``x`` (B, T, C) at integer ``positions`` (T,) -> (B, T, C)."""
+        """Token embeddings ``x`` (B, T, C) at integer ``positions`` (T,) or (B, T) -> (B, T, C)."""
         return x
 
     def rotate(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """Queries or keys ``x`` (B, H, T, hs) at ``positions`` (T,) -> (B, H, T, hs)."""
+        """Queries or keys ``x`` (B, H, T, hs) at ``positions`` (T,) or (B, T) -> (B, H, T, hs)."""
         return x
 
     @property
@@ -86,7 +90,9 @@ class PositionalEncoding(nn.Module):
     def score_bias(
         self, query_positions: torch.Tensor, key_positions: torch.Tensor
     ) -> torch.Tensor | None:
-        """Additive attention-logit bias (H, Tq, Tk), or ``None`` for no bias.
+        """Additive attention-logit bias (H, Tq, Tk) for positions (Tq,), (Tk,), or
+        (B, H, Tq, Tk) for one row of positions per sequence, (B, Tq), (B, Tk); ``None`` for no
+        bias.
 
         At long lengths the model asks per block of queries, with the keys up to the block's
         last position, so the bias must depend only on the positions it is given. The default
@@ -97,7 +103,8 @@ class PositionalEncoding(nn.Module):
         bias = self.relative_bias(torch.arange(lowest, highest + 1, device=lowest.device))
         if bias is None:
             return None
-        # i - j - lowest (Tq, Tk) in int32, which index_select takes: half of int64's traffic.
-        row = (query_positions - lowest).int()[:, None] - key_positions.int()[None, :]
+        # i - j - lowest ([B,] Tq, Tk) in int32, which index_select takes: half of int64's traffic.
+        row = (query_positions - lowest).int()[..., :, None] - key_positions.int()[..., None, :]
         # index_select of the flat grid: 5x faster than bias[:, row] (measured at 256 x 2048).
-        return bias.index_select(1, row.flatten()).view(-1, *row.shape)  # (H, Tq, Tk)
+        grid = bias.index_select(1, row.flatten()).view(-1, *row.shape)  # (H, [B,] Tq, Tk)
+        return grid.movedim(0, -3)  # ([B,] H, Tq, Tk)

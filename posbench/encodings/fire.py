@@ -57,25 +57,27 @@ class FireRelativeBias(PositionalEncoding):
     def relative_inputs(
         self, query_positions: torch.Tensor, key_positions: torch.Tensor
     ) -> torch.Tensor:
-        """f_theta's input psi(i - j) / psi(max(L, i)) for every pair -> (Tq, Tk) in [0, 1]
-        for past keys. Future keys (masked anyway) read distance 0, so the log stays finite."""
+        """f_theta's input psi(i - j) / psi(max(L, i)) for every pair of positions (..., Tq)
+        and (..., Tk) -> (..., Tq, Tk), in [0, 1] for past keys. Future keys (masked anyway)
+        read distance 0, so the log stays finite."""
         dtype = self.c.dtype
         c = self.c.clamp(min=SMALLEST_C)
-        distance = (query_positions[:, None] - key_positions[None, :]).clamp(min=0)  # (Tq, Tk)
-        horizon = torch.maximum(query_positions.to(dtype), self.threshold.clamp(min=1.0))  # (Tq,)
-        return torch.log1p(c * distance.to(dtype)) / torch.log1p(c * horizon)[:, None]
+        distance = (query_positions[..., :, None] - key_positions[..., None, :]).clamp(min=0)
+        horizon = torch.maximum(query_positions.to(dtype), self.threshold.clamp(min=1.0))
+        return torch.log1p(c * distance.to(dtype)) / torch.log1p(c * horizon)[..., None]
 
     def score_bias(
         self, query_positions: torch.Tensor, key_positions: torch.Tensor
     ) -> torch.Tensor:
-        inputs = self.relative_inputs(query_positions, key_positions)  # (Tq, Tk)
-        Tq, Tk = inputs.shape
+        inputs = self.relative_inputs(query_positions, key_positions)  # ([B,] Tq, Tk)
+        *batch, Tq, Tk = inputs.shape
         # f_theta's hidden layer holds `width` values per pair; run it on blocks of query rows
-        # small enough that it never outgrows the (H, Tq, Tk) bias itself, which is what the
-        # evaluation memory estimate (Transformer.inference_memory_bytes) budgets for.
+        # small enough that it never outgrows the ([B,] H, Tq, Tk) bias itself, which is what
+        # the evaluation memory estimate (Transformer.inference_memory_bytes) budgets for.
         rows = max(1, self.n_head * Tq // self.config.width)
-        bias = inputs.new_empty(self.n_head, Tq, Tk)
+        bias = inputs.new_empty(*batch, self.n_head, Tq, Tk)
         for start in range(0, Tq, rows):
-            block = inputs[start : start + rows, :, None]  # (rows, Tk, 1)
-            bias[:, start : start + rows] = self.mlp(block).permute(2, 0, 1)  # (H, rows, Tk)
+            block = inputs[..., start : start + rows, :, None]  # ([B,] rows, Tk, 1)
+            # ([B,] rows, Tk, H) -> ([B,] H, rows, Tk)
+            bias[..., start : start + rows, :] = self.mlp(block).movedim(-1, -3)
         return bias

@@ -37,4 +37,4 @@ class LearnedPositionalEncoding(PositionalEncoding):
         return self.config.max_length
 
     def embed(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        return x + self.table(positions)  # (T, C) broadcasts over the batch
+        return x + self.table(positions)  # (T, C) broadcasts over the batch, or (B, T, C)

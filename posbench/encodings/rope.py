@@ -287,6 +287,12 @@ def rotate_leading(
     return torch.cat((rotate_by(x[..., :dim], rotation, layout), x[..., dim:]), dim=-1)
 
 
+def shared_by_heads(rotation: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """Rotations (..., T, d/2) at ``positions`` laid out for queries or keys (B, H, T, hs): as
+    they are for positions (T,); (B, T, d/2) -> (B, 1, T, d/2) for one row per sequence."""
+    return rotation if positions.dim() == 1 else rotation.unsqueeze(-3)
+
+
 def apply_rope(
     x: torch.Tensor,
     positions: torch.Tensor,
@@ -295,12 +301,14 @@ def apply_rope(
     fraction: float = 1.0,
     keep_frequencies: float = 1.0,
 ) -> torch.Tensor:
-    """Rotate ``x`` (..., T, head_dim) as RoPE does at integer ``positions`` (T,)."""
+    """Rotate ``x`` (..., T, head_dim) as RoPE does at integer ``positions`` (T,), or ``x``
+    (B, H, T, head_dim) at ``positions`` (B, T)."""
     check_layout(layout)
     theta = rope_frequencies(rotated_dims(x.shape[-1], fraction), base)
     theta = drop_low_frequencies(theta, keep_frequencies).to(positions.device)
-    angles = positions.to(torch.float64)[:, None] * theta  # (T, d/2)
-    return rotate_leading(x, torch.polar(torch.ones_like(angles), angles), layout)
+    angles = positions.to(torch.float64)[..., None] * theta  # ([B,] T, d/2)
+    rotation = torch.polar(torch.ones_like(angles), angles)
+    return rotate_leading(x, shared_by_heads(rotation, positions), layout)
 
 
 @register("rope")
@@ -382,5 +390,8 @@ class RotaryPositionalEncoding(PositionalEncoding):
         ):
             self._build_table(needed, factor, x.device)
         return rotate_leading(
-            x, self.rotations[positions], self.config.layout, self.attention_factor
+            x,
+            shared_by_heads(self.rotations[positions], positions),
+            self.config.layout,
+            self.attention_factor,
         )

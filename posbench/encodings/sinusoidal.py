@@ -29,15 +29,15 @@ class SinusoidalConfig(EncodingConfig):
 
 
 def sinusoidal_table(positions: torch.Tensor, dim: int, base: float = 10000.0) -> torch.Tensor:
-    """The sinusoidal encodings of ``positions`` (T,) -> (T, dim) in float64: sin on even
-    dims, cos on odd ones."""
+    """The sinusoidal encodings of ``positions`` (..., T) -> (..., T, dim) in float64: sin on
+    even dims, cos on odd ones."""
     assert dim % 2 == 0, "sinusoidal encodings pair a sin with a cos"
     # float64 keeps pos * frequency exact enough at positions in the tens of thousands.
     exponents = torch.arange(0, dim, 2, dtype=torch.float64, device=positions.device) / dim
     inv_freq = base**-exponents  # (dim/2,)
-    angles = positions.to(torch.float64)[:, None] * inv_freq  # (T, dim/2)
-    table = torch.stack((angles.sin(), angles.cos()), dim=-1)  # (T, dim/2, 2)
-    return table.flatten(-2)  # (T, dim) float64, interleaved: sin, cos, sin, cos, ...
+    angles = positions.to(torch.float64)[..., None] * inv_freq  # (..., T, dim/2)
+    table = torch.stack((angles.sin(), angles.cos()), dim=-1)  # (..., T, dim/2, 2)
+    return table.flatten(-2)  # (..., T, dim) float64, interleaved: sin, cos, sin, cos, ...
 
 
 @register("sinusoidal")
