@@ -83,15 +83,15 @@ def causal_attention(
     (B, H, T, hs) at increasing ``positions`` (T,) or (B, T) -> (B, H, T, hs).
 
     Without a bias this is one fused causal SDPA call, which never builds a (T, T) mask. A bias
-    of the distance alone at consecutive positions takes flex_attention_bias on the
-    FLEX_ATTENTION_DEVICES (without attention dropout, which flex_attention lacks), else
-    relative_bias_attention; any other bias takes blocked_bias_attention.
+    of the distance alone at consecutive positions (the encoding's consecutive_bias) takes
+    flex_attention_bias on the FLEX_ATTENTION_DEVICES (without attention dropout, which
+    flex_attention lacks), else relative_bias_attention; any other bias takes
+    blocked_bias_attention.
     """
     if not encoding.has_score_bias:
         return unbiased_causal_attention(q, k, v, dropout)
-    T = q.shape[2]
     consecutive = bool((positions.diff() == 1).all())
-    bias = encoding.relative_bias(torch.arange(T, device=q.device)) if consecutive else None
+    bias = encoding.consecutive_bias(positions) if consecutive else None
     if bias is not None:
         if q.device.type in FLEX_ATTENTION_DEVICES and not dropout:
             return flex_attention_bias(q, k, v, bias)

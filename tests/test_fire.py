@@ -147,6 +147,38 @@ def test_blocked_rows_give_the_same_bias_as_one_pass():
     torch.testing.assert_close(encoding.score_bias(queries, keys), one_pass, rtol=0, atol=1e-12)
 
 
+def test_below_the_threshold_the_consecutive_bias_is_the_bias_at_each_distance():
+    encoding = fire(threshold=40.0)
+    full = encoding.score_bias(torch.arange(30), torch.arange(30))  # (H, 30, 30)
+    by_distance = encoding.consecutive_bias(torch.arange(30))  # (H, 30)
+    for i in range(30):
+        torch.testing.assert_close(full[:, i, : i + 1], by_distance[:, : i + 1].flip(1))
+    assert encoding.consecutive_bias(torch.arange(11, 41)) is not None  # i <= L everywhere
+    assert encoding.consecutive_bias(torch.arange(12, 42)) is None  # query 41 is past L
+
+
+def test_below_the_threshold_either_attention_path_gives_the_same_output_and_gradients(
+    monkeypatch,
+):
+    torch.manual_seed(0)
+    model = build_model({"n_layer": 1, "d_model": 16, "n_head": 2}, {"name": "fire"}).double()
+    model.encoding.threshold.data.fill_(30.0)
+    tokens = torch.randint(0, 256, (2, 24))
+    assert model.encoding.consecutive_bias(torch.arange(24)) is not None
+
+    def output_and_gradients():
+        model.zero_grad()
+        logits = model(tokens)
+        logits.logsumexp(-1).sum().backward()
+        return [logits, *(p.grad.clone() for p in model.parameters())]
+
+    chosen = output_and_gradients()
+    monkeypatch.setattr(type(model.encoding), "consecutive_bias", lambda self, positions: None)
+    general = output_and_gradients()  # every block's (H, Tq, Tk) bias from score_bias
+    for a, b in zip(chosen, general, strict=True):
+        torch.testing.assert_close(a, b)
+
+
 def test_the_model_evaluation_memory_estimate_counts_fire_as_a_score_bias():
     fire_model = build_model({}, {"name": "fire", "threshold": 128.0})
     plain = build_model({}, {"name": "none"})

@@ -555,9 +555,9 @@ def choose_flex_attention_on(devices: set[str], monkeypatch) -> None:
     monkeypatch.setattr(posbench.model, "compiled_flex_attention", lambda: flex_attention)
 
 
-def attention_paths(name: str, flex_devices: set[str], monkeypatch) -> list[str]:
-    """The attention functions one forward pass of the small model calls, with flex_attention
-    chosen on ``flex_devices``."""
+def attention_paths(name: str, flex_devices: set[str], monkeypatch, length: int = 50) -> list[str]:
+    """The attention functions one forward pass of the small model over ``length`` tokens
+    calls, with flex_attention chosen on ``flex_devices``."""
     choose_flex_attention_on(flex_devices, monkeypatch)
     called = []
     for path, original in ATTENTION_PATHS.items():
@@ -568,7 +568,7 @@ def attention_paths(name: str, flex_devices: set[str], monkeypatch) -> list[str]
 
         monkeypatch.setattr(posbench.model, path, recording)
     with torch.no_grad():
-        small_model(name)(torch.zeros(1, 50, dtype=torch.long))
+        small_model(name)(torch.zeros(1, length, dtype=torch.long))
     return called
 
 
@@ -586,12 +586,18 @@ def test_a_bias_of_the_distance_alone_takes_flex_attention_exactly_on_the_flex_d
     assert sdpa == ["relative_bias_attention"] * SMALL.n_layer
 
 
-@pytest.mark.parametrize("name", ["fire", "pair-bias"])
-def test_a_bias_of_both_positions_keeps_the_blocked_path_on_the_flex_devices(name, monkeypatch):
-    # FIRE's bias past its threshold L depends on the query's position, not on i - j alone: it
-    # has no table of distances for flex_attention to read.
-    paths = attention_paths(name, {"cpu"}, monkeypatch)
+def test_a_bias_of_both_positions_keeps_the_blocked_path_on_the_flex_devices(monkeypatch):
+    paths = attention_paths("pair-bias", {"cpu"}, monkeypatch)
     assert paths == ["blocked_bias_attention"] * SMALL.n_layer
+
+
+def test_fire_takes_flex_attention_up_to_its_threshold_and_the_blocked_path_past_it(monkeypatch):
+    # FIRE's bias past its threshold L (512 by default) depends on the query's position, not on
+    # i - j alone; below it, it is a bias of the distance alone.
+    within = attention_paths("fire", {"cpu"}, monkeypatch, length=512)
+    assert within == ["flex_attention_bias"] * SMALL.n_layer
+    past = attention_paths("fire", {"cpu"}, monkeypatch, length=514)
+    assert past == ["blocked_bias_attention"] * SMALL.n_layer
 
 
 @pytest.mark.parametrize("name", RELATIVE)

@@ -8,7 +8,8 @@ at the encoding's name:
 * ``score_bias`` - an additive bias on the attention logits (ALiBi, T5-style biases), the
   reference definition of the bias; an encoding whose bias depends only on the distance i - j
   defines ``relative_bias`` instead, which gives ``score_bias`` and lets the model attend
-  without ever building an (H, Tq, Tk) bias.
+  without ever building an (H, Tq, Tk) bias. An encoding whose bias is one of the distance
+  alone over some positions only says so in ``consecutive_bias``.
 
 Positions are integers, either (T,), shared by the batch (0..T-1 by default), or (B, T), one
 row per sequence (randomized positions train each sequence at its own subset); every hook
@@ -86,6 +87,14 @@ class PositionalEncoding(nn.Module):
         -> (H, D), for any sign (negative distances are future keys, masked anyway). ``None``
         (the default): the bias depends on more than i - j, or there is no bias."""
         return None
+
+    def consecutive_bias(self, positions: torch.Tensor) -> torch.Tensor | None:
+        """The bias among consecutive ``positions`` ((T,), or (B, T) with consecutive rows) when
+        it is a function of the distance alone there: every head's bias at distances 0..T-1
+        (H, T), which the model attends with without building (H, T, T). ``None``: it is not
+        one there, or there is no bias. The default is ``relative_bias``, a function of the
+        distance alone everywhere."""
+        return self.relative_bias(torch.arange(positions.shape[-1], device=positions.device))
 
     def score_bias(
         self, query_positions: torch.Tensor, key_positions: torch.Tensor

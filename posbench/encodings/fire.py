@@ -54,17 +54,30 @@ class FireRelativeBias(PositionalEncoding):
         self.c = nn.Parameter(torch.tensor(float(config.c)))
         self.threshold = nn.Parameter(torch.tensor(float(config.threshold)))
 
+    def normalised(self, distance: torch.Tensor, horizon: torch.Tensor) -> torch.Tensor:
+        """f_theta's input psi(distance) / psi(horizon), for integer distances >= 0."""
+        c = self.c.clamp(min=SMALLEST_C)
+        return torch.log1p(c * distance.to(c.dtype)) / torch.log1p(c * horizon)
+
     def relative_inputs(
         self, query_positions: torch.Tensor, key_positions: torch.Tensor
     ) -> torch.Tensor:
         """f_theta's input psi(i - j) / psi(max(L, i)) for every pair of positions (..., Tq)
         and (..., Tk) -> (..., Tq, Tk), in [0, 1] for past keys. Future keys (masked anyway)
         read distance 0, so the log stays finite."""
-        dtype = self.c.dtype
-        c = self.c.clamp(min=SMALLEST_C)
         distance = (query_positions[..., :, None] - key_positions[..., None, :]).clamp(min=0)
-        horizon = torch.maximum(query_positions.to(dtype), self.threshold.clamp(min=1.0))
-        return torch.log1p(c * distance.to(dtype)) / torch.log1p(c * horizon)[..., None]
+        horizon = torch.maximum(query_positions.to(self.c.dtype), self.threshold.clamp(min=1.0))
+        return self.normalised(distance, horizon[..., None])
+
+    def consecutive_bias(self, positions: torch.Tensor) -> torch.Tensor | None:
+        # While no query is past L, every denominator is psi(L): the bias is one of the distance
+        # alone, which the model attends with as it does T5's (training at T <= L, at the cost
+        # of one scalar read) instead of building the (H, T, T) bias.
+        threshold = self.threshold.clamp(min=1.0)
+        if int(positions.max()) > threshold.item():
+            return None
+        distance = torch.arange(positions.shape[-1], device=positions.device)
+        return self.mlp(self.normalised(distance, threshold)[:, None]).T  # (H, T)
 
     def score_bias(
         self, query_positions: torch.Tensor, key_positions: torch.Tensor
