@@ -139,12 +139,26 @@ def test_no_intermediate_of_the_bias_outgrows_the_bias_the_memory_estimate_budge
     assert recorder.largest <= bias.numel()
 
 
-def test_blocked_rows_give_the_same_bias_as_one_pass():
-    encoding = fire(threshold=16.0)
-    queries, keys = torch.arange(40, 90), torch.arange(90)
-    inputs = encoding.relative_inputs(queries, keys)
-    one_pass = encoding.mlp(inputs[..., None]).permute(2, 0, 1)
-    torch.testing.assert_close(encoding.score_bias(queries, keys), one_pass, rtol=0, atol=1e-12)
+def mlp_bias(encoding, queries: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
+    """The bias from f_theta's layers as written (H, Tq, Tk)."""
+    return encoding.mlp(encoding.relative_inputs(queries, keys)[..., None]).permute(2, 0, 1)
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_the_bias_from_f_thetas_segments_equals_the_mlp_and_so_do_its_gradients(seed):
+    encoding = fire(threshold=16.0, seed=seed)
+    with torch.no_grad():  # some units that never switch, and some with w = 0
+        encoding.mlp[0].weight[:3] = 0.0
+        encoding.mlp[0].bias[3] = 40.0
+    queries, keys = torch.arange(5, 90), torch.arange(90)  # queries below and past L
+    weights = torch.randn(2, 85, 90, dtype=F64)
+    by_segments, by_mlp = encoding.score_bias(queries, keys), mlp_bias(encoding, queries, keys)
+    torch.testing.assert_close(by_segments, by_mlp, rtol=0, atol=1e-12)
+    parameters = list(encoding.parameters())
+    got = torch.autograd.grad((by_segments * weights).sum(), parameters)
+    expected = torch.autograd.grad((by_mlp * weights).sum(), parameters)
+    for a, b in zip(got, expected, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-9)
 
 
 def test_below_the_threshold_the_consecutive_bias_is_the_bias_at_each_distance():
