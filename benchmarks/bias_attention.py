@@ -7,9 +7,11 @@ ratios to NoPE measured in the same process (model: tiny, untrained).
 
 Besides the registered encodings, ``general`` is KERPLE's bias given only through
 ``score_bias`` (looked up at every (query, key) pair; no ``relative_bias``): the path that any
-bias without exploitable structure takes. Models are timed in interleaved rounds (one forward
-or training step of each per round; median per model; see benchmarks/README.md). Peak memory at
-16,384 tokens is benchmarks/long_eval_memory.py's figure.
+bias without exploitable structure takes. FIRE is evaluated with its threshold L at the
+training length of the extrapolation experiments (128), as a trained model has it: past L its
+bias depends on the query's position too and takes that path. Models are timed in interleaved
+rounds (one forward or training step of each per round; median per model; see
+benchmarks/README.md). Peak memory at 16,384 tokens is benchmarks/long_eval_memory.py's figure.
 """
 
 from __future__ import annotations
@@ -26,10 +28,11 @@ from posbench.encodings import PositionalEncoding, encoding_names
 from posbench.encodings.kerple import KerpleConfig, KerpleRelativeBias
 from posbench.model import ModelArgs, Transformer, build_model
 
-EVAL_ENCODINGS = ("none", "alibi", "t5", "kerple", "general")
+EVAL_ENCODINGS = ("none", "alibi", "t5", "kerple", "fire", "general")
 # The issue's targets: eval time at most this many times NoPE's; training tokens/s at least
 # 0.91x NoPE's (every encoding).
-EVAL_TARGETS = {"alibi": 2.0, "t5": 2.0, "kerple": 3.0, "general": 3.0}
+EVAL_TARGETS = {"alibi": 2.0, "t5": 2.0, "kerple": 3.0, "fire": 3.0, "general": 3.0}
+FIRE_THRESHOLD = 128
 TRAIN_TARGET = 0.91
 
 
@@ -54,7 +57,10 @@ def tiny_model(encoding: str, length: int) -> Transformer:
         args = ModelArgs()
         return Transformer(args, GeneralKerple(KerpleConfig(), args.d_model, args.n_head))
     # Composed as `posbench train` would; seq_len=length sizes a learned table to fit.
-    cfg = compose_config([f"encoding={encoding}", f"train.seq_len={length}"])
+    overrides = [f"encoding={encoding}", f"train.seq_len={length}"]
+    if encoding == "fire":
+        overrides.append(f"encoding.threshold={FIRE_THRESHOLD}")
+    cfg = compose_config(overrides)
     return build_model({}, cfg.encoding)
 
 
