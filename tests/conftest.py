@@ -1,6 +1,7 @@
 """Shared fixtures: a tiny but real configuration that trains in seconds on a CPU."""
 
 import os
+import subprocess
 
 import numpy as np
 import pytest
@@ -75,3 +76,21 @@ def pytest_collection_modifyitems(config, items):
     if not torch.cuda.is_available():
         for item in cuda_tests:
             item.add_marker(pytest.mark.skip(reason="needs a CUDA GPU"))
+
+
+def posbench(
+    *args, cwd, check: bool = True, env: dict | None = None, executable: str = "posbench"
+) -> subprocess.CompletedProcess:
+    """Run ``posbench ARGS`` (str() of each) in ``cwd``, with ``env`` over this environment;
+    with ``check``, a failure fails the test with the command's stderr."""
+    result = subprocess.run(
+        [executable, *map(str, args)],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, **(env or {})},
+    )
+    if check and result.returncode != 0:
+        raise AssertionError(f"posbench {' '.join(map(str, args))} failed:\n{result.stderr}")
+    return result

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import TINY, TINY_RUN
+from conftest import TINY, TINY_RUN, posbench
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from posbench.config import compose_config
@@ -19,15 +19,6 @@ from posbench.threads import available_cores
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[1]
-
-
-def posbench(*args, cwd, executable="posbench", check=True, env=None):
-    result = subprocess.run(
-        [executable, *args], cwd=cwd, capture_output=True, text=True, timeout=600, env=env
-    )
-    if check and result.returncode != 0:
-        raise AssertionError(f"posbench {' '.join(args)} failed:\n{result.stderr}")
-    return result
 
 
 def run_dirs(root: Path) -> list[Path]:
@@ -280,7 +271,7 @@ def test_an_empty_text_corpus_is_one_line_naming_the_fix(tmp_path, cache_dir):
 
 
 def test_an_uncached_hub_corpus_offline_fails_before_building_anything(tmp_path):
-    env = {**os.environ, "HF_HOME": str(tmp_path / "empty_hf_home"), "HF_DATASETS_OFFLINE": "1"}
+    env = {"HF_HOME": str(tmp_path / "empty_hf_home"), "HF_DATASETS_OFFLINE": "1"}
     result = posbench("train", "data=wikitext103", cwd=tmp_path, check=False, env=env)
     assert result.returncode == 2
     (line,) = result.stderr.strip().splitlines()

@@ -1,12 +1,11 @@
 """posbench diagnose: exact attention statistics, checked against closed forms and the model."""
 
 import json
-import subprocess
 
 import numpy as np
 import pytest
 import torch
-from conftest import terabyte_split
+from conftest import posbench, terabyte_split
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from posbench import diagnose as diagnose_module
@@ -223,22 +222,15 @@ def test_diagnose_run_uses_the_windows_posbench_eval_scores(alibi_run, monkeypat
 
 @pytest.mark.slow
 def test_the_diagnose_command_prints_a_table_and_writes_the_files(alibi_run, tmp_path):
-    result = subprocess.run(
-        ["posbench", "diagnose", "--run", str(alibi_run), "--length", "32", "--windows", "1"],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert result.returncode == 0, result.stderr
+    args = ["diagnose", "--run", alibi_run, "--length", "32", "--windows", "1"]
+    result = posbench(*args, cwd=tmp_path)
     assert "| layer | head | entropy |" in result.stdout
     assert (alibi_run / "diagnostics" / "L32.json").is_file()
 
 
 @pytest.mark.slow
 def test_top_level_help_lists_the_diagnose_command(tmp_path):
-    result = subprocess.run(["posbench", "--help"], capture_output=True, text=True, cwd=tmp_path)
-    assert "diagnose" in result.stdout
+    assert "diagnose" in posbench("--help", cwd=tmp_path).stdout
 
 
 @pytest.mark.slow
@@ -251,9 +243,7 @@ def test_top_level_help_lists_the_diagnose_command(tmp_path):
     ],
 )
 def test_diagnose_errors_are_one_line(tmp_path, args, message):
-    result = subprocess.run(
-        ["posbench", "diagnose", *args], cwd=tmp_path, capture_output=True, text=True, timeout=600
-    )
+    result = posbench("diagnose", *args, cwd=tmp_path, check=False)
     assert result.returncode == 2
     assert result.stderr.startswith("error: ") and result.stderr.count("\n") == 1
     assert message in result.stderr

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import TINY, TINY_RUN, TINY_SYNTHETIC
+from conftest import TINY, TINY_RUN, TINY_SYNTHETIC, posbench
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from posbench import cli
@@ -25,17 +25,6 @@ pytestmark = pytest.mark.slow
 QUICK_RUN = [*TINY_RUN, "train.log_every=1", "eval.lengths=[16]", "eval.max_tokens=1024"]
 QUICK = [*QUICK_RUN, *TINY_SYNTHETIC]
 ENDLESS = [*QUICK, "train.steps=100000"]  # always stopped long before its end
-
-
-def posbench(*args, cwd, env=None):
-    return subprocess.run(
-        ["posbench", *args],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={**os.environ, **(env or {})},
-    )
 
 
 def start_training(cwd: Path, *overrides: str) -> subprocess.Popen:
@@ -119,9 +108,7 @@ def test_kill_9_at_random_moments_leaves_a_checkpoint_that_loads_and_resumes(tmp
         process.wait()
         steps.append(assert_loads_into_the_model(run_dir))
     assert steps == sorted(steps) and steps[0] > 0
-    finished = posbench(
-        "train", "--resume", str(run_dir), f"train.steps={steps[-1] + 2}", cwd=tmp_path
-    )
+    finished = posbench("train", "--resume", run_dir, f"train.steps={steps[-1] + 2}", cwd=tmp_path)
     assert finished.returncode == 0, finished.stderr
     assert loss_steps(run_dir) == list(range(1, steps[-1] + 3))  # no step twice
     assert not [p for p in run_dir.iterdir() if p.name.endswith(".tmp")]
@@ -129,7 +116,9 @@ def test_kill_9_at_random_moments_leaves_a_checkpoint_that_loads_and_resumes(tmp
 
 def test_a_diverging_run_exits_nonzero_with_one_line_and_records_its_status(tmp_path, cache_dir):
     run_dir = tmp_path / "run"
-    result = posbench("train", *QUICK, "train.lr=1e30", f"hydra.run.dir={run_dir}", cwd=tmp_path)
+    result = posbench(
+        "train", *QUICK, "train.lr=1e30", f"hydra.run.dir={run_dir}", cwd=tmp_path, check=False
+    )
     assert result.returncode != 0 and "Traceback" not in result.stderr
     assert result.stderr.strip().splitlines()[-1].startswith("error: training diverged at step")
     assert results_of(run_dir)["status"] == "diverged"
@@ -138,7 +127,7 @@ def test_a_diverging_run_exits_nonzero_with_one_line_and_records_its_status(tmp_
 def test_a_diverging_job_does_not_stop_the_rest_of_a_sweep(tmp_path, cache_dir):
     sweep = tmp_path / "sweep"
     overrides = [*QUICK, "train.steps=10", "train.lr=1e30,1e-2", f"hydra.sweep.dir={sweep}"]
-    posbench("train", "-m", *overrides, cwd=tmp_path)
+    posbench("train", "-m", *overrides, cwd=tmp_path, check=False)
     statuses = sorted(results_of(p.parent)["status"] for p in sweep.glob("*/results.json"))
     assert statuses == ["diverged", "ok"]
 
@@ -267,7 +256,7 @@ def test_bad_input_is_one_error_line_a_nonzero_exit_and_leaves_nothing_behind(
 ):
     command = args(tmp_path)
     before = sorted(tmp_path.rglob("*"))
-    result = posbench(*command, cwd=tmp_path)
+    result = posbench(*command, cwd=tmp_path, check=False)
     assert result.returncode != 0
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1, result.stderr
@@ -294,7 +283,7 @@ def test_debug_shows_the_traceback_behind_the_error_line(tmp_path, monkeypatch, 
 
 def test_hydra_full_error_shows_the_traceback_of_a_failing_job(tmp_path, cache_dir):
     overrides = [*QUICK_RUN, "data=text", "data.path=none.txt"]
-    result = posbench("train", *overrides, cwd=tmp_path, env={"HYDRA_FULL_ERROR": "1"})
+    result = posbench("train", *overrides, cwd=tmp_path, check=False, env={"HYDRA_FULL_ERROR": "1"})
     assert result.returncode != 0
     assert "Traceback" in result.stderr
     assert result.stderr.strip().splitlines()[-1].startswith("error: data.path")
@@ -302,7 +291,9 @@ def test_hydra_full_error_shows_the_traceback_of_a_failing_job(tmp_path, cache_d
 
 def test_a_run_that_fails_on_its_data_leaves_no_run_directory(tmp_path, cache_dir):
     (tmp_path / "empty.txt").write_text("")
-    result = posbench("train", *QUICK_RUN, "data=text", "data.path=empty.txt", cwd=tmp_path)
+    result = posbench(
+        "train", *QUICK_RUN, "data=text", "data.path=empty.txt", cwd=tmp_path, check=False
+    )
     assert result.returncode != 0
     assert sorted(p.name for p in tmp_path.iterdir()) == ["empty.txt"]
 

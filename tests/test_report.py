@@ -3,11 +3,10 @@
 import csv
 import json
 import shutil
-import subprocess
 
 import numpy as np
 import pytest
-from conftest import TINY
+from conftest import TINY, posbench
 from matplotlib import image
 from omegaconf import OmegaConf
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -22,15 +21,6 @@ from posbench.report import (
     ppl_figure,
     write_report,
 )
-
-
-def posbench(*args, cwd, check=True):
-    result = subprocess.run(
-        ["posbench", *args], cwd=cwd, capture_output=True, text=True, timeout=600
-    )
-    if check and result.returncode != 0:
-        raise AssertionError(f"posbench {' '.join(args)} failed:\n{result.stderr}")
-    return result
 
 
 @pytest.fixture(scope="module")

@@ -3,13 +3,12 @@ generated deterministically from the seed, trained and scored end to end."""
 
 import json
 import re
-import subprocess
 from collections import Counter, defaultdict
 
 import numpy as np
 import pytest
 import torch
-from conftest import TINY_RUN
+from conftest import TINY_RUN, posbench
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from posbench.config import compose_config, validate
@@ -211,19 +210,8 @@ def test_diagnosing_a_task_run_asks_for_a_corpus_run(tmp_path):
 def test_posbench_trains_and_evaluates_a_task_from_the_command_line(tmp_path):
     run = tmp_path / "run"
     overrides = [*TINY_RUN, "data=recall", *TASK_RUNS["recall"], "data.val_examples=8"]
-    subprocess.run(
-        ["posbench", "train", *overrides, f"hydra.run.dir={run}"],
-        check=True,
-        capture_output=True,
-        timeout=300,
-    )
-    result = subprocess.run(
-        ["posbench", "eval", "--run", str(run), "--length", "24", "--length", "96"],
-        check=True,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    posbench("train", *overrides, f"hydra.run.dir={run}", cwd=tmp_path)
+    result = posbench("eval", "--run", run, "--length", "24", "--length", "96", cwd=tmp_path)
     header, _, *rows = result.stdout.splitlines()[1:]
     assert "accuracy" in header and [row.split()[0] for row in rows] == ["24", "96"]
     records = json.loads((run / "results.json").read_text())["eval"]
