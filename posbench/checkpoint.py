@@ -1,6 +1,9 @@
 """Training checkpoints: everything a stopped run needs to continue as if it never stopped.
 
-    <run>/checkpoint.pt   model, optimizer, batch-sampler and RNG states, and the loop's progress
+    <run>/checkpoint.pt   model, optimizer and batch-sampler states, and the loop's progress
+
+(Dropout's generators are seeded from the seed, the step and the rank at every step:
+posbench.train.seed_dropout.)
 
 The file holds tensors and plain Python values only and is read with
 ``torch.load(weights_only=True)``, whose unpickler refuses anything else, so loading a
@@ -52,10 +55,7 @@ def save_checkpoint(
         "format": FORMAT,
         "model": model.state_dict(),
         "optimizer": optimizer.state_dict(),
-        "sampler": sampler.get_state(),
-        # Dropout draws from the global generators; batches draw from ``sampler`` alone.
-        "torch_rng": torch.get_rng_state(),
-        "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else [],
+        "sampler": sampler.get_state(),  # batches (and randomized positions) draw from it
         "progress": asdict(progress),
         "precision": precision,  # the one used (train.precision=auto resolves per machine)
     }
@@ -110,11 +110,8 @@ def restore_checkpoint(
     optimizer: torch.optim.Optimizer,
     sampler: torch.Generator,
 ) -> TrainProgress:
-    """Load ``state`` into the model, optimizer, batch sampler and global RNGs."""
+    """Load ``state`` into the model, optimizer and batch sampler."""
     model.load_state_dict(state["model"])
     optimizer.load_state_dict(state["optimizer"])
     sampler.set_state(state["sampler"])
-    torch.set_rng_state(state["torch_rng"])
-    if state["cuda_rng"] and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda_rng"])
     return TrainProgress(**state["progress"])

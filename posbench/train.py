@@ -285,6 +285,7 @@ def train_steps(
     with stop_requests() as stop:
         for step in bar:
             started = time.perf_counter()
+            seed_dropout(cfg.seed, step)
             share = train_step(stepper, optimizer, data, sampler, step, tcfg, precision)
             # The global batch's mean loss, and whether any rank was asked to stop: every rank
             # decides alike, so none waits at a step the others never take.
@@ -320,6 +321,14 @@ def train_steps(
         "wall_s": progress.train_time,
         "compile_s": progress.compile_time,
     }
+
+
+def seed_dropout(seed: int, step: int) -> None:
+    """Seed the global generators, which dropout draws from, for ``step`` on this rank: the
+    ranks hold different rows of the batch and get different masks, and a resumed run draws
+    the masks the uninterrupted one did without the generators' state in the checkpoint."""
+    state = np.random.SeedSequence([seed, step, distributed.rank()]).generate_state(1, np.uint64)
+    torch.manual_seed(int(state[0]))
 
 
 def checkpoint_due(step: int, cfg: DictConfig) -> bool:

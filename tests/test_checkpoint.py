@@ -120,6 +120,19 @@ def test_a_crashed_task_run_resumed_from_its_checkpoint_equals_an_uninterrupted_
     assert_same_run(tmp_path / "run", reference)
 
 
+def test_a_crashed_run_with_dropout_resumed_equals_an_uninterrupted_one(
+    short, tmp_path, monkeypatch
+):
+    overrides = [*short, "model.dropout=0.2"]
+    train(compose_config(overrides), tmp_path / "straight")
+    at_batch(monkeypatch, 8, crash)  # after the step-5 checkpoint
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        train(compose_config(overrides), tmp_path / "run")
+    monkeypatch.undo()
+    resume_later(overrides, tmp_path / "run")
+    assert_same_run(tmp_path / "run", tmp_path / "straight")
+
+
 def test_sigint_finishes_the_step_checkpoints_and_the_resumed_run_is_identical(
     straight, short, tmp_path, monkeypatch
 ):
@@ -139,7 +152,7 @@ def test_the_final_checkpoint_holds_everything_to_continue(straight):
     checkpoint = load_checkpoint(straight[0] / CHECKPOINT_FILE)
     assert checkpoint["progress"]["step"] == 20
     assert len(checkpoint["progress"]["recent_losses"]) == 1  # train.log_every
-    assert {"model", "optimizer", "sampler", "torch_rng", "cuda_rng"} <= checkpoint.keys()
+    assert {"model", "optimizer", "sampler", "progress"} <= checkpoint.keys()
     assert straight[1]["status"] == "ok"
 
 

@@ -21,7 +21,7 @@ from posbench.data import load_data
 from posbench.errors import PosbenchError
 from posbench.model import build_model
 from posbench.threads import jobs_at_once
-from posbench.train import make_optimizer, train, train_step
+from posbench.train import make_optimizer, seed_dropout, train, train_step
 
 RANK_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR")
 # 20 steps of a tiny run, one thread per rank, one short evaluation.
@@ -151,6 +151,18 @@ def test_micro_batches_give_the_gradient_of_the_whole_batch(single_process, cach
     split = gradients_of_one_step([*data, "train.grad_accum=4"])
     for a, b in zip(whole, split, strict=True):
         torch.testing.assert_close(a, b)
+
+
+def test_each_rank_draws_its_own_dropout_masks_and_a_step_always_the_same(monkeypatch):
+    masks = {}
+    for rank in (0, 1):
+        monkeypatch.setattr(distributed, "rank", lambda rank=rank: rank)
+        for step in (0, 1):
+            seed_dropout(0, step)
+            masks[rank, step] = torch.nn.functional.dropout(torch.ones(256), 0.5)
+    assert len({tuple(mask.tolist()) for mask in masks.values()}) == 4
+    seed_dropout(0, 0)  # rank 1 again
+    assert torch.equal(torch.nn.functional.dropout(torch.ones(256), 0.5), masks[1, 0])
 
 
 # ------------------------------------------------------------------- through torchrun
