@@ -32,6 +32,7 @@ import json
 import os
 import re
 import statistics
+import textwrap
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -67,6 +68,7 @@ NOT_A_SETTING = (
 )
 FIGURE_INCHES = (8.0, 5.0)
 FIGURE_DPI = 100  # with FIGURE_INCHES: 800 x 500 pixels
+TITLE_CHARACTERS = 100  # per line of a figure's title (a group's full setting can be longer)
 MISSING_RESULTS = "no results.json (failed, interrupted or still running)"
 
 
@@ -744,7 +746,7 @@ def length_figure(group: Group, metric: str) -> tuple[Figure, Any]:
     axes.set_xscale("log", base=2)
     axes.set_xticks(group.lengths, labels=[str(length) for length in group.lengths])
     axes.set_xlabel("evaluation length (tokens)")
-    axes.set_title(group.title, fontsize="small")
+    axes.set_title(textwrap.fill(group.title, TITLE_CHARACTERS), fontsize="small")
     axes.grid(True, which="both", alpha=0.3)
     axes.legend(fontsize="small")
     return figure, axes
@@ -771,7 +773,7 @@ def position_figure(group: Group) -> Figure:
     axes.set_xscale("log", base=2)
     axes.set_xlabel(f"position in the window (bucket end; window {group.position_length} tokens)")
     axes.set_ylabel("NLL, nats per token (mean ± std over seeds)")
-    axes.set_title(group.title, fontsize="small")
+    axes.set_title(textwrap.fill(group.title, TITLE_CHARACTERS), fontsize="small")
     axes.grid(True, which="both", alpha=0.3)
     axes.legend(fontsize="small")
     figure.tight_layout()
