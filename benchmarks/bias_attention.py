@@ -7,8 +7,8 @@ ratios to NoPE measured in the same process (model: tiny, untrained).
 
 Besides the registered encodings, ``general`` is KERPLE's bias given only through
 ``score_bias`` (looked up at every (query, key) pair; no ``relative_bias``): the path that any
-bias without exploitable structure takes. FIRE is evaluated with its threshold L at the
-training length of the extrapolation experiments (128), as a trained model has it: past L its
+bias without exploitable structure takes. Models are configured as trained at ``--seq-len``
+(default 128, the extrapolation experiments' length), so FIRE's threshold L is 128: past it, its
 bias depends on the query's position too and takes that path. Models are timed in interleaved
 rounds (one forward or training step of each per round; median per model; see
 benchmarks/README.md). Peak memory at 16,384 tokens is benchmarks/long_eval_memory.py's figure.
@@ -21,9 +21,8 @@ from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
-from throughput import median_seconds
+from throughput import median_seconds, trained_encoding
 
-from posbench.config import compose_config
 from posbench.encodings import PositionalEncoding, encoding_names
 from posbench.encodings.kerple import KerpleConfig, KerpleRelativeBias
 from posbench.model import ModelArgs, Transformer, build_model
@@ -32,7 +31,6 @@ EVAL_ENCODINGS = ("none", "alibi", "t5", "kerple", "fire", "general")
 # The issue's targets: eval time at most this many times NoPE's; training tokens/s at least
 # 0.91x NoPE's (every encoding).
 EVAL_TARGETS = {"alibi": 2.0, "t5": 2.0, "kerple": 3.0, "fire": 3.0, "general": 3.0}
-FIRE_THRESHOLD = 128
 TRAIN_TARGET = 0.91
 
 
@@ -50,18 +48,14 @@ class GeneralKerple(PositionalEncoding):
         return self.kerple.score_bias(query_positions, key_positions)  # (H, Tq, Tk)
 
 
-def tiny_model(encoding: str, length: int) -> Transformer:
-    """An untrained tiny model (ModelArgs' defaults) with ``encoding`` for inputs of ``length``."""
+def tiny_model(encoding: str, length: int, seq_len: int) -> Transformer:
+    """An untrained tiny model (ModelArgs' defaults) with ``encoding`` as configured for
+    training at ``seq_len``, for inputs of ``length``."""
     torch.manual_seed(0)
     if encoding == "general":
         args = ModelArgs()
         return Transformer(args, GeneralKerple(KerpleConfig(), args.d_model, args.n_head))
-    # Composed as `posbench train` would; seq_len=length sizes a learned table to fit.
-    overrides = [f"encoding={encoding}", f"train.seq_len={length}"]
-    if encoding == "fire":
-        overrides.append(f"encoding.threshold={FIRE_THRESHOLD}")
-    cfg = compose_config(overrides)
-    return build_model({}, cfg.encoding)
+    return build_model({}, trained_encoding(encoding, seq_len, length))
 
 
 def eval_step(model: Transformer, length: int) -> Callable[[], None]:
@@ -115,13 +109,16 @@ def main() -> None:
     print(f"threads={args.threads}, rounds={rounds}, model tiny, ratios to NoPE's")
     if args.figure == "eval":
         for length in args.lengths:
-            steps = {name: eval_step(tiny_model(name, length), length) for name in EVAL_ENCODINGS}
+            steps = {
+                name: eval_step(tiny_model(name, length, args.seq_len), length)
+                for name in EVAL_ENCODINGS
+            }
             seconds = median_seconds(steps, rounds)
             report(f"eval time at {length} tokens (one window)", seconds, EVAL_TARGETS, True)
     else:
         names = ["none", *(n for n in encoding_names() if n != "none"), "general"]
         steps = {
-            name: train_step(tiny_model(name, args.seq_len), args.batch, args.seq_len)
+            name: train_step(tiny_model(name, args.seq_len, args.seq_len), args.batch, args.seq_len)
             for name in names
         }
         seconds = median_seconds(steps, rounds)

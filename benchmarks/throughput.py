@@ -17,6 +17,7 @@ from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
+from omegaconf import DictConfig
 
 from posbench.config import compose_config
 from posbench.encodings import encoding_names
@@ -25,14 +26,22 @@ from posbench.model import build_model
 MODEL = {"n_layer": 2, "n_head": 4, "d_model": 128, "mlp_ratio": 4, "dropout": 0.0}
 
 
+def trained_encoding(encoding: str, seq_len: int, longest: int) -> DictConfig:
+    """The encoding's config as `posbench train encoding=<name> train.seq_len=<seq_len>`
+    composes it (FIRE's threshold L at seq_len, as a trained model has it), with a learned
+    table of ``longest`` rows, so that it can be evaluated that long."""
+    overrides = [f"encoding={encoding}", f"train.seq_len={seq_len}"]
+    if encoding == "learned":
+        overrides.append(f"encoding.max_length={longest}")
+    return compose_config(overrides).encoding
+
+
 def steps_for(
     encoding: str, seq_len: int, batch: int, eval_length: int, device: str
 ) -> tuple[Callable[[], None], Callable[[], None]]:
     """A training step at ``seq_len`` and an evaluation forward at ``eval_length``."""
-    # Composed as `posbench train` would; seq_len=eval_length sizes a learned table to fit.
-    cfg = compose_config([f"encoding={encoding}", f"train.seq_len={eval_length}"])
     torch.manual_seed(0)
-    model = build_model(MODEL, cfg.encoding).to(device)
+    model = build_model(MODEL, trained_encoding(encoding, seq_len, eval_length)).to(device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     x = torch.randint(0, 256, (batch, seq_len + 1), device=device)
     long = torch.randint(0, 256, (1, eval_length), device=device)
