@@ -27,7 +27,8 @@ from posbench.model import build_model
 
 encoding, length, batch_size, threads = sys.argv[1], *map(int, sys.argv[2:5])
 torch.set_num_threads(threads)
-cfg = compose_config([f"encoding={encoding}", f"train.seq_len={length}"])
+# As trained at 128 tokens (the extrapolation experiments): FIRE's threshold L is there.
+cfg = compose_config([f"encoding={encoding}", "train.seq_len=128"])
 torch.manual_seed(0)
 model = build_model(cfg.model, cfg.encoding)
 tokens = torch.randint(0, 256, (batch_size * length + 1,), dtype=torch.uint8)
