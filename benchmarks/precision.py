@@ -8,7 +8,8 @@
 training step), timed in interleaved rounds after warm-up steps; the ratio to fp32 is the median
 of the per-round ratios. Variants: fp32; bf16 (train.precision=bf16); bf16-sdpa (plain autocast:
 bf16 with SDPA's attention kernel, the baseline the bf16 attention path replaces); bf16-fused
-(fused AdamW); bf16-compile (train.compile; its compile time is printed apart). MFU = achieved
+(fused AdamW); bf16-compile (train.compile; its compile time is printed apart); any
+"<precision>-compile" or "<precision>-fused" works the same, e.g. fp32-compile. MFU = achieved
 model FLOP/s / peak matmul FLOP/s of the same dtype, measured in this process (a 2048^2 matmul):
 model FLOPs per token = 6 N + 12 L d T (PaLM's count: N parameters, L layers, width d, context
 T; the causal half of attention is counted too). Also prints what train.precision=auto picks.
@@ -19,8 +20,8 @@ SDPA in fp32 and bf16, and posbench's bf16 path, as ratios to SDPA fp32.
 ``quality``: final validation perplexity of the same seed trained in fp32 and in bf16
 (target: within 2 %).
 
-``--quick`` checks that a command runs (tiny model, two rounds, a few steps); its numbers mean
-nothing.
+``--quick`` checks that a command runs (tiny model, batch 4, two rounds, a few steps, small
+peak products); its numbers mean nothing.
 """
 
 from __future__ import annotations
@@ -33,11 +34,13 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
 import posbench.model
 from posbench.config import compose_config
+from posbench.data import Corpus
 from posbench.model import build_model, unbiased_causal_attention
 from posbench.precision import bf16_hardware, compile_for_training, resolve_precision
 from posbench.train import make_optimizer, train, train_step
@@ -97,7 +100,9 @@ def training_step(model_name: str, variant: str, seq_len: int, batch: int) -> tu
     if variant.endswith("compile"):
         batch_shape = torch.zeros(batch, seq_len, dtype=torch.long)
         stepper, compile_s = compile_for_training(model, batch_shape, precision)
-    tokens = torch.randint(0, 256, (1 << 20,), dtype=torch.uint8)
+    # Random bytes: the step's cost does not depend on what they say.
+    tokens = np.random.default_rng(0).integers(0, 256, 1 << 20, dtype=np.uint8)
+    data = Corpus("random", train=tokens, val=tokens)
     sampler = torch.Generator().manual_seed(0)
     counter = iter(range(1 << 30))
 
@@ -105,7 +110,7 @@ def training_step(model_name: str, variant: str, seq_len: int, batch: int) -> tu
         # bf16-sdpa: the issue's plain autocast, with SDPA's kernel in place of the bf16 path
         swap = swapped_attention() if variant.endswith("sdpa") else nullcontext()
         with swap:
-            train_step(stepper, optimizer, tokens, sampler, next(counter), cfg.train, precision)
+            train_step(stepper, optimizer, data, sampler, next(counter), cfg.train, precision)
 
     m = cfg.model
     flops_per_token = 6 * model.num_parameters() + 12 * m.n_layer * m.d_model * seq_len
@@ -124,7 +129,11 @@ def swapped_attention() -> Iterator[None]:
 
 def speed(args: argparse.Namespace) -> None:
     device = torch.device("cpu")
-    peaks = {name: peak_matmul_flops(dtype) for name, dtype in DTYPES.items()}
+    # Only the dtypes the variants train in: without bf16 hardware a bf16 product of 2048² takes
+    # minutes. --quick measures small products: its numbers mean nothing.
+    used = {variant.split("-")[0] for variant in args.variants}
+    size = 256 if args.quick else 2048
+    peaks = {name: peak_matmul_flops(dtype, size) for name, dtype in DTYPES.items() if name in used}
     print(f"threads={args.threads} bf16 hardware: {bf16_hardware(device)}")
     print(
         ", ".join(f"peak {name} matmul {flops / 1e9:,.1f} GFLOP/s" for name, flops in peaks.items())
@@ -219,6 +228,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.quick:
         args.models, args.model, args.rounds, args.warmup, args.steps = ["tiny"], "tiny", 2, 1, 4
+        args.batch = 4
     torch.set_num_threads(args.threads)
     {"speed": speed, "attention": attention, "quality": quality}[args.figure](args)
 
