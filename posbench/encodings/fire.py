@@ -16,6 +16,10 @@ length (conf/encoding/fire.yaml) and is learned from there.
 With a large L and a suitable f_theta the bias can express T5's buckets, ALiBi and KERPLE
 (the paper's Theorem 3.1). c and L are kept in their domains by clamping where they are used
 (c >= 0.01, L >= 1), so an optimizer step can never make the log undefined.
+
+Attention takes FIRE's bias as a bias of the distance alone while no query is past L
+(``consecutive_bias``: training at T <= L), and builds it per block of queries past L
+(``score_bias``), where f_theta is evaluated from its linear segments (``segments``).
 """
 
 from __future__ import annotations
@@ -108,7 +112,7 @@ class FireRelativeBias(PositionalEncoding):
         switches, slopes, intercepts = self.segments()
         # f_theta exactly, from its segments: each pair's segment (a binary search among the
         # switch points), then slope * input + intercept. The MLP's hidden layer would write
-        # `width` values per pair; this writes 2 per pair and head (4x faster at 256 x 2048).
+        # `width` values per pair; this writes 2 per pair and head (3-5x faster at 256 x 2048).
         segment = torch.bucketize(inputs, switches, out_int32=True).flatten()
         slope = slopes.T.index_select(1, segment).view(-1, *inputs.shape)  # (H, [B,] Tq, Tk)
         intercept = intercepts.T.index_select(1, segment).view(-1, *inputs.shape)
