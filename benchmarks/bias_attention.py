@@ -43,9 +43,12 @@ class GeneralKerple(PositionalEncoding):
         self.kerple = KerpleRelativeBias(config, d_model, n_head)
 
     def score_bias(
-        self, query_positions: torch.Tensor, key_positions: torch.Tensor
+        self,
+        query_positions: torch.Tensor,
+        key_positions: torch.Tensor,
+        out: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        return self.kerple.score_bias(query_positions, key_positions)  # (H, Tq, Tk)
+        return self.kerple.score_bias(query_positions, key_positions, out=out)  # (H, Tq, Tk)
 
 
 def tiny_model(encoding: str, length: int, seq_len: int) -> Transformer:

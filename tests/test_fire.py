@@ -139,26 +139,90 @@ def test_no_intermediate_of_the_bias_outgrows_the_bias_the_memory_estimate_budge
     assert recorder.largest <= bias.numel()
 
 
+def inputs_by_formula(encoding, queries: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
+    """psi(i - j) / psi(max(L, i)) over the (..., Tq, Tk) grid of positions, written out."""
+    c, threshold = encoding.c, encoding.threshold
+    distance = (queries[..., :, None] - keys[..., None, :]).clamp(min=0).to(F64)
+    horizon = torch.maximum(queries.to(F64), threshold)[..., None]
+    return torch.log1p(c * distance) / torch.log1p(c * horizon)
+
+
 def mlp_bias(encoding, queries: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
-    """The bias from f_theta's layers as written (H, Tq, Tk)."""
-    return encoding.mlp(encoding.relative_inputs(queries, keys)[..., None]).permute(2, 0, 1)
+    """The bias from f_theta's layers as written ([B,] H, Tq, Tk)."""
+    return encoding.mlp(inputs_by_formula(encoding, queries, keys)[..., None]).movedim(-1, -3)
 
 
-@pytest.mark.parametrize("seed", range(5))
-def test_the_bias_from_f_thetas_segments_equals_the_mlp_and_so_do_its_gradients(seed):
+def switching_inside(encoding):
+    """Puts every hidden unit's switch point inside (0, 1), where the inputs of past keys lie:
+    the most segments a block of queries can cross (units alternately rising and falling)."""
+    width = encoding.mlp[0].out_features
+    with torch.no_grad():
+        w = torch.ones(width, dtype=F64)
+        w[1::2] = -1.0
+        encoding.mlp[0].weight[:, 0] = w
+        encoding.mlp[0].bias.copy_(-w * torch.linspace(0.02, 0.98, width, dtype=F64))
+    return encoding
+
+
+def sorted_subsets(rows: int, size: int, limit: int, seed: int) -> torch.Tensor:
+    generator = torch.Generator().manual_seed(seed)
+    return torch.stack(
+        [torch.randperm(limit, generator=generator)[:size].sort().values for _ in range(rows)]
+    )
+
+
+POSITION_LAYOUTS = {  # (queries, keys): the blocks attention asks for, and other layouts
+    "below and past L": (torch.arange(5, 90), torch.arange(90)),
+    "a block far past L": (torch.arange(300, 364), torch.arange(364)),
+    "sparse queries": (torch.tensor([3, 17, 40, 41, 90, 200]), torch.arange(201)),
+    "sparse keys": (torch.arange(50, 60), torch.arange(0, 60, 3)),
+    "one row per sequence": (sorted_subsets(2, 40, 500, 1), sorted_subsets(2, 50, 500, 2)),
+}
+
+
+@pytest.mark.parametrize("layout", POSITION_LAYOUTS)
+@pytest.mark.parametrize("switches", ["random", "inside"])
+@pytest.mark.parametrize("seed", range(3))
+def test_the_bias_from_f_thetas_segments_equals_the_mlp_and_so_do_its_gradients(
+    layout, switches, seed
+):
     encoding = fire(threshold=16.0, seed=seed)
     with torch.no_grad():  # some units that never switch, and some with w = 0
         encoding.mlp[0].weight[:3] = 0.0
         encoding.mlp[0].bias[3] = 40.0
-    queries, keys = torch.arange(5, 90), torch.arange(90)  # queries below and past L
-    weights = torch.randn(2, 85, 90, dtype=F64)
+    if switches == "inside":
+        switching_inside(encoding)
+    queries, keys = POSITION_LAYOUTS[layout]
     by_segments, by_mlp = encoding.score_bias(queries, keys), mlp_bias(encoding, queries, keys)
     torch.testing.assert_close(by_segments, by_mlp, rtol=0, atol=1e-12)
+    weights = torch.randn(by_mlp.shape, dtype=F64)
     parameters = list(encoding.parameters())
     got = torch.autograd.grad((by_segments * weights).sum(), parameters)
     expected = torch.autograd.grad((by_mlp * weights).sum(), parameters)
     for a, b in zip(got, expected, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-9)
+
+
+def test_the_bias_is_written_to_out_when_given_one():
+    encoding = switching_inside(fire(threshold=16.0))
+    queries, keys = torch.arange(300, 364), torch.arange(364)
+    out = torch.full((2, 64, 364), float("nan"), dtype=F64)
+    with torch.no_grad():
+        bias = encoding.score_bias(queries, keys, out=out)
+        assert bias.data_ptr() == out.data_ptr()
+        torch.testing.assert_close(bias, mlp_bias(encoding, queries, keys), rtol=0, atol=1e-12)
+
+
+def test_the_inputs_of_consecutive_keys_equal_the_formula():
+    # Consecutive keys read psi from one row of distances; other keys from the grid.
+    encoding = fire(threshold=16.0, c=0.3)
+    for queries, keys in POSITION_LAYOUTS.values():
+        torch.testing.assert_close(
+            encoding.relative_inputs(queries, keys),
+            inputs_by_formula(encoding, queries, keys),
+            rtol=1e-15,
+            atol=0,
+        )
 
 
 def test_below_the_threshold_the_consecutive_bias_is_the_bias_at_each_distance():

@@ -23,7 +23,7 @@ CPU = torch.device("cpu")
 class PairBias(PositionalEncoding):
     """A bias given per (query, key) pair only (no relative_bias): the general attention path."""
 
-    def score_bias(self, query_positions, key_positions):
+    def score_bias(self, query_positions, key_positions, out=None):
         pairs = (query_positions[:, None] * key_positions[None, :]).float()  # (Tq, Tk)
         return pairs.expand(self.n_head, -1, -1) / 1e6  # (H, Tq, Tk)
 

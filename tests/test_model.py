@@ -42,7 +42,7 @@ class DistanceBias(PositionalEncoding):
         super().__init__(config, d_model, n_head)
         self.register_buffer("slopes", torch.linspace(1.0, 0.25, n_head))
 
-    def score_bias(self, query_positions, key_positions):
+    def score_bias(self, query_positions, key_positions, out=None):
         distance = (query_positions[:, None] - key_positions[None, :]).abs()  # (Tq, Tk)
         return -self.slopes[:, None, None] * distance  # (H, Tq, Tk)
 
@@ -50,7 +50,7 @@ class DistanceBias(PositionalEncoding):
 class PairBias(DistanceBias):
     """A bias of both positions, not of their distance alone: slope_h * sin(i / 7) * cos(j / 5)."""
 
-    def score_bias(self, query_positions, key_positions):
+    def score_bias(self, query_positions, key_positions, out=None):
         pairs = torch.sin(query_positions / 7)[:, None] * torch.cos(key_positions / 5)[None, :]
         return self.slopes[:, None, None] * pairs  # (H, Tq, Tk)
 
@@ -173,7 +173,7 @@ def test_model_gives_its_encoding_positions_zero_to_length_minus_one():
             seen.append(positions)
             return x
 
-        def score_bias(self, query_positions, key_positions):
+        def score_bias(self, query_positions, key_positions, out=None):
             seen.extend((query_positions, key_positions))
             return None
 
@@ -326,8 +326,8 @@ def test_each_block_of_a_general_bias_sees_keys_only_up_to_its_own_end_and_stays
     calls = []
     score_bias = encoding.score_bias
 
-    def recording(query_positions, key_positions):
-        bias = score_bias(query_positions, key_positions)
+    def recording(query_positions, key_positions, out=None):
+        bias = score_bias(query_positions, key_positions, out=out)
         calls.append((query_positions, key_positions, bias.numel()))
         return bias
 
@@ -634,6 +634,30 @@ def test_general_bias_attention_at_other_increasing_positions_equals_the_masked_
         out = posbench.model.causal_attention(q, k, v, positions, encoding)
     expected = masked_attention(q, k, v, encoding, positions)
     torch.testing.assert_close(out, expected, rtol=0, atol=1e-10)
+
+
+@pytest.mark.parametrize("name", ["fire", "kerple"])  # kerple: PositionalEncoding.score_bias
+def test_in_evaluation_the_blocks_after_the_first_write_their_bias_to_one_buffer(name, monkeypatch):
+    monkeypatch.setattr(posbench.model, "QUERY_BLOCK", 16)
+    encoding = random_bias_encoding(name)
+    monkeypatch.setattr(type(encoding), "consecutive_bias", lambda self, positions: None)
+    buffers, score_bias = [], encoding.score_bias
+
+    def recording(query_positions, key_positions, out=None):
+        bias = score_bias(query_positions, key_positions, out=out)
+        buffers.append(None if out is None else (out.untyped_storage().data_ptr(), bias))
+        return bias
+
+    monkeypatch.setattr(encoding, "score_bias", recording)
+    q, k, v = random_qkv(2, SMALL.n_head, 100, 8)
+    with torch.no_grad():
+        out = posbench.model.causal_attention(q, k, v, torch.arange(100), encoding)
+    monkeypatch.setattr(encoding, "score_bias", score_bias)
+    torch.testing.assert_close(out, masked_attention(q, k, v, encoding, torch.arange(100)))
+    assert buffers[0] is None and len(buffers) == 7  # 100 = 6 * 16 + 4 queries, last first
+    assert len({pointer for pointer, _ in buffers[1:]}) == 1  # one buffer
+    for pointer, bias in buffers[1:]:
+        assert bias.untyped_storage().data_ptr() == pointer  # the bias was written there
 
 
 def test_attention_with_a_mask_that_needs_a_gradient_equals_the_plain_computation():

@@ -19,7 +19,8 @@ With a large L and a suitable f_theta the bias can express T5's buckets, ALiBi a
 
 Attention takes FIRE's bias as a bias of the distance alone while no query is past L
 (``consecutive_bias``: training at T <= L), and builds it per block of queries past L
-(``score_bias``), where f_theta is evaluated from its linear segments (``segments``).
+(``score_bias``), where f_theta is evaluated from its linear segments (``segments``), one
+slope and intercept per key wherever no segment boundary crosses the key's column.
 """
 
 from __future__ import annotations
@@ -58,10 +59,14 @@ class FireRelativeBias(PositionalEncoding):
         self.c = nn.Parameter(torch.tensor(float(config.c)))
         self.threshold = nn.Parameter(torch.tensor(float(config.threshold)))
 
+    def psi(self, x: torch.Tensor) -> torch.Tensor:
+        """The log transform psi(x) = log(c x + 1) of distances or positions x >= 0."""
+        c = self.c.clamp(min=SMALLEST_C)
+        return torch.log1p(c * x.to(c.dtype))
+
     def normalised(self, distance: torch.Tensor, horizon: torch.Tensor) -> torch.Tensor:
         """f_theta's input psi(distance) / psi(horizon), for integer distances >= 0."""
-        c = self.c.clamp(min=SMALLEST_C)
-        return torch.log1p(c * distance.to(c.dtype)) / torch.log1p(c * horizon)
+        return self.psi(distance) / self.psi(horizon)
 
     def relative_inputs(
         self, query_positions: torch.Tensor, key_positions: torch.Tensor
@@ -69,8 +74,20 @@ class FireRelativeBias(PositionalEncoding):
         """f_theta's input psi(i - j) / psi(max(L, i)) for every pair of positions (..., Tq)
         and (..., Tk) -> (..., Tq, Tk), in [0, 1] for past keys. Future keys (masked anyway)
         read distance 0, so the log stays finite."""
-        distance = (query_positions[..., :, None] - key_positions[..., None, :]).clamp(min=0)
         horizon = torch.maximum(query_positions.to(self.c.dtype), self.threshold.clamp(min=1.0))
+        Tk = key_positions.shape[-1]
+        consecutive = query_positions.dim() == key_positions.dim() == 1
+        if consecutive and int(key_positions[-1] - key_positions[0]) == Tk - 1:
+            # Consecutive keys: row i reads psi at the distances i - j, consecutive too, so each
+            # row is a slice of one descending row of psi values; a strided view (unfold) holds
+            # them all, and the logs are taken once per distinct distance instead of per pair.
+            nearest = query_positions.min() - key_positions[-1]
+            farthest = query_positions.max() - key_positions[0]
+            descending = torch.arange(farthest, nearest - 1, -1, device=key_positions.device)
+            rows = self.psi(descending.clamp(min=0)).unfold(0, Tk, 1)  # row r: farthest - r - j
+            inputs = rows.index_select(0, farthest - (query_positions - key_positions[0]))
+            return inputs.div_(self.psi(horizon)[..., None])
+        distance = (query_positions[..., :, None] - key_positions[..., None, :]).clamp(min=0)
         return self.normalised(distance, horizon[..., None])
 
     def consecutive_bias(self, positions: torch.Tensor) -> torch.Tensor | None:
@@ -106,14 +123,33 @@ class FireRelativeBias(PositionalEncoding):
         return switch[order], slopes, intercepts
 
     def score_bias(
-        self, query_positions: torch.Tensor, key_positions: torch.Tensor
+        self,
+        query_positions: torch.Tensor,
+        key_positions: torch.Tensor,
+        out: torch.Tensor | None = None,
     ) -> torch.Tensor:
         inputs = self.relative_inputs(query_positions, key_positions)  # ([B,] Tq, Tk)
         switches, slopes, intercepts = self.segments()
-        # f_theta exactly, from its segments: each pair's segment (a binary search among the
-        # switch points), then slope * input + intercept. The MLP's hidden layer would write
-        # `width` values per pair; this writes 2 per pair and head (3-5x faster at 256 x 2048).
-        segment = torch.bucketize(inputs, switches, out_int32=True).flatten()
-        slope = slopes.T.index_select(1, segment).view(-1, *inputs.shape)  # (H, [B,] Tq, Tk)
-        intercept = intercepts.T.index_select(1, segment).view(-1, *inputs.shape)
-        return torch.addcmul(intercept, slope, inputs).movedim(0, -3)  # ([B,] H, Tq, Tk)
+        # f_theta exactly, from its segments: slope * input + intercept of each pair's segment.
+        # A key's input never falls as the query's position grows (psi(i - j) / psi(max(L, i))
+        # rises with i; a future key's is 0), so a key whose first and last query fall in one
+        # segment has it for every query between: such columns take one slope and intercept,
+        # and only the keys a switch point crosses within the block (a few per point far from
+        # the diagonal, up to the block's height near it) need each pair's segment (a binary
+        # search among the points). One write per pair and head, where gathering each pair's
+        # slope and intercept wrote three: 10x faster for a block of 256 x 16,384 with 4
+        # heads, 3.5x with all 32 switch points inside (0, 1) (measured on a 2-core Zen 3).
+        first = torch.bucketize(inputs[..., 0, :].contiguous(), switches)  # ([B,] Tk)
+        last = torch.bucketize(inputs[..., -1, :].contiguous(), switches)
+        column_slopes = slopes.T[:, first].movedim(0, -2)[..., None, :]  # ([B,] H, 1, Tk)
+        column_intercepts = intercepts.T[:, first].movedim(0, -2)[..., None, :]
+        bias = torch.addcmul(column_intercepts, column_slopes, inputs[..., None, :, :], out=out)
+        crossed = (first != last).reshape(-1, first.shape[-1]).any(0)  # (Tk,), for any sequence
+        keys = crossed.nonzero()[:, 0]  # (K,)
+        if len(keys):
+            crossed_inputs = inputs.index_select(-1, keys)  # ([B,] Tq, K)
+            segment = torch.bucketize(crossed_inputs, switches)
+            exact = torch.addcmul(intercepts.T[:, segment], slopes.T[:, segment], crossed_inputs)
+            exact = exact.movedim(0, -3)  # ([B,] H, Tq, K)
+            bias.index_copy_(-1, keys, exact)  # (addcmul's backward does not read its output)
+        return bias  # ([B,] H, Tq, Tk)
