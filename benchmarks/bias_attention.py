@@ -5,7 +5,10 @@ ratios to NoPE measured in the same process (model: tiny, untrained).
     python benchmarks/bias_attention.py train [--rounds 15] [--threads 1]
     python benchmarks/bias_attention.py eval --quick     # a small, fast check that it runs
 
-Besides the registered encodings, ``general`` is KERPLE's bias given only through
+Besides the registered encodings, ``fire-switching`` is FIRE with ``--fire-switches`` (default 8)
+of f_theta's 32 switch points inside (0, 1), where an untrained FIRE has none: each costs time
+past L (see switch_inside_the_inputs_range; the 15 trained FIRE models of README's sweeps have
+0-7 there, 32 is the slowest case). ``general`` is KERPLE's bias given only through
 ``score_bias`` (looked up at every (query, key) pair; no ``relative_bias``): the path that any
 bias without exploitable structure takes. Models are configured as trained at ``--seq-len``
 (default 128, the extrapolation experiments' length), so FIRE's threshold L is 128: past it, its
@@ -27,10 +30,17 @@ from posbench.encodings import PositionalEncoding, encoding_names
 from posbench.encodings.kerple import KerpleConfig, KerpleRelativeBias
 from posbench.model import ModelArgs, Transformer, build_model
 
-EVAL_ENCODINGS = ("none", "alibi", "t5", "kerple", "fire", "general")
+EVAL_ENCODINGS = ("none", "alibi", "t5", "kerple", "fire", "fire-switching", "general")
 # The issue's targets: eval time at most this many times NoPE's; training tokens/s at least
 # 0.91x NoPE's (every encoding).
-EVAL_TARGETS = {"alibi": 2.0, "t5": 2.0, "kerple": 3.0, "fire": 3.0, "general": 3.0}
+EVAL_TARGETS = {
+    "alibi": 2.0,
+    "t5": 2.0,
+    "kerple": 3.0,
+    "fire": 3.0,
+    "fire-switching": 3.0,
+    "general": 3.0,
+}
 TRAIN_TARGET = 0.91
 
 
@@ -51,14 +61,30 @@ class GeneralKerple(PositionalEncoding):
         return self.kerple.score_bias(query_positions, key_positions, out=out)  # (H, Tq, Tk)
 
 
-def tiny_model(encoding: str, length: int, seq_len: int) -> Transformer:
+def tiny_model(encoding: str, length: int, seq_len: int, fire_switches: int = 8) -> Transformer:
     """An untrained tiny model (ModelArgs' defaults) with ``encoding`` as configured for
-    training at ``seq_len``, for inputs of ``length``."""
+    training at ``seq_len``, for inputs of ``length`` (``fire-switching``: ``fire_switches``
+    switch points inside (0, 1))."""
     torch.manual_seed(0)
     if encoding == "general":
         args = ModelArgs()
         return Transformer(args, GeneralKerple(KerpleConfig(), args.d_model, args.n_head))
+    if encoding == "fire-switching":
+        model = build_model({}, trained_encoding("fire", seq_len, length))
+        switch_inside_the_inputs_range(model.encoding.mlp[0], fire_switches)
+        return model
     return build_model({}, trained_encoding(encoding, seq_len, length))
+
+
+@torch.no_grad()
+def switch_inside_the_inputs_range(hidden: torch.nn.Linear, count: int) -> None:
+    """Moves the switch points -b/w of ``count`` hidden units of FIRE's f_theta to evenly spaced
+    points inside (0, 1), where the inputs of past keys lie (an untrained FIRE has none there),
+    rising and falling units in turn: each is a boundary between two of f_theta's linear
+    segments that keys cross within a block of queries, the costly part of FIRE's bias."""
+    w = torch.tensor([1.0, -1.0]).repeat(count // 2 + 1)[:count]
+    hidden.weight[:count, 0] = w
+    hidden.bias[:count] = -w * (torch.arange(count) + 0.5) / count
 
 
 def eval_step(model: Transformer, length: int) -> Callable[[], None]:
@@ -92,7 +118,7 @@ def report(title: str, seconds: dict[str, float], targets: dict[str, float], slo
         target = targets.get(name)
         bound = "" if target is None else f"  target {'<=' if slower else '>='} {target:.2f}"
         met = "" if target is None else ("  ok" if (ratio <= target) == slower else "  MISSED")
-        print(f"  {name:<11}{value:>9.3f} s{ratio:>7.2f}x{bound}{met}")
+        print(f"  {name:<15}{value:>9.3f} s{ratio:>7.2f}x{bound}{met}")
 
 
 def main() -> None:
@@ -103,6 +129,9 @@ def main() -> None:
     parser.add_argument("--seq-len", type=int, default=128, help="training length")
     parser.add_argument("--rounds", type=int, default=None, help="default: eval 5, train 15")
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument(
+        "--fire-switches", type=int, default=8, help="of fire-switching's 32 units (default 8)"
+    )
     parser.add_argument("--quick", action="store_true", help="small sizes, 1 round")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -113,7 +142,7 @@ def main() -> None:
     if args.figure == "eval":
         for length in args.lengths:
             steps = {
-                name: eval_step(tiny_model(name, length, args.seq_len), length)
+                name: eval_step(tiny_model(name, length, args.seq_len, args.fire_switches), length)
                 for name in EVAL_ENCODINGS
             }
             seconds = median_seconds(steps, rounds)
