@@ -17,33 +17,30 @@ import json
 import subprocess
 import sys
 
-ENCODINGS = ("none", "rope", "alibi", "t5", "kerple", "fire")
+import torch
+from long_eval_memory import ENCODINGS, peak_rss_bytes
+from throughput import trained_encoding
 
-MEASURE = """
-import json, resource, sys, torch
-from posbench.config import compose_config
 from posbench.diagnose import diagnose, diagnosis_memory_bytes
 from posbench.model import build_model
 
-encoding, length, threads = sys.argv[1], *map(int, sys.argv[2:4])
-torch.set_num_threads(threads)
-# As trained at 128 tokens (the extrapolation experiments): FIRE's threshold L is there.
-cfg = compose_config([f"encoding={encoding}", "train.seq_len=128"])
-torch.manual_seed(0)
-model = build_model(cfg.model, cfg.encoding)
-tokens = torch.randint(0, 256, (1, length))
-before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
-diagnose(model, tokens, train_seq_len=128)
-peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-estimate = diagnosis_memory_bytes(model, length)
-print(json.dumps({"before": before, "peak": peak, "estimate": estimate}))
-"""
+
+def measure_here(encoding: str, length: int) -> dict[str, int]:
+    """The peaks of this process before and during the diagnosis and posbench's estimate (run
+    by ``measure`` in a fresh process)."""
+    torch.manual_seed(0)
+    model = build_model({}, trained_encoding(encoding, 128, length))  # tiny, as trained at 128
+    tokens = torch.randint(0, 256, (1, length))
+    before = peak_rss_bytes()
+    diagnose(model, tokens, train_seq_len=128)
+    estimate = diagnosis_memory_bytes(model, length)
+    return {"before": before, "peak": peak_rss_bytes(), "estimate": estimate}
 
 
 def measure(encoding: str, length: int, threads: int) -> dict[str, int]:
-    """Peak RSS before and during the diagnosis, and the estimate, from a fresh process."""
-    arguments = [encoding, str(length), str(threads)]
-    out = subprocess.check_output([sys.executable, "-c", MEASURE, *arguments], text=True)
+    """measure_here in a fresh process, whose peak RSS is the encoding's own."""
+    arguments = ["--encoding", encoding, "--length", str(length), "--threads", str(threads)]
+    out = subprocess.check_output([sys.executable, __file__, *arguments], text=True)
     return json.loads(out.strip().splitlines()[-1])
 
 
@@ -51,7 +48,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--length", type=int, default=16384, help="tokens in the window")
     parser.add_argument("--threads", type=int, default=2, help="torch threads per process")
+    parser.add_argument("--encoding", help="measure this encoding in this process (internal)")
     args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    if args.encoding:
+        print(json.dumps(measure_here(args.encoding, args.length)))
+        return
     mb = 2**20
     print(f"posbench diagnose of one {args.length}-token window, model tiny (target: < 2048 MiB)")
     print("| encoding | RSS before (MiB) | peak RSS (MiB) | added (MiB) | estimate (MiB) |")

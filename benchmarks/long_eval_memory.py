@@ -14,40 +14,46 @@ from __future__ import annotations
 
 import argparse
 import json
+import resource
 import subprocess
 import sys
 
-ENCODINGS = ("none", "rope", "alibi", "t5", "kerple", "fire")
+import torch
+from throughput import trained_encoding
 
-MEASURE = """
-import json, resource, sys, torch
-from posbench.config import compose_config
 from posbench.evaluate import evaluate_length
 from posbench.model import build_model
 
-encoding, length, batch_size, threads = sys.argv[1], *map(int, sys.argv[2:5])
-torch.set_num_threads(threads)
-# As trained at 128 tokens (the extrapolation experiments): FIRE's threshold L is there.
-cfg = compose_config([f"encoding={encoding}", "train.seq_len=128"])
-torch.manual_seed(0)
-model = build_model(cfg.model, cfg.encoding)
-tokens = torch.randint(0, 256, (batch_size * length + 1,), dtype=torch.uint8)
-before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
-record = evaluate_length(model, tokens, length, batch_size=batch_size)
-peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-estimate = model.inference_memory_bytes(batch_size, length)
-status = record["status"]
-print(json.dumps({"before": before, "peak": peak, "estimate": estimate, "status": status}))
-"""
+ENCODINGS = ("none", "rope", "alibi", "t5", "kerple", "fire")
 
 
-def measure(encoding: str, length: int, batch_size: int, threads: int) -> dict[str, int]:
-    out = subprocess.run(
-        [sys.executable, "-c", MEASURE, encoding, str(length), str(batch_size), str(threads)],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
+def peak_rss_bytes() -> int:
+    """This process's peak resident set size so far (Linux reports it in KiB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def measure_here(encoding: str, length: int, batch_size: int) -> dict[str, int | str]:
+    """The peaks of this process before and during the evaluation of one length, the model's
+    estimate and the evaluation's status (run by ``measure`` in a fresh process)."""
+    torch.manual_seed(0)
+    model = build_model({}, trained_encoding(encoding, 128, length))  # tiny, as trained at 128
+    tokens = torch.randint(0, 256, (batch_size * length + 1,), dtype=torch.uint8)
+    before = peak_rss_bytes()
+    record = evaluate_length(model, tokens, length, batch_size=batch_size)
+    estimate = model.inference_memory_bytes(batch_size, length)
+    return {
+        "before": before,
+        "peak": peak_rss_bytes(),
+        "estimate": estimate,
+        "status": record["status"],
+    }
+
+
+def measure(encoding: str, length: int, batch_size: int, threads: int) -> dict:
+    """measure_here in a fresh process, whose peak RSS is the encoding's own."""
+    arguments = ["--encoding", encoding, "--length", str(length), "--threads", str(threads)]
+    command = [sys.executable, __file__, *arguments, "--batch-size", str(batch_size)]
+    out = subprocess.run(command, capture_output=True, text=True, check=True).stdout
     return json.loads(out.strip().splitlines()[-1])
 
 
@@ -56,7 +62,12 @@ def main() -> None:
     parser.add_argument("--length", type=int, default=16384)
     parser.add_argument("--batch-size", type=int, default=1)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--encoding", help="measure this encoding in this process (internal)")
     args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    if args.encoding:
+        print(json.dumps(measure_here(args.encoding, args.length, args.batch_size)))
+        return
     mb = 2**20
     print(f"eval of one length at {args.length} tokens, batch {args.batch_size}, model tiny")
     print(f"{'encoding':<9} {'RSS before':>11} {'peak RSS':>9} {'added':>7} {'estimate':>9}")
