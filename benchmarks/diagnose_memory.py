@@ -48,6 +48,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--length", type=int, default=16384, help="tokens in the window")
     parser.add_argument("--threads", type=int, default=2, help="torch threads per process")
+    parser.add_argument("--encodings", nargs="+", default=ENCODINGS, help="default: %(default)s")
     parser.add_argument("--encoding", help="measure this encoding in this process (internal)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -58,7 +59,7 @@ def main() -> None:
     print(f"posbench diagnose of one {args.length}-token window, model tiny (target: < 2048 MiB)")
     print("| encoding | RSS before (MiB) | peak RSS (MiB) | added (MiB) | estimate (MiB) |")
     print("| --- | --- | --- | --- | --- |")
-    for encoding in ENCODINGS:
+    for encoding in args.encodings:
         m = measure(encoding, args.length, args.threads)
         added = m["peak"] - m["before"]
         print(

@@ -62,6 +62,7 @@ def main() -> None:
     parser.add_argument("--length", type=int, default=16384)
     parser.add_argument("--batch-size", type=int, default=1)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--encodings", nargs="+", default=ENCODINGS, help="default: %(default)s")
     parser.add_argument("--encoding", help="measure this encoding in this process (internal)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -71,7 +72,7 @@ def main() -> None:
     mb = 2**20
     print(f"eval of one length at {args.length} tokens, batch {args.batch_size}, model tiny")
     print(f"{'encoding':<9} {'RSS before':>11} {'peak RSS':>9} {'added':>7} {'estimate':>9}")
-    for encoding in ENCODINGS:
+    for encoding in args.encodings:
         m = measure(encoding, args.length, args.batch_size, args.threads)
         assert m["status"] == "ok", m
         print(

@@ -19,8 +19,8 @@ BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
         ["bias_attention.py", "eval", "--quick"],
         ["bias_attention.py", "train", "--quick"],
         ["throughput.py", "--rounds", "1", "--length", "256", "--batch", "2", "--seq-len", "32"],
-        ["long_eval_memory.py", "--length", "256", "--threads", "1"],
-        ["diagnose_memory.py", "--length", "256", "--threads", "1"],
+        ["long_eval_memory.py", "--length", "256", "--threads", "1", "--encodings", "none", "fire"],
+        ["diagnose_memory.py", "--length", "256", "--threads", "1", "--encodings", "none", "fire"],
     ],
     ids=lambda command: " ".join(command[:2]),
 )
