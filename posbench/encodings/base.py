@@ -107,10 +107,11 @@ class PositionalEncoding(nn.Module):
         bias.
 
         At long lengths the model asks per block of queries, with the keys up to the block's
-        last position, so the bias must depend only on the positions it is given. It may then
-        pass ``out``, a contiguous tensor of the bias's shape that the bias may be written to
-        (callers use the tensor returned): one buffer for every block spares the operating
-        system's zeroing of fresh pages for each. The default is ``relative_bias`` laid out
+        last position, so the bias must depend only on the positions it is given. In evaluation
+        (without gradients, which ``out=`` does not record) it may then pass ``out``, a
+        contiguous tensor of the bias's shape that the bias may be written to (callers use the
+        tensor returned): one buffer for every block spares the operating system's zeroing of
+        fresh pages for each. The default is ``relative_bias`` laid out
         over the (query, key) grid."""
         # Each distinct distance once (there are at most Tq + Tk - 1), then the grid looked up.
         lowest = query_positions.min() - key_positions.max()
