@@ -111,8 +111,8 @@ class PositionalEncoding(nn.Module):
         (without gradients, which ``out=`` does not record) it may then pass ``out``, a
         contiguous tensor of the bias's shape that the bias may be written to (callers use the
         tensor returned): one buffer for every block spares the operating system's zeroing of
-        fresh pages for each. The default is ``relative_bias`` laid out
-        over the (query, key) grid."""
+        fresh pages for each. The default is ``relative_bias`` laid out over the (query, key)
+        grid."""
         # Each distinct distance once (there are at most Tq + Tk - 1), then the grid looked up.
         lowest = query_positions.min() - key_positions.max()
         highest = query_positions.max() - key_positions.min()

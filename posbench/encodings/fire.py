@@ -76,8 +76,8 @@ class FireRelativeBias(PositionalEncoding):
         read distance 0, so the log stays finite."""
         horizon = torch.maximum(query_positions.to(self.c.dtype), self.threshold.clamp(min=1.0))
         Tk = key_positions.shape[-1]
-        consecutive = query_positions.dim() == key_positions.dim() == 1
-        if consecutive and int(key_positions[-1] - key_positions[0]) == Tk - 1:
+        shared = query_positions.dim() == key_positions.dim() == 1  # one row for the batch
+        if shared and int(key_positions[-1] - key_positions[0]) == Tk - 1:
             # Consecutive keys: row i reads psi at the distances i - j, consecutive too, so each
             # row is a slice of one descending row of psi values; a strided view (unfold) holds
             # them all, and the logs are taken once per distinct distance instead of per pair.
