@@ -362,14 +362,22 @@ def random_qkv(batch, n_head, length, head_dim, dtype=F64):
 
 @pytest.mark.parametrize("name", RELATIVE)
 @pytest.mark.parametrize("length", [1, 16, 37, 300])
-@pytest.mark.parametrize("block", [16, 256])
+@pytest.mark.parametrize("block", [16, None])  # None: the shipped block sizes
 @pytest.mark.parametrize("gradients", [True, False])
 def test_relative_bias_attention_equals_the_masked_computation(
     name, length, block, gradients, monkeypatch
 ):
     # With gradients, a learned bias (t5, kerple) is written out for the explicit computation.
-    monkeypatch.setattr(posbench.model, "QUERY_BLOCK", block)  # 16: 300 = 18 * 16 + 12
+    if block:
+        use_query_blocks(block, monkeypatch)  # 16: 300 = 18 * 16 + 12
     assert_attention_matches_masked(name, length, gradients)
+
+
+def use_query_blocks(block: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Blocks of at most ``block`` queries on every attention path with a bias (the explicit
+    computation's too)."""
+    monkeypatch.setattr(posbench.model, "QUERY_BLOCK", block)
+    monkeypatch.setattr(posbench.model, "EXPLICIT_QUERY_BLOCK", block)
 
 
 def assert_attention_matches_masked(name: str, length: int, gradients: bool) -> None:
@@ -397,7 +405,7 @@ def test_bias_attention_equals_the_masked_computation_at_4096_tokens_in_float32(
 
 @pytest.mark.parametrize("name", RELATIVE)
 def test_relative_bias_attention_gives_the_gradients_of_the_masked_computation(name, monkeypatch):
-    monkeypatch.setattr(posbench.model, "QUERY_BLOCK", 16)
+    use_query_blocks(16, monkeypatch)
     encoding = random_bias_encoding(name)
     inputs = [t.requires_grad_() for t in random_qkv(2, SMALL.n_head, 45, 8)]
     leaves = [*inputs, *encoding.parameters()]
@@ -619,7 +627,7 @@ GENERAL = ["distance-bias", "pair-bias"]
 @pytest.mark.parametrize("gradients", [True, False])
 def test_general_bias_attention_equals_the_masked_computation(name, length, gradients, monkeypatch):
     # Without gradients, blocks after the first attend to their past and diagonal keys apart.
-    monkeypatch.setattr(posbench.model, "QUERY_BLOCK", 16)
+    use_query_blocks(16, monkeypatch)
     assert_attention_matches_masked(name, length, gradients)
 
 
@@ -685,9 +693,38 @@ def test_attention_with_a_mask_that_needs_a_gradient_applies_dropout_to_the_weig
     torch.testing.assert_close(dropped, expected, rtol=0, atol=1e-12)
 
 
-def test_training_shapes_take_a_single_attention_call():
+def test_training_shapes_are_blocked_only_where_attention_is_explicit():
     assert posbench.model.query_block_size(batch=32, n_head=4, length=128) == 128
     assert posbench.model.query_block_size(batch=32, n_head=8, length=256) == 256
+    assert posbench.model.query_block_size(32, 4, 128, explicit=True) == 64
+
+
+@pytest.mark.parametrize("general", [False, True])  # the relative or the general path
+def test_training_attention_takes_blocks_of_64_queries_and_gives_the_masked_gradients(
+    general, monkeypatch
+):
+    encoding = random_bias_encoding("kerple")
+    if general:  # KERPLE's learned bias looked up per (query, key) by score_bias
+        monkeypatch.setattr(type(encoding), "consecutive_bias", lambda self, positions: None)
+    inputs = [t.requires_grad_() for t in random_qkv(2, SMALL.n_head, 150, 8)]
+    leaves = [*inputs, *encoding.parameters()]
+    out_grad = torch.randn(2, SMALL.n_head, 150, 8, dtype=F64)
+    softmax_rows = []
+
+    def recording(scores: torch.Tensor, dim: int) -> torch.Tensor:
+        softmax_rows.append(scores.shape[-2])
+        return softmax(scores, dim=dim)
+
+    softmax = torch.softmax
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(posbench.model.torch, "softmax", recording)
+        out = posbench.model.causal_attention(*inputs, torch.arange(150), encoding)
+    assert sorted(softmax_rows) == [22, 64, 64]  # 150 = 2 * 64 + 22 queries
+    expected = masked_attention(*inputs, encoding, torch.arange(150))
+    torch.testing.assert_close(out, expected, rtol=0, atol=1e-10)
+    got = torch.autograd.grad(out, leaves, out_grad)
+    for fast, masked in zip(got, torch.autograd.grad(expected, leaves, out_grad), strict=True):
+        torch.testing.assert_close(fast, masked, rtol=0, atol=1e-10)
 
 
 @pytest.mark.parametrize("name", ["none", "rope"])
