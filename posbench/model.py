@@ -35,7 +35,11 @@ class CausalSelfAttention(nn.Module):
         self.dropout = dropout
 
     def forward(
-        self, x: torch.Tensor, positions: torch.Tensor, encoding: PositionalEncoding
+        self,
+        x: torch.Tensor,
+        positions: torch.Tensor,
+        encoding: PositionalEncoding,
+        biases: QueryBlockBiases | None = None,
     ) -> torch.Tensor:
         B, T, C = x.shape
         q, k, v = self.qkv(x).split(C, dim=2)
@@ -43,7 +47,7 @@ class CausalSelfAttention(nn.Module):
         q = encoding.rotate(q, positions)  # (B, nh, T, hs)
         k = encoding.rotate(k, positions)
         dropout = self.dropout if self.training else 0.0
-        y = causal_attention(q, k, v, positions, encoding, dropout)  # (B, nh, T, hs)
+        y = causal_attention(q, k, v, positions, encoding, dropout, biases)  # (B, nh, T, hs)
         y = y.transpose(1, 2).reshape(B, T, C)  # (B, T, C)
         return self.proj(y)
 
@@ -87,9 +91,11 @@ def causal_attention(
     positions: torch.Tensor,
     encoding: PositionalEncoding,
     dropout: float = 0.0,
+    biases: QueryBlockBiases | None = None,
 ) -> torch.Tensor:
     """softmax(q k^T / sqrt(hs) + encoding's score bias + causal mask) v, for q, k, v of
-    (B, H, T, hs) at increasing ``positions`` (T,) or (B, T) -> (B, H, T, hs).
+    (B, H, T, hs) at increasing ``positions`` (T,) or (B, T) -> (B, H, T, hs); ``biases``: the
+    query blocks' biases shared by the layers of a forward pass (blocked_bias_attention).
 
     Without a bias this is one fused causal SDPA call, which never builds a (T, T) mask. A bias
     of the distance alone at consecutive positions (the encoding's consecutive_bias) takes
@@ -105,7 +111,7 @@ def causal_attention(
         if q.device.type in FLEX_ATTENTION_DEVICES and not dropout:
             return flex_attention_bias(q, k, v, bias)
         return relative_bias_attention(q, k, v, bias.to(q.dtype), dropout)
-    return blocked_bias_attention(q, k, v, positions, encoding, dropout)
+    return blocked_bias_attention(q, k, v, positions, encoding, dropout, biases)
 
 
 def relative_bias_attention(
@@ -235,11 +241,13 @@ def blocked_bias_attention(
     positions: torch.Tensor,
     encoding: PositionalEncoding,
     dropout: float = 0.0,
+    biases: QueryBlockBiases | None = None,
 ) -> torch.Tensor:
     """causal_attention for any score bias, from the encoding's score_bias: each block of queries
     [s, e) attends to keys [0, e) only (later keys are all in its future), with the bias and the
     causal mask folded into one float mask of (1, H, e - s, e), or (B, H, e - s, e) for
-    positions (B, T).
+    positions (B, T). Without gradients, the blocks' biases come from ``biases`` (shared by the
+    layers of one forward pass; by default, this call's own).
 
     Blocks run from the last (the most keys) to the first: each block's temporaries then fit
     in memory the previous block freed, where growing ones made glibc's heap grow (measured at
@@ -249,26 +257,19 @@ def blocked_bias_attention(
     # A bias of trained parameters, in training: attend's explicit computation.
     explicit = torch.is_grad_enabled() and any(p.requires_grad for p in encoding.parameters())
     block = query_block_size(B, H, T, explicit)
+    if torch.is_grad_enabled():  # every block's bias computed afresh, for autograd
+        biases = QueryBlockBiases(encoding, keep_elements=0, reuse=False)
+    elif biases is None:
+        biases = QueryBlockBiases(encoding, keep_elements=0)
     in_parts = q.device.type == "cpu" and not (torch.is_grad_enabled() or dropout)
-    # Without gradients, the blocks after the first may write their bias to one buffer (read in
-    # place by past_and_diagonal_attention). Allocated afresh per block, tens of MB each at long
-    # lengths, its pages are zeroed again by the operating system every time: at 16,384 tokens
-    # that took longer than computing FIRE's bias (1.8 s of page faults for 0.46 s of writing).
-    reuse = in_parts and positions.dim() == 1
-    workspace = None
     outputs = []
     for start in reversed(range(0, T, block)):
         end = min(start + block, T)
         query_positions, key_positions = positions[..., start:end], positions[..., :end]
-        out = None if workspace is None else workspace[: H * (end - start) * end].view(H, -1, end)
-        bias = encoding.score_bias(query_positions, key_positions, out=out)  # ([B,] H, n, e)
+        # ([B|1], H, n, e); a buffer for the bias of a block of queries holds H * block * T.
+        bias = biases.bias(start, query_positions, key_positions, q.dtype, H * block * T)
         if bias is None:  # the encoding adds no bias at all: no mask to build
             return unbiased_causal_attention(q, k, v, dropout)
-        if reuse and workspace is None:  # in the dtype the encoding computes its bias in
-            workspace = bias.new_empty(H * block * T)
-        bias = bias.to(q.dtype)
-        if bias.dim() == 3:  # SDPA's CPU kernel takes a 4-D mask fused, a 3-D one 5x slower
-            bias = bias[None]
         queries, keys, values = q[:, :, start:end], k[:, :, :end], v[:, :, :end]
         if in_parts and start:  # only the diagonal square [s, e) needs the causal mask
             diagonal = causal_bias(bias[..., start:], query_positions, key_positions[..., start:])
@@ -277,6 +278,73 @@ def blocked_bias_attention(
             mask = causal_bias(bias, query_positions, key_positions)
             outputs.append(attend(queries, keys, values, mask, dropout))
     return join_blocks(outputs)
+
+
+# In evaluation the layers of a forward pass share its query blocks' biases, up to this many
+# elements in all (64 MiB in float32: every block of 2,048 tokens with 4 heads). Computed in
+# each layer, they took 2/3 of the forward pass of a 2-layer FIRE model with all 32 switch
+# points inside (0, 1) at 2,048 tokens (shared: 0.28 s instead of 0.50 s). At longer lengths
+# the blocks beyond it are computed in each layer: memory stays bounded.
+SHARED_BIAS_ELEMENTS = 2**24
+
+
+class QueryBlockBiases:
+    """Where blocked_bias_attention gets each query block's score bias, as an attention mask of
+    ([B|1], H, n, e) without the causal part: from the encoding, or from an earlier layer.
+
+    One instance serves the layers of one forward pass without gradients: the encoding is one
+    instance for every layer, so a block's bias is the same in each. The biases of the first
+    layer are kept, up to ``keep_elements`` in all (the blocks run from the largest), for the
+    layers after it. Each bias not kept is written, with ``reuse``, into one buffer (the
+    encoding's score_bias(out=)): a fresh tensor of tens of MB per block at long lengths had
+    its pages zeroed again by the operating system every time, which took longer than computing
+    FIRE's bias (one layer at 16,384 tokens: 1.8 s of page faults for 0.46 s of writing).
+    """
+
+    def __init__(
+        self,
+        encoding: PositionalEncoding,
+        keep_elements: int,
+        reuse: bool = True,
+    ) -> None:
+        self.encoding = encoding
+        self.keep_elements = keep_elements
+        self.reuse = reuse
+        self.kept: dict[int, torch.Tensor] = {}  # by the block's first query
+        self.kept_elements = 0
+        self.workspace: torch.Tensor | None = None
+
+    def bias(
+        self,
+        start: int,
+        query_positions: torch.Tensor,
+        key_positions: torch.Tensor,
+        dtype: torch.dtype,
+        largest: int,
+    ) -> torch.Tensor | None:
+        """The bias of the block of queries at ``query_positions`` (from the ``start``-th query)
+        and keys at ``key_positions``, in ``dtype``, of at most ``largest`` elements per
+        sequence; ``None``: the encoding adds none."""
+        if start in self.kept:
+            return self.kept[start]
+        shape = (self.encoding.n_head, query_positions.shape[-1], key_positions.shape[-1])
+        size = math.prod(query_positions.shape[:-1]) * math.prod(shape)
+        keep = self.kept_elements + size <= self.keep_elements
+        # Positions shared by the batch: out= is laid out as that bias, (H, n, e).
+        reuse = self.reuse and not keep and query_positions.dim() == 1
+        out = self.workspace[:size].view(shape) if reuse and self.workspace is not None else None
+        bias = self.encoding.score_bias(query_positions, key_positions, out=out)
+        if bias is None:
+            return None
+        if reuse and self.workspace is None:  # in the dtype the encoding computes its bias in
+            self.workspace = bias.new_empty(largest)
+        bias = bias.to(dtype)
+        if bias.dim() == 3:  # SDPA's CPU kernel takes a 4-D mask fused, a 3-D one 5x slower
+            bias = bias[None]
+        if keep:
+            self.kept[start] = bias
+            self.kept_elements += size
+        return bias
 
 
 def past_and_diagonal_attention(
@@ -359,9 +427,13 @@ class Block(nn.Module):
         self.mlp = MLP(args.d_model, args.mlp_ratio * args.d_model, args.dropout)
 
     def forward(
-        self, x: torch.Tensor, positions: torch.Tensor, encoding: PositionalEncoding
+        self,
+        x: torch.Tensor,
+        positions: torch.Tensor,
+        encoding: PositionalEncoding,
+        biases: QueryBlockBiases | None = None,
     ) -> torch.Tensor:
-        x = x + self.attn(self.ln_attn(x), positions, encoding)
+        x = x + self.attn(self.ln_attn(x), positions, encoding, biases)
         return x + self.mlp(self.ln_mlp(x))
 
 
@@ -430,8 +502,11 @@ class Transformer(nn.Module):
             )
         x = self.token_embedding(tokens)  # (B, T, C)
         x = self.dropout(self.encoding.embed(x, positions))
+        # Without gradients the layers share the biases of their query blocks.
+        shared = not torch.is_grad_enabled()
+        biases = QueryBlockBiases(self.encoding, SHARED_BIAS_ELEMENTS) if shared else None
         for block in self.blocks:
-            x = block(x, positions, self.encoding)
+            x = block(x, positions, self.encoding, biases)
         return self.lm_head(self.ln_final(x))  # (B, T, vocab)
 
     def inference_memory_bytes(self, batch_size: int, length: int) -> int:
@@ -448,7 +523,8 @@ class Transformer(nn.Module):
         and its bias row per head (twice, with its padded copy). Any other score bias adds the
         attention scratch of one query block (the bias, its masked copy, SDPA's scores and
         probabilities, and the encoding's own intermediates: at most 6 per score), which
-        query_block_size keeps bounded at any length.
+        query_block_size keeps bounded at any length, and the blocks' biases the layers share
+        (at most SHARED_BIAS_ELEMENTS).
         """
         a = self.args
         tokens = batch_size * length
@@ -460,6 +536,8 @@ class Transformer(nn.Module):
         elif self.encoding.score_bias(first, first) is not None:
             block = query_block_size(batch_size, a.n_head, length)
             elements += 6 * batch_size * a.n_head * block * length
+            every_block = a.n_head * length * (length + block) // 2  # (H, n, e) for each block
+            elements += min(SHARED_BIAS_ELEMENTS, every_block)
         return elements * self.lm_head.weight.element_size()
 
     def num_parameters(self) -> int:

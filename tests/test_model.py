@@ -668,6 +668,33 @@ def test_in_evaluation_the_blocks_after_the_first_write_their_bias_to_one_buffer
         assert bias.untyped_storage().data_ptr() == pointer  # the bias was written there
 
 
+@pytest.mark.parametrize("kept_blocks", [0, 3, 7])  # none, some, all 7 blocks of 100 queries
+def test_the_layers_of_a_forward_pass_share_the_biases_of_its_query_blocks(
+    kept_blocks, monkeypatch
+):
+    monkeypatch.setattr(posbench.model, "QUERY_BLOCK", 16)
+    model, tokens = small_model("kerple"), torch.randint(0, 256, (2, 100))
+    monkeypatch.setattr(type(model.encoding), "consecutive_bias", lambda self, positions: None)
+    ends = [min(start + 16, 100) for start in reversed(range(0, 100, 16))]  # the order computed
+    sizes = [SMALL.n_head * (end - (end - 1) // 16 * 16) * end for end in ends]  # H * n * e
+    monkeypatch.setattr(posbench.model, "SHARED_BIAS_ELEMENTS", 0)
+    with torch.no_grad():
+        expected = model(tokens)
+    monkeypatch.setattr(posbench.model, "SHARED_BIAS_ELEMENTS", sum(sizes[:kept_blocks]))
+    calls, score_bias = [], model.encoding.score_bias
+
+    def counting(query_positions, key_positions, out=None):
+        calls.append(query_positions[0].item())
+        return score_bias(query_positions, key_positions, out=out)
+
+    monkeypatch.setattr(model.encoding, "score_bias", counting)
+    with torch.no_grad():
+        shared = model(tokens)
+    assert torch.equal(shared, expected)
+    # The first layer computes every block's bias; the second the blocks not kept.
+    assert len(calls) == 7 + (7 - kept_blocks) and SMALL.n_layer == 2
+
+
 def test_attention_with_a_mask_that_needs_a_gradient_equals_the_plain_computation():
     q, k, v = random_qkv(2, 3, 11, 8)
     positions = torch.arange(11)
