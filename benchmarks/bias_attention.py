@@ -3,6 +3,8 @@ ratios to NoPE measured in the same process (model: tiny, untrained).
 
     python benchmarks/bias_attention.py eval [--lengths 2048 16384] [--rounds 5] [--threads 1]
     python benchmarks/bias_attention.py train [--rounds 15] [--threads 1]
+    python benchmarks/bias_attention.py layer [--rounds 60]    # explicit attention's blocks
+    python benchmarks/bias_attention.py shared [--lengths 2048] [--fire-switches 32]
     python benchmarks/bias_attention.py eval --quick     # a small, fast check that it runs
 
 Besides the registered encodings, ``fire-switching`` is FIRE with ``--fire-switches`` (default 8)
@@ -15,6 +17,12 @@ bias without exploitable structure takes. Models are configured as trained at ``
 bias depends on the query's position too and takes that path. Models are timed in interleaved
 rounds (one forward or training step of each per round; median per model; see
 benchmarks/README.md). Peak memory at 16,384 tokens is benchmarks/long_eval_memory.py's figure.
+
+Two figures behind design constants of posbench/model.py: ``layer`` times one attention layer
+with a learned bias (T5's), forward and backward at ``--batch`` x ``--seq-len``, with the
+explicit computation's blocks of 128, 64, 43 and 32 queries (EXPLICIT_QUERY_BLOCK), next to
+NoPE's fused kernel; ``shared`` times one forward pass of fire-switching in each model size
+with the layers sharing their query blocks' biases (SHARED_BIAS_ELEMENTS) and without.
 """
 
 from __future__ import annotations
@@ -26,6 +34,7 @@ import torch
 import torch.nn.functional as F
 from throughput import median_seconds, trained_encoding
 
+import posbench.model
 from posbench.encodings import PositionalEncoding, encoding_names
 from posbench.encodings.kerple import KerpleConfig, KerpleRelativeBias
 from posbench.model import ModelArgs, Transformer, build_model
@@ -61,19 +70,30 @@ class GeneralKerple(PositionalEncoding):
         return self.kerple.score_bias(query_positions, key_positions, out=out)  # (H, Tq, Tk)
 
 
-def tiny_model(encoding: str, length: int, seq_len: int, fire_switches: int = 8) -> Transformer:
-    """An untrained tiny model (ModelArgs' defaults) with ``encoding`` as configured for
-    training at ``seq_len``, for inputs of ``length`` (``fire-switching``: ``fire_switches``
+# The shipped model sizes (conf/model/), for the ``shared`` figure.
+MODEL_SIZES = {
+    "tiny": {},
+    "small": {"n_layer": 4, "n_head": 4, "d_model": 256},
+    "base": {"n_layer": 6, "n_head": 8, "d_model": 512},
+}
+
+
+def tiny_model(
+    encoding: str, length: int, seq_len: int, fire_switches: int = 8, size: str = "tiny"
+) -> Transformer:
+    """An untrained model (default: tiny, ModelArgs' defaults) with ``encoding`` as configured
+    for training at ``seq_len``, for inputs of ``length`` (``fire-switching``: ``fire_switches``
     switch points inside (0, 1))."""
     torch.manual_seed(0)
     if encoding == "general":
         args = ModelArgs()
         return Transformer(args, GeneralKerple(KerpleConfig(), args.d_model, args.n_head))
+    model_config = MODEL_SIZES[size]
     if encoding == "fire-switching":
-        model = build_model({}, trained_encoding("fire", seq_len, length))
+        model = build_model(model_config, trained_encoding("fire", seq_len, length))
         switch_inside_the_inputs_range(model.encoding.mlp[0], fire_switches)
         return model
-    return build_model({}, trained_encoding(encoding, seq_len, length))
+    return build_model(model_config, trained_encoding(encoding, seq_len, length))
 
 
 @torch.no_grad()
@@ -110,6 +130,41 @@ def train_step(model: Transformer, batch: int, seq_len: int) -> Callable[[], Non
     return step
 
 
+def layer_step(block: int | None, batch: int, seq_len: int) -> Callable[[], None]:
+    """Forward and backward of one tiny attention layer with T5's learned bias, the explicit
+    computation in blocks of ``block`` queries (``None``: NoPE, SDPA's fused causal kernel)."""
+    model = tiny_model("none" if block is None else "t5", seq_len, seq_len)
+    attention, encoding = model.blocks[0].attn, model.encoding
+    x = torch.randn(batch, seq_len, model.args.d_model, requires_grad=True)
+    positions = torch.arange(seq_len)
+
+    def step() -> None:
+        saved = posbench.model.EXPLICIT_QUERY_BLOCK
+        posbench.model.EXPLICIT_QUERY_BLOCK = block or saved
+        try:
+            attention(x, positions, encoding).square().mean().backward()
+        finally:
+            posbench.model.EXPLICIT_QUERY_BLOCK = saved
+
+    return step
+
+
+def forward_with_shared_biases(model: Transformer, length: int, limit: int) -> Callable[[], None]:
+    """One forward pass of ``model`` at ``length`` tokens, the layers sharing up to ``limit``
+    values of their query blocks' biases (0: each layer computes its own)."""
+    step = eval_step(model, length)
+
+    def timed() -> None:
+        saved = posbench.model.SHARED_BIAS_ELEMENTS
+        posbench.model.SHARED_BIAS_ELEMENTS = limit
+        try:
+            step()
+        finally:
+            posbench.model.SHARED_BIAS_ELEMENTS = saved
+
+    return timed
+
+
 def report(title: str, seconds: dict[str, float], targets: dict[str, float], slower: bool) -> None:
     """One line per model: its time as a ratio to NoPE's (``slower``) or its speed as one."""
     print(title)
@@ -123,11 +178,13 @@ def report(title: str, seconds: dict[str, float], targets: dict[str, float], slo
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("figure", choices=["eval", "train"])
+    parser.add_argument("figure", choices=["eval", "train", "layer", "shared"])
     parser.add_argument("--lengths", type=int, nargs="+", default=[2048, 16384])
     parser.add_argument("--batch", type=int, default=32, help="training batch")
     parser.add_argument("--seq-len", type=int, default=128, help="training length")
-    parser.add_argument("--rounds", type=int, default=None, help="default: eval 5, train 15")
+    parser.add_argument(
+        "--rounds", type=int, default=None, help="default: eval and shared 5, train 15, layer 60"
+    )
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument(
         "--fire-switches", type=int, default=8, help="of fire-switching's 32 units (default 8)"
@@ -135,10 +192,11 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="small sizes, 1 round")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    rounds = args.rounds or (5 if args.figure == "eval" else 15)
+    rounds = args.rounds or {"train": 15, "layer": 60}.get(args.figure, 5)
     if args.quick:
         args.lengths, args.batch, rounds = [512], 4, 1
-    print(f"threads={args.threads}, rounds={rounds}, model tiny, ratios to NoPE's")
+    models = "models tiny, small, base" if args.figure == "shared" else "model tiny"
+    print(f"threads={args.threads}, rounds={rounds}, {models}")
     if args.figure == "eval":
         for length in args.lengths:
             steps = {
@@ -147,6 +205,27 @@ def main() -> None:
             }
             seconds = median_seconds(steps, rounds)
             report(f"eval time at {length} tokens (one window)", seconds, EVAL_TARGETS, True)
+    elif args.figure == "layer":
+        blocks = {"none": None, **{f"t5, blocks of {n}": n for n in (128, 64, 43, 32)}}
+        steps = {name: layer_step(n, args.batch, args.seq_len) for name, n in blocks.items()}
+        seconds = median_seconds(steps, rounds)
+        print(f"one attention layer, forward and backward, at {args.batch} x {args.seq_len}")
+        for name, value in seconds.items():
+            print(f"  {name:<20}{value * 1e3:>8.1f} ms{value / seconds['none']:>7.2f}x")
+    elif args.figure == "shared":
+        for length, size in ((n, s) for n in args.lengths for s in MODEL_SIZES):
+            model = tiny_model("fire-switching", length, args.seq_len, args.fire_switches, size)
+            shared = posbench.model.SHARED_BIAS_ELEMENTS
+            steps = {
+                "shared": forward_with_shared_biases(model, length, shared),
+                "per layer": forward_with_shared_biases(model, length, 0),
+            }
+            seconds = median_seconds(steps, rounds)
+            gain = seconds["per layer"] / seconds["shared"]
+            print(
+                f"{size} at {length} tokens, fire-switching ({args.fire_switches}): shared "
+                f"{seconds['shared']:.3f} s, per layer {seconds['per layer']:.3f} s ({gain:.2f}x)"
+            )
     else:
         names = ["none", *(n for n in encoding_names() if n != "none"), "general"]
         steps = {
