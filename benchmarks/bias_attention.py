@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Callable
+from unittest import mock
 
 import torch
 import torch.nn.functional as F
@@ -130,6 +131,16 @@ def train_step(model: Transformer, batch: int, seq_len: int) -> Callable[[], Non
     return step
 
 
+def with_model_constant(step: Callable[[], None], name: str, value: int) -> Callable[[], None]:
+    """``step`` run with posbench.model's constant ``name`` set to ``value``."""
+
+    def patched() -> None:
+        with mock.patch.object(posbench.model, name, value):
+            step()
+
+    return patched
+
+
 def layer_step(block: int | None, batch: int, seq_len: int) -> Callable[[], None]:
     """Forward and backward of one tiny attention layer with T5's learned bias, the explicit
     computation in blocks of ``block`` queries (``None``: NoPE, SDPA's fused causal kernel)."""
@@ -139,30 +150,9 @@ def layer_step(block: int | None, batch: int, seq_len: int) -> Callable[[], None
     positions = torch.arange(seq_len)
 
     def step() -> None:
-        saved = posbench.model.EXPLICIT_QUERY_BLOCK
-        posbench.model.EXPLICIT_QUERY_BLOCK = block or saved
-        try:
-            attention(x, positions, encoding).square().mean().backward()
-        finally:
-            posbench.model.EXPLICIT_QUERY_BLOCK = saved
+        attention(x, positions, encoding).square().mean().backward()
 
-    return step
-
-
-def forward_with_shared_biases(model: Transformer, length: int, limit: int) -> Callable[[], None]:
-    """One forward pass of ``model`` at ``length`` tokens, the layers sharing up to ``limit``
-    values of their query blocks' biases (0: each layer computes its own)."""
-    step = eval_step(model, length)
-
-    def timed() -> None:
-        saved = posbench.model.SHARED_BIAS_ELEMENTS
-        posbench.model.SHARED_BIAS_ELEMENTS = limit
-        try:
-            step()
-        finally:
-            posbench.model.SHARED_BIAS_ELEMENTS = saved
-
-    return timed
+    return step if block is None else with_model_constant(step, "EXPLICIT_QUERY_BLOCK", block)
 
 
 def report(title: str, seconds: dict[str, float], targets: dict[str, float], slower: bool) -> None:
@@ -216,9 +206,10 @@ def main() -> None:
         for length, size in ((n, s) for n in args.lengths for s in MODEL_SIZES):
             model = tiny_model("fire-switching", length, args.seq_len, args.fire_switches, size)
             shared = posbench.model.SHARED_BIAS_ELEMENTS
-            steps = {
-                "shared": forward_with_shared_biases(model, length, shared),
-                "per layer": forward_with_shared_biases(model, length, 0),
+            step = eval_step(model, length)
+            steps = {  # the layers sharing up to that many values, or none
+                "shared": with_model_constant(step, "SHARED_BIAS_ELEMENTS", shared),
+                "per layer": with_model_constant(step, "SHARED_BIAS_ELEMENTS", 0),
             }
             seconds = median_seconds(steps, rounds)
             gain = seconds["per layer"] / seconds["shared"]

@@ -246,8 +246,8 @@ def blocked_bias_attention(
     """causal_attention for any score bias, from the encoding's score_bias: each block of queries
     [s, e) attends to keys [0, e) only (later keys are all in its future), with the bias and the
     causal mask folded into one float mask of (1, H, e - s, e), or (B, H, e - s, e) for
-    positions (B, T). Without gradients, the blocks' biases come from ``biases`` (shared by the
-    layers of one forward pass; by default, this call's own).
+    positions (B, T). The blocks' biases come from ``biases`` (shared by the layers of one
+    forward pass; by default, this call's own).
 
     Blocks run from the last (the most keys) to the first: each block's temporaries then fit
     in memory the previous block freed, where growing ones made glibc's heap grow (measured at
@@ -257,9 +257,7 @@ def blocked_bias_attention(
     # A bias of trained parameters, in training: attend's explicit computation.
     explicit = torch.is_grad_enabled() and any(p.requires_grad for p in encoding.parameters())
     block = query_block_size(B, H, T, explicit)
-    if torch.is_grad_enabled():  # every block's bias computed afresh, for autograd
-        biases = QueryBlockBiases(encoding, keep_elements=0, reuse=False)
-    elif biases is None:
+    if biases is None:
         biases = QueryBlockBiases(encoding, keep_elements=0)
     in_parts = q.device.type == "cpu" and not (torch.is_grad_enabled() or dropout)
     outputs = []
@@ -292,24 +290,19 @@ class QueryBlockBiases:
     """Where blocked_bias_attention gets each query block's score bias, as an attention mask of
     ([B|1], H, n, e) without the causal part: from the encoding, or from an earlier layer.
 
-    One instance serves the layers of one forward pass without gradients: the encoding is one
-    instance for every layer, so a block's bias is the same in each. The biases of the first
+    One instance serves the layers of one forward pass: the encoding is one instance for every
+    layer, so a block's bias is the same in each. Without gradients, the biases of the first
     layer are kept, up to ``keep_elements`` in all (the blocks run from the largest), for the
-    layers after it. Each bias not kept is written, with ``reuse``, into one buffer (the
-    encoding's score_bias(out=)): a fresh tensor of tens of MB per block at long lengths had
-    its pages zeroed again by the operating system every time, which took longer than computing
-    FIRE's bias (one layer at 16,384 tokens: 1.8 s of page faults for 0.46 s of writing).
+    layers after it, and each bias not kept is written into one buffer (the encoding's
+    score_bias(out=)): a fresh tensor of tens of MB per block at long lengths had its pages
+    zeroed again by the operating system every time, which took longer than computing FIRE's
+    bias (one layer at 16,384 tokens: 1.8 s of page faults for 0.46 s of writing). With
+    gradients every bias is computed afresh, for autograd (out= records none).
     """
 
-    def __init__(
-        self,
-        encoding: PositionalEncoding,
-        keep_elements: int,
-        reuse: bool = True,
-    ) -> None:
+    def __init__(self, encoding: PositionalEncoding, keep_elements: int) -> None:
         self.encoding = encoding
         self.keep_elements = keep_elements
-        self.reuse = reuse
         self.kept: dict[int, torch.Tensor] = {}  # by the block's first query
         self.kept_elements = 0
         self.workspace: torch.Tensor | None = None
@@ -329,9 +322,10 @@ class QueryBlockBiases:
             return self.kept[start]
         shape = (self.encoding.n_head, query_positions.shape[-1], key_positions.shape[-1])
         size = math.prod(query_positions.shape[:-1]) * math.prod(shape)
-        keep = self.kept_elements + size <= self.keep_elements
+        fresh = torch.is_grad_enabled()
+        keep = not fresh and self.kept_elements + size <= self.keep_elements
         # Positions shared by the batch: out= is laid out as that bias, (H, n, e).
-        reuse = self.reuse and not keep and query_positions.dim() == 1
+        reuse = not (fresh or keep) and query_positions.dim() == 1
         out = self.workspace[:size].view(shape) if reuse and self.workspace is not None else None
         bias = self.encoding.score_bias(query_positions, key_positions, out=out)
         if bias is None:
@@ -502,9 +496,7 @@ class Transformer(nn.Module):
             )
         x = self.token_embedding(tokens)  # (B, T, C)
         x = self.dropout(self.encoding.embed(x, positions))
-        # Without gradients the layers share the biases of their query blocks.
-        shared = not torch.is_grad_enabled()
-        biases = QueryBlockBiases(self.encoding, SHARED_BIAS_ELEMENTS) if shared else None
+        biases = QueryBlockBiases(self.encoding, SHARED_BIAS_ELEMENTS)  # shared by the layers
         for block in self.blocks:
             x = block(x, positions, self.encoding, biases)
         return self.lm_head(self.ln_final(x))  # (B, T, vocab)
