@@ -20,7 +20,7 @@ benchmarks/README.md). Peak memory at 16,384 tokens is benchmarks/long_eval_memo
 
 Two figures behind design constants of posbench/model.py: ``layer`` times one attention layer
 with a learned bias (T5's), forward and backward at ``--batch`` x ``--seq-len``, with the
-explicit computation's blocks of 128, 64, 43 and 32 queries (EXPLICIT_QUERY_BLOCK), next to
+explicit computation's blocks of 128, 64, 32 and 16 queries (EXPLICIT_QUERY_BLOCK), next to
 NoPE's fused kernel; ``shared`` times one forward pass of fire-switching in each model size
 with the layers sharing their query blocks' biases (SHARED_BIAS_ELEMENTS) and without.
 """
@@ -196,7 +196,7 @@ def main() -> None:
             seconds = median_seconds(steps, rounds)
             report(f"eval time at {length} tokens (one window)", seconds, EVAL_TARGETS, True)
     elif args.figure == "layer":
-        blocks = {"none": None, **{f"t5, blocks of {n}": n for n in (128, 64, 43, 32)}}
+        blocks = {"none": None, **{f"t5, blocks of {n}": n for n in (128, 64, 32, 16)}}
         steps = {name: layer_step(n, args.batch, args.seq_len) for name, n in blocks.items()}
         seconds = median_seconds(steps, rounds)
         print(f"one attention layer, forward and backward, at {args.batch} x {args.seq_len}")

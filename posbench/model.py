@@ -62,13 +62,14 @@ MAX_SCORE_ELEMENTS = 2**24
 # of its block's diagonal square (and the bias there), so smaller blocks waste less work,
 # larger ones make fewer calls.
 QUERY_BLOCK = 256
-# At most this many queries per block where attend computes the attention explicitly (a bias that
-# needs a gradient: training T5, KERPLE, FIRE). Each block computes, then discards, the scores
+# At most this many queries per block of explicit_attention (a bias that needs a gradient:
+# training T5, KERPLE, FIRE). Each block computes, then discards, the scores
 # of its future keys, twice in the backward pass, and the explicit path has no fused kernel to
-# skip them: at training lengths, blocks of 64 skip a quarter of that work (one layer at 32 x
-# 128 tokens, 4 heads, forward and backward: 14 % faster than one block of 128; 43 or 32
-# queries per block measured slower than 64: more calls).
-EXPLICIT_QUERY_BLOCK = 64
+# skip them: at 128 tokens, blocks of 32 skip 3/8 of that work. One layer at 32 x 128 tokens, 4
+# heads, forward and backward: 56.8 ms with blocks of 32, 63.9 with 64, 77.3 with one block
+# (NoPE's fused kernel 53.1 ms); 32 was also the fastest at 8 x 512 and 64 x 64 tokens, and 16
+# slower (more calls).
+EXPLICIT_QUERY_BLOCK = 32
 # The device types on which a bias of the distance alone takes flex_attention_bias (one fused
 # kernel that torch.compile generates, reading the bias table) instead of relative_bias_attention.
 # CPUs keep the SDPA paths: they were measured faster there, and in torch 2.13 flex_attention
@@ -77,9 +78,8 @@ FLEX_ATTENTION_DEVICES = frozenset({"cuda"})
 
 
 def query_block_size(batch: int, n_head: int, length: int, explicit: bool = False) -> int:
-    """Queries per attention call with a bias: at most QUERY_BLOCK (EXPLICIT_QUERY_BLOCK where
-    attend computes it ``explicit``-ly), and few enough that their scores fit
-    MAX_SCORE_ELEMENTS."""
+    """Queries per attention call with a bias: at most QUERY_BLOCK (EXPLICIT_QUERY_BLOCK for
+    ``explicit`` attention), and few enough that their scores fit MAX_SCORE_ELEMENTS."""
     most = EXPLICIT_QUERY_BLOCK if explicit else QUERY_BLOCK
     return max(1, min(length, most, MAX_SCORE_ELEMENTS // (batch * n_head * length)))
 
@@ -126,28 +126,34 @@ def relative_bias_attention(
     Softmax does not depend on the order of the keys. Each block of queries [s, e) attends to
     keys [0, e); the future keys of its diagonal square get distances below 0, whose bias is
     -inf: the causal mask comes with the same view. A bias that needs a gradient (a learned
-    one, in training) is written out in key order instead, for attend's explicit computation.
+    one, in training) is written out in key order instead, for explicit_attention.
     """
     B, H, T, _ = q.shape
     trainable = torch.is_grad_enabled() and bias.requires_grad
     block = query_block_size(B, H, T, explicit=trainable)
-    if not trainable:
-        k, v = k.flip(2), v.flip(2)  # key T - 1 - c at index c
     future = bias.new_full((H, block - 1), float("-inf"))
     padded = torch.cat([future, bias], dim=1)  # (H, block - 1 + T): distances -(block - 1)..T-1
-    outputs = []
-    for start in reversed(range(0, T, block)):  # the last block first (see blocked_bias_attention)
-        end = min(start + block, T)
-        n = end - start
+
+    def hankel(start: int, end: int) -> torch.Tensor:
         # Query start + a and key end - 1 - c are a + c - (n - 1) apart: row a of the mask is
         # the distances from a - (n - 1) on.
-        distances = padded[:, block - n : block - 1 + end]  # (H, n - 1 + end)
-        hankel = distances.unfold(1, end, 1)[None]  # (1, H, n, end), strides (., ., 1, 1)
-        if trainable:  # keys 0 .. end - 1, their bias written out: (1, H, n, end)
-            y = attend(q[:, :, start:end], k[:, :, :end], v[:, :, :end], hankel.flip(-1), dropout)
-        else:  # keys end - 1 .. 0
-            y = attend(q[:, :, start:end], k[:, :, T - end :], v[:, :, T - end :], hankel, dropout)
-        outputs.append(y)
+        distances = padded[:, block - (end - start) : block - 1 + end]  # (H, n - 1 + end)
+        return distances.unfold(1, end, 1)[None]  # (1, H, n, end), strides (., ., 1, 1)
+
+    starts = range(0, T, block)
+    if trainable:  # keys 0 .. end - 1, each block's bias written out: (1, H, n, end)
+        masks = [hankel(start, min(start + block, T)).flip(-1) for start in starts]
+        return explicit_attention(q, k, v, masks, dropout)
+    k, v = k.flip(2), v.flip(2)  # key T - 1 - c at index c
+    outputs = []
+    for start in reversed(starts):  # the last block first (see blocked_bias_attention)
+        end = min(start + block, T)
+        queries, keys, values = q[:, :, start:end], k[:, :, T - end :], v[:, :, T - end :]
+        outputs.append(
+            F.scaled_dot_product_attention(
+                queries, keys, values, attn_mask=hankel(start, end), dropout_p=dropout
+            )
+        )
     return join_blocks(outputs)
 
 
@@ -214,24 +220,116 @@ def causal_block_mask(length: int, device: torch.device) -> BlockMask:
     return create_block_mask(causal, None, None, length, length, device=device)
 
 
-def attend(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, dropout: float = 0.0
+def explicit_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    masks: list[torch.Tensor],
+    dropout: float = 0.0,
 ) -> torch.Tensor:
-    """softmax(q k^T / sqrt(hs) + mask) v for q (B, H, Tq, hs), k, v (B, H, Tk, hs) and an
-    additive float mask (1, H, Tq, Tk) -> (B, H, Tq, hs).
+    """softmax(q k^T / sqrt(hs) + mask) v for q, k, v (B, H, T, hs), in blocks of queries whose
+    additive float masks ([B|1], H, n, e) need a gradient (a learned bias, in training): masks[i]
+    is the i-th block's, queries [e - n, e) and keys [0, e); the blocks cover the queries in
+    order, the last one ending at T -> (B, H, T, hs).
 
-    SDPA's fused CPU kernel gives no gradient for the mask: a mask that needs one (a learned
-    bias, in training) makes SDPA fall back to its unfused computation, and this one is faster
-    than that fallback (measured at 32 x 128 tokens, 4 heads, forward and backward: 0.88x its
-    time, 1.2x the fused causal kernel's).
+    SDPA's fused CPU kernel gives no gradient for a mask, and its unfused fallback is slower
+    than this computation. ExplicitAttention writes the gradients itself rather than leave
+    them to autograd, which copied each block's slices of q, k and v and zero-filled and
+    summed their gradients into full-size tensors. One attention layer (4 heads, d 128),
+    forward and backward, as a multiple of NoPE's time with the fused causal kernel: at 32 x 128
+    tokens 1.08x (autograd's computation 1.12-1.19x), at 16 x 256 1.06x (1.29x), at 8 x 512
+    0.97x (1.11x).
     """
-    if not (torch.is_grad_enabled() and mask.requires_grad):
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout)
-    scores = (q / math.sqrt(q.shape[-1])) @ k.transpose(-1, -2)  # (B, H, Tq, Tk)
-    weights = torch.softmax(scores.add_(mask), dim=-1)
-    if dropout:
-        weights = F.dropout(weights, dropout)
-    return weights @ v
+    return ExplicitAttention.apply(q, k, v, dropout, *masks)
+
+
+class ExplicitAttention(torch.autograd.Function):
+    """explicit_attention's forward and backward. Inputs of lower precision than float32
+    (bf16 autocast) are computed in float32, as unbiased_causal_attention does, and their
+    gradients returned in their own dtype.
+
+    Layouts are chosen for the neighbouring operations: q, k and v are copied once into
+    (B * H, T, hs) batches of matrices that every block's products read in place; the output
+    and q's gradient are written as (B, T, H, hs), which the output projection and qkv's
+    gradient read without a copy; the last block (which attends to every key) starts the sums
+    of the keys' and values' gradients, the others add to them.
+    """
+
+    @staticmethod
+    def forward(
+        ctx: Any,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        dropout: float,
+        *masks: torch.Tensor,
+    ) -> torch.Tensor:
+        B, H, T, hs = q.shape
+        dtype = torch.promote_types(q.dtype, torch.float32)
+        with torch.autocast(q.device.type, enabled=False):
+            scaled_q = q.new_empty(B, H, T, hs, dtype=dtype)
+            torch.mul(q.to(dtype), 1 / math.sqrt(hs), out=scaled_q)  # scaled while copied
+            q3, k3, v3 = (t.to(dtype).reshape(B * H, T, hs) for t in (scaled_q, k, v))
+            y = q.new_empty(B, T, H, hs, dtype=dtype)
+            weights, keeps = [], []
+            for mask in masks:
+                n, end = mask.shape[-2:]
+                start = end - n
+                scores = torch.bmm(q3[:, start:end], k3[:, :end].transpose(1, 2))  # (BH, n, e)
+                w = torch.softmax(scores.view(B, H, n, end).add_(mask), dim=-1)
+                weights.append(w)
+                if dropout:  # 0 or 1 / (1 - dropout): F.dropout's mask, kept for the backward
+                    keeps.append(F.dropout(torch.ones_like(w), dropout))
+                    w = w * keeps[-1]
+                part = torch.bmm(w.view(B * H, n, end), v3[:, :end])  # (BH, n, hs)
+                y[:, start:end] = part.view(B, H, n, hs).transpose(1, 2)
+        ctx.save_for_backward(q3, k3, v3, *weights, *keeps)
+        ctx.input_dtypes = [t.dtype for t in (q, k, v)]
+        ctx.masks = [(m.shape[0], m.dtype) for m in masks]
+        return y.transpose(1, 2).to(q.dtype)  # (B, H, T, hs)
+
+    @staticmethod
+    def backward(ctx: Any, dy: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        q3, k3, v3, *saved = ctx.saved_tensors
+        blocks = len(ctx.masks)
+        weights, keeps = saved[:blocks], saved[blocks:] or [None] * blocks
+        BH, T, hs = q3.shape
+        B, H = dy.shape[:2]
+        with torch.autocast(dy.device.type, enabled=False):
+            dy3 = dy.to(q3.dtype).reshape(BH, T, hs)
+            dq = dy3.new_empty(B, T, H, hs)
+            dk = dv = None
+            mask_grads = []
+            for w, keep, (mask_batch, mask_dtype) in reversed(
+                list(zip(weights, keeps, ctx.masks, strict=True))
+            ):
+                n, end = w.shape[-2:]
+                start = end - n
+                dropped = w if keep is None else w * keep
+                dv_part = torch.bmm(dropped.view(BH, n, end).transpose(1, 2), dy3[:, start:end])
+                dw = torch.bmm(dy3[:, start:end], v3[:, :end].transpose(1, 2)).view(B, H, n, end)
+                if keep is not None:
+                    dw.mul_(keep)
+                dscores = torch._softmax_backward_data(dw, w, -1, w.dtype)  # (B, H, n, e)
+                ds3 = dscores.view(BH, n, end)
+                dk_part = torch.bmm(ds3.transpose(1, 2), q3[:, start:end])  # (BH, e, hs)
+                if dk is None:  # the last block: every key
+                    dk, dv = dk_part, dv_part
+                else:
+                    dk[:, :end] += dk_part
+                    dv[:, :end] += dv_part
+                dq[:, start:end] = torch.bmm(ds3, k3[:, :end]).view(B, H, n, hs).transpose(1, 2)
+                summed = dscores.sum(0, keepdim=True) if mask_batch == 1 else dscores
+                mask_grads.append(summed.to(mask_dtype))
+            dq.mul_(1 / math.sqrt(hs))  # q3 was scaled
+        dq_dtype, dk_dtype, dv_dtype = ctx.input_dtypes
+        return (
+            dq.transpose(1, 2).to(dq_dtype),
+            dk.view(B, H, T, hs).to(dk_dtype),
+            dv.view(B, H, T, hs).to(dv_dtype),
+            None,
+            *reversed(mask_grads),
+        )
 
 
 def blocked_bias_attention(
@@ -254,13 +352,13 @@ def blocked_bias_attention(
     16,384 tokens: 0.7-1.0 GB added by the forward pass in first-to-last order, 0.4 GB now).
     """
     B, H, T, _ = q.shape
-    # A bias of trained parameters, in training: attend's explicit computation.
+    # A bias of trained parameters, in training: explicit_attention.
     explicit = torch.is_grad_enabled() and any(p.requires_grad for p in encoding.parameters())
     block = query_block_size(B, H, T, explicit)
     if biases is None:
         biases = QueryBlockBiases(encoding, keep_elements=0)
     in_parts = q.device.type == "cpu" and not (torch.is_grad_enabled() or dropout)
-    outputs = []
+    outputs, masks = [], []
     for start in reversed(range(0, T, block)):
         end = min(start + block, T)
         query_positions, key_positions = positions[..., start:end], positions[..., :end]
@@ -272,9 +370,17 @@ def blocked_bias_attention(
         if in_parts and start:  # only the diagonal square [s, e) needs the causal mask
             diagonal = causal_bias(bias[..., start:], query_positions, key_positions[..., start:])
             outputs.append(past_and_diagonal_attention(queries, keys, values, bias, diagonal))
+        elif explicit:
+            masks.append(causal_bias(bias, query_positions, key_positions))
         else:
             mask = causal_bias(bias, query_positions, key_positions)
-            outputs.append(attend(queries, keys, values, mask, dropout))
+            outputs.append(
+                F.scaled_dot_product_attention(
+                    queries, keys, values, attn_mask=mask, dropout_p=dropout
+                )
+            )
+    if explicit:
+        return explicit_attention(q, k, v, masks[::-1], dropout)
     return join_blocks(outputs)
 
 
@@ -344,9 +450,9 @@ class QueryBlockBiases:
 def past_and_diagonal_attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor, diagonal: torch.Tensor
 ) -> torch.Tensor:
-    """attend(q, k, v, mask) for a block of queries q (B, H, n, hs) and keys k, v (B, H, Tk, hs)
+    """Attention of a block of queries q (B, H, n, hs) and keys k, v (B, H, Tk, hs)
     whose mask is ``bias`` (1, H, n, Tk) except over the last n keys, where it is ``diagonal``
-    (1, H, n, n), the bias with the causal mask -> (B, H, n, hs); without writing that mask.
+    (1, H, n, n), the bias with the causal mask -> (B, H, n, hs), without writing that mask.
 
     The past keys (bias only, read in place) and the diagonal square are two SDPA calls whose
     outputs are merged exactly by their log-sum-exps (as flash-decoding merges key splits).

@@ -17,7 +17,7 @@ RUNS = [
     ("precision.py speed --quick --variants fp32", "fp32"),
     ("bias_attention.py eval --quick", "none"),
     ("bias_attention.py train --quick", "none"),
-    ("bias_attention.py layer --quick", "blocks of 64"),
+    ("bias_attention.py layer --quick", "blocks of 32"),
     ("bias_attention.py shared --quick", "per layer"),
     ("throughput.py --rounds 1 --length 256 --batch 2 --seq-len 32", "none"),
     ("long_eval_memory.py --length 256 --threads 1 --encodings none fire", "none"),

@@ -695,39 +695,79 @@ def test_the_layers_of_a_forward_pass_share_the_biases_of_its_query_blocks(
     assert len(calls) == 7 + (7 - kept_blocks) and SMALL.n_layer == 2
 
 
-def test_attention_with_a_mask_that_needs_a_gradient_equals_the_plain_computation():
-    q, k, v = random_qkv(2, 3, 11, 8)
+def plain_attention(q, k, v, mask):
+    scores = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1]) + mask
+    return torch.softmax(scores, dim=-1) @ v
+
+
+def block_masks(mask: torch.Tensor, starts: list[int]) -> list[torch.Tensor]:
+    """The masks of the blocks of queries from each of ``starts`` (the first 0) of a whole
+    (.., T, T) ``mask``: queries [s, e), keys [0, e)."""
+    ends = [*starts[1:], mask.shape[-1]]
+    return [mask[..., s:e, :e] for s, e in zip(starts, ends, strict=True)]
+
+
+@pytest.mark.parametrize("mask_batch", [1, 2])  # one bias for the batch, or one per sequence
+@pytest.mark.parametrize("starts", [[0], [0, 4, 8], [0, 10]])
+def test_explicit_attention_gives_the_output_and_gradients_of_the_plain_computation(
+    mask_batch, starts
+):
+    q, k, v = (t.requires_grad_() for t in random_qkv(2, 3, 11, 8))
     positions = torch.arange(11)
-    bias = torch.randn(3, 11, 11, dtype=F64, requires_grad=True)
-    mask = causal_bias(bias, positions, positions)[None]  # (1, H, T, T)
-    out_grad = torch.randn(2, 3, 11, 8, dtype=F64)
-    out = posbench.model.attend(q, k, v, mask)
-    scores = q @ k.transpose(-1, -2) / math.sqrt(8) + mask
-    expected = torch.softmax(scores, dim=-1) @ v
+    bias = torch.randn(mask_batch, 3, 11, 11, dtype=F64, requires_grad=True)
+    mask = causal_bias(bias, positions, positions)  # (mask_batch, H, T, T)
+    out = posbench.model.explicit_attention(q, k, v, block_masks(mask, starts))
+    expected = plain_attention(q, k, v, mask)
     torch.testing.assert_close(out, expected, rtol=0, atol=1e-12)
-    (got,) = torch.autograd.grad(out, bias, out_grad, retain_graph=True)
-    torch.testing.assert_close(got, torch.autograd.grad(expected, bias, out_grad)[0])
+    out_grad = torch.randn(2, 3, 11, 8, dtype=F64)
+    got = torch.autograd.grad(out, [q, k, v, bias], out_grad, retain_graph=True)
+    plain_grads = torch.autograd.grad(expected, [q, k, v, bias], out_grad)
+    for fast, plain in zip(got, plain_grads, strict=True):
+        torch.testing.assert_close(fast, plain, rtol=0, atol=1e-12)
 
 
-def test_attention_with_a_mask_that_needs_a_gradient_applies_dropout_to_the_weights():
-    q, k, v = random_qkv(1, 2, 64, 8)
-    mask = torch.zeros(1, 2, 64, 64, dtype=F64, requires_grad=True)
+def test_explicit_attention_computes_bf16_inputs_in_float32():
+    inputs = random_qkv(2, 3, 11, 8, dtype=torch.float32)
+    positions = torch.arange(11)
+    bias = torch.randn(1, 3, 11, 11)
+    mask = causal_bias(bias, positions, positions)
+    half = [t.bfloat16().requires_grad_() for t in inputs]
+    out = posbench.model.explicit_attention(*half, block_masks(mask, [0, 6]))
+    # The float32 computation of the rounded inputs, rounded once: within one bf16 ulp.
+    rounded = [t.detach().float().requires_grad_() for t in half]
+    expected = plain_attention(*rounded, mask)
+    assert out.dtype == torch.bfloat16
+    torch.testing.assert_close(out.float(), expected, rtol=2**-7, atol=1e-6)
+    out_grad = torch.randn(2, 3, 11, 8).bfloat16()
+    got = torch.autograd.grad(out, half, out_grad)
+    plain_grads = torch.autograd.grad(expected, rounded, out_grad.float())
+    for fast, plain in zip(got, plain_grads, strict=True):
+        assert fast.dtype == torch.bfloat16
+        torch.testing.assert_close(fast.float(), plain, rtol=1e-2, atol=1e-3)
+
+
+def test_explicit_attention_applies_dropout_to_the_weights():
+    q, k, v = (t.requires_grad_() for t in random_qkv(1, 2, 64, 8))
+    mask = torch.zeros(1, 2, 64, 64, dtype=F64)
     torch.manual_seed(9)
-    dropped = posbench.model.attend(q, k, v, mask, dropout=0.5)
-    weights = torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(8), dim=-1)
+    dropped = posbench.model.explicit_attention(q, k, v, [mask], dropout=0.5)
     torch.manual_seed(9)
-    expected = torch.nn.functional.dropout(weights, 0.5) @ v
+    expected = F.dropout(torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(8), dim=-1), 0.5) @ v
     torch.testing.assert_close(dropped, expected, rtol=0, atol=1e-12)
+    out_grad = torch.randn(1, 2, 64, 8, dtype=F64)
+    got = torch.autograd.grad(dropped, [q, k, v], out_grad)
+    for fast, plain in zip(got, torch.autograd.grad(expected, [q, k, v], out_grad), strict=True):
+        torch.testing.assert_close(fast, plain, rtol=0, atol=1e-12)
 
 
 def test_training_shapes_are_blocked_only_where_attention_is_explicit():
     assert posbench.model.query_block_size(batch=32, n_head=4, length=128) == 128
     assert posbench.model.query_block_size(batch=32, n_head=8, length=256) == 256
-    assert posbench.model.query_block_size(32, 4, 128, explicit=True) == 64
+    assert posbench.model.query_block_size(32, 4, 128, explicit=True) == 32
 
 
 @pytest.mark.parametrize("general", [False, True])  # the relative or the general path
-def test_training_attention_takes_blocks_of_64_queries_and_gives_the_masked_gradients(
+def test_training_attention_takes_blocks_of_32_queries_and_gives_the_masked_gradients(
     general, monkeypatch
 ):
     encoding = random_bias_encoding("kerple")
@@ -746,7 +786,7 @@ def test_training_attention_takes_blocks_of_64_queries_and_gives_the_masked_grad
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(posbench.model.torch, "softmax", recording)
         out = posbench.model.causal_attention(*inputs, torch.arange(150), encoding)
-    assert sorted(softmax_rows) == [22, 64, 64]  # 150 = 2 * 64 + 22 queries
+    assert sorted(softmax_rows) == [22, 32, 32, 32, 32]  # 150 = 4 * 32 + 22 queries
     expected = masked_attention(*inputs, encoding, torch.arange(150))
     torch.testing.assert_close(out, expected, rtol=0, atol=1e-10)
     got = torch.autograd.grad(out, leaves, out_grad)
