@@ -37,6 +37,7 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.nn.functional as F
+from throughput import interleaved_seconds
 
 import posbench.model
 from posbench.config import compose_config
@@ -48,17 +49,6 @@ from posbench.train import make_optimizer, train, train_step
 MODELS = ("tiny", "small", "base")
 VARIANTS = ("fp32", "bf16", "bf16-sdpa", "bf16-fused", "bf16-compile")
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
-
-
-def interleaved(steps: dict[str, Callable[[], None]], rounds: int) -> dict[str, list[float]]:
-    """Seconds of each step in each of ``rounds`` rounds (one call of every step per round)."""
-    times: dict[str, list[float]] = {name: [] for name in steps}
-    for _ in range(rounds):
-        for name, step in steps.items():
-            started = time.perf_counter()
-            step()
-            times[name].append(time.perf_counter() - started)
-    return times
 
 
 def ratio_to(times: dict[str, list[float]], baseline: str, name: str) -> float:
@@ -144,8 +134,8 @@ def speed(args: argparse.Namespace) -> None:
             v: training_step(model_name, v, args.seq_len, args.batch) for v in args.variants
         }
         steps = {v: parts[0] for v, parts in variants.items()}
-        interleaved(steps, args.warmup)
-        times = interleaved(steps, args.rounds)
+        interleaved_seconds(steps, args.warmup)
+        times = interleaved_seconds(steps, args.rounds)
         d_model = compose_config([f"model={model_name}"]).model.d_model
         auto = resolve_precision("auto", device, d_model)
         print(f"\nmodel={model_name}: auto picks {auto}")
@@ -177,8 +167,8 @@ def attention(args: argparse.Namespace) -> None:
             steps[name] = lambda kernel=kernel, q=q, k=k, v=v, grad=grad: kernel(q, k, v).backward(
                 grad
             )
-        interleaved(steps, args.warmup)
-        times = interleaved(steps, args.rounds)
+        interleaved_seconds(steps, args.warmup)
+        times = interleaved_seconds(steps, args.rounds)
         cells = [
             f"{name} {statistics.median(times[name]) * 1e3:.1f} ms "
             f"({ratio_to(times, 'sdpa-fp32', name):.2f}x)"
