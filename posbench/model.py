@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.autograd.function import once_differentiable
 
 from posbench.encodings import PositionalEncoding, build_encoding
 from posbench.errors import PosbenchError
@@ -267,9 +268,8 @@ class ExplicitAttention(torch.autograd.Function):
         B, H, T, hs = q.shape
         dtype = torch.promote_types(q.dtype, torch.float32)
         with torch.autocast(q.device.type, enabled=False):
-            scaled_q = q.new_empty(B, H, T, hs, dtype=dtype)
-            torch.mul(q.to(dtype), 1 / math.sqrt(hs), out=scaled_q)  # scaled while copied
-            q3, k3, v3 = (t.to(dtype).reshape(B * H, T, hs) for t in (scaled_q, k, v))
+            q3, k3, v3 = (t.to(dtype).reshape(B * H, T, hs) for t in (q, k, v))
+            q3 = q3 * (1 / math.sqrt(hs))
             y = q.new_empty(B, T, H, hs, dtype=dtype)
             weights, keeps = [], []
             for mask in masks:
@@ -289,6 +289,7 @@ class ExplicitAttention(torch.autograd.Function):
         return y.transpose(1, 2).to(q.dtype)  # (B, H, T, hs)
 
     @staticmethod
+    @once_differentiable  # its gradients are not recorded for a second derivative
     def backward(ctx: Any, dy: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         q3, k3, v3, *saved = ctx.saved_tensors
         blocks = len(ctx.masks)

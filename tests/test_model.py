@@ -726,6 +726,26 @@ def test_explicit_attention_gives_the_output_and_gradients_of_the_plain_computat
         torch.testing.assert_close(fast, plain, rtol=0, atol=1e-12)
 
 
+def test_compiled_explicit_attention_gives_the_eager_output_and_gradients():
+    # train.compile traces ExplicitAttention's forward and backward (an out= argument once made
+    # the traced graph view a copy that it had not made).
+    positions = torch.arange(24)
+    mask = causal_bias(torch.randn(1, 2, 24, 24, requires_grad=True), positions, positions)
+    masks = block_masks(mask, [0, 16])
+
+    def outputs_and_gradients(attention) -> list[torch.Tensor]:
+        # As the model makes them: views of (B, T, H, hs) tensors.
+        leaves = [t.requires_grad_() for t in random_qkv(3, 24, 2, 8, dtype=torch.float32)]
+        q, k, v = (t.transpose(1, 2) for t in leaves)
+        out = attention(q, k, v, masks)
+        return [out, *torch.autograd.grad(out.square().sum(), [*leaves, *masks])]
+
+    compiled = outputs_and_gradients(torch.compile(posbench.model.explicit_attention))
+    eager = outputs_and_gradients(posbench.model.explicit_attention)
+    for got, expected in zip(compiled, eager, strict=True):
+        torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6)
+
+
 def test_explicit_attention_computes_bf16_inputs_in_float32():
     inputs = random_qkv(2, 3, 11, 8, dtype=torch.float32)
     positions = torch.arange(11)
