@@ -746,20 +746,20 @@ def test_compiled_explicit_attention_gives_the_eager_output_and_gradients():
         torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6)
 
 
-def test_explicit_attention_computes_bf16_inputs_in_float32():
-    inputs = random_qkv(2, 3, 11, 8, dtype=torch.float32)
+def test_explicit_attention_computes_bf16_inputs_in_float32_even_under_autocast():
     positions = torch.arange(11)
-    bias = torch.randn(1, 3, 11, 11)
-    mask = causal_bias(bias, positions, positions)
-    half = [t.bfloat16().requires_grad_() for t in inputs]
-    out = posbench.model.explicit_attention(*half, block_masks(mask, [0, 6]))
+    bias = torch.randn(1, 3, 11, 11).bfloat16()  # the callers' bias is in q's dtype
+    mask = causal_bias(bias, positions, positions).requires_grad_()
+    half = [t.bfloat16().requires_grad_() for t in random_qkv(2, 3, 11, 8, torch.float32)]
+    out_grad = torch.randn(2, 3, 11, 8).bfloat16()
+    with torch.autocast("cpu", torch.bfloat16):  # as in training with train.precision=bf16
+        out = posbench.model.explicit_attention(*half, block_masks(mask, [0, 6]))
+        got = torch.autograd.grad(out, [*half, mask], out_grad)
     # The float32 computation of the rounded inputs, rounded once: within one bf16 ulp.
-    rounded = [t.detach().float().requires_grad_() for t in half]
-    expected = plain_attention(*rounded, mask)
+    rounded = [t.detach().float().requires_grad_() for t in [*half, mask]]
+    expected = plain_attention(*rounded)
     assert out.dtype == torch.bfloat16
     torch.testing.assert_close(out.float(), expected, rtol=2**-7, atol=1e-6)
-    out_grad = torch.randn(2, 3, 11, 8).bfloat16()
-    got = torch.autograd.grad(out, half, out_grad)
     plain_grads = torch.autograd.grad(expected, rounded, out_grad.float())
     for fast, plain in zip(got, plain_grads, strict=True):
         assert fast.dtype == torch.bfloat16
