@@ -64,9 +64,9 @@ MAX_SCORE_ELEMENTS = 2**24
 # larger ones make fewer calls.
 QUERY_BLOCK = 256
 # At most this many queries per block of explicit_attention (a bias that needs a gradient:
-# training T5, KERPLE, FIRE). Each block computes, then discards, the scores
-# of its future keys, twice in the backward pass, and the explicit path has no fused kernel to
-# skip them: at 128 tokens, blocks of 32 skip 3/8 of that work. One layer at 32 x 128 tokens, 4
+# training T5, KERPLE, FIRE). Each block computes, then discards, the scores of its future keys,
+# twice in the backward pass, and the explicit path has no fused kernel to skip them: at 128
+# tokens, blocks of 32 skip 3/8 of that work. One layer at 32 x 128 tokens, 4
 # heads, forward and backward: 56.8 ms with blocks of 32, 63.9 with 64, 77.3 with one block
 # (NoPE's fused kernel 53.1 ms); 32 was also the fastest at 8 x 512 and 64 x 64 tokens, and 16
 # slower (more calls).
@@ -251,9 +251,10 @@ class ExplicitAttention(torch.autograd.Function):
 
     Layouts are chosen for the neighbouring operations: q, k and v are copied once into
     (B * H, T, hs) batches of matrices that every block's products read in place; the output
-    and q's gradient are written as (B, T, H, hs), which the output projection and qkv's
-    gradient read without a copy; the last block (which attends to every key) starts the sums
-    of the keys' and values' gradients, the others add to them.
+    and q's gradient are written as (B, T, H, hs), the layout of the projections they come
+    from and go to (the output projection reads it without a copy); the last block (which
+    attends to every key) starts the sums of the keys' and values' gradients, the others add
+    to them.
     """
 
     @staticmethod
@@ -371,15 +372,16 @@ def blocked_bias_attention(
         if in_parts and start:  # only the diagonal square [s, e) needs the causal mask
             diagonal = causal_bias(bias[..., start:], query_positions, key_positions[..., start:])
             outputs.append(past_and_diagonal_attention(queries, keys, values, bias, diagonal))
-        elif explicit:
-            masks.append(causal_bias(bias, query_positions, key_positions))
         else:
             mask = causal_bias(bias, query_positions, key_positions)
-            outputs.append(
-                F.scaled_dot_product_attention(
-                    queries, keys, values, attn_mask=mask, dropout_p=dropout
+            if explicit:
+                masks.append(mask)
+            else:
+                outputs.append(
+                    F.scaled_dot_product_attention(
+                        queries, keys, values, attn_mask=mask, dropout_p=dropout
+                    )
                 )
-            )
     if explicit:
         return explicit_attention(q, k, v, masks[::-1], dropout)
     return join_blocks(outputs)
