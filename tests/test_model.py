@@ -346,12 +346,17 @@ def test_each_block_of_a_general_bias_sees_keys_only_up_to_its_own_end_and_stays
 RELATIVE = ["alibi", "t5", "kerple"]
 
 
+def plain_attention(q, k, v, mask):
+    """softmax(q k^T / sqrt(hs) + mask) v, written out: (B, H, T, T) scores."""
+    scores = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1]) + mask
+    return torch.softmax(scores, dim=-1) @ v
+
+
 def masked_attention(q, k, v, encoding, positions):
     """The plain computation: softmax(q k^T / sqrt(hs) + score_bias + causal mask) v, written out
     with the whole (H, T, T) bias of the encoding's reference score_bias."""
     bias = causal_bias(encoding.score_bias(positions, positions), positions, positions)
-    scores = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1]) + bias  # (B, H, T, T)
-    return torch.softmax(scores, dim=-1) @ v
+    return plain_attention(q, k, v, bias)
 
 
 def random_qkv(batch, n_head, length, head_dim, dtype=F64):
@@ -693,11 +698,6 @@ def test_the_layers_of_a_forward_pass_share_the_biases_of_its_query_blocks(
     assert torch.equal(shared, expected)
     # The first layer computes every block's bias; the second the blocks not kept.
     assert len(calls) == 7 + (7 - kept_blocks) and SMALL.n_layer == 2
-
-
-def plain_attention(q, k, v, mask):
-    scores = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1]) + mask
-    return torch.softmax(scores, dim=-1) @ v
 
 
 def block_masks(mask: torch.Tensor, starts: list[int]) -> list[torch.Tensor]:
