@@ -79,7 +79,7 @@ MODEL_SIZES = {
 }
 
 
-def tiny_model(
+def untrained_model(
     encoding: str, length: int, seq_len: int, fire_switches: int = 8, size: str = "tiny"
 ) -> Transformer:
     """An untrained model (default: tiny, ModelArgs' defaults) with ``encoding`` as configured
@@ -144,7 +144,7 @@ def with_model_constant(step: Callable[[], None], name: str, value: int) -> Call
 def layer_step(block: int | None, batch: int, seq_len: int) -> Callable[[], None]:
     """Forward and backward of one tiny attention layer with T5's learned bias, the explicit
     computation in blocks of ``block`` queries (``None``: NoPE, SDPA's fused causal kernel)."""
-    model = tiny_model("none" if block is None else "t5", seq_len, seq_len)
+    model = untrained_model("none" if block is None else "t5", seq_len, seq_len)
     attention, encoding = model.blocks[0].attn, model.encoding
     x = torch.randn(batch, seq_len, model.args.d_model, requires_grad=True)
     positions = torch.arange(seq_len)
@@ -190,7 +190,9 @@ def main() -> None:
     if args.figure == "eval":
         for length in args.lengths:
             steps = {
-                name: eval_step(tiny_model(name, length, args.seq_len, args.fire_switches), length)
+                name: eval_step(
+                    untrained_model(name, length, args.seq_len, args.fire_switches), length
+                )
                 for name in EVAL_ENCODINGS
             }
             seconds = median_seconds(steps, rounds)
@@ -204,7 +206,9 @@ def main() -> None:
             print(f"  {name:<20}{value * 1e3:>8.1f} ms{value / seconds['none']:>7.2f}x")
     elif args.figure == "shared":
         for length, size in ((n, s) for n in args.lengths for s in MODEL_SIZES):
-            model = tiny_model("fire-switching", length, args.seq_len, args.fire_switches, size)
+            model = untrained_model(
+                "fire-switching", length, args.seq_len, args.fire_switches, size
+            )
             shared = posbench.model.SHARED_BIAS_ELEMENTS
             step = eval_step(model, length)
             steps = {  # the layers sharing up to that many values, or none
@@ -220,7 +224,9 @@ def main() -> None:
     else:
         names = ["none", *(n for n in encoding_names() if n != "none"), "general"]
         steps = {
-            name: train_step(tiny_model(name, args.seq_len, args.seq_len), args.batch, args.seq_len)
+            name: train_step(
+                untrained_model(name, args.seq_len, args.seq_len), args.batch, args.seq_len
+            )
             for name in names
         }
         seconds = median_seconds(steps, rounds)
