@@ -228,16 +228,17 @@ def validate(cfg: DictConfig) -> None:
 
 # What a resumed run may change: none of it alters the trained weights (train.steps moves the
 # end of the LR schedule, so extending a run is allowed but is not a run of that length; the
-# thread count, train.compile and train.grad_accum change only rounding, as does resuming with
-# another number of ranks: every rank draws the same global batches). train.precision may
-# change only to a setting that resolves to the precision the run was trained in (checked
-# against the checkpoint by posbench.precision.check_resume_precision).
+# thread count and train.grad_accum change only rounding, as does resuming with another number
+# of ranks: every rank draws the same global batches). train.precision may change only to a
+# setting that resolves to the precision the run was trained in (checked against the
+# checkpoint by posbench.precision.check_resume_precision). train.compile may not change: a
+# compiled step runs other, generated kernels, so a run switched halfway would be one of
+# neither kind, with whatever difference the compiler made hidden in it.
 RESUMABLE_KEYS = (
     "threads",
     "train.steps",
     "train.checkpoint_every",
     "train.resume",
-    "train.compile",
     "train.grad_accum",
     "train.precision",
     "eval.",

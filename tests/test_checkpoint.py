@@ -17,7 +17,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 import posbench.checkpoint
 from posbench.checkpoint import CHECKPOINT_FILE, load_checkpoint
-from posbench.config import compose_config
+from posbench.config import check_resumable, compose_config
 from posbench.data import Corpus, Task
 from posbench.errors import PosbenchError
 from posbench.runs import WEIGHTS_FILE, check_run_dir
@@ -176,6 +176,17 @@ def test_resuming_refuses_a_config_change_that_would_alter_the_result(straight, 
         (tmp_path / name).write_bytes((straight[0] / name).read_bytes())
     with pytest.raises(PosbenchError, match=r"train.lr=0.01, not 0.02") as err:
         train(compose_config([*short, "train.resume=true", "train.lr=0.02"]), tmp_path)
+    assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+def test_resuming_refuses_to_switch_train_compile_either_way(compiled, tmp_path):
+    # A compiled step runs other kernels (fused, reordered sums): switching halfway would make a
+    # run of neither kind, where an uninterrupted run is one of them.
+    saved = compose_config([*TINY, f"train.compile={compiled}"])
+    resumed = compose_config([*TINY, f"train.compile={not compiled}", "train.resume=true"])
+    with pytest.raises(PosbenchError, match=f"train.compile={compiled}, not {not compiled}") as err:
+        check_resumable(saved, resumed, tmp_path)
     assert "\n" not in str(err.value)
 
 

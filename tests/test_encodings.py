@@ -237,7 +237,7 @@ def test_rope_module_rotates_with_the_configured_base():
     )
 
 
-def test_rope_module_stays_equal_to_apply_rope_after_its_cache_grows():
+def test_rope_module_equals_apply_rope_at_short_and_long_lengths_in_turn():
     encoding = rope_module()
     generator = torch.Generator().manual_seed(6)
     for length in (8, 5000, 8):

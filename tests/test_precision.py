@@ -11,7 +11,9 @@ from conftest import TINY
 from posbench.checkpoint import CHECKPOINT_FILE, load_checkpoint
 from posbench.cli import main
 from posbench.config import compose_config
-from posbench.data import Corpus
+from posbench.data import Corpus, sample_positions
+from posbench.encodings import ENCODINGS
+from posbench.encodings.rope import SCALING_METHODS
 from posbench.errors import PosbenchError
 from posbench.evaluate import evaluate_length, evaluate_run
 from posbench.model import build_model, unbiased_causal_attention
@@ -252,14 +254,60 @@ def test_a_compiled_run_trains_like_the_eager_one_and_reports_its_compile_time(t
     assert compiled["eval"][0]["ppl"] == pytest.approx(eager["eval"][0]["ppl"], rel=1e-4)
 
 
-def test_compiled_rope_training_rotates_exactly_as_its_table_does(monkeypatch):
-    cfg = compose_config(TINY)
-    model = build_model(cfg.model, cfg.encoding)  # a new model trains: plain RoPE
-    x = torch.randn(2, cfg.model.n_head, 16, cfg.model.d_model // cfg.model.n_head)
-    positions = torch.tensor([0, 3, 5, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 40])
-    from_table = model.encoding.rotate(x, positions)
-    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
-    assert torch.equal(model.encoding.rotate(x, positions), from_table)
+# Every option that changes which positions a layer sees or what it adds to the scores: a
+# compiled training step must compute exactly what the eager one does with each of them (a
+# second rotation path for compiled training once dropped p-RoPE and a fine-tune's scaling).
+SCALED = {"original_length": 8, "in_training": True}
+COMPILED_OPTIONS = [
+    *({"name": name} for name in ENCODINGS),
+    {"name": "rope", "keep_frequencies": 0.5},
+    {"name": "rope", "fraction": 0.5},
+    {"name": "rope", "layout": "half"},
+    *(
+        {"name": "rope", "scaling": {**SCALED, "method": method, "factor": factor}}
+        for method in SCALING_METHODS
+        if method != "none"
+        for factor in (4.0, None)
+    ),
+    {"name": "kerple", "kernel": "power"},
+]
+
+
+def option_id(options: dict) -> str:
+    parts = [options["name"]]
+    for key, value in options.items():
+        if key == "scaling":
+            parts.append(f"{value['method']}-factor={value['factor']}")
+        elif key != "name":
+            parts.append(f"{key}={value}")
+    return "-".join(parts)
+
+
+@pytest.mark.parametrize("random_positions", [False, True], ids=["consecutive", "random"])
+@pytest.mark.parametrize("encoding", COMPILED_OPTIONS, ids=option_id)
+def test_a_compiled_training_forward_and_its_gradients_equal_eagers(encoding, random_positions):
+    torch.manual_seed(0)
+    model_config = {"n_layer": 2, "n_head": 2, "d_model": 16}
+    model = build_model(model_config, {**encoding}).train()
+    tokens = torch.randint(256, (2, 16), generator=torch.Generator().manual_seed(1))
+    # As train.random_positions draws them: each sequence at a sorted subset of [0, 64).
+    positions = (
+        sample_positions(64, 2, 16, torch.Generator().manual_seed(2)) if random_positions else None
+    )
+
+    def logits_and_gradients(forward) -> list[torch.Tensor]:
+        model.zero_grad(set_to_none=True)
+        logits = forward(tokens, positions)
+        logits.square().mean().backward()
+        return [logits, *(p.grad for p in model.parameters() if p.grad is not None)]
+
+    eager = logits_and_gradients(model)
+    # aot_eager traces what inductor compiles (the graph, and autograd through it), with
+    # eager kernels: a difference is the tracing's, not a code generator's rounding.
+    compiled = logits_and_gradients(torch.compile(model, backend="aot_eager"))
+    assert len(compiled) == len(eager)
+    for got, expected in zip(compiled, eager, strict=True):
+        torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])

@@ -293,6 +293,13 @@ def shared_by_heads(rotation: torch.Tensor, positions: torch.Tensor) -> torch.Te
     return rotation if positions.dim() == 1 else rotation.unsqueeze(-3)
 
 
+def rotation_at(positions: torch.Tensor, theta: torch.Tensor) -> torch.Tensor:
+    """e^(i m theta) at integer ``positions`` m ((T,) or (B, T)) for frequencies ``theta``
+    (d/2,) -> ([B,] T, d/2) complex128: float64 angles, so that a float64 model is exact."""
+    angles = positions.to(torch.float64)[..., None] * theta.to(positions.device)  # ([B,] T, d/2)
+    return torch.polar(torch.ones_like(angles), angles)
+
+
 def apply_rope(
     x: torch.Tensor,
     positions: torch.Tensor,
@@ -305,9 +312,7 @@ def apply_rope(
     (B, H, T, head_dim) at ``positions`` (B, T)."""
     check_layout(layout)
     theta = rope_frequencies(rotated_dims(x.shape[-1], fraction), base)
-    theta = drop_low_frequencies(theta, keep_frequencies).to(positions.device)
-    angles = positions.to(torch.float64)[..., None] * theta  # ([B,] T, d/2)
-    rotation = torch.polar(torch.ones_like(angles), angles)
+    rotation = rotation_at(positions, drop_low_frequencies(theta, keep_frequencies))
     return rotate_leading(x, shared_by_heads(rotation, positions), layout)
 
 
@@ -326,21 +331,20 @@ class RotaryPositionalEncoding(PositionalEncoding):
         check_scaling(config.scaling)
         self.dim = rotated_dims(self.head_dim, config.fraction)
         kept_frequencies(self.dim // 2, config.keep_frequencies)
-        # e^(i m theta) for every position m seen so far, in complex128 so that a float64
-        # model is exact; recomputable, so not saved in checkpoints. ``table_factor`` is the
-        # scaling factor it was built for (None: plain RoPE).
-        empty = torch.empty(0, self.dim // 2, dtype=torch.complex128)
-        self.register_buffer("rotations", empty, persistent=False)
-        self.table_factor: float | None = None
-        self.attention_factor = 1.0
+
+    def scales(self) -> bool:
+        """Whether a scaling method applies now: in eval mode, and in training too with
+        ``scaling.in_training`` (a fine-tune after scaling)."""
+        scaling = self.config.scaling
+        return scaling.method != "none" and (not self.training or scaling.in_training)
 
     def scaling_factor(self, length: int) -> float | None:
         """The factor s for a sequence of ``length`` positions (0 .. length-1: the window being
-        evaluated), or None for plain RoPE (training mode unless ``scaling.in_training``, or no
-        scaling method)."""
-        scaling = self.config.scaling
-        if (self.training and not scaling.in_training) or scaling.method == "none":
+        evaluated), or None for plain RoPE (no scaling method, or training mode without
+        ``scaling.in_training``)."""
+        if not self.scales():
             return None
+        scaling = self.config.scaling
         ratio = length / scaling.original_length  # from the TRAINING length, not L
         if scaling.method == "dynamic":
             # HF's dynamic NTK: s' = s L / L0 - (s - 1) past L0 (s = 1 for a null factor), so the
@@ -361,37 +365,23 @@ class RotaryPositionalEncoding(PositionalEncoding):
             "scaling_factor_setting": self.config.scaling.factor,
         }
 
-    def _build_table(self, length: int, factor: float | None, device: torch.device) -> None:
-        """Rotations for positions 0..size-1 under ``factor`` (doubling, to amortise growth)."""
-        same_factor = factor == self.table_factor and self.rotations.shape[0] > 0
-        size = max(length, 2 * self.rotations.shape[0]) if same_factor else length
+    def frequencies(self, factor: float | None) -> tuple[torch.Tensor, float]:
+        """theta (d/2,) float64 under scaling ``factor`` (None: plain RoPE) with p-RoPE's dropped
+        frequencies, and the attention factor that goes with it."""
         method = SCALING_METHODS[self.config.scaling.method if factor is not None else "none"]
-        theta, self.attention_factor = method(
+        theta, attention_factor = method(
             self.dim, self.config.base, factor or 1.0, self.config.scaling
         )
-        theta = drop_low_frequencies(theta, self.config.keep_frequencies)
-        angles = torch.arange(size, dtype=torch.float64, device=device)[:, None] * theta.to(device)
-        self.rotations = torch.polar(torch.ones_like(angles), angles)  # (size, d/2)
-        self.table_factor = factor
+        return drop_low_frequencies(theta, self.config.keep_frequencies), attention_factor
 
     def rotate(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        if self.training and torch.compiler.is_compiling():
-            # Training rotates by plain RoPE; computed for just these positions, it needs no
-            # table, whose size check (int(positions.max())) would break torch.compile's graph.
-            return apply_rope(
-                x, positions, self.config.base, self.config.layout, self.config.fraction
-            )
-        needed = int(positions.max()) + 1
-        factor = self.scaling_factor(needed)
-        if (
-            factor != self.table_factor
-            or needed > self.rotations.shape[0]
-            or self.rotations.device != x.device
-        ):
-            self._build_table(needed, factor, x.device)
-        return rotate_leading(
-            x,
-            shared_by_heads(self.rotations[positions], positions),
-            self.config.layout,
-            self.attention_factor,
-        )
+        # One path, eager or compiled, training or not: the rotations are computed for these
+        # positions, with no table to look up. A table sized by the data (int(positions.max()))
+        # broke torch.compile's graph, and a second path for compiled training once trained
+        # plain RoPE where p-RoPE or a fine-tune's scaling was configured. The largest position
+        # is read (a device sync; a graph break when compiled) only while a scaling method
+        # applies, whose factor may follow the length.
+        length = int(positions.max()) + 1 if self.scales() else 0
+        theta, attention_factor = self.frequencies(self.scaling_factor(length))
+        rotation = shared_by_heads(rotation_at(positions, theta), positions)  # ([B, 1,] T, d/2)
+        return rotate_leading(x, rotation, self.config.layout, attention_factor)
