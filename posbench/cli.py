@@ -35,6 +35,7 @@ from torch.distributed import DistError
 from posbench import distributed
 from posbench.checkpoint import CHECKPOINT_FILE
 from posbench.config import (
+    EvalPositions,
     compose_config,
     config_dir,
     eval_lengths,
@@ -505,6 +506,14 @@ def eval_parser() -> argparse.ArgumentParser:
         "(default: the run's eval.precision)",
     )
     parser.add_argument(
+        "--positions",
+        choices=[p.value for p in EvalPositions],
+        help="where each window sits: consecutive (0..L-1), random (a sorted random subset of "
+        "[0, train.random_positions), as randomized-positions training draws them) or auto "
+        "(random for runs trained with train.random_positions); results.json records it as "
+        '"positions" (default: the run\'s eval.positions)',
+    )
+    parser.add_argument(
         "--rope-scaling",
         choices=list(SCALING_METHODS),
         metavar="METHOD",
@@ -549,6 +558,7 @@ def run_eval(args: Sequence[str]) -> None:
         options.max_tokens,
         encoding_overrides=overrides,
         precision=options.precision,
+        positions=options.positions,
     )
     results = record_eval(run_dir, records, cfg.train.seq_len)
     print(f"{cfg.encoding.name} trained at {cfg.train.seq_len} ({run_dir})")

@@ -44,6 +44,12 @@ class EvalPrecision(Enum):
     bf16 = "bf16"
 
 
+class EvalPositions(Enum):
+    auto = "auto"  # random for a run trained with train.random_positions, else consecutive
+    consecutive = "consecutive"  # 0..L-1
+    random = "random"  # each window at a sorted random subset of [0, train.random_positions)
+
+
 @dataclass
 class ModelConfig:
     n_layer: int = 2
@@ -97,6 +103,9 @@ class EvalConfig:
     max_tokens: int | None = 262144
     # fp32 | bf16 (autocast for the forward passes; log-probabilities stay fp32/fp64)
     precision: EvalPrecision = EvalPrecision.fp32
+    # auto | consecutive | random (randomized positions: as the run trained, the default for
+    # runs with train.random_positions; see posbench/evaluate.py)
+    positions: EvalPositions = EvalPositions.auto
 
 
 @dataclass
@@ -206,6 +215,11 @@ def validate(cfg: DictConfig) -> None:
         raise PosbenchError(
             f"train.random_positions ({positions}) must be >= train.seq_len "
             f"({cfg.train.seq_len}): each sequence takes seq_len distinct positions from it"
+        )
+    if choice(cfg.eval.positions) == "random" and positions is None:
+        raise PosbenchError(
+            "eval.positions=random draws from [0, train.random_positions): set "
+            "train.random_positions=N too, or use eval.positions=auto or consecutive"
         )
     if not 0 <= cfg.model.dropout < 1:
         raise PosbenchError(f"model.dropout must be in [0, 1) (got {cfg.model.dropout})")

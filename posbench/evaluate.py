@@ -35,6 +35,15 @@ of every byte is exact given the true prefix). Their records add ``accuracy`` (a
 right), ``sequence_accuracy`` (examples whose answer is right in full) and, for passkey,
 ``accuracy_by_depth``; ``ppl`` and ``bits_per_byte`` are those of the answer bytes.
 
+Randomized positions (a run trained with ``train.random_positions=N``, Ruoss et al. 2023): as
+the reference (google-deepmind/randomized_positional_encodings) evaluates, each window sits at
+its own sorted random subset of L of the positions [0, N), not at 0..L-1 (``eval.positions``:
+``auto`` does so for such runs; ``consecutive`` evaluates at 0..L-1 instead, to study what the
+model does without them). The subsets are drawn from a generator seeded by the data's seed,
+the length and the window, so every run compared on the same data sees the same positions; a
+length above N is unsupported. Records say which (``positions``: "random" or "consecutive",
+``random_positions``: N, ``position_draws``: how many windows drew a subset).
+
 Each record also names the eval-time extension it measured (``scaling``: "none" when the model
 is evaluated as trained, else e.g. "yarn" for a RoPE run, with the factor in
 ``scaling_factor``); ``rope_scaling_overrides`` builds that extension for a trained rope run.
@@ -44,17 +53,28 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from itertools import islice, pairwise
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from omegaconf import DictConfig, OmegaConf
 from tqdm.auto import tqdm
 
-from posbench.config import resolve_device
-from posbench.data import Bytes, Corpus, Examples, Offsets, Task, gather_windows, load_data
+from posbench.config import choice, resolve_device
+from posbench.data import (
+    Bytes,
+    Corpus,
+    Examples,
+    Offsets,
+    Task,
+    gather_windows,
+    load_data,
+    sample_positions,
+)
 from posbench.errors import PosbenchError
 from posbench.memory import fitting_batch_size
 from posbench.model import Transformer
@@ -65,6 +85,69 @@ TOKENS_PER_BATCH = 65536  # default eval batch: about this many tokens per forwa
 BUCKETS_PER_TRAIN_LENGTH = 8  # equal position buckets inside the training length
 BUCKETS_PER_OCTAVE = 4  # equal position buckets in each doubling beyond it (fewer if needed)
 MAX_POSITION_BUCKETS = 64
+
+
+# The record fields of an evaluation at positions 0..L-1.
+CONSECUTIVE = {"positions": "consecutive", "random_positions": None, "position_draws": None}
+
+
+@dataclass(frozen=True)
+class RandomPositions:
+    """Randomized positions at evaluation: each window at its own sorted random subset of
+    [0, ``n_positions``), drawn as training draws them (posbench.data.sample_positions) from a
+    generator seeded by ``seed`` (the data's), the length and the window's ``key`` (its start
+    in the split, or a task example's index): the same for every run on the same data, and
+    independent of batch sizes and of which other lengths or windows are evaluated."""
+
+    n_positions: int
+    seed: int
+
+    def of_windows(self, length: int, keys: Sequence[int]) -> torch.Tensor:
+        """The positions of the windows ``keys`` at ``length`` -> (len(keys), length) int64."""
+        rows = []
+        for key in keys:
+            state = np.random.SeedSequence([self.seed, length, key]).generate_state(1, np.uint64)
+            generator = torch.Generator().manual_seed(int(state[0]))
+            rows.append(sample_positions(self.n_positions, 1, length, generator))
+        return torch.cat(rows)
+
+    def unsupported_reason(self, length: int) -> str | None:
+        """Why ``length`` distinct positions cannot be drawn, or None when they can."""
+        if length <= self.n_positions:
+            return None
+        return (
+            f"randomized positions draw {length} distinct positions from [0, "
+            f"{self.n_positions}) (train.random_positions); evaluate lengths <= "
+            f"{self.n_positions}, or at 0..L-1 with eval.positions=consecutive"
+        )
+
+    def record(self, draws: int) -> dict[str, Any]:
+        return {
+            "positions": "random",
+            "random_positions": self.n_positions,
+            "position_draws": draws,
+        }
+
+
+def positions_record(positions: RandomPositions | None, draws: int) -> dict[str, Any]:
+    """A record's ``positions``, ``random_positions`` and ``position_draws`` fields."""
+    return CONSECUTIVE if positions is None else positions.record(draws)
+
+
+def eval_positions(cfg: DictConfig, setting: str | None = None) -> RandomPositions | None:
+    """Where the run configured by ``cfg`` is evaluated: at randomized positions (for
+    ``setting`` random, or auto in a run trained with train.random_positions) or at 0..L-1
+    (None). ``setting`` None: the run's ``eval.positions`` (auto for runs from before it)."""
+    setting = setting or choice(OmegaConf.select(cfg, "eval.positions", default="auto"))
+    n_positions = OmegaConf.select(cfg, "train.random_positions")
+    if setting == "consecutive" or (setting == "auto" and n_positions is None):
+        return None
+    if n_positions is None:
+        raise PosbenchError(
+            "eval.positions=random draws from [0, train.random_positions), and this run was "
+            "trained without train.random_positions; use eval.positions=auto or consecutive"
+        )
+    return RandomPositions(n_positions, OmegaConf.select(cfg, "data.seed", default=0))
 
 
 def position_buckets(length: int, train_seq_len: int) -> list[tuple[int, int]]:
@@ -157,7 +240,11 @@ def count_windows(n_tokens: int, length: int, stride: int | None) -> int:
 
 
 def unsupported(
-    length: int, stride: int | None, reason: str, scaling: dict[str, Any]
+    length: int,
+    stride: int | None,
+    reason: str,
+    scaling: dict[str, Any],
+    positions: RandomPositions | None = None,
 ) -> dict[str, Any]:
     """The record of a length that cannot be measured; ``scaling`` as in ``scaling_record``."""
     return {
@@ -169,11 +256,17 @@ def unsupported(
         "status": "unsupported",
         "reason": reason,
         **scaling,
+        **positions_record(positions, 0),
     }
 
 
-def beyond_max_length(model: Transformer, length: int) -> str | None:
-    """Why ``model`` cannot represent ``length`` positions, or None when it can."""
+def beyond_max_length(
+    model: Transformer, length: int, positions: RandomPositions | None = None
+) -> str | None:
+    """Why ``model`` cannot be evaluated at ``length`` (at ``positions``; None: 0..L-1), or None
+    when it can."""
+    if positions is not None:
+        return positions.unsupported_reason(length)
     if model.max_length is not None and length > model.max_length:
         return (
             f"the {model.encoding.config.name} encoding represents {model.max_length} "
@@ -192,6 +285,7 @@ def evaluate_length(
     train_seq_len: int | None = None,
     precision: str = "fp32",
     documents: Offsets | None = None,
+    positions: RandomPositions | None = None,
 ) -> dict[str, Any]:
     """One results.json eval record: the model's perplexity on ``tokens`` at ``length``, the
     eval-time extension (``scaling``) its encoding applied there and, for non-overlapping
@@ -199,8 +293,9 @@ def evaluate_length(
     window is bucketed as if it were the training length). ``precision`` is that of the
     forward passes (posbench.precision.autocast); the NLL is summed in float64 either way.
     ``documents``: where each document of ``tokens`` starts (None: one stream); windows stay
-    inside a document and the record's ``documents`` counts those scored. ``tokens`` (a tensor
-    or a numpy array, maybe a memory map) is read one batch of windows at a time."""
+    inside a document and the record's ``documents`` counts those scored. ``positions``: each
+    window at its randomized positions (None: at 0..L-1). ``tokens`` (a tensor or a numpy
+    array, maybe a memory map) is read one batch of windows at a time."""
     assert stride is None or 0 < stride <= length, "stride must be in (0, length]"
     model.eval()  # no dropout; eval-time extensions (RoPE scaling) apply
     scaling = model.encoding.scaling_record(length)
@@ -208,15 +303,17 @@ def evaluate_length(
     long_documents = [(begin, end) for begin, end in bounds if end - begin > length]
     n_spans = sum(count_windows(end - begin, length, stride) for begin, end in long_documents)
     device = next(model.parameters()).device
-    reason = beyond_max_length(model, length)
+    reason = beyond_max_length(model, length, positions)
     if reason is None and not n_spans:
         reason = too_short(len(tokens), documents, length)
     if reason is None:
         batch_size = min(batch_size or max(1, TOKENS_PER_BATCH // length), n_spans)
-        batch_size, reason = fitting_batch_size(model, length, batch_size, device)
+        batch_size, reason = fitting_batch_size(
+            model, length, batch_size, device, consecutive=positions is None
+        )
     if reason is not None:
         return {
-            **unsupported(length, stride, reason, scaling),
+            **unsupported(length, stride, reason, scaling, positions),
             "documents": None if documents is None else 0,
         }
     position_nll = torch.zeros(length, dtype=torch.float64, device=device)  # summed on the device
@@ -226,8 +323,9 @@ def evaluate_length(
         while batch := list(islice(spans, batch_size)):
             starts = [s for s, _ in batch]
             rows = gather_windows(tokens, starts, length + 1).to(device)  # (B, T+1)
+            at = None if positions is None else positions.of_windows(length, starts).to(device)
             with autocast(precision, device):
-                logits = model(rows[:, :-1])  # (B, T, vocab)
+                logits = model(rows[:, :-1], at)  # (B, T, vocab)
             nll = F.cross_entropy(logits.transpose(1, 2).float(), rows[:, 1:], reduction="none")
             first = torch.tensor([f for _, f in batch], device=device)  # (B,)
             is_scored = torch.arange(length, device=device) >= first[:, None]  # (B, T)
@@ -251,6 +349,7 @@ def evaluate_length(
         "reason": None,
         "precision": precision,
         **scaling,
+        **positions_record(positions, n_spans),
         **by_position,
     }
 
@@ -273,9 +372,10 @@ def evaluate(
     train_seq_len: int | None = None,
     precision: str = "fp32",
     documents: Offsets | None = None,
+    positions: RandomPositions | None = None,
 ) -> list[dict[str, Any]]:
     """Evaluate ``model`` on the bytes ``tokens`` (a tensor or a numpy array) at each length,
-    in ``precision``.
+    in ``precision``, at ``positions`` (None: 0..L-1).
 
     Every length scores the same leading ``max_tokens`` tokens (all of them when ``None``),
     so perplexities at different lengths are measured on the same text. With ``documents``
@@ -283,7 +383,8 @@ def evaluate(
     cuts the document it falls in (its head stays a document), and a length skips the
     documents shorter than ``length + 1`` tokens.
     Returns results.json eval records: length, stride, ppl, bits_per_byte, tokens, documents,
-    status, reason, precision (of measured records), scaling, scaling_factor and
+    status, reason, precision (of measured records), scaling, scaling_factor, positions,
+    random_positions, position_draws and
     (non-overlapping windows) loss_by_position, bucketed around ``train_seq_len``.
     """
     if max_tokens is not None:
@@ -291,7 +392,9 @@ def evaluate(
         if documents is not None:
             documents = documents[documents < len(tokens)]
     return [
-        evaluate_length(model, tokens, n, stride, batch_size, train_seq_len, precision, documents)
+        evaluate_length(
+            model, tokens, n, stride, batch_size, train_seq_len, precision, documents, positions
+        )
         for n in lengths
     ]
 
@@ -326,25 +429,28 @@ def evaluate_task_length(
     length: int,
     batch_size: int | None = None,
     precision: str = "fp32",
+    positions: RandomPositions | None = None,
 ) -> dict[str, Any]:
     """One results.json eval record of a task at ``length``: the answer bytes' ppl and
     bits_per_byte, and their ``answer_scores`` under teacher forcing, with forward passes in
-    ``precision``."""
+    ``precision``, each example at its randomized ``positions`` (None: 0..L-1)."""
     model.eval()
     scaling = model.encoding.scaling_record(length)
-    reason = beyond_max_length(model, length)
+    reason = beyond_max_length(model, length, positions)
     if reason is None and length < task.min_length():
         reason = f"data={task.config.source} needs windows of at least {task.min_length()} tokens"
     if reason is not None:
-        return {**unsupported(length, None, reason, scaling), **NOT_SCORED}
+        return {**unsupported(length, None, reason, scaling, positions), **NOT_SCORED}
     examples = task.examples(length)
     n = len(examples.tokens)
     device = next(model.parameters()).device
     batch_size = min(batch_size or max(1, TOKENS_PER_BATCH // length), n)
-    batch_size, shortfall = fitting_batch_size(model, length, batch_size, device)
+    batch_size, shortfall = fitting_batch_size(
+        model, length, batch_size, device, consecutive=positions is None
+    )
     if shortfall is not None:
-        return {**unsupported(length, None, shortfall, scaling), **NOT_SCORED}
-    nll, correct = task_predictions(model, examples, batch_size, device, precision)
+        return {**unsupported(length, None, shortfall, scaling, positions), **NOT_SCORED}
+    nll, correct = task_predictions(model, examples, batch_size, device, precision, positions)
     answer_bytes = examples.answer.sum(1)  # (N,)
     mean_nll = nll / answer_bytes.sum().item()
     return {
@@ -357,6 +463,7 @@ def evaluate_task_length(
         "reason": None,
         "precision": precision,
         **scaling,
+        **positions_record(positions, n),
         "examples": n,
         **answer_scores(correct, answer_bytes, examples.depth_percent),
     }
@@ -368,17 +475,26 @@ def task_predictions(
     batch_size: int,
     device: torch.device,
     precision: str = "fp32",
+    positions: RandomPositions | None = None,
 ) -> tuple[float, torch.Tensor]:
     """The answer bytes' summed NLL (nats) and, per example, how many of its answer bytes are
-    the model's argmax given the true prefix: (float, (N,) int64)."""
+    the model's argmax given the true prefix, each example at its ``positions`` (None: 0..L-1):
+    (float, (N,) int64)."""
     nll, correct = 0.0, []
     with tqdm(total=len(examples.tokens), desc="eval task", unit="example", leave=False) as bar:
-        for inputs, targets in zip(
-            examples.inputs().split(batch_size), examples.targets().split(batch_size), strict=True
+        for first, inputs, targets in zip(
+            range(0, len(examples.tokens), batch_size),
+            examples.inputs().split(batch_size),
+            examples.targets().split(batch_size),
+            strict=True,
         ):
             inputs, targets = inputs.to(device), targets.to(device)  # (B, T)
+            at = None
+            if positions is not None:  # keyed by the examples' indices
+                keys = range(first, first + len(inputs))
+                at = positions.of_windows(inputs.shape[1], keys).to(device)  # (B, T)
             with autocast(precision, device):
-                logits = model(inputs).float()  # (B, T, vocab)
+                logits = model(inputs, at).float()  # (B, T, vocab)
             nll_bt = F.cross_entropy(logits.transpose(1, 2), targets, reduction="none")  # (B, T)
             nll += nll_bt.double().sum().item()  # IGNORE targets add 0
             hits = logits.argmax(-1) == targets  # (B, T): IGNORE targets never match
@@ -393,10 +509,11 @@ def evaluate_task(
     lengths: Sequence[int],
     batch_size: int | None = None,
     precision: str = "fp32",
+    positions: RandomPositions | None = None,
 ) -> list[dict[str, Any]]:
-    """Evaluate ``model`` on ``task``'s examples at each length, in ``precision``; results.json
-    eval records."""
-    return [evaluate_task_length(model, task, n, batch_size, precision) for n in lengths]
+    """Evaluate ``model`` on ``task``'s examples at each length, in ``precision``, at
+    ``positions`` (None: 0..L-1); results.json eval records."""
+    return [evaluate_task_length(model, task, n, batch_size, precision, positions) for n in lengths]
 
 
 def evaluate_data(
@@ -408,8 +525,10 @@ def evaluate_data(
     max_tokens: int | None = None,
     train_seq_len: int | None = None,
     precision: str = "fp32",
+    positions: RandomPositions | None = None,
 ) -> list[dict[str, Any]]:
-    """``evaluate`` on a corpus's validation split, ``evaluate_task`` on a task."""
+    """``evaluate`` on a corpus's validation split, ``evaluate_task`` on a task, at
+    ``positions`` (None: 0..L-1)."""
     if isinstance(data, Corpus):
         return evaluate(
             model,
@@ -421,13 +540,14 @@ def evaluate_data(
             train_seq_len,
             precision,
             data.val_documents,
+            positions,
         )
     if stride is not None:
         raise PosbenchError(
             f"data={data.config.source} scores whole prompts: a stride applies to corpora only; "
             "drop --stride / eval.stride"
         )
-    return evaluate_task(model, data, lengths, batch_size, precision)
+    return evaluate_task(model, data, lengths, batch_size, precision, positions)
 
 
 def evaluate_run(
@@ -439,12 +559,14 @@ def evaluate_run(
     max_tokens: int | None = None,
     encoding_overrides: Mapping[str, Any] | None = None,
     precision: str | None = None,
+    positions: str | None = None,
 ) -> list[dict[str, Any]]:
     """Evaluate a trained run on its own validation split; returns results.json eval records.
 
-    ``max_tokens`` and ``precision`` default to the run's ``eval.max_tokens`` and
-    ``eval.precision``, so the numbers are comparable with the ones measured at the end of
-    training. ``encoding_overrides`` are merged over the
+    ``max_tokens``, ``precision`` and ``positions`` (auto | consecutive | random) default to
+    the run's ``eval.max_tokens``, ``eval.precision`` and ``eval.positions``, so the numbers are
+    comparable with the ones measured at the end of training. ``encoding_overrides`` are merged
+    over the
     run's encoding config before its weights are loaded (e.g. ``rope_scaling_overrides``).
     """
     model, cfg = load_run(run_dir, resolve_device(device), encoding_overrides)
@@ -454,7 +576,15 @@ def evaluate_run(
     if precision is None:  # runs from before eval.precision existed evaluated in fp32
         precision = OmegaConf.select(cfg, "eval.precision", default="fp32")
     return evaluate_data(
-        model, data, lengths, stride, batch_size, max_tokens, cfg.train.seq_len, precision
+        model,
+        data,
+        lengths,
+        stride,
+        batch_size,
+        max_tokens,
+        cfg.train.seq_len,
+        precision,
+        eval_positions(cfg, positions),
     )
 
 

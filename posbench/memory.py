@@ -32,15 +32,20 @@ def available_memory(device: torch.device) -> int | None:
 
 
 def fitting_batch_size(
-    model: Transformer, length: int, batch_size: int, device: torch.device
+    model: Transformer,
+    length: int,
+    batch_size: int,
+    device: torch.device,
+    consecutive: bool = True,
 ) -> tuple[int, str | None]:
-    """The largest batch, at most ``batch_size``, whose forward pass at ``length`` fits in the
-    memory available now, and ``None``; or ``(0, reason)`` when not even one window fits."""
+    """The largest batch, at most ``batch_size``, whose forward pass at ``length`` (at
+    ``consecutive`` positions, or one row of positions per window) fits in the memory available
+    now, and ``None``; or ``(0, reason)`` when not even one window fits."""
     available = available_memory(device)
     if available is None:
         return batch_size, None
     for batch in range(batch_size, 0, -1):
-        if model.inference_memory_bytes(batch, length) <= available:
+        if model.inference_memory_bytes(batch, length, consecutive) <= available:
             if batch < batch_size:
                 log.warning(
                     "length %d: batch size %d -> %d to fit the %.1f GB available",
@@ -50,7 +55,7 @@ def fitting_batch_size(
                     available / 1e9,
                 )
             return batch, None
-    needed = model.inference_memory_bytes(1, length)
+    needed = model.inference_memory_bytes(1, length, consecutive)
     return 0, (
         f"one window of {length} tokens needs about {needed / 1e9:.1f} GB and only "
         f"{available / 1e9:.1f} GB is available on {device.type}; evaluate a shorter length "

@@ -610,16 +610,17 @@ class Transformer(nn.Module):
             x = block(x, positions, self.encoding, biases)
         return self.lm_head(self.ln_final(x))  # (B, T, vocab)
 
-    def inference_memory_bytes(self, batch_size: int, length: int) -> int:
+    def inference_memory_bytes(self, batch_size: int, length: int, consecutive: bool = True) -> int:
         """An upper estimate of the memory one forward pass adds under inference mode (on top
-        of the weights) for ``batch_size`` sequences of ``length`` tokens, so that evaluation
-        can choose a batch that fits before it starts (benchmarks/long_eval_memory.py compares
-        it with measured peaks).
+        of the weights) for ``batch_size`` sequences of ``length`` tokens at ``consecutive``
+        positions (else each at its own), so that evaluation can choose a batch that fits
+        before it starts (benchmarks/long_eval_memory.py compares it with measured peaks).
 
         Terms, in elements: the live activations of one block (residual, layer-norm output,
         q/k/v and their rotated copies, attention output, the MLP's hidden layer and its GELU:
         at most 8*C + 2*hidden per token) and the logits with the log-softmax of the loss (3*V
-        per token). A bias of the distance alone (relative_bias_attention) adds the reversed
+        per token). A bias of the distance alone at consecutive positions
+        (relative_bias_attention) adds the reversed
         keys and values and the query blocks' outputs before they are joined (3*C per token)
         and its bias row per head (twice, with its padded copy). Any other score bias adds the
         attention scratch of one query block (the bias, its masked copy, SDPA's scores and
@@ -632,7 +633,7 @@ class Transformer(nn.Module):
         hidden = a.mlp_ratio * a.d_model
         elements = tokens * (8 * a.d_model + 2 * hidden + 3 * a.vocab_size)
         first = torch.zeros(1, dtype=torch.long, device=self.lm_head.weight.device)
-        if self.encoding.relative_bias(first) is not None:
+        if consecutive and self.encoding.relative_bias(first) is not None:
             elements += 3 * tokens * a.d_model + 2 * a.n_head * (length + QUERY_BLOCK)
         elif self.encoding.score_bias(first, first) is not None:
             block = query_block_size(batch_size, a.n_head, length)

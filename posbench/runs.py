@@ -230,19 +230,21 @@ def record_key(record: dict[str, Any]) -> tuple:
         scaling_method(record),
         scaling_setting(record),
         record.get("scaling_factor"),
+        record.get("positions", "consecutive"),  # records from before it: 0..L-1
     )
 
 
 def merge_eval_records(results: dict[str, Any], records: Iterable[dict[str, Any]]) -> dict:
-    """``results`` with ``records`` added; records of other lengths, strides, scaling methods
-    or factors are kept as they are. Sorted by length, then stride, then method (plain first),
-    then factor (from each length first)."""
+    """``results`` with ``records`` added; records of other lengths, strides, scaling methods,
+    factors or positions are kept as they are. Sorted by length, then stride, then method
+    (plain first), then factor (from each length first), then positions."""
     new = {record_key(r): r for r in records}
     kept = [r for r in results.get("eval", []) if record_key(r) not in new]
 
     def order(record: dict[str, Any]) -> tuple:
-        length, stride, scaling, setting, _ = record_key(record)
-        return (length, stride or 0, scaling != "none", scaling, setting is not None, setting or 0)
+        length, stride, scaling, setting, _, positions = record_key(record)
+        plain = (length, stride or 0, scaling != "none", scaling, setting is not None)
+        return (*plain, setting or 0, positions)
 
     merged = sorted([*kept, *new.values()], key=order)
     return {**results, "eval": merged}

@@ -43,7 +43,7 @@ from posbench.config import (
 )
 from posbench.data import IGNORE, Corpus, Task, load_data, sample_positions
 from posbench.errors import PosbenchError
-from posbench.evaluate import evaluate_data
+from posbench.evaluate import RandomPositions, eval_positions, evaluate_data
 from posbench.finetune import fine_tune_config, load_parent_weights
 from posbench.model import Transformer, build_model
 from posbench.precision import (
@@ -126,17 +126,30 @@ def validation_batches(
 
 @torch.inference_mode()
 def validation_loss(
-    model: Transformer, data: Corpus | Task, cfg: DictConfig, precision: str = "fp32"
+    model: Transformer,
+    data: Corpus | Task,
+    cfg: DictConfig,
+    precision: str = "fp32",
+    positions: RandomPositions | None = None,
 ) -> float:
     """Mean NLL per scored target (every target of a corpus, a task's answer bytes), in the
-    training ``precision``."""
+    training ``precision``, at the positions evaluation uses (``eval_positions``; None:
+    0..T-1)."""
     model.eval()
     device = next(model.parameters()).device
     total, count = 0.0, 0
+    # Windows keyed as evaluation keys them for RandomPositions: a corpus window by its start
+    # in the split, a task example by its index.
+    key_step, first = (cfg.seq_len if isinstance(data, Corpus) else 1), 0
     for inputs, targets in validation_batches(data, cfg):
         inputs, targets = inputs.to(device), targets.to(device)
+        at = None
+        if positions is not None:
+            keys = range(first * key_step, (first + len(inputs)) * key_step, key_step)
+            at = positions.of_windows(cfg.seq_len, keys).to(device)
+        first += len(inputs)
         with autocast(precision, device):
-            logits = model(inputs).float()  # (B, T, vocab)
+            logits = model(inputs, at).float()  # (B, T, vocab)
         total += F.cross_entropy(logits.flatten(0, 1), targets.flatten(), reduction="sum")
         count += (targets != IGNORE).sum().item()
     model.train()
@@ -300,7 +313,9 @@ def train_steps(
             if progress.step % tcfg.log_every == 0 or progress.step == tcfg.steps:
                 log_training(writer, bar, progress, loss_value, lr_at(step, tcfg))
             if progress.step % tcfg.val_every == 0 or progress.step == tcfg.steps:
-                progress.val_loss = validation_loss(model, data, tcfg, precision)
+                progress.val_loss = validation_loss(
+                    model, data, tcfg, precision, eval_positions(cfg)
+                )
                 writer.add_scalar("val/loss", progress.val_loss, progress.step)
                 writer.add_scalar("val/ppl", math.exp(progress.val_loss), progress.step)
             if checkpoint_due(progress.step, tcfg) or stop.signum is not None:
@@ -521,6 +536,7 @@ def evaluate_and_record(
         cfg.eval.max_tokens,
         cfg.train.seq_len,
         choice(cfg.eval.precision),
+        eval_positions(cfg),
     )
     results = {**results, "eval": records}
     write_json(run_dir / RESULTS_FILE, results)

@@ -402,7 +402,7 @@ class Teacher(torch.nn.Module):
         self.next_bytes = {bytes(t[:-1].tolist()): t[1:].long() for t in examples.tokens}
         self.wrong = {bytes(examples.tokens[i, :-1].tolist()): t for i, t in wrong}
 
-    def forward(self, inputs):
+    def forward(self, inputs, positions=None):  # as Transformer.forward
         logits = torch.zeros(*inputs.shape, 256)  # (B, T, vocab)
         for row, x in enumerate(inputs):
             targets = self.next_bytes[bytes(x.tolist())].clone()  # (T,)

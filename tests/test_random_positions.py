@@ -1,16 +1,23 @@
 """Randomized positional encodings (Ruoss et al. 2023, train.random_positions): training
-sequences sit at sorted random subsets of [0, N); evaluation uses 0..L-1."""
+sequences sit at sorted random subsets of [0, N), and so do evaluation windows by default
+(eval.positions=auto; consecutive evaluates at 0..L-1)."""
+
+import json
+import math
+import shutil
 
 import pytest
 import torch
 from test_checkpoint import SHORT, assert_same_run, at_batch, crash
 
+from posbench.cli import main
 from posbench.config import compose_config, validate
-from posbench.data import sample_positions
+from posbench.data import Corpus, sample_positions
 from posbench.encodings import build_encoding, encoding_names
 from posbench.errors import PosbenchError
+from posbench.evaluate import RandomPositions, eval_positions, evaluate_length
 from posbench.model import ModelArgs, Transformer, build_model
-from posbench.train import train
+from posbench.train import train, validation_loss
 
 SMALL = ModelArgs(n_layer=1, n_head=2, d_model=16)
 
@@ -110,9 +117,8 @@ def straight_random(tmp_path_factory, cache_dir):
     return run_dir, results
 
 
-def test_training_draws_positions_from_the_range_and_evaluation_uses_zero_to_l(
-    straight_random, monkeypatch, cache_dir, tmp_path
-):
+def recorded_positions(monkeypatch) -> list[tuple[bool, torch.Tensor | None]]:
+    """(training?, positions) of every forward pass of a Transformer from now on."""
     used = []
     forward = Transformer.forward
 
@@ -121,15 +127,124 @@ def test_training_draws_positions_from_the_range_and_evaluation_uses_zero_to_l(
         return forward(self, tokens, positions)
 
     monkeypatch.setattr(Transformer, "forward", recording)
+    return used
+
+
+def assert_sorted_distinct_subsets_below(positions: torch.Tensor, n: int) -> None:
+    assert positions.dtype == torch.long and 0 <= positions.min() and positions.max() < n
+    assert all(row == sorted(set(row)) for row in positions.tolist())
+
+
+def test_training_and_evaluation_both_draw_positions_from_the_range(
+    straight_random, monkeypatch, cache_dir, tmp_path
+):
+    used = recorded_positions(monkeypatch)
     train(compose_config([*RANDOM, "train.steps=3", f"data.cache_dir={cache_dir}"]), tmp_path)
     drawn = [p for training, p in used if training]
     batch_size = compose_config(RANDOM).train.batch_size
     assert len(drawn) == 3 and all(p.shape == (batch_size, 16) and p.max() < 64 for p in drawn)
     assert all(len({tuple(row) for row in p.tolist()}) == batch_size for p in drawn)  # per row
     assert any(p.max() >= 16 for p in drawn)  # not 0..15
-    assert all(p is None for training, p in used if not training)  # eval: 0..L-1
+    evaluated = [p for training, p in used if not training]  # validation and evaluation
+    assert evaluated and all(p is not None for p in evaluated)
+    for p in evaluated:
+        assert_sorted_distinct_subsets_below(p, 64)
+    assert any(p.max() >= 16 for p in evaluated if p.shape[1] == 16)  # not 0..15 either
     _, results = straight_random
     assert [(r["length"], r["status"]) for r in results["eval"]] == [(16, "ok"), (64, "ok")]
+    for record in results["eval"]:
+        assert (record["positions"], record["random_positions"]) == ("random", 64)
+    windows = [r["tokens"] // r["length"] for r in results["eval"]]  # max_tokens: whole windows
+    assert [r["position_draws"] for r in results["eval"]] == windows
+
+
+def random_windows_evaluation(monkeypatch, encoding: str, batch_size: int) -> torch.Tensor:
+    """The positions the 7 windows of a 32-token evaluation of 200 tokens are given, in
+    window order -> (7, 32)."""
+    torch.manual_seed(0)
+    model = Transformer(SMALL, build_encoding({"name": encoding}, SMALL.d_model, SMALL.n_head))
+    used = recorded_positions(monkeypatch)
+    tokens = torch.arange(200) % 256
+    record = evaluate_length(
+        model, tokens, 32, batch_size=batch_size, positions=RandomPositions(100, seed=7)
+    )
+    monkeypatch.undo()
+    assert record["positions"] == "random" and record["position_draws"] == 7
+    return torch.cat([p for _, p in used])
+
+
+def test_evaluation_positions_depend_on_the_window_not_on_the_run_or_the_batch_size(monkeypatch):
+    one = random_windows_evaluation(monkeypatch, "rope", batch_size=1)
+    three = random_windows_evaluation(monkeypatch, "alibi", batch_size=3)
+    assert torch.equal(one, three)  # another encoding and batching: the same positions
+    assert one.shape == (7, 32)
+    assert_sorted_distinct_subsets_below(one, 100)
+    assert len({tuple(row) for row in one.tolist()}) == 7  # a subset of its own per window
+    other_seed = RandomPositions(100, seed=8).of_windows(32, [0])
+    assert not torch.equal(other_seed[0], one[0])
+
+
+def test_a_length_above_the_range_is_unsupported_with_the_reason():
+    model = Transformer(SMALL, build_encoding({"name": "rope"}, SMALL.d_model, SMALL.n_head))
+    record = evaluate_length(
+        model, torch.zeros(500, dtype=torch.long), 128, positions=RandomPositions(100, 0)
+    )
+    assert record["status"] == "unsupported" and record["ppl"] is None
+    assert "[0, 100)" in record["reason"] and "eval.positions=consecutive" in record["reason"]
+    assert (record["positions"], record["random_positions"]) == ("random", 100)
+
+
+def test_validation_during_training_scores_its_windows_at_the_positions_evaluation_uses():
+    torch.manual_seed(0)
+    model = Transformer(SMALL, build_encoding({"name": "rope"}, SMALL.d_model, SMALL.n_head))
+    with torch.no_grad():  # weights large enough for the positions to change the loss
+        for weight in model.parameters():
+            weight.normal_(0, 0.5)
+    val = (torch.arange(4000) * 7 % 251).to(torch.uint8).numpy()
+    corpus = Corpus("bytes", val, val)
+    cfg = compose_config(["train.seq_len=16", "train.batch_size=4", "train.val_batches=2"]).train
+    positions = RandomPositions(64, seed=3)
+    loss = validation_loss(model, corpus, cfg, positions=positions)
+    # The same 8 windows of 16 tokens, evaluated as posbench evaluates them.
+    record = evaluate_length(model, val[: 8 * 16 + 1], 16, positions=positions)
+    assert loss == pytest.approx(record["bits_per_byte"] * math.log(2), rel=1e-6)
+    assert loss != pytest.approx(validation_loss(model, corpus, cfg), rel=1e-3)  # not 0..15
+
+
+@pytest.mark.parametrize(
+    ("overrides", "expected"),
+    [
+        ([], None),
+        (["train.random_positions=256"], RandomPositions(256, 0)),
+        (["train.random_positions=256", "data.seed=5"], RandomPositions(256, 5)),
+        (["train.random_positions=256", "eval.positions=consecutive"], None),
+        (["train.random_positions=256", "eval.positions=random"], RandomPositions(256, 0)),
+    ],
+)
+def test_eval_positions_follow_the_training_unless_set(overrides, expected):
+    assert eval_positions(compose_config(overrides)) == expected
+
+
+def test_random_evaluation_positions_without_a_training_range_is_a_one_line_error():
+    with pytest.raises(
+        PosbenchError, match=r"eval.positions=random .*train.random_positions"
+    ) as info:
+        validate(compose_config(["eval.positions=random"]))
+    assert "\n" not in str(info.value)
+
+
+def test_posbench_eval_at_consecutive_positions_keeps_the_random_records_beside(
+    straight_random, tmp_path, capsys
+):
+    run_dir = tmp_path / "run"
+    shutil.copytree(straight_random[0], run_dir)
+    main(["eval", "--run", str(run_dir), "--length", "16", "--positions", "consecutive"])
+    records = json.loads((run_dir / "results.json").read_text())["eval"]
+    at_16 = {r["positions"]: r for r in records if r["length"] == 16}
+    assert at_16.keys() == {"random", "consecutive"}
+    assert at_16["consecutive"]["random_positions"] is None
+    assert at_16["random"] == straight_random[1]["eval"][0]  # kept as it was
+    assert at_16["consecutive"]["ppl"] != at_16["random"]["ppl"]
 
 
 def test_a_resumed_random_positions_run_equals_an_uninterrupted_one(
