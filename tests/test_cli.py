@@ -237,6 +237,22 @@ def test_eval_without_run_after_a_sweep_says_it_took_the_sweeps_last_job(sweep):
         (["eval", "--threads", "two"], "expected auto or a positive integer"),
         (["train", "train.stpes=10"], "no such key; did you mean train.steps?"),
         (["train", "encoding=t5", "encoding.num_bucket=8"], "did you mean encoding.num_buckets?"),
+        (
+            ["train", "data.path=corpus.txt"],
+            "data.path is a key of data=text, not of data=synthetic: "
+            "use `data=text data.path=corpus.txt`",
+        ),
+        (
+            ["train", "encoding.max_distance=64"],
+            "use `encoding=t5 encoding.max_distance=64`",
+        ),
+        (["train", "-m", "encoding=rope,", "alibi"], "did you mean encoding=rope,alibi?"),
+        (
+            ["train", "alibi"],
+            "cannot parse the override 'alibi' (missing EQUAL at '<EOF>'): "
+            "did you mean encoding=alibi?",
+        ),
+        (["train", "eval.lengths=128,256"], "write eval.lengths=[128,256] for a list"),
         (["eval", "--length", "0"], "positive integer"),
         (["eval", "--length", "many"], "positive integer"),
         (["eval", "--length", "16", "--run", "no/such/run"], "not found"),
