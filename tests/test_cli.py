@@ -274,6 +274,17 @@ def test_bad_input_is_one_line_on_stderr_and_a_nonzero_exit(tmp_path, args, mess
     assert lines[0].startswith("error:") and message in lines[0]
 
 
+def test_tqdm_disable_turns_the_progress_bars_off(tmp_path, cache_dir):
+    result = posbench("train", *TINY, "train.steps=4", cwd=tmp_path, env={"TQDM_DISABLE": "1"})
+    assert "train rope" not in result.stderr and "eval length" not in result.stderr
+
+
+def test_the_training_bar_is_on_without_tqdm_disable(tmp_path, cache_dir, monkeypatch):
+    monkeypatch.delenv("TQDM_DISABLE")  # conftest.py sets it for every test
+    result = posbench("train", *TINY, "train.steps=4", cwd=tmp_path)
+    assert "train rope: 100%" in result.stderr
+
+
 def test_an_empty_text_corpus_is_one_line_naming_the_fix(tmp_path, cache_dir):
     empty = tmp_path / "empty.txt"
     empty.write_text("")
