@@ -208,7 +208,7 @@ def unknown_key_hint(key: str, overrides: Sequence[str]) -> str:
     having = options_with_key(group, key) if chosen is not None else []
     if having:
         options = " or ".join(f"{group}={option}" for option in having)
-        override = next(o.input_line for o in parsed if o.key_or_group == key)
+        override = next((o.input_line for o in parsed if o.key_or_group == key), f"{key}=...")
         fix = f"{group}={having[0]} {override}"
         return f"{key} is a key of {options}, not of {group}={chosen}: use `{fix}`"
     ours = OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"])  # hydra.*: run time
