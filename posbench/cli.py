@@ -26,7 +26,7 @@ from hydra._internal.utils import get_args_parser
 from hydra.core.hydra_config import HydraConfig
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import Override
-from hydra.errors import CompactHydraException, HydraException
+from hydra.errors import CompactHydraException, HydraException, OverrideParseException
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
@@ -161,7 +161,12 @@ def stop_interrupted(err: KeyboardInterrupt, detail: str = "") -> NoReturn:
 def hydra_error_line(err: Exception, overrides: Sequence[str] = ()) -> str:
     """One line for a Hydra/OmegaConf composition error (their messages span many lines) of
     the command line ``overrides``."""
+    if isinstance(err, OverrideParseException):
+        return parse_error_line(err, overrides)
     text = str(err)
+    ambiguous = re.match(r"Ambiguous value for argument '([^']+)'", text)
+    if ambiguous:
+        return ambiguous_sweep_line(ambiguous.group(1))
     missing = re.search(r"Could not find '([^']+)/([^'/]+)'", text)
     if missing:
         group, option = missing.groups()
@@ -176,31 +181,99 @@ def hydra_error_line(err: Exception, overrides: Sequence[str] = ()) -> str:
         lines.append(str(cause).strip().splitlines()[0])
     summary = lines[0].rstrip(".")
     if "Could not override" in summary or "Key '" in summary:
-        misspelt = re.search(r"Could not override '([^']+)'", summary)
-        closest = closest_key(misspelt.group(1), overrides) if misspelt else None
-        hint = f"did you mean {closest}? " if closest else ""
-        summary += f" (no such key; {hint}`posbench train --cfg job` lists every key)"
+        unknown = re.search(r"Could not override '([^']+)'", summary)
+        hint = unknown_key_hint(unknown.group(1), overrides) if unknown else NO_SUCH_KEY
+        summary += f" ({hint})"
     elif len(lines) > 1:
         summary += f": {lines[-1]}"
     return summary
 
 
-def closest_key(key: str, overrides: Sequence[str]) -> str | None:
-    """The config key most like the misspelt ``key``, among the keys of the config the other
-    ``overrides`` compose (so a group's options count: ``encoding=t5 encoding.num_bucket=8``)."""
-    others = [o.input_line for o in parse_overrides(overrides) if o.key_or_group != key]
+LIST_KEYS = "`posbench train --cfg job` lists every key"
+NO_SUCH_KEY = f"no such key; {LIST_KEYS}"
+
+
+def unknown_key_hint(key: str, overrides: Sequence[str]) -> str:
+    """What to do about ``key``, which the config that the other ``overrides`` compose lacks:
+    choose the option of its group that has it (``data.path``: ``data=text``), else the most
+    alike key of that config (so a group's options count: ``encoding=t5
+    encoding.num_bucket=8``)."""
+    parsed = parse_overrides(overrides)
+    others = [o.input_line for o in parsed if o.key_or_group != key]
     try:
-        cfg = compose_config(others)
+        cfg = compose_config(others, with_hydra=True)
     except (HydraException, OmegaConfBaseException):  # another mistake: the default keys
-        cfg = compose_config([])
-    matches = difflib.get_close_matches(key, flat_config(cfg), n=1)
-    return matches[0] if matches else None
+        cfg = compose_config([], with_hydra=True)
+    group = key.partition(".")[0]
+    chosen = cfg.hydra.runtime.choices.get(group)
+    having = options_with_key(group, key) if chosen is not None else []
+    if having:
+        options = " or ".join(f"{group}={option}" for option in having)
+        override = next((o.input_line for o in parsed if o.key_or_group == key), f"{key}=...")
+        fix = f"{group}={having[0]} {override}"
+        return f"{key} is a key of {options}, not of {group}={chosen}: use `{fix}`"
+    ours = OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"])  # hydra.*: run time
+    matches = difflib.get_close_matches(key, flat_config(ours), n=1)
+    return f"no such key; did you mean {matches[0]}? {LIST_KEYS}" if matches else NO_SUCH_KEY
+
+
+def options_with_key(group: str, key: str) -> list[str]:
+    """The options of config group ``group`` whose config has ``key``."""
+    having = []
+    for option in group_options(group):
+        try:
+            cfg = compose_config([f"{group}={option}"])
+        except (HydraException, OmegaConfBaseException):  # not a group the defaults choose from
+            continue
+        if key in flat_config(cfg):
+            having.append(option)
+    return having
+
+
+LEXER_ERROR = "LexerNoViableAltException: "
+
+
+def parse_error_line(err: OverrideParseException, overrides: Sequence[str]) -> str:
+    """One line for an override that Hydra's grammar rejects: why (Hydra's reason, without
+    the grammar's token names) and how to write it."""
+    *details, see = str(err).splitlines()  # the last line: "See <the grammar's page> for details"
+    if details[0].startswith(LEXER_ERROR):  # the line below it marks the first unreadable char
+        reason = f"unexpected {err.override[details[-1].index('^') - len(LEXER_ERROR) :]!r}"
+    else:
+        reason = re.sub(r" expecting \{.*\}$", "", details[-1])
+    fix = override_fix(err.override, overrides)
+    return f"cannot parse the override {err.override!r} ({reason}): {fix} (see {see.split()[1]})"
+
+
+def override_fix(override: str, overrides: Sequence[str]) -> str:
+    """How to write the unparsable ``override``, where the mistake is clear: a sweep split at a
+    space (``encoding=rope, alibi``), a group's option without its group (``alibi``)."""
+    given = list(overrides)
+    after = given[given.index(override) + 1 :] if override in given else []
+    if override.endswith(",") and after:
+        return f"did you mean {override}{after[0]}? A sweep's values are one word, no spaces"
+    groups = [group for group in ("encoding", "model", "data") if override in group_options(group)]
+    if groups:
+        return "did you mean " + " or ".join(f"{group}={override}" for group in groups) + "?"
+    return "write key=value, key=a,b for a sweep (with -m), key=[a,b] for a list"
+
+
+def ambiguous_sweep_line(override: str) -> str:
+    """One line for ``key=a,b`` without ``-m``: Hydra's three readings of it, for this key."""
+    key, _, values = override.partition("=")
+    return (
+        f"{override} is ambiguous: write {key}=[{values}] for a list, "
+        f"\"{key}='{values}'\" for a string, or add -m to sweep over {values.replace(',', ', ')}"
+    )
 
 
 def parse_overrides(overrides: Sequence[str]) -> list[Override]:
     """Hydra's parse of ``overrides``; a key given twice keeps its last value, as in Hydra's
     basic sweeper."""
-    parsed = OverridesParser.create().parse_overrides(list(overrides))
+    try:
+        parsed = OverridesParser.create().parse_overrides(list(overrides))
+    except OverrideParseException as err:
+        raise PosbenchError(parse_error_line(err, overrides)) from err
     return list({o.get_key_element(): o for o in parsed}.values())
 
 

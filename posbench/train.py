@@ -287,13 +287,16 @@ def train_steps(
         progress.compile_time += seconds
         log.info("torch.compile: %.1f s (not counted in tokens/s)", seconds)
     stepper = distributed.data_parallel(stepper, device)
+    # Rank 0's bar only. On rank 0 disable is not passed at all: tqdm takes the defaults of the
+    # arguments not given from TQDM_* variables (TQDM_DISABLE=1), and an explicit False wins.
+    others_hidden = {} if distributed.is_main() else {"disable": True}
     bar = tqdm(
         range(progress.step, tcfg.steps),
         initial=progress.step,
         total=tcfg.steps,
         desc=f"train {cfg.encoding.name}",
         unit="step",
-        disable=not distributed.is_main(),
+        **others_hidden,
     )
     with stop_requests() as stop:
         for step in bar:

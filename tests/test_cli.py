@@ -237,6 +237,22 @@ def test_eval_without_run_after_a_sweep_says_it_took_the_sweeps_last_job(sweep):
         (["eval", "--threads", "two"], "expected auto or a positive integer"),
         (["train", "train.stpes=10"], "no such key; did you mean train.steps?"),
         (["train", "encoding=t5", "encoding.num_bucket=8"], "did you mean encoding.num_buckets?"),
+        (
+            ["train", "data.path=corpus.txt"],
+            "data.path is a key of data=text, not of data=synthetic: "
+            "use `data=text data.path=corpus.txt`",
+        ),
+        (
+            ["train", "encoding.max_distance=64"],
+            "use `encoding=t5 encoding.max_distance=64`",
+        ),
+        (["train", "-m", "encoding=rope,", "alibi"], "did you mean encoding=rope,alibi?"),
+        (
+            ["train", "alibi"],
+            "cannot parse the override 'alibi' (missing EQUAL at '<EOF>'): "
+            "did you mean encoding=alibi?",
+        ),
+        (["train", "eval.lengths=128,256"], "write eval.lengths=[128,256] for a list"),
         (["eval", "--length", "0"], "positive integer"),
         (["eval", "--length", "many"], "positive integer"),
         (["eval", "--length", "16", "--run", "no/such/run"], "not found"),
@@ -256,6 +272,17 @@ def test_bad_input_is_one_line_on_stderr_and_a_nonzero_exit(tmp_path, args, mess
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1, result.stderr
     assert lines[0].startswith("error:") and message in lines[0]
+
+
+def test_tqdm_disable_turns_the_progress_bars_off(tmp_path, cache_dir):
+    result = posbench("train", *TINY, "train.steps=4", cwd=tmp_path, env={"TQDM_DISABLE": "1"})
+    assert "train rope" not in result.stderr and "eval length" not in result.stderr
+
+
+def test_the_training_bar_is_on_without_tqdm_disable(tmp_path, cache_dir, monkeypatch):
+    monkeypatch.delenv("TQDM_DISABLE")  # conftest.py sets it for every test
+    result = posbench("train", *TINY, "train.steps=4", cwd=tmp_path)
+    assert "train rope: 100%" in result.stderr
 
 
 def test_an_empty_text_corpus_is_one_line_naming_the_fix(tmp_path, cache_dir):

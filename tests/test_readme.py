@@ -4,7 +4,7 @@ Each block runs in a fresh copy of one working directory that holds what README'
 command leaves (a `posbench train encoding=rope` run) plus a small sweep. A block marked
 ``<!-- readme-test: skip (reason) -->`` on the line before it is skipped with that reason:
 those need the network, a cluster, a server or minutes, or are CI itself (README's first
-block: .ci/run installs into a fresh venv and runs the tests).
+block: .ci/run runs its commands as written in a fresh venv; tests/test_ci.py checks that).
 
 Two things keep the blocks cheap without editing what users read:
 
