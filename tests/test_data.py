@@ -18,9 +18,9 @@ import torch
 from conftest import terabyte_split
 
 from posbench import data
-from posbench.data import ALPHABET, CopyMarkovProcess, load_corpus, sample_batch, text
-from posbench.data.cache import build_entry, read_entry, verify_entry
-from posbench.data.corpus import CHUNK_BYTES
+from posbench.data import ALPHABET, CopyMarkovProcess, hub, load_corpus, sample_batch, text
+from posbench.data.cache import ArrayWriter, build_entry, read_entry, verify_entry
+from posbench.data.corpus import CHUNK_BYTES, SplitWriter
 from posbench.errors import PosbenchError
 
 TEXT = "first line\nzweite Zeile: größer, ŝ, 数据\n\n  indented\tand tabbed\nno final newline"
@@ -62,7 +62,7 @@ def offline(monkeypatch, tmp_path):
 @pytest.fixture
 def small_chunks(monkeypatch):
     """Builds stream in 64-byte chunks, so small corpora cross many chunk boundaries."""
-    for module in ("corpus", "cache", "text"):
+    for module in ("corpus", "cache", "text", "hub"):
         monkeypatch.setattr(f"posbench.data.{module}.CHUNK_BYTES", 64)
 
 
@@ -359,16 +359,6 @@ def test_held_out_split_keeps_its_stats_and_checksums_exact(tmp_path, small_chun
     assert verify_entry(entry) == []
 
 
-def test_encoding_stops_reading_at_max_bytes_and_holds_a_chunk_at_a_time():
-    def endless():
-        while True:
-            yield "ab" * 1000
-
-    chunks = list(text._encode(endless(), max_bytes=3 * CHUNK_BYTES + 1))
-    assert b"".join(chunks) == (b"ab" * (2 * CHUNK_BYTES))[: 3 * CHUNK_BYTES + 1]
-    assert max(len(chunk) for chunk in chunks) < CHUNK_BYTES + 2000
-
-
 def starts(documents: np.ndarray | None) -> list[int] | None:
     return None if documents is None else documents.tolist()
 
@@ -426,6 +416,102 @@ def test_files_of_raw_bytes_are_documents_too(tmp_path):
     assert starts(load_corpus(config).val_documents) == [0, 1200]
 
 
+def read_as_text_mode(path) -> bytes:
+    """A file as Python's text mode reads it (universal newlines, strict UTF-8), re-encoded."""
+    with open(path, encoding="utf-8") as file:
+        return file.read().encode()
+
+
+class RecordingWriter(SplitWriter):
+    """A split in a flat file that records the size of each write."""
+
+    def __init__(self, path):
+        super().__init__(ArrayWriter(path, np.uint8))
+        self.writes = []
+
+    def write(self, data):
+        self.writes.append(len(data))
+        super().write(data)
+
+    def bytes(self) -> bytes:
+        return b"".join(as_bytes(chunk) for chunk in self.array.read(0, len(self)))
+
+
+def copied(tmp_path, files, chunk_bytes, max_bytes=None):
+    """``files`` read as text by ``text._copy_files`` into a fresh split: its bytes and each
+    file's size."""
+    out = RecordingWriter(tmp_path / "split.bin")
+    sizes = text._copy_files(files, max_bytes, out, chunk_bytes, as_text=True)
+    return out.bytes(), sizes
+
+
+TEXT_MODE_CASES = {
+    "crlf": b"one\r\ntwo\r\n\r\nthree\r\n",
+    "lone cr": b"one\rtwo\r\rthree\r",
+    "mixed line breaks": b"a\r\nb\rc\nd\r\r\ne\n\rf\r\r\r\n\n\n",
+    "empty lines": b"\n\n\r\n\r\n\r\r\n",
+    "no final newline": b"first\nsecond\r\nlast",
+    "ends in cr": b"line\r\nline\r",
+    "utf-8": TEXT.encode() + "\r\n𝄞 €\u2028 \x85 \x0b\x0c".encode(),
+    "bom": "\ufeffwith a byte order mark\r\n".encode(),
+}
+
+
+@pytest.mark.parametrize("content", TEXT_MODE_CASES.values(), ids=TEXT_MODE_CASES.keys())
+def test_text_is_read_as_python_text_mode_reads_it_at_any_chunk_size(tmp_path, content):
+    # One-byte chunks cut every \r\n and every multi-byte character; longer ones cut elsewhere.
+    path = tmp_path / "text.txt"
+    path.write_bytes(content * 3)
+    expected = read_as_text_mode(path)
+    for chunk_bytes in (*range(1, 8), 64):
+        assert copied(tmp_path, [path], chunk_bytes) == (expected, [len(expected)]), chunk_bytes
+
+
+def test_a_crlf_split_across_two_chunks_is_one_newline(tmp_path):
+    path = tmp_path / "crlf.txt"
+    path.write_bytes(b"x" * 63 + b"\r\n" + b"y\r" * 3 + b"\r\n")
+    assert copied(tmp_path, [path], chunk_bytes=64)[0] == b"x" * 63 + b"\n" + b"y\n" * 3 + b"\n"
+
+
+def test_a_file_without_line_breaks_is_written_a_chunk_at_a_time(tmp_path, small_chunks):
+    # text8 is 100 MB without a line break: a reader of lines would hold all of it at once.
+    path = write(tmp_path / "one_line.txt", "a few words without a line break " * 300)
+    out = RecordingWriter(tmp_path / "split.bin")
+    text._read_text(str(path), "path", None, out)
+    assert out.bytes() == path.read_bytes() and max(out.writes) <= 64
+
+
+def test_text_max_bytes_counts_bytes_after_newline_translation_and_may_cut_a_character(tmp_path):
+    path = tmp_path / "text.txt"
+    path.write_bytes("é\r\n".encode() * 1000)
+    expected = ("é\n".encode() * 1000)[:1999]  # ends inside an é
+    assert copied(tmp_path, [path], chunk_bytes=7, max_bytes=1999) == (expected, [1999])
+
+
+def test_bytes_past_max_bytes_do_not_decide_whether_a_file_is_text(tmp_path):
+    path = tmp_path / "text.txt"
+    path.write_bytes(b"x\r\n" * 5000 + b"\xff")
+    corpus = load_corpus(text_config(tmp_path, path, max_bytes=5000, val_fraction=0.5))
+    assert as_bytes(corpus.train) + as_bytes(corpus.val) == b"x\n" * 2500
+
+
+def test_a_file_that_ends_inside_a_character_is_read_as_raw_bytes(tmp_path):
+    path = tmp_path / "text.txt"
+    path.write_bytes(b"x\r\n" * 4000 + "数".encode()[:2])
+    corpus = load_corpus(text_config(tmp_path, path))
+    assert as_bytes(corpus.train) + as_bytes(corpus.val) == path.read_bytes()
+
+
+def test_a_crlf_split_between_two_files_is_two_newlines(tmp_path):
+    # Each file is read as text by itself, so the \r ending one file is a line break of its own.
+    write(tmp_path / "docs" / "a.txt", "a" * 1500 + "\r")
+    write(tmp_path / "docs" / "b.txt", "\n" + "b" * 1500)
+    out = RecordingWriter(tmp_path / "split.bin")
+    text._read_text(str(tmp_path / "docs"), "path", None, out)
+    assert out.bytes() == b"a" * 1500 + b"\n\n" + b"b" * 1500
+    assert starts(out.documents) == [0, 1501]
+
+
 # Hub corpora -------------------------------------------------------------------------------------
 
 
@@ -465,6 +551,16 @@ def test_hub_max_bytes_cuts_each_split_exactly(offline, tmp_path, local_hub_data
     corpus = load_corpus(hub_config(tmp_path, local_hub_dataset, max_bytes=1500))
     assert as_bytes(corpus.train) == (HUB_TEXT * 100).encode()[:1500]
     assert as_bytes(corpus.val) == ("ünïcode\n" * 300).encode()[:1500]
+
+
+def test_encoding_stops_reading_at_max_bytes_and_holds_a_chunk_at_a_time():
+    def endless():
+        while True:
+            yield "ab" * 1000
+
+    chunks = list(hub._encode(endless(), max_bytes=3 * CHUNK_BYTES + 1))
+    assert b"".join(chunks) == (b"ab" * (2 * CHUNK_BYTES))[: 3 * CHUNK_BYTES + 1]
+    assert max(len(chunk) for chunk in chunks) < CHUNK_BYTES + 2000
 
 
 BOOKS = ["first book " * 60, "second, longer book " * 90, "third\n" * 100]
@@ -715,12 +811,6 @@ def test_max_bytes_keeps_the_head_of_the_file_it_cuts_as_a_document(tmp_path):
     assert as_bytes(corpus.val) == b"b" * 1500 + b"c" * 1000
 
 
-def test_universal_newline_sizes_count_a_crlf_split_across_two_chunks(tmp_path):
-    path = tmp_path / "crlf.txt"
-    path.write_bytes(b"x" * (CHUNK_BYTES - 1) + b"\r\n" + b"y\r" * 3 + b"\r\n")
-    assert text._universal_newline_size(str(path)) == CHUNK_BYTES - 1 + 1 + 6 + 1
-
-
 @pytest.mark.parametrize(
     "damage",
     [
@@ -811,13 +901,16 @@ FEW_STEPS = [
 ]
 
 
-def write_text_corpus(path, mebibytes: int):
-    """``mebibytes`` MiB of printable ASCII in 1 KiB lines: one random MiB, repeated."""
-    block = np.random.default_rng(0).integers(32, 127, size=(1024, 1024), dtype=np.uint8)
-    block[:, -1] = ord("\n")
+def write_text_corpus(path, lines_mebibytes: int, one_line_mebibytes: int = 0):
+    """``lines_mebibytes`` MiB of printable ASCII in 1 KiB lines, then ``one_line_mebibytes``
+    MiB without a line break (text8 has none): one random MiB, repeated."""
+    line = np.random.default_rng(0).integers(32, 127, size=(1024, 1024), dtype=np.uint8)
+    lines = line.copy()
+    lines[:, -1] = ord("\n")
     with open(path, "wb") as file:
-        for _ in range(mebibytes):
-            file.write(block.tobytes())
+        for block, mebibytes in ((lines, lines_mebibytes), (line, one_line_mebibytes)):
+            for _ in range(mebibytes):
+                file.write(block.tobytes())
     return path
 
 
@@ -845,11 +938,13 @@ def peak_rss_of_trains(runs) -> list[tuple[int, str]]:
 @pytest.mark.slow
 @pytest.mark.skipif(sys.platform != "linux", reason="ru_maxrss is in KiB on Linux only")
 def test_peak_memory_of_building_and_training_does_not_grow_with_the_corpus(tmp_path):
+    # The 200 MiB corpus is 100 MiB of lines and a 100 MiB line: a reader of lines would hold
+    # that line at once.
     runs = []
-    for mebibytes in (2, 200):
-        workdir = tmp_path / f"{mebibytes}MiB"
+    for lines, one_line in ((2, 0), (100, 100)):
+        workdir = tmp_path / f"{lines + one_line}MiB"
         workdir.mkdir()
-        corpus = write_text_corpus(workdir / "corpus.txt", mebibytes)
+        corpus = write_text_corpus(workdir / "corpus.txt", lines, one_line)
         runs.append(
             (
                 ["data=text", f"data.path={corpus}", f"data.cache_dir={workdir}/cache", *FEW_STEPS],

@@ -5,14 +5,15 @@ from __future__ import annotations
 import os
 import urllib.error
 import urllib.request
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from omegaconf import MISSING
 
 from posbench.data.cache import _xdg_cache_home
-from posbench.data.corpus import SplitWriter
-from posbench.data.text import _column, _encode
+from posbench.data.corpus import CHUNK_BYTES, SplitWriter
 from posbench.errors import PosbenchError
 
 
@@ -45,7 +46,7 @@ def _read_hub(config: HubDataConfig, split: str, out: SplitWriter) -> None:
     that do not (pg19's books) get one. With a byte cap the split is streamed, so only about
     that much is downloaded; the row the cap cuts keeps its head.
     """
-    import datasets  # a second to import, and only text and hub corpora need it
+    import datasets  # a second to import, and only hub corpora need it
 
     try:
         rows = datasets.load_dataset(
@@ -119,3 +120,59 @@ def _hub_unreachable(hub_path: str) -> PosbenchError:
         "on, and datasets has no cached copy to use (it looks for one when HF_DATASETS_OFFLINE=1); "
         "train on local text instead: data=text data.path=<file, directory or glob>"
     )
+
+
+def _column(rows: Any, name: str) -> Iterator[str]:
+    """The strings of column ``name`` of a (possibly streaming) ``datasets`` dataset."""
+    for batch in rows.iter(batch_size=1024):
+        if name not in batch:
+            raise PosbenchError(
+                f"data.text_field '{name}' is not a column of the dataset "
+                f"(columns: {', '.join(batch)})"
+            )
+        yield from batch[name]
+
+
+def _encode(
+    texts: Iterable[str], max_bytes: int | None = None, sizes: list[int] | None = None
+) -> Iterator[bytes]:
+    """``texts`` joined as UTF-8 bytes, in chunks of about CHUNK_BYTES, cut at ``max_bytes``:
+    no more than a chunk is held at once, and nothing is read past the chunk that fills
+    ``max_bytes``. ``sizes``, when given, gets the size of each text read (texts that are
+    documents: ``SplitWriter.set_documents``)."""
+    pieces = (text.encode("utf-8") for text in texts)
+    if sizes is not None:
+        pieces = _sized(pieces, sizes)
+    return _capped(_joined(pieces), max_bytes)
+
+
+def _sized(pieces: Iterable[bytes], sizes: list[int]) -> Iterator[bytes]:
+    for piece in pieces:
+        sizes.append(len(piece))
+        yield piece
+
+
+def _joined(pieces: Iterable[bytes]) -> Iterator[bytes]:
+    """``pieces`` joined into chunks of at least CHUNK_BYTES (the last may be shorter): few
+    enough for each write to be cheap, small enough to hold."""
+    pending, size = [], 0
+    for piece in pieces:
+        pending.append(piece)
+        size += len(piece)
+        if size >= CHUNK_BYTES:
+            yield b"".join(pending)
+            pending, size = [], 0
+    if pending:
+        yield b"".join(pending)
+
+
+def _capped(chunks: Iterable[bytes], max_bytes: int | None) -> Iterator[bytes]:
+    """``chunks`` up to ``max_bytes`` bytes in all (the last one cut), reading no further."""
+    left = max_bytes
+    for chunk in chunks:
+        if left is not None:
+            chunk = chunk[:left]
+            left -= len(chunk)
+        yield chunk
+        if left == 0:
+            return

@@ -1,14 +1,13 @@
-"""Local text: a file, a directory or a glob, read as UTF-8 bytes through ``datasets``."""
+"""Local text: a file, a directory or a glob, read a chunk of bytes at a time."""
 
 from __future__ import annotations
 
+import codecs
 import glob
 import logging
-import os
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from omegaconf import MISSING
 
@@ -86,128 +85,81 @@ def _hidden(relative: Path) -> bool:
 
 
 def _read_text(pattern: str, key: str, max_bytes: int | None, out: SplitWriter) -> None:
-    """Write the files of ``data.<key>``, concatenated like ``cat``, to the empty ``out`` as
-    UTF-8 bytes (raw bytes when they are not UTF-8 text), stopping at ``max_bytes``; each file
-    is a document of ``out`` when ``pattern`` names a directory or a glob (a single file is one
-    stream).
+    """Write the files of ``data.<key>``, concatenated like ``cat``, to the empty ``out``,
+    stopping at ``max_bytes``; each file is a document of ``out`` when ``pattern`` names a
+    directory or a glob (a single file is one stream).
 
-    datasets' text builder keeps every line break but reads in universal-newline mode, so
-    ``\\r\\n`` and ``\\r`` arrive as ``\\n``. Streaming reads the files directly, without
-    writing an Arrow copy next to the cache entry this corpus gets anyway.
+    UTF-8 text is read in universal-newline mode, as Python's ``open`` reads text: ``\\r\\n``
+    and a lone ``\\r`` become ``\\n``, and nothing else changes (no newline is added, a BOM
+    stays). Files that are not UTF-8 text as far as they are read (``max_bytes`` stops the
+    reading) are taken byte for byte. Either way they are read a chunk at a time, whatever
+    their lines, so building holds a chunk, never a line or a file (text8 is 100 MB without a
+    line break).
     """
-    import datasets  # a second to import, and only text and hub corpora need it
-
-    files = [str(f) for f in _text_files(pattern, key)]
-    one_stream = Path(pattern).expanduser().is_file()
-    rows = datasets.load_dataset(
-        "text",
-        data_files=files,
-        split="train",
-        keep_linebreaks=True,
-        streaming=True,
-        chunksize=CHUNK_BYTES,  # the bytes it reads at a time (10 MB by default)
-    )
-    size_of = _universal_newline_size
+    files = _text_files(pattern, key)
     try:
-        for chunk in _encode(_column(rows, "text"), max_bytes):  # texts: lines, not documents
-            out.write(chunk)
+        sizes = _copy_files(files, max_bytes, out, CHUNK_BYTES, as_text=True)
     except UnicodeDecodeError:
         # The model reads bytes, so any file is a corpus: one that is not UTF-8 text (a binary
         # file, Latin-1 text) is taken byte for byte, with no newline translation.
         log.warning("data.%s '%s' is not UTF-8 text: training on its raw bytes", key, pattern)
         out.clear()
-        for chunk in _capped(_file_chunks(files), max_bytes):
-            out.write(chunk)
-        size_of = os.path.getsize
+        sizes = _copy_files(files, max_bytes, out, CHUNK_BYTES, as_text=False)
     if not len(out):
         raise PosbenchError(
             f"data.{key} '{pattern}' contains no text; point it at a non-empty text file"
         )
-    if not one_stream:
-        out.set_documents(_leading_sizes(files, size_of, len(out)))
+    if not Path(pattern).expanduser().is_file():
+        out.set_documents(sizes)
 
 
-def _leading_sizes(files: Iterable[str], size_of: Callable[[str], int], total: int) -> list[int]:
-    """The sizes of the first ``files``, as far as the one that reaches ``total`` bytes: a byte
-    cap stops reading inside it, so the files after it are neither read nor sized."""
-    sizes, size = [], 0
+def _copy_files(
+    files: Iterable[Path], max_bytes: int | None, out: SplitWriter, chunk_bytes: int, as_text: bool
+) -> list[int]:
+    """Append ``files`` to ``out``, read ``chunk_bytes`` at a time, up to ``max_bytes`` in all;
+    the bytes written of each file, as far as the one the cap cuts (the files after it are not
+    opened).
+
+    ``as_text``: each file is UTF-8 text, read in universal-newline mode (``_universal_newlines``)
+    and checked as it is written, so UnicodeDecodeError means a file is not text: one whose
+    bytes up to the cap are not UTF-8, or which ends inside a character. Otherwise the bytes
+    are copied as they are."""
+    sizes, left = [], max_bytes
     for file in files:
-        if size >= total:
-            break
-        sizes.append(size_of(file))
-        size += sizes[-1]
+        chunks = _file_chunks(file, chunk_bytes)
+        if as_text:
+            chunks = _universal_newlines(chunks)
+        utf8 = codecs.getincrementaldecoder("utf-8")()  # holds a character cut by a chunk's end
+        sizes.append(0)
+        for chunk in chunks:
+            if left is not None:
+                chunk = chunk[:left]
+                left -= len(chunk)
+            if as_text:
+                utf8.decode(chunk)  # raises UnicodeDecodeError at the first byte that is not UTF-8
+            out.write(chunk)
+            sizes[-1] += len(chunk)
+            if left == 0:
+                return sizes  # a character the cap cuts in two is text: its head is kept
+        if as_text:
+            utf8.decode(b"", final=True)
     return sizes
 
 
-def _universal_newline_size(file: str) -> int:
-    """The UTF-8 size of a text file once read in universal-newline mode, as datasets reads it:
-    ``\\r\\n`` becomes one byte, a lone ``\\r`` stays one byte. Read a chunk at a time."""
-    size, after_cr = 0, False
-    for chunk in _file_chunks([file]):
-        crlf = chunk.count(b"\r\n") + (after_cr and chunk.startswith(b"\n"))
-        size += len(chunk) - crlf
-        after_cr = chunk.endswith(b"\r")
-    return size
-
-
-def _file_chunks(files: Iterable[str]) -> Iterator[bytes]:
-    for path in files:
-        with open(path, "rb") as file:
-            while chunk := file.read(CHUNK_BYTES):
-                yield chunk
-
-
-def _column(rows: Any, name: str) -> Iterator[str]:
-    """The strings of column ``name`` of a (possibly streaming) ``datasets`` dataset."""
-    for batch in rows.iter(batch_size=1024):
-        if name not in batch:
-            raise PosbenchError(
-                f"data.text_field '{name}' is not a column of the dataset "
-                f"(columns: {', '.join(batch)})"
-            )
-        yield from batch[name]
-
-
-def _encode(
-    texts: Iterable[str], max_bytes: int | None = None, sizes: list[int] | None = None
-) -> Iterator[bytes]:
-    """``texts`` joined as UTF-8 bytes, in chunks of about CHUNK_BYTES, cut at ``max_bytes``:
-    no more than a chunk is held at once, and nothing is read past the chunk that fills
-    ``max_bytes``. ``sizes``, when given, gets the size of each text read (texts that are
-    documents: ``SplitWriter.set_documents``)."""
-    pieces = (text.encode("utf-8") for text in texts)
-    if sizes is not None:
-        pieces = _sized(pieces, sizes)
-    return _capped(_joined(pieces), max_bytes)
-
-
-def _sized(pieces: Iterable[bytes], sizes: list[int]) -> Iterator[bytes]:
-    for piece in pieces:
-        sizes.append(len(piece))
-        yield piece
-
-
-def _joined(pieces: Iterable[bytes]) -> Iterator[bytes]:
-    """``pieces`` joined into chunks of at least CHUNK_BYTES (the last may be shorter): few
-    enough for each write to be cheap, small enough to hold."""
-    pending, size = [], 0
-    for piece in pieces:
-        pending.append(piece)
-        size += len(piece)
-        if size >= CHUNK_BYTES:
-            yield b"".join(pending)
-            pending, size = [], 0
-    if pending:
-        yield b"".join(pending)
-
-
-def _capped(chunks: Iterable[bytes], max_bytes: int | None) -> Iterator[bytes]:
-    """``chunks`` up to ``max_bytes`` bytes in all (the last one cut), reading no further."""
-    left = max_bytes
+def _universal_newlines(chunks: Iterable[bytes]) -> Iterator[bytes]:
+    """The bytes of ``chunks`` with each ``\\r\\n`` and each lone ``\\r`` as ``\\n``, chunk by
+    chunk: a ``\\r\\n`` split between two chunks is one ``\\n`` too."""
+    after_cr = False
     for chunk in chunks:
-        if left is not None:
-            chunk = chunk[:left]
-            left -= len(chunk)
+        if after_cr and chunk.startswith(b"\n"):
+            chunk = chunk[1:]  # the \n of a \r\n whose \r ended the last chunk (now a \n)
+        after_cr = chunk.endswith(b"\r")
+        if b"\r" in chunk:  # most text has none: one scan rather than two replaces
+            chunk = chunk.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
         yield chunk
-        if left == 0:
-            return
+
+
+def _file_chunks(path: Path, chunk_bytes: int) -> Iterator[bytes]:
+    with open(path, "rb") as file:
+        while chunk := file.read(chunk_bytes):
+            yield chunk
