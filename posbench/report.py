@@ -46,7 +46,16 @@ from torch.utils.tensorboard import SummaryWriter
 from posbench.atomic import atomic_path, atomic_write, replace_directory, write_json
 from posbench.config import flat_config
 from posbench.errors import PosbenchError
-from posbench.runs import CONFIG_FILE, RESULTS_FILE, read_results, scaling_method, scaling_name
+from posbench.runs import (
+    CONFIG_FILE,
+    RESULTS_FILE,
+    eval_protocol,
+    protocol_text,
+    read_results,
+    scaling_name,
+    training_length_ppl,
+)
+from posbench.tables import no_reference, ratio_title
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -105,11 +114,12 @@ class Stat:
 class Cell:
     length: int
     ppl: Stat
-    ratio: Stat  # ppl(length) / ppl(train length), per run
+    ratio: Stat  # ppl(length) / ppl(train length) of the same protocol, per run
     unsupported: str | None  # the reason, when no run could measure this length
     accuracy: Stat = Stat(0, None, None)  # a task's answer bytes right, per run
     sequence_accuracy: Stat = Stat(0, None, None)  # a task's examples right in full, per run
     documents: tuple[int, ...] = ()  # the documents its runs scored (distinct counts), if any
+    missing: dict[str, str] = field(default_factory=dict)  # metric -> why a measured cell has none
 
 
 @dataclass(frozen=True)
@@ -234,13 +244,11 @@ def row_label(encoding: str, scaling: str, stride: int | None) -> str:
     return label if stride is None else f"{label}, stride {stride}"
 
 
-def reference_ppl(run: Run) -> float | None:
-    """The run's plain (non-overlapping, unscaled) perplexity at its training length."""
-    for record in run.results["eval"]:
-        plain = record["stride"] is None and scaling_method(record) == "none"
-        if plain and record["length"] == run.config["train.seq_len"] and record["status"] == "ok":
-            return record["ppl"]
-    return None
+def reference_ppl(run: Run, record: dict[str, Any]) -> float | None:
+    """The run's perplexity at its training length measured as ``record`` was (the same
+    ``eval_protocol``): what ``record``'s ratio divides by."""
+    references = training_length_ppl(run.results["eval"], run.config["train.seq_len"])
+    return references.get(eval_protocol(record))
 
 
 def build_group(runs: Sequence[Run], name: str, title: str, setting: dict[str, Any]) -> Group:
@@ -334,7 +342,11 @@ def position_curve(
 def cell(length: int, measured: Sequence[tuple[Run, dict]]) -> Cell:
     ok_records = [(run, r) for run, r in measured if r["status"] == "ok"]
     ok = [(run, r["ppl"]) for run, r in ok_records]
-    ratios = [ppl / ref for run, ppl in ok if (ref := reference_ppl(run)) is not None]
+    ratios = [r["ppl"] / ref for run, r in ok_records if (ref := reference_ppl(run, r)) is not None]
+    missing = {}
+    if ok and not ratios:  # measured, but no run measured the training length that way
+        run, record = ok_records[0]
+        missing["ratio"] = no_reference(run.config["train.seq_len"], protocol_text(record))
     reasons = sorted({r["reason"] for _, r in measured if r["status"] != "ok"})
     unsupported = "; ".join(reasons) if reasons and not ok else None
     scored = [r for _, r in measured if r.get("accuracy") is not None]
@@ -347,6 +359,7 @@ def cell(length: int, measured: Sequence[tuple[Run, dict]]) -> Cell:
         Stat.of([r["accuracy"] for r in scored]),
         Stat.of([r["sequence_accuracy"] for r in scored]),
         tuple(sorted(documents)),
+        missing,
     )
 
 
@@ -437,7 +450,8 @@ def markdown_table(
 ) -> list[str]:
     """``metric`` a Cell's Stat ("ppl", "ratio", "accuracy", ...): one line per row, one column
     per length; the best mean per column (``best_of`` the means: min, or max for accuracies)
-    in bold; unsupported cells point to a footnote with the reason."""
+    in bold; unsupported cells and measured cells without that metric point to a footnote
+    with the reason."""
     lines = [
         "| encoding | runs | " + " | ".join(length_headers(group)) + " |",
         "| --- | --- |" + " --- |" * len(group.lengths),
@@ -452,8 +466,9 @@ def markdown_table(
         for i, c in enumerate(row.cells):
             stat = getattr(c, metric)
             if c.unsupported is not None:
-                note = footnotes.setdefault(f"{row.encoding}: {c.unsupported}", len(footnotes) + 1)
-                texts.append(f"unsupported [{note}]")
+                texts.append(f"unsupported [{footnote(footnotes, row.encoding, c.unsupported)}]")
+            elif metric in c.missing:
+                texts.append(f"– [{footnote(footnotes, row.label, c.missing[metric])}]")
             elif stat.mean is None:
                 texts.append("–")
             else:
@@ -461,6 +476,11 @@ def markdown_table(
                 texts.append(text if stat.n == len(row.runs) else f"{text} (n={stat.n})")
         lines.append(f"| {row.label} | {len(row.runs)} | " + " | ".join(texts) + " |")
     return lines
+
+
+def footnote(footnotes: dict[str, int], subject: str, why: str) -> int:
+    """The number of the footnote "subject: why", a new one the first time it is needed."""
+    return footnotes.setdefault(f"{subject}: {why}", len(footnotes) + 1)
 
 
 def position_table(group: Group) -> list[str]:
@@ -525,12 +545,7 @@ def markdown(report: Report) -> str:
         lines += markdown_table(group, "ppl", footnotes)
         if note := documents_note(group):
             lines += ["", *note]
-        lines += [
-            "",
-            f"ppl(L) / ppl({group.train_seq_len}), each run against its own "
-            f"perplexity at the training length ({group.train_seq_len}):",
-            "",
-        ]
+        lines += ["", f"{ratio_title(group.train_seq_len)}, each run against its own:", ""]
         lines += markdown_table(group, "ratio", footnotes)
         if has_accuracy(group):
             for metric, what in ACCURACIES.items():

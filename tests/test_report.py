@@ -182,17 +182,20 @@ def test_unsupported_lengths_are_shown_with_their_reason(tmp_path):
     assert "[1] learned: why" in text
 
 
-def test_scaled_evaluations_are_rows_of_their_own(tmp_path):
-    scaled = {"length": 32, "stride": None, "ppl": 5.5, "status": "ok", "scaling": "yarn"}
-    run = make_run(tmp_path / "r", ppls={16: 5.0, 32: 7.0})
+def add_records(run, *records):
+    """More eval records in the run's results.json (the fields a record lacks: plain, ok)."""
     results = json.loads((run / "results.json").read_text())
-    results["eval"].append(scaled)
+    plain = {"stride": None, "status": "ok", "reason": None}
+    results["eval"] += [{**plain, **record} for record in records]
     (run / "results.json").write_text(json.dumps(results))
+
+
+def test_scaled_evaluations_are_rows_of_their_own(tmp_path):
+    run = make_run(tmp_path / "r", ppls={16: 5.0, 32: 7.0})
+    add_records(run, {"length": 32, "ppl": 5.5, "scaling": "yarn"})
     (group,) = build_report(tmp_path).groups
     rows = {row.label: [c.ppl.mean for c in row.cells] for row in group.rows}
     assert rows == {"rope": [5.0, 7.0], "rope + yarn": [None, 5.5]}
-    yarn = group.rows[1].cells[1]
-    assert yarn.ratio.mean == pytest.approx(5.5 / 5.0)  # against the unscaled train length
 
 
 def test_each_scaling_method_and_factor_is_a_row_of_its_own(tmp_path):
@@ -215,6 +218,57 @@ def test_each_scaling_method_and_factor_is_a_row_of_its_own(tmp_path):
     (group,) = build_report(tmp_path).groups
     rows = {row.label: row.cells[1].ppl.mean for row in group.rows}
     assert rows == {"rope": 7.0, "rope + yarn": 5.5, "rope + yarn s=2": 5.2, "rope + yarn s=4": 6.0}
+
+
+def yarn(length, ppl, setting=None):
+    """A record of eval-time YaRN: s from each length, or ``setting`` for every length."""
+    factor = setting or max(1.0, length / 16)
+    return {
+        "length": length,
+        "ppl": ppl,
+        "scaling": "yarn",
+        "scaling_factor": factor,
+        "scaling_factor_setting": setting,
+    }
+
+
+def test_each_row_divides_by_its_own_protocol_at_the_training_length(tmp_path):
+    run = make_run(tmp_path / "r", ppls={16: 5.0, 32: 7.0})
+    add_records(
+        run,
+        {"length": 16, "ppl": 4.0, "stride": 8},
+        {"length": 32, "ppl": 4.4, "stride": 8},
+        yarn(16, 5.0),
+        yarn(32, 5.5),
+        yarn(16, 8.0, setting=4.0),
+        yarn(32, 6.0, setting=4.0),
+    )
+    (group,) = build_report(tmp_path).groups
+    ratios = {row.label: [c.ratio.mean for c in row.cells] for row in group.rows}
+    assert ratios == {
+        "rope": pytest.approx([1.0, 1.4]),
+        "rope, stride 8": pytest.approx([1.0, 1.1]),
+        "rope + yarn": pytest.approx([1.0, 1.1]),
+        "rope + yarn s=4": pytest.approx([1.0, 0.75]),
+    }
+
+
+def test_the_ratio_table_names_its_reference_in_its_header(tmp_path):
+    make_run(tmp_path / "r", ppls={16: 5.0, 32: 7.0})
+    text = markdown(build_report(tmp_path))
+    title = "ppl / ppl at 16 (same protocol: stride, scaling, positions), each run against its own:"
+    assert f"\n{title}\n\n| encoding | runs | 16 (1×) | 32 (2×) |\n" in text
+
+
+def test_a_ratio_without_its_protocol_at_the_training_length_is_a_dash_and_a_footnote(tmp_path):
+    add_records(make_run(tmp_path / "r", ppls={16: 5.0, 32: 7.0}), yarn(32, 5.5, setting=4.0))
+    text = markdown(build_report(tmp_path))
+    ratios = text.split("each run against its own:")[1]
+    assert "| rope + yarn s=4 | 1 | – | – [1] |" in ratios
+    assert (
+        "- [1] rope + yarn s=4: no ppl at 16 measured the same way (non-overlapping windows, "
+        "yarn s=4, consecutive positions); evaluate length 16 that way too for a ratio"
+    ) in text
 
 
 def test_encodings_with_different_options_are_separate_rows(tmp_path):
