@@ -15,6 +15,10 @@ Written to DIR/report/ (or --out):
                                  (report/ppl, report/ppl_ratio, report/loss_by_position,
                                  report/accuracy)
 
+A ratio is each run's perplexity over its own at the training length measured the same way
+(runs.eval_protocol). An encoding whose perplexity there is more than COMPARABLE_PPL times the
+best encoding's did not learn comparably: its rows are marked, their ratios saying little.
+
 Loss by position is reported at the longest length whose records hold it: the mean NLL per
 position bucket over seeds, and per run "nll after / before" = the token-weighted mean NLL of
 the buckets at positions >= train.seq_len over that of the buckets below it.
@@ -79,6 +83,10 @@ FIGURE_INCHES = (8.0, 5.0)
 FIGURE_DPI = 100  # with FIGURE_INCHES: 800 x 500 pixels
 TITLE_CHARACTERS = 100  # per line of a figure's title (a group's full setting can be longer)
 MISSING_RESULTS = "no results.json (failed, interrupted or still running)"
+# An encoding whose mean perplexity at the training length is more than this many times the
+# best encoding's did not learn comparably (e.g. under-trained): a flat ratio from a high start
+# says nothing about extrapolating.
+COMPARABLE_PPL = 1.5
 
 
 @dataclass(frozen=True)
@@ -148,6 +156,7 @@ class Row:
     cells: list[Cell] = field(default_factory=list)
     by_position: PositionCurve | None = None  # none for sliding windows
     by_depth: dict[int, Stat] | None = None  # passkey: accuracy per needle depth (percent)
+    not_comparable: str | None = None  # why its ratios say little (mark_not_comparable)
 
 
 @dataclass
@@ -272,6 +281,7 @@ def build_group(runs: Sequence[Run], name: str, title: str, setting: dict[str, A
         rows.append(row)
     train_seq_len = runs[0].config["train.seq_len"]
     group = Group(name, title, setting, train_seq_len, lengths, rows)
+    mark_not_comparable(group)
     with_positions = [
         (key, length)
         for key, by_length in table.items()
@@ -363,6 +373,32 @@ def cell(length: int, measured: Sequence[tuple[Run, dict]]) -> Cell:
     )
 
 
+def mark_not_comparable(group: Group) -> None:
+    """Mark every row of an encoding whose model did not learn comparably: its plain (as
+    trained: non-overlapping, unscaled) mean perplexity at the training length is more than
+    COMPARABLE_PPL times the best encoding's. Its ratios, flat from a high start, are no sign
+    of extrapolating. Nothing without plain records at that length."""
+    if group.train_seq_len not in group.lengths:
+        return
+    column = group.lengths.index(group.train_seq_len)
+    trained = {
+        row.encoding: row.cells[column].ppl.mean
+        for row in group.rows
+        if row.scaling == "none" and row.stride is None and row.cells[column].ppl.n
+    }
+    if not trained:
+        return
+    best = min(trained, key=trained.__getitem__)
+    for row in group.rows:
+        mean = trained.get(row.encoding)
+        if mean is not None and mean > COMPARABLE_PPL * trained[best]:
+            row.not_comparable = (
+                f"did not learn comparably at the training length (ppl {mean:.2f} at "
+                f"{group.train_seq_len}, more than {COMPARABLE_PPL:g}× the best encoding's, "
+                f"{best}: {trained[best]:.2f}): its ratios say little about extrapolation"
+            )
+
+
 def has_accuracy(group: Group) -> bool:
     """Whether the group's runs are of a task (their records score answers)."""
     return any(c.accuracy.n for row in group.rows for c in row.cells)
@@ -450,8 +486,8 @@ def markdown_table(
 ) -> list[str]:
     """``metric`` a Cell's Stat ("ppl", "ratio", "accuracy", ...): one line per row, one column
     per length; the best mean per column (``best_of`` the means: min, or max for accuracies)
-    in bold; unsupported cells and measured cells without that metric point to a footnote
-    with the reason."""
+    in bold; unsupported cells, measured cells without that metric and rows that are not
+    comparable point to a footnote with the reason."""
     lines = [
         "| encoding | runs | " + " | ".join(length_headers(group)) + " |",
         "| --- | --- |" + " --- |" * len(group.lengths),
@@ -474,7 +510,9 @@ def markdown_table(
             else:
                 text = stat_text(stat, bold=stat.mean == best[i])
                 texts.append(text if stat.n == len(row.runs) else f"{text} (n={stat.n})")
-        lines.append(f"| {row.label} | {len(row.runs)} | " + " | ".join(texts) + " |")
+        lines.append(
+            f"| {row_name(row, footnotes)} | {len(row.runs)} | " + " | ".join(texts) + " |"
+        )
     return lines
 
 
@@ -483,7 +521,15 @@ def footnote(footnotes: dict[str, int], subject: str, why: str) -> int:
     return footnotes.setdefault(f"{subject}: {why}", len(footnotes) + 1)
 
 
-def position_table(group: Group) -> list[str]:
+def row_name(row: Row, footnotes: dict[str, int]) -> str:
+    """A row's label in a table, pointing to the footnote that says why when it is not
+    comparable (one footnote for all rows of an encoding)."""
+    if row.not_comparable is None:
+        return row.label
+    return f"{row.label} [{footnote(footnotes, row.encoding, row.not_comparable)}]"
+
+
+def position_table(group: Group, footnotes: dict[str, int]) -> list[str]:
     """Where in the window the loss rises, at the group's longest length with loss by
     position: each row's NLL before and from the training length, and their ratio."""
     S, length = group.train_seq_len, group.position_length
@@ -500,7 +546,9 @@ def position_table(group: Group) -> list[str]:
         if curve is not None:
             stats = (curve.before, curve.after, curve.ratio)
             texts = ["–" if stat.mean is None else stat_text(stat) for stat in stats]
-            lines.append(f"| {row.label} | {curve.before.n} | " + " | ".join(texts) + " |")
+            lines.append(
+                f"| {row_name(row, footnotes)} | {curve.before.n} | " + " | ".join(texts) + " |"
+            )
     return lines
 
 
@@ -510,7 +558,7 @@ ACCURACIES = {
 }
 
 
-def depth_table(group: Group) -> list[str]:
+def depth_table(group: Group, footnotes: dict[str, int]) -> list[str]:
     """Passkey accuracy per depth of the needle at the group's ``depth_length``."""
     depths = sorted({d for row in group.rows if row.by_depth for d in row.by_depth})
     length = group.depth_length
@@ -526,7 +574,7 @@ def depth_table(group: Group) -> list[str]:
         if row.by_depth:
             texts = [stat_text(row.by_depth[d]) if d in row.by_depth else "–" for d in depths]
             n = max(stat.n for stat in row.by_depth.values())
-            lines.append(f"| {row.label} | {n} | " + " | ".join(texts) + " |")
+            lines.append(f"| {row_name(row, footnotes)} | {n} | " + " | ".join(texts) + " |")
     return lines
 
 
@@ -552,9 +600,9 @@ def markdown(report: Report) -> str:
                 lines += ["", f"{what}:", ""]
                 lines += markdown_table(group, metric, footnotes, best_of=max)
         if group.depth_length is not None:
-            lines += ["", *depth_table(group)]
+            lines += ["", *depth_table(group, footnotes)]
         if group.position_length is not None:
-            lines += ["", *position_table(group)]
+            lines += ["", *position_table(group, footnotes)]
     if footnotes:
         lines += [""] + [f"- [{n}] {text}" for text, n in footnotes.items()]
     if report.excluded:
@@ -575,6 +623,7 @@ CSV_FIELDS = [
     "scaling",
     "stride",
     "runs",
+    "comparable",
     "length",
     "multiple",
     "status",
@@ -605,6 +654,7 @@ def cell_records(report: Report) -> list[dict[str, Any]]:
             "scaling": row.scaling,
             "stride": row.stride,
             "runs": len(row.runs),
+            "comparable": row.not_comparable is None,
             "length": c.length,
             "multiple": c.length / group.train_seq_len,
             "status": "unsupported"
@@ -717,6 +767,11 @@ def row_style(index: int) -> dict[str, str]:
     return {"color": f"C{index % 10}", "linestyle": LINE_STYLES[index // 10 % len(LINE_STYLES)]}
 
 
+def legend_label(row: Row) -> str:
+    """A row's label in a figure's legend, marked when the row is not comparable."""
+    return row.label if row.not_comparable is None else f"{row.label} (not comparable)"
+
+
 def ppl_figure(group: Group) -> Figure:
     """Mean perplexity against evaluation length (log-log), ± one std shaded, one line per
     row; a fixed FIGURE_INCHES x FIGURE_DPI canvas so every report image has the same size."""
@@ -755,7 +810,7 @@ def length_figure(group: Group, metric: str) -> tuple[Figure, Any]:
             continue
         lengths, means, stds = (np.array(v) for v in zip(*points, strict=True))
         style = row_style(index)
-        axes.plot(lengths, means, marker="o", label=row.label, **style)
+        axes.plot(lengths, means, marker="o", label=legend_label(row), **style)
         axes.fill_between(lengths, means - stds, means + stds, color=style["color"], alpha=0.2)
     axes.axvline(group.train_seq_len, color="grey", linestyle="--", label="train length")
     axes.set_xscale("log", base=2)
@@ -782,7 +837,7 @@ def position_figure(group: Group) -> Figure:
         means = np.array([stat.mean for stat in row.by_position.nll])
         stds = np.array([stat.std or 0.0 for stat in row.by_position.nll])
         style = row_style(index)
-        axes.plot(ends, means, marker=".", label=row.label, **style)
+        axes.plot(ends, means, marker=".", label=legend_label(row), **style)
         axes.fill_between(ends, means - stds, means + stds, color=style["color"], alpha=0.2)
     axes.axvline(group.train_seq_len, color="grey", linestyle="--", label="train length")
     axes.set_xscale("log", base=2)

@@ -271,6 +271,55 @@ def test_a_ratio_without_its_protocol_at_the_training_length_is_a_dash_and_a_foo
     ) in text
 
 
+def test_an_encoding_far_worse_at_the_training_length_is_marked_not_comparable(tmp_path):
+    make_run(tmp_path / "rope", ppls={16: 5.0, 32: 9.0})
+    make_run(tmp_path / "alibi", encoding="alibi", ppls={16: 7.4, 32: 8.0})  # 1.48x: comparable
+    make_run(tmp_path / "none", encoding="none", ppls={16: 7.6, 32: 7.6})  # 1.52x: not
+    out = tmp_path / "report"
+    report = build_report(tmp_path, out)
+    write_report(report, out)
+    text = markdown(report)
+    ratios = text.split("each run against its own:")[1]
+    assert "| none [1] | 1 | **1.00** | **1.00** |" in ratios
+    assert "| alibi | 1 |" in ratios and "| rope | 1 |" in ratios
+    assert (
+        "- [1] none: did not learn comparably at the training length (ppl 7.60 at 16, more "
+        "than 1.5× the best encoding's, rope: 5.00): its ratios say little about extrapolation"
+    ) in text
+    comparable = {(c["encoding"], c["comparable"]) for c in report_cells(out).values()}
+    assert comparable == {("alibi", True), ("none", False), ("rope", True)}
+
+
+def test_every_row_of_an_encoding_that_is_not_comparable_shares_its_mark(tmp_path):
+    make_run(tmp_path / "rope", ppls={16: 5.0, 32: 9.0})
+    none = make_run(tmp_path / "none", encoding="none", ppls={16: 8.0, 32: 8.0})
+    add_records(
+        none, {"length": 16, "ppl": 6.0, "stride": 8}, {"length": 32, "ppl": 6.0, "stride": 8}
+    )
+    ratios = markdown(build_report(tmp_path)).split("each run against its own:")[1]
+    assert "| none [1] | 1 |" in ratios and "| none, stride 8 [1] | 1 |" in ratios
+    assert "| rope | 1 |" in ratios
+
+
+def test_comparability_is_judged_on_the_records_measured_as_trained(tmp_path):
+    """Sliding windows score each token with more context: a stride row's lower perplexity at
+    the training length is no better learning."""
+    rope = make_run(tmp_path / "rope", ppls={16: 5.0, 32: 9.0})
+    add_records(rope, {"length": 16, "ppl": 3.0, "stride": 8})
+    make_run(tmp_path / "alibi", encoding="alibi", ppls={16: 7.0, 32: 7.0})  # 1.4x rope's 5.0
+    (group,) = build_report(tmp_path).groups
+    assert [row.not_comparable for row in group.rows] == [None, None, None]
+
+
+def test_the_figure_legend_marks_a_row_that_is_not_comparable(tmp_path):
+    make_run(tmp_path / "rope", ppls={16: 5.0, 32: 9.0})
+    make_run(tmp_path / "none", encoding="none", ppls={16: 8.0, 32: 8.0})
+    (group,) = build_report(tmp_path).groups
+    (axes,) = ppl_figure(group).axes
+    labels = [text.get_text() for text in axes.get_legend().get_texts()]
+    assert labels == ["none (not comparable)", "rope", "train length"]
+
+
 def test_encodings_with_different_options_are_separate_rows(tmp_path):
     make_run(tmp_path / "a", ppls={16: 5.0}, encoding__base=10000)
     make_run(tmp_path / "b", ppls={16: 7.0}, encoding__base=500)
