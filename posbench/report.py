@@ -15,6 +15,10 @@ Written to DIR/report/ (or --out):
                                  (report/ppl, report/ppl_ratio, report/loss_by_position,
                                  report/accuracy)
 
+A ratio is each run's perplexity over its own at the training length measured the same way
+(runs.eval_protocol). An encoding whose perplexity there is more than COMPARABLE_PPL times the
+best encoding's did not learn comparably: its rows are marked, their ratios saying little.
+
 Loss by position is reported at the longest length whose records hold it: the mean NLL per
 position bucket over seeds, and per run "nll after / before" = the token-weighted mean NLL of
 the buckets at positions >= train.seq_len over that of the buckets below it.
@@ -46,7 +50,16 @@ from torch.utils.tensorboard import SummaryWriter
 from posbench.atomic import atomic_path, atomic_write, replace_directory, write_json
 from posbench.config import flat_config
 from posbench.errors import PosbenchError
-from posbench.runs import CONFIG_FILE, RESULTS_FILE, read_results, scaling_method, scaling_name
+from posbench.runs import (
+    CONFIG_FILE,
+    RESULTS_FILE,
+    eval_protocol,
+    protocol_text,
+    read_results,
+    scaling_name,
+    training_length_ppl,
+)
+from posbench.tables import no_reference, ratio_title
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -70,6 +83,10 @@ FIGURE_INCHES = (8.0, 5.0)
 FIGURE_DPI = 100  # with FIGURE_INCHES: 800 x 500 pixels
 TITLE_CHARACTERS = 100  # per line of a figure's title (a group's full setting can be longer)
 MISSING_RESULTS = "no results.json (failed, interrupted or still running)"
+# An encoding whose mean perplexity at the training length is more than this many times the
+# best encoding's did not learn comparably (e.g. under-trained): a flat ratio from a high start
+# says nothing about extrapolating.
+COMPARABLE_PPL = 1.5
 
 
 @dataclass(frozen=True)
@@ -105,11 +122,12 @@ class Stat:
 class Cell:
     length: int
     ppl: Stat
-    ratio: Stat  # ppl(length) / ppl(train length), per run
+    ratio: Stat  # ppl(length) / ppl(train length) of the same protocol, per run
     unsupported: str | None  # the reason, when no run could measure this length
     accuracy: Stat = Stat(0, None, None)  # a task's answer bytes right, per run
     sequence_accuracy: Stat = Stat(0, None, None)  # a task's examples right in full, per run
     documents: tuple[int, ...] = ()  # the documents its runs scored (distinct counts), if any
+    missing: dict[str, str] = field(default_factory=dict)  # metric -> why a measured cell has none
 
 
 @dataclass(frozen=True)
@@ -138,6 +156,7 @@ class Row:
     cells: list[Cell] = field(default_factory=list)
     by_position: PositionCurve | None = None  # none for sliding windows
     by_depth: dict[int, Stat] | None = None  # passkey: accuracy per needle depth (percent)
+    not_comparable: str | None = None  # why its ratios say little (mark_not_comparable)
 
 
 @dataclass
@@ -234,13 +253,11 @@ def row_label(encoding: str, scaling: str, stride: int | None) -> str:
     return label if stride is None else f"{label}, stride {stride}"
 
 
-def reference_ppl(run: Run) -> float | None:
-    """The run's plain (non-overlapping, unscaled) perplexity at its training length."""
-    for record in run.results["eval"]:
-        plain = record["stride"] is None and scaling_method(record) == "none"
-        if plain and record["length"] == run.config["train.seq_len"] and record["status"] == "ok":
-            return record["ppl"]
-    return None
+def reference_ppl(run: Run, record: dict[str, Any]) -> float | None:
+    """The run's perplexity at its training length measured as ``record`` was (the same
+    ``eval_protocol``): what ``record``'s ratio divides by."""
+    references = training_length_ppl(run.results["eval"], run.config["train.seq_len"])
+    return references.get(eval_protocol(record))
 
 
 def build_group(runs: Sequence[Run], name: str, title: str, setting: dict[str, Any]) -> Group:
@@ -264,6 +281,7 @@ def build_group(runs: Sequence[Run], name: str, title: str, setting: dict[str, A
         rows.append(row)
     train_seq_len = runs[0].config["train.seq_len"]
     group = Group(name, title, setting, train_seq_len, lengths, rows)
+    mark_not_comparable(group)
     with_positions = [
         (key, length)
         for key, by_length in table.items()
@@ -334,7 +352,11 @@ def position_curve(
 def cell(length: int, measured: Sequence[tuple[Run, dict]]) -> Cell:
     ok_records = [(run, r) for run, r in measured if r["status"] == "ok"]
     ok = [(run, r["ppl"]) for run, r in ok_records]
-    ratios = [ppl / ref for run, ppl in ok if (ref := reference_ppl(run)) is not None]
+    ratios = [r["ppl"] / ref for run, r in ok_records if (ref := reference_ppl(run, r)) is not None]
+    missing = {}
+    if ok and not ratios:  # measured, but no run measured the training length that way
+        run, record = ok_records[0]
+        missing["ratio"] = no_reference(run.config["train.seq_len"], protocol_text(record))
     reasons = sorted({r["reason"] for _, r in measured if r["status"] != "ok"})
     unsupported = "; ".join(reasons) if reasons and not ok else None
     scored = [r for _, r in measured if r.get("accuracy") is not None]
@@ -347,7 +369,34 @@ def cell(length: int, measured: Sequence[tuple[Run, dict]]) -> Cell:
         Stat.of([r["accuracy"] for r in scored]),
         Stat.of([r["sequence_accuracy"] for r in scored]),
         tuple(sorted(documents)),
+        missing,
     )
+
+
+def mark_not_comparable(group: Group) -> None:
+    """Mark every row of an encoding whose model did not learn comparably: its plain (as
+    trained: non-overlapping, unscaled) mean perplexity at the training length is more than
+    COMPARABLE_PPL times the best encoding's. Its ratios, flat from a high start, are no sign
+    of extrapolating. Nothing without plain records at that length."""
+    if group.train_seq_len not in group.lengths:
+        return
+    column = group.lengths.index(group.train_seq_len)
+    trained = {
+        row.encoding: row.cells[column].ppl.mean
+        for row in group.rows
+        if row.scaling == "none" and row.stride is None and row.cells[column].ppl.n
+    }
+    if not trained:
+        return
+    best = min(trained, key=trained.__getitem__)
+    for row in group.rows:
+        mean = trained.get(row.encoding)
+        if mean is not None and mean > COMPARABLE_PPL * trained[best]:
+            row.not_comparable = (
+                f"did not learn comparably at the training length (ppl {mean:.2f} at "
+                f"{group.train_seq_len}, more than {COMPARABLE_PPL:g}× the best encoding's, "
+                f"{best}: {trained[best]:.2f}): its ratios say little about extrapolation"
+            )
 
 
 def has_accuracy(group: Group) -> bool:
@@ -437,7 +486,8 @@ def markdown_table(
 ) -> list[str]:
     """``metric`` a Cell's Stat ("ppl", "ratio", "accuracy", ...): one line per row, one column
     per length; the best mean per column (``best_of`` the means: min, or max for accuracies)
-    in bold; unsupported cells point to a footnote with the reason."""
+    in bold; unsupported cells, measured cells without that metric and rows that are not
+    comparable point to a footnote with the reason."""
     lines = [
         "| encoding | runs | " + " | ".join(length_headers(group)) + " |",
         "| --- | --- |" + " --- |" * len(group.lengths),
@@ -452,18 +502,34 @@ def markdown_table(
         for i, c in enumerate(row.cells):
             stat = getattr(c, metric)
             if c.unsupported is not None:
-                note = footnotes.setdefault(f"{row.encoding}: {c.unsupported}", len(footnotes) + 1)
-                texts.append(f"unsupported [{note}]")
+                texts.append(f"unsupported [{footnote(footnotes, row.encoding, c.unsupported)}]")
+            elif metric in c.missing:
+                texts.append(f"– [{footnote(footnotes, row.label, c.missing[metric])}]")
             elif stat.mean is None:
                 texts.append("–")
             else:
                 text = stat_text(stat, bold=stat.mean == best[i])
                 texts.append(text if stat.n == len(row.runs) else f"{text} (n={stat.n})")
-        lines.append(f"| {row.label} | {len(row.runs)} | " + " | ".join(texts) + " |")
+        lines.append(
+            f"| {row_name(row, footnotes)} | {len(row.runs)} | " + " | ".join(texts) + " |"
+        )
     return lines
 
 
-def position_table(group: Group) -> list[str]:
+def footnote(footnotes: dict[str, int], subject: str, why: str) -> int:
+    """The number of the footnote "subject: why", a new one the first time it is needed."""
+    return footnotes.setdefault(f"{subject}: {why}", len(footnotes) + 1)
+
+
+def row_name(row: Row, footnotes: dict[str, int]) -> str:
+    """A row's label in a table, pointing to the footnote that says why when it is not
+    comparable (one footnote for all rows of an encoding)."""
+    if row.not_comparable is None:
+        return row.label
+    return f"{row.label} [{footnote(footnotes, row.encoding, row.not_comparable)}]"
+
+
+def position_table(group: Group, footnotes: dict[str, int]) -> list[str]:
     """Where in the window the loss rises, at the group's longest length with loss by
     position: each row's NLL before and from the training length, and their ratio."""
     S, length = group.train_seq_len, group.position_length
@@ -480,7 +546,9 @@ def position_table(group: Group) -> list[str]:
         if curve is not None:
             stats = (curve.before, curve.after, curve.ratio)
             texts = ["–" if stat.mean is None else stat_text(stat) for stat in stats]
-            lines.append(f"| {row.label} | {curve.before.n} | " + " | ".join(texts) + " |")
+            lines.append(
+                f"| {row_name(row, footnotes)} | {curve.before.n} | " + " | ".join(texts) + " |"
+            )
     return lines
 
 
@@ -490,7 +558,7 @@ ACCURACIES = {
 }
 
 
-def depth_table(group: Group) -> list[str]:
+def depth_table(group: Group, footnotes: dict[str, int]) -> list[str]:
     """Passkey accuracy per depth of the needle at the group's ``depth_length``."""
     depths = sorted({d for row in group.rows if row.by_depth for d in row.by_depth})
     length = group.depth_length
@@ -506,7 +574,7 @@ def depth_table(group: Group) -> list[str]:
         if row.by_depth:
             texts = [stat_text(row.by_depth[d]) if d in row.by_depth else "–" for d in depths]
             n = max(stat.n for stat in row.by_depth.values())
-            lines.append(f"| {row.label} | {n} | " + " | ".join(texts) + " |")
+            lines.append(f"| {row_name(row, footnotes)} | {n} | " + " | ".join(texts) + " |")
     return lines
 
 
@@ -525,21 +593,16 @@ def markdown(report: Report) -> str:
         lines += markdown_table(group, "ppl", footnotes)
         if note := documents_note(group):
             lines += ["", *note]
-        lines += [
-            "",
-            f"ppl(L) / ppl({group.train_seq_len}), each run against its own "
-            f"perplexity at the training length ({group.train_seq_len}):",
-            "",
-        ]
+        lines += ["", f"{ratio_title(group.train_seq_len)}, each run against its own:", ""]
         lines += markdown_table(group, "ratio", footnotes)
         if has_accuracy(group):
             for metric, what in ACCURACIES.items():
                 lines += ["", f"{what}:", ""]
                 lines += markdown_table(group, metric, footnotes, best_of=max)
         if group.depth_length is not None:
-            lines += ["", *depth_table(group)]
+            lines += ["", *depth_table(group, footnotes)]
         if group.position_length is not None:
-            lines += ["", *position_table(group)]
+            lines += ["", *position_table(group, footnotes)]
     if footnotes:
         lines += [""] + [f"- [{n}] {text}" for text, n in footnotes.items()]
     if report.excluded:
@@ -560,6 +623,7 @@ CSV_FIELDS = [
     "scaling",
     "stride",
     "runs",
+    "comparable",
     "length",
     "multiple",
     "status",
@@ -590,6 +654,7 @@ def cell_records(report: Report) -> list[dict[str, Any]]:
             "scaling": row.scaling,
             "stride": row.stride,
             "runs": len(row.runs),
+            "comparable": row.not_comparable is None,
             "length": c.length,
             "multiple": c.length / group.train_seq_len,
             "status": "unsupported"
@@ -702,6 +767,11 @@ def row_style(index: int) -> dict[str, str]:
     return {"color": f"C{index % 10}", "linestyle": LINE_STYLES[index // 10 % len(LINE_STYLES)]}
 
 
+def legend_label(row: Row) -> str:
+    """A row's label in a figure's legend, marked when the row is not comparable."""
+    return row.label if row.not_comparable is None else f"{row.label} (not comparable)"
+
+
 def ppl_figure(group: Group) -> Figure:
     """Mean perplexity against evaluation length (log-log), ± one std shaded, one line per
     row; a fixed FIGURE_INCHES x FIGURE_DPI canvas so every report image has the same size."""
@@ -740,7 +810,7 @@ def length_figure(group: Group, metric: str) -> tuple[Figure, Any]:
             continue
         lengths, means, stds = (np.array(v) for v in zip(*points, strict=True))
         style = row_style(index)
-        axes.plot(lengths, means, marker="o", label=row.label, **style)
+        axes.plot(lengths, means, marker="o", label=legend_label(row), **style)
         axes.fill_between(lengths, means - stds, means + stds, color=style["color"], alpha=0.2)
     axes.axvline(group.train_seq_len, color="grey", linestyle="--", label="train length")
     axes.set_xscale("log", base=2)
@@ -767,7 +837,7 @@ def position_figure(group: Group) -> Figure:
         means = np.array([stat.mean for stat in row.by_position.nll])
         stds = np.array([stat.std or 0.0 for stat in row.by_position.nll])
         style = row_style(index)
-        axes.plot(ends, means, marker=".", label=row.label, **style)
+        axes.plot(ends, means, marker=".", label=legend_label(row), **style)
         axes.fill_between(ends, means - stds, means + stds, color=style["color"], alpha=0.2)
     axes.axvline(group.train_seq_len, color="grey", linestyle="--", label="train length")
     axes.set_xscale("log", base=2)

@@ -221,6 +221,44 @@ def scaling_name(record: Mapping[str, Any]) -> str:
     return method if setting is None else f"{method} s={setting:g}"
 
 
+def positions_mode(record: Mapping[str, Any]) -> str:
+    """How an eval record numbered its windows' positions: "consecutive" (0, 1, ...; also
+    records written before the ``positions`` field existed) or "random"."""
+    return record.get("positions") or "consecutive"
+
+
+def eval_protocol(record: Mapping[str, Any]) -> tuple:
+    """How an eval record was measured, its length aside: stride, eval-time scaling method and
+    factor setting (not the factor, which follows each length when unset), positions. A ratio
+    compares a record with the one at the training length of the same protocol (precision is
+    not part of it: a length re-evaluated in another precision replaces its record)."""
+    return (
+        record["stride"],
+        scaling_method(record),
+        scaling_setting(record),
+        positions_mode(record),
+    )
+
+
+def protocol_text(record: Mapping[str, Any]) -> str:
+    """A record's protocol in words: "stride 64, yarn s=4, random positions"."""
+    stride = record["stride"]
+    parts = ["non-overlapping windows" if stride is None else f"stride {stride}"]
+    parts.append("no scaling" if scaling_method(record) == "none" else scaling_name(record))
+    parts.append(f"{positions_mode(record)} positions")
+    return ", ".join(parts)
+
+
+def training_length_ppl(records: Iterable[Mapping[str, Any]], train_seq_len: int) -> dict:
+    """Each protocol's (``eval_protocol``) measured perplexity at the training length: what a
+    record's ratio ppl / ppl(training length) divides by."""
+    return {
+        eval_protocol(r): r["ppl"]
+        for r in records
+        if r["length"] == train_seq_len and r["status"] == "ok"
+    }
+
+
 def record_key(record: dict[str, Any]) -> tuple:
     """What identifies one measurement: the same key measured again replaces the old record.
     The factor is part of it, so the same method at different factors is kept side by side."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from posbench.runs import scaling_name
+from posbench.runs import eval_protocol, protocol_text, scaling_name, training_length_ppl
 
 
 def eval_table(
@@ -14,19 +14,13 @@ def eval_table(
     references: Sequence[dict[str, Any]] | None = None,
 ) -> str:
     """Length -> perplexity, with each perplexity's ratio to the one at the training length
-    measured the same way (stride, eval-time scaling method and factor), i.e. how much worse
-    the model gets past the length it was trained on. That reference is looked up in
-    ``references`` (e.g. all of results.json's records, when ``records`` are only the lengths
-    just evaluated), else in ``records``."""
-
-    def way(record: dict[str, Any]) -> tuple:
-        return record["stride"], scaling_name(record)
-
-    reference = {
-        way(r): r["ppl"]
-        for r in (records if references is None else references)
-        if r["length"] == train_seq_len and r["status"] == "ok"
-    }
+    measured the same way (``runs.eval_protocol``: stride, eval-time scaling method and factor,
+    positions), i.e. how much worse the model gets past the length it was trained on. That
+    reference is looked up in ``references`` (e.g. all of results.json's records, when
+    ``records`` are only the lengths just evaluated), else in ``records``. The first line names
+    it; a ratio without one is "-", and a footnote under the table says why."""
+    reference = training_length_ppl(records if references is None else references, train_seq_len)
+    unreferenced: dict[str, None] = {}  # the protocols without a reference, in table order
     width = max([7, *(len(scaling_name(r)) for r in records)])
     scored = any("accuracy" in r for r in records)  # a task's records: answer accuracy too
     # a corpus with documents: longer lengths may skip the shorter ones, so say how many
@@ -37,15 +31,17 @@ def eval_table(
         + (f"  {'documents':>9}" if documents else "")
         + (f"  {'accuracy':>8}  {'seq acc':>8}" if scored else "")
     )
-    lines = [header, "-" * len(header)]
+    lines = [f"ratio: {ratio_title(train_seq_len)}", header, "-" * len(header)]
     for r in records:
         stride = "-" if r["stride"] is None else str(r["stride"])
         measured = f"{r['length']:>8}  {stride:>6}  {scaling_name(r):>{width}}"
         if r["status"] != "ok":
             lines.append(f"{measured}  unsupported: {r['reason']}")
             continue
-        base = reference.get(way(r))
-        ratio = f"{r['ppl'] / base:6.2f}" if base else f"{'-':>6}"
+        base = reference.get(eval_protocol(r))
+        if base is None:
+            unreferenced[protocol_text(r)] = None
+        ratio = f"{'-':>6}" if base is None else f"{r['ppl'] / base:6.2f}"
         line = f"{measured}  {r['ppl']:9.3f}  {ratio}  {r['bits_per_byte']:9.3f}  {r['tokens']:>9,}"
         if documents:
             count = r.get("documents")
@@ -53,7 +49,21 @@ def eval_table(
         if scored:
             line += f"  {r['accuracy']:8.3f}  {r['sequence_accuracy']:8.3f}"
         lines.append(line)
+    lines += [f"ratio -: {no_reference(train_seq_len, protocol)}" for protocol in unreferenced]
     return "\n".join(lines)
+
+
+def ratio_title(train_seq_len: int) -> str:
+    """What a ratio divides by, in the same words in every table that shows one."""
+    return f"ppl / ppl at {train_seq_len} (same protocol: stride, scaling, positions)"
+
+
+def no_reference(train_seq_len: int, protocol: str) -> str:
+    """Why a ratio is missing: nothing at the training length measured its way."""
+    return (
+        f"no ppl at {train_seq_len} measured the same way ({protocol}); evaluate length "
+        f"{train_seq_len} that way too for a ratio"
+    )
 
 
 def data_baselines(data: dict[str, Any]) -> str:

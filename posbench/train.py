@@ -266,8 +266,9 @@ def train_steps(
     """The optimisation loop in ``precision``, from ``checkpoint`` when given; returns the
     training summary.
 
-    Checkpoints every ``train.checkpoint_every`` steps, at the end, and when a stop signal
-    arrives (then raises TrainingInterrupted); raises Diverged on a non-finite loss.
+    Checkpoints every ``train.checkpoint_every`` steps, at the end, and at the step where the
+    ranks agree on a stop signal (then raises TrainingInterrupted, once rank 0's checkpoint is
+    on disk); raises Diverged on a non-finite loss.
     """
     tcfg = cfg.train
     optimizer = make_optimizer(model, tcfg)
@@ -298,15 +299,17 @@ def train_steps(
         unit="step",
         **others_hidden,
     )
+    stopping = None  # the stop signal every rank agreed on
     with stop_requests() as stop:
         for step in bar:
             started = time.perf_counter()
             seed_dropout(cfg.seed, step)
             share = train_step(stepper, optimizer, data, sampler, step, tcfg, precision)
             # The global batch's mean loss, and whether any rank was asked to stop: every rank
-            # decides alike, so none waits at a step the others never take.
+            # decides alike, so none waits at a step the others never take. A signal arriving
+            # after this agreement (during validation or the checkpoint) counts at the next step.
             loss_value = distributed.sum_over_ranks(share)
-            stop.signum = distributed.agree_on_stop(stop.signum)
+            stopping = distributed.agree_on_stop(stop.signum)
             if not math.isfinite(loss_value):
                 raise divergence(step + 1, loss_value, recent_losses, saved_step, run_dir, tcfg)
             progress.train_time += time.perf_counter() - started
@@ -321,16 +324,25 @@ def train_steps(
                 )
                 writer.add_scalar("val/loss", progress.val_loss, progress.step)
                 writer.add_scalar("val/ppl", math.exp(progress.val_loss), progress.step)
-            if checkpoint_due(progress.step, tcfg) or stop.signum is not None:
+            if checkpoint_due(progress.step, tcfg) or stopping is not None:
                 progress.recent_losses = list(recent_losses)
                 writer.flush()  # TensorBoard holds at least what the checkpoint holds
-                if distributed.is_main():  # the ranks' states are equal: one copy is written
-                    save_checkpoint(run_dir, model, optimizer, sampler, progress, precision)
+                # The ranks' states are equal: rank 0 writes one copy, and every rank waits
+                # (under the collective timeout) until it is on disk. After a stop they exit
+                # next, and a launcher that ends the others as soon as one rank exits must not
+                # kill rank 0 mid-write. A failed write stops the others too (PeerFailed).
+                distributed.from_rank_zero(
+                    lambda: save_checkpoint(run_dir, model, optimizer, sampler, progress, precision)
+                )
                 saved_step = progress.step
-            if stop.signum is not None:
-                bar.close()
-                raise TrainingInterrupted(stop.signum, progress.step, run_dir)
+            if stopping is not None:
+                break
+        # A signal during the last step's validation or checkpoint: that step is saved, and
+        # every rank stops before the evaluation.
+        stopping = stopping or distributed.agree_on_stop(stop.signum)
     bar.close()
+    if stopping is not None:
+        raise TrainingInterrupted(stopping, progress.step, run_dir)
     return {
         "steps": tcfg.steps,
         "final_loss": sum(recent_losses) / len(recent_losses),

@@ -1,12 +1,14 @@
 """Data-parallel training: torchrun and SLURM ranks, global batches split among ranks and
 micro-batches, one run directory, and faults that stop every rank."""
 
+import importlib
 import json
 import os
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -21,7 +23,9 @@ from posbench.data import load_data
 from posbench.errors import PosbenchError
 from posbench.model import build_model
 from posbench.threads import jobs_at_once
-from posbench.train import make_optimizer, seed_dropout, train, train_step
+from posbench.train import TrainingInterrupted, make_optimizer, seed_dropout, train, train_step
+
+training = importlib.import_module("posbench.train")  # the module: posbench.train is train()
 
 RANK_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR")
 # 20 steps of a tiny run, one thread per rank, one short evaluation.
@@ -165,14 +169,56 @@ def test_each_rank_draws_its_own_dropout_masks_and_a_step_always_the_same(monkey
     assert torch.equal(torch.nn.functional.dropout(torch.ones(256), 0.5), masks[1, 0])
 
 
+def signal_after_the_first_checkpoint(monkeypatch: pytest.MonkeyPatch) -> None:
+    """SIGTERM to this process as soon as training's first checkpoint is written: after the
+    ranks agreed whether to stop at that step."""
+    save = training.save_checkpoint
+    written = []
+
+    def save_then_signal(*args, **kwargs):
+        written.append(save(*args, **kwargs))
+        if len(written) == 1:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return written[-1]
+
+    monkeypatch.setattr(training, "save_checkpoint", save_then_signal)
+
+
+def test_a_signal_after_the_ranks_agreed_on_a_step_stops_them_at_the_next_one(
+    single_process, tmp_path, cache_dir
+):
+    """A signal that reaches a rank after this step's agreement (here during its checkpoint)
+    counts at the next step, where every rank agrees on it: one rank stopping alone would
+    leave the others waiting at that step's collectives. That step is checkpointed."""
+    signal_after_the_first_checkpoint(single_process)
+    with pytest.raises(TrainingInterrupted) as stopped:
+        train(compose_config([*SHORT, "train.checkpoint_every=5"]), tmp_path / "run")
+    assert stopped.value.step == 6
+    assert load_checkpoint(tmp_path / "run" / CHECKPOINT_FILE)["progress"]["step"] == 6
+
+
+def test_a_signal_during_the_last_checkpoint_stops_the_run_before_its_evaluation(
+    single_process, tmp_path, cache_dir
+):
+    signal_after_the_first_checkpoint(single_process)
+    with pytest.raises(TrainingInterrupted) as stopped:
+        train(compose_config([*SHORT, "train.checkpoint_every=0"]), tmp_path / "run")
+    assert stopped.value.step == 20
+    assert load_checkpoint(tmp_path / "run" / CHECKPOINT_FILE)["progress"]["step"] == 20
+    assert not (tmp_path / "run" / "results.json").exists()
+
+
 # ------------------------------------------------------------------- through torchrun
 
 
-def torchrun(nproc: int, *args: str, cwd: Path) -> subprocess.Popen:
-    """``torchrun --standalone --nproc_per_node=N -m posbench ...`` with this interpreter."""
+def torchrun(
+    nproc: int, *args: str, cwd: Path, program: Sequence[str] = ("-m", "posbench")
+) -> subprocess.Popen:
+    """``torchrun --standalone --nproc_per_node=N -m posbench ...`` with this interpreter (or
+    ``program``, a script, in place of ``-m posbench``)."""
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
     return subprocess.Popen(
-        [*command, f"--nproc_per_node={nproc}", "-m", "posbench", *args],
+        [*command, f"--nproc_per_node={nproc}", *program, *args],
         cwd=cwd,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -221,16 +267,45 @@ def test_two_ranks_and_two_micro_batches_on_one_process_reach_the_same_weights(t
     assert results[0]["eval"][0]["ppl"] == pytest.approx(results[1]["eval"][0]["ppl"])
 
 
+# posbench on a slow disk: rank 0's checkpoint takes two seconds to write. Each rank records
+# the step of the checkpoint on disk when it leaves, which a launcher that kills the others
+# as soon as one rank exits would leave behind.
+SLOW_CHECKPOINT_DISK = """
+import importlib, json, os, sys, time
+from pathlib import Path
+
+from posbench.checkpoint import load_checkpoint
+from posbench.cli import main
+
+training = importlib.import_module("posbench.train")  # posbench.train is also a function
+save = training.save_checkpoint
+
+def slow_save(*args, **kwargs):
+    time.sleep(2)
+    return save(*args, **kwargs)
+
+training.save_checkpoint = slow_save
+checkpoint = Path(sys.argv.pop(1))  # the rest is posbench's command line
+try:
+    main()
+finally:
+    step = load_checkpoint(checkpoint)["progress"]["step"]
+    Path(f"left_rank{os.environ['RANK']}.json").write_text(json.dumps(step))
+"""
+
+
 @pytest.mark.slow
-def test_a_two_rank_run_stopped_by_sigterm_resumes_to_the_uninterrupted_weights(
+def test_a_two_rank_run_stopped_by_sigterm_exits_after_its_checkpoint_and_resumes_alike(
     tmp_path, cache_dir
 ):
     # Long enough that SIGTERM, sent once the first checkpoint exists, arrives mid-run.
     long = [*SHORT, "train.steps=120", "train.checkpoint_every=5", "train.val_every=100"]
     code, stderr = finished(torchrun(2, "train", *long, "hydra.run.dir=straight", cwd=tmp_path))
     assert code == 0, stderr
-    stopped = torchrun(2, "train", *long, "hydra.run.dir=stopped", cwd=tmp_path)
     checkpoint = tmp_path / "stopped" / CHECKPOINT_FILE
+    (tmp_path / "slow_disk.py").write_text(SLOW_CHECKPOINT_DISK)
+    program = ["slow_disk.py", str(checkpoint)]
+    stopped = torchrun(2, "train", *long, "hydra.run.dir=stopped", cwd=tmp_path, program=program)
     deadline = time.monotonic() + 120
     while not checkpoint.is_file():
         assert stopped.poll() is None and time.monotonic() < deadline, stopped.stderr.read()
@@ -241,6 +316,9 @@ def test_a_two_rank_run_stopped_by_sigterm_resumes_to_the_uninterrupted_weights(
     assert stderr.count("interrupted: SIGTERM") == 1, stderr
     step = load_checkpoint(checkpoint)["progress"]["step"]
     assert 5 <= step < 120
+    # No rank left before the stop step's checkpoint was on disk.
+    left = [json.loads((tmp_path / f"left_rank{rank}.json").read_text()) for rank in (0, 1)]
+    assert left == [step, step]
     assert not (tmp_path / "stopped" / "results.json").exists()
     time.sleep(1 - time.time() % 1)  # TensorBoard orders event files by their second
     resumed = torchrun(2, "train", "--resume", "stopped", cwd=tmp_path)

@@ -182,17 +182,20 @@ def test_unsupported_lengths_are_shown_with_their_reason(tmp_path):
     assert "[1] learned: why" in text
 
 
-def test_scaled_evaluations_are_rows_of_their_own(tmp_path):
-    scaled = {"length": 32, "stride": None, "ppl": 5.5, "status": "ok", "scaling": "yarn"}
-    run = make_run(tmp_path / "r", ppls={16: 5.0, 32: 7.0})
+def add_records(run, *records):
+    """More eval records in the run's results.json (the fields a record lacks: plain, ok)."""
     results = json.loads((run / "results.json").read_text())
-    results["eval"].append(scaled)
+    plain = {"stride": None, "status": "ok", "reason": None}
+    results["eval"] += [{**plain, **record} for record in records]
     (run / "results.json").write_text(json.dumps(results))
+
+
+def test_scaled_evaluations_are_rows_of_their_own(tmp_path):
+    run = make_run(tmp_path / "r", ppls={16: 5.0, 32: 7.0})
+    add_records(run, {"length": 32, "ppl": 5.5, "scaling": "yarn"})
     (group,) = build_report(tmp_path).groups
     rows = {row.label: [c.ppl.mean for c in row.cells] for row in group.rows}
     assert rows == {"rope": [5.0, 7.0], "rope + yarn": [None, 5.5]}
-    yarn = group.rows[1].cells[1]
-    assert yarn.ratio.mean == pytest.approx(5.5 / 5.0)  # against the unscaled train length
 
 
 def test_each_scaling_method_and_factor_is_a_row_of_its_own(tmp_path):
@@ -215,6 +218,106 @@ def test_each_scaling_method_and_factor_is_a_row_of_its_own(tmp_path):
     (group,) = build_report(tmp_path).groups
     rows = {row.label: row.cells[1].ppl.mean for row in group.rows}
     assert rows == {"rope": 7.0, "rope + yarn": 5.5, "rope + yarn s=2": 5.2, "rope + yarn s=4": 6.0}
+
+
+def yarn(length, ppl, setting=None):
+    """A record of eval-time YaRN: s from each length, or ``setting`` for every length."""
+    factor = setting or max(1.0, length / 16)
+    return {
+        "length": length,
+        "ppl": ppl,
+        "scaling": "yarn",
+        "scaling_factor": factor,
+        "scaling_factor_setting": setting,
+    }
+
+
+def test_each_row_divides_by_its_own_protocol_at_the_training_length(tmp_path):
+    run = make_run(tmp_path / "r", ppls={16: 5.0, 32: 7.0})
+    add_records(
+        run,
+        {"length": 16, "ppl": 4.0, "stride": 8},
+        {"length": 32, "ppl": 4.4, "stride": 8},
+        yarn(16, 5.0),
+        yarn(32, 5.5),
+        yarn(16, 8.0, setting=4.0),
+        yarn(32, 6.0, setting=4.0),
+    )
+    (group,) = build_report(tmp_path).groups
+    ratios = {row.label: [c.ratio.mean for c in row.cells] for row in group.rows}
+    assert ratios == {
+        "rope": pytest.approx([1.0, 1.4]),
+        "rope, stride 8": pytest.approx([1.0, 1.1]),
+        "rope + yarn": pytest.approx([1.0, 1.1]),
+        "rope + yarn s=4": pytest.approx([1.0, 0.75]),
+    }
+
+
+def test_the_ratio_table_names_its_reference_in_its_header(tmp_path):
+    make_run(tmp_path / "r", ppls={16: 5.0, 32: 7.0})
+    text = markdown(build_report(tmp_path))
+    title = "ppl / ppl at 16 (same protocol: stride, scaling, positions), each run against its own:"
+    assert f"\n{title}\n\n| encoding | runs | 16 (1×) | 32 (2×) |\n" in text
+
+
+def test_a_ratio_without_its_protocol_at_the_training_length_is_a_dash_and_a_footnote(tmp_path):
+    add_records(make_run(tmp_path / "r", ppls={16: 5.0, 32: 7.0}), yarn(32, 5.5, setting=4.0))
+    text = markdown(build_report(tmp_path))
+    ratios = text.split("each run against its own:")[1]
+    assert "| rope + yarn s=4 | 1 | – | – [1] |" in ratios
+    assert (
+        "- [1] rope + yarn s=4: no ppl at 16 measured the same way (non-overlapping windows, "
+        "yarn s=4, consecutive positions); evaluate length 16 that way too for a ratio"
+    ) in text
+
+
+def test_an_encoding_far_worse_at_the_training_length_is_marked_not_comparable(tmp_path):
+    make_run(tmp_path / "rope", ppls={16: 5.0, 32: 9.0})
+    make_run(tmp_path / "alibi", encoding="alibi", ppls={16: 7.4, 32: 8.0})  # 1.48x: comparable
+    make_run(tmp_path / "none", encoding="none", ppls={16: 7.6, 32: 7.6})  # 1.52x: not
+    out = tmp_path / "report"
+    report = build_report(tmp_path, out)
+    write_report(report, out)
+    text = markdown(report)
+    ratios = text.split("each run against its own:")[1]
+    assert "| none [1] | 1 | **1.00** | **1.00** |" in ratios
+    assert "| alibi | 1 |" in ratios and "| rope | 1 |" in ratios
+    assert (
+        "- [1] none: did not learn comparably at the training length (ppl 7.60 at 16, more "
+        "than 1.5× the best encoding's, rope: 5.00): its ratios say little about extrapolation"
+    ) in text
+    comparable = {(c["encoding"], c["comparable"]) for c in report_cells(out).values()}
+    assert comparable == {("alibi", True), ("none", False), ("rope", True)}
+
+
+def test_every_row_of_an_encoding_that_is_not_comparable_shares_its_mark(tmp_path):
+    make_run(tmp_path / "rope", ppls={16: 5.0, 32: 9.0})
+    none = make_run(tmp_path / "none", encoding="none", ppls={16: 8.0, 32: 8.0})
+    add_records(
+        none, {"length": 16, "ppl": 6.0, "stride": 8}, {"length": 32, "ppl": 6.0, "stride": 8}
+    )
+    ratios = markdown(build_report(tmp_path)).split("each run against its own:")[1]
+    assert "| none [1] | 1 |" in ratios and "| none, stride 8 [1] | 1 |" in ratios
+    assert "| rope | 1 |" in ratios
+
+
+def test_comparability_is_judged_on_the_records_measured_as_trained(tmp_path):
+    """Sliding windows score each token with more context: a stride row's lower perplexity at
+    the training length is no better learning."""
+    rope = make_run(tmp_path / "rope", ppls={16: 5.0, 32: 9.0})
+    add_records(rope, {"length": 16, "ppl": 3.0, "stride": 8})
+    make_run(tmp_path / "alibi", encoding="alibi", ppls={16: 7.0, 32: 7.0})  # 1.4x rope's 5.0
+    (group,) = build_report(tmp_path).groups
+    assert [row.not_comparable for row in group.rows] == [None, None, None]
+
+
+def test_the_figure_legend_marks_a_row_that_is_not_comparable(tmp_path):
+    make_run(tmp_path / "rope", ppls={16: 5.0, 32: 9.0})
+    make_run(tmp_path / "none", encoding="none", ppls={16: 8.0, 32: 8.0})
+    (group,) = build_report(tmp_path).groups
+    (axes,) = ppl_figure(group).axes
+    labels = [text.get_text() for text in axes.get_legend().get_texts()]
+    assert labels == ["none (not comparable)", "rope", "train length"]
 
 
 def test_encodings_with_different_options_are_separate_rows(tmp_path):

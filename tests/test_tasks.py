@@ -212,7 +212,7 @@ def test_posbench_trains_and_evaluates_a_task_from_the_command_line(tmp_path):
     overrides = [*TINY_RUN, "data=recall", *TASK_RUNS["recall"], "data.val_examples=8"]
     posbench("train", *overrides, f"hydra.run.dir={run}", cwd=tmp_path)
     result = posbench("eval", "--run", run, "--length", "24", "--length", "96", cwd=tmp_path)
-    header, _, *rows = result.stdout.splitlines()[1:]
+    _, header, _, *rows = result.stdout.splitlines()[1:]  # after "<run> trained at ..."
     assert "accuracy" in header and [row.split()[0] for row in rows] == ["24", "96"]
     records = json.loads((run / "results.json").read_text())["eval"]
     assert sorted(r["length"] for r in records if r["accuracy"] is not None) == [24, 48, 96]

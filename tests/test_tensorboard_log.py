@@ -76,6 +76,13 @@ def test_the_figure_draws_one_line_per_series():
     assert labels == ["plain", "yarn", "yarn/stride_8", "train length"]
 
 
+def table_rows(table: str) -> list[list[str]]:
+    """An eval table's measured rows, split into cells (not its title, header or footnotes)."""
+    _, _, dashes, *lines = table.splitlines()
+    assert set(dashes) == {"-"}
+    return [line.split() for line in lines if not line.startswith("ratio -:")]
+
+
 def test_the_table_shows_the_method_and_compares_each_method_with_itself():
     records = [
         record(16, ppl=2.0, scaling="none"),
@@ -84,22 +91,54 @@ def test_the_table_shows_the_method_and_compares_each_method_with_itself():
         record(64, ppl=3.0, scaling="yarn"),
         record(64, ppl=5.0),  # no field: plain
     ]
-    rows = eval_table(records, train_seq_len=16).splitlines()[2:]
-    assert rows[1].split()[:5] == ["64", "-", "none", "4.000", "2.00"]
-    assert rows[3].split()[:5] == ["64", "-", "yarn", "3.000", "1.50"]
-    assert rows[4].split()[:5] == ["64", "-", "none", "5.000", "2.50"]
+    rows = table_rows(eval_table(records, train_seq_len=16))
+    assert rows[1][:5] == ["64", "-", "none", "4.000", "2.00"]
+    assert rows[3][:5] == ["64", "-", "yarn", "3.000", "1.50"]
+    assert rows[4][:5] == ["64", "-", "none", "5.000", "2.50"]
+
+
+def test_the_table_divides_each_record_by_its_own_stride_factor_and_positions():
+    records = [
+        record(16, ppl=2.0),
+        record(16, ppl=1.6, stride=8),
+        record(64, ppl=2.4, stride=8),
+        record(16, ppl=3.0, scaling="yarn", scaling_factor=4.0, scaling_factor_setting=4.0),
+        record(64, ppl=3.3, scaling="yarn", scaling_factor=4.0, scaling_factor_setting=4.0),
+        record(16, ppl=2.5, positions="random"),
+        record(64, ppl=5.0, positions="random"),
+    ]
+    rows = table_rows(eval_table(records, train_seq_len=16))
+    ratios = [row[-3] for row in rows]  # before bits/byte and tokens ("yarn s=4" is two words)
+    assert ratios == ["1.00", "1.00", "1.50", "1.00", "1.10", "1.00", "2.00"]
+
+
+def test_the_table_header_names_the_ratio_s_reference():
+    title, header, *_ = eval_table([record(16)], train_seq_len=16).splitlines()
+    assert title == "ratio: ppl / ppl at 16 (same protocol: stride, scaling, positions)"
+    assert "ratio" in header.split()
+
+
+def test_a_ratio_without_its_protocol_at_the_training_length_is_a_dash_and_a_footnote():
+    records = [record(16, ppl=2.0), record(64, ppl=3.0, stride=8), record(32, ppl=3.0, stride=8)]
+    table = eval_table(records, train_seq_len=16)
+    assert [row[4] for row in table_rows(table)] == ["1.00", "-", "-"]
+    assert table.splitlines()[-1] == (
+        "ratio -: no ppl at 16 measured the same way (stride 8, no scaling, consecutive "
+        "positions); evaluate length 16 that way too for a ratio"
+    )
+    assert table.count("ratio -:") == 1
 
 
 def test_the_ratio_uses_the_training_length_record_of_the_references():
     """`posbench eval --length 64` alone still shows the ratio to the 1x record in results.json."""
     references = [record(16, ppl=2.0, scaling="none"), record(64, ppl=3.0, scaling="none")]
-    (row,) = eval_table([record(64, ppl=3.0, scaling="none")], 16, references).splitlines()[2:]
-    assert row.split()[:5] == ["64", "-", "none", "3.000", "1.50"]
+    (row,) = table_rows(eval_table([record(64, ppl=3.0, scaling="none")], 16, references))
+    assert row[:5] == ["64", "-", "none", "3.000", "1.50"]
 
 
 def test_the_table_counts_the_documents_of_a_corpus_with_documents():
     records = [{**record(16), "documents": 3}, {**record(64), "documents": 1}]
-    header, _, *rows = eval_table(records, train_seq_len=16).splitlines()
+    _, header, _, *rows = eval_table(records, train_seq_len=16).splitlines()
     assert header.split()[-2:] == ["tokens", "documents"]
     assert [row.split()[-1] for row in rows] == ["3", "1"]
     assert "documents" not in eval_table([{**record(16), "documents": None}], 16)
