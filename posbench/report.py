@@ -54,6 +54,7 @@ from posbench.runs import (
     CONFIG_FILE,
     RESULTS_FILE,
     eval_protocol,
+    positions_mode,
     protocol_text,
     read_results,
     scaling_name,
@@ -152,6 +153,9 @@ class Row:
     encoding: str
     scaling: str  # "none", "yarn" (s from each length), "yarn s=4" (a configured factor)
     stride: int | None
+    # how its windows' positions were numbered, when not as its runs were trained to ("random":
+    # train.random_positions); None: as trained (eval.positions=auto)
+    positions: str | None = None
     runs: list[Path] = field(default_factory=list)
     cells: list[Cell] = field(default_factory=list)
     by_position: PositionCurve | None = None  # none for sliding windows
@@ -248,9 +252,18 @@ def encoding_labels(runs: Sequence[Run]) -> dict[Path, str]:
     return labels
 
 
-def row_label(encoding: str, scaling: str, stride: int | None) -> str:
+def row_label(encoding: str, scaling: str, stride: int | None, positions: str | None) -> str:
     label = encoding if scaling == "none" else f"{encoding} + {scaling}"
-    return label if stride is None else f"{label}, stride {stride}"
+    label = label if stride is None else f"{label}, stride {stride}"
+    return label if positions is None else f"{label}, {positions} positions"
+
+
+def other_positions(run: Run, record: dict[str, Any]) -> str | None:
+    """The record's positions mode when it is not the one the run evaluates at by default
+    (random for a run trained with train.random_positions, else consecutive), else None."""
+    trained = "consecutive" if run.config.get("train.random_positions") is None else "random"
+    mode = positions_mode(record)
+    return None if mode == trained else mode
 
 
 def reference_ppl(run: Run, record: dict[str, Any]) -> float | None:
@@ -262,21 +275,27 @@ def reference_ppl(run: Run, record: dict[str, Any]) -> float | None:
 
 def build_group(runs: Sequence[Run], name: str, title: str, setting: dict[str, Any]) -> Group:
     labels = encoding_labels(runs)
-    # (label, scaling name, stride) -> length -> the runs' records at that length
+    # (label, scaling name, stride, other positions) -> length -> the runs' records there
     table: dict[tuple, dict[int, list[tuple[Run, dict]]]] = defaultdict(lambda: defaultdict(list))
     row_runs: dict[tuple, list[Path]] = defaultdict(list)
     for run in runs:
         for record in run.results["eval"]:
-            key = (labels[run.path], scaling_name(record), record["stride"])
+            key = (
+                labels[run.path],
+                scaling_name(record),
+                record["stride"],
+                other_positions(run, record),
+            )
             table[key][record["length"]].append((run, record))
             if run.path not in row_runs[key]:
                 row_runs[key].append(run.path)
     lengths = sorted({length for by_length in table.values() for length in by_length})
     rows = []
-    sorted_keys = sorted(table, key=lambda k: (k[0], k[1] != "none", k[1], k[2] or 0))
+    sorted_keys = sorted(table, key=lambda k: (k[0], k[1] != "none", k[1], k[2] or 0, k[3] or ""))
     for key in sorted_keys:
-        label, scaling, stride = key
-        row = Row(row_label(label, scaling, stride), label, scaling, stride, row_runs[key])
+        label, scaling, stride, positions = key
+        shown = row_label(label, scaling, stride, positions)
+        row = Row(shown, label, scaling, stride, positions, row_runs[key])
         row.cells = [cell(length, table[key].get(length, [])) for length in lengths]
         rows.append(row)
     train_seq_len = runs[0].config["train.seq_len"]
@@ -384,7 +403,10 @@ def mark_not_comparable(group: Group) -> None:
     trained = {
         row.encoding: row.cells[column].ppl.mean
         for row in group.rows
-        if row.scaling == "none" and row.stride is None and row.cells[column].ppl.n
+        if row.scaling == "none"
+        and row.stride is None
+        and row.positions is None
+        and row.cells[column].ppl.n
     }
     if not trained:
         return
@@ -622,6 +644,7 @@ CSV_FIELDS = [
     "encoding",
     "scaling",
     "stride",
+    "positions",
     "runs",
     "comparable",
     "length",
@@ -653,6 +676,7 @@ def cell_records(report: Report) -> list[dict[str, Any]]:
             "encoding": row.label,
             "scaling": row.scaling,
             "stride": row.stride,
+            "positions": row.positions,
             "runs": len(row.runs),
             "comparable": row.not_comparable is None,
             "length": c.length,

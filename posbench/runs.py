@@ -261,15 +261,9 @@ def training_length_ppl(records: Iterable[Mapping[str, Any]], train_seq_len: int
 
 def record_key(record: dict[str, Any]) -> tuple:
     """What identifies one measurement: the same key measured again replaces the old record.
-    The factor is part of it, so the same method at different factors is kept side by side."""
-    return (
-        record["length"],
-        record["stride"],
-        scaling_method(record),
-        scaling_setting(record),
-        record.get("scaling_factor"),
-        record.get("positions", "consecutive"),  # records from before it: 0..L-1
-    )
+    Its length, protocol and the factor used, so the same method at different factors is kept
+    side by side."""
+    return (record["length"], *eval_protocol(record), record.get("scaling_factor"))
 
 
 def merge_eval_records(results: dict[str, Any], records: Iterable[dict[str, Any]]) -> dict:
@@ -280,7 +274,7 @@ def merge_eval_records(results: dict[str, Any], records: Iterable[dict[str, Any]
     kept = [r for r in results.get("eval", []) if record_key(r) not in new]
 
     def order(record: dict[str, Any]) -> tuple:
-        length, stride, scaling, setting, _, positions = record_key(record)
+        length, stride, scaling, setting, positions, _ = record_key(record)
         plain = (length, stride or 0, scaling != "none", scaling, setting is not None)
         return (*plain, setting or 0, positions)
 

@@ -220,6 +220,24 @@ def test_each_scaling_method_and_factor_is_a_row_of_its_own(tmp_path):
     assert rows == {"rope": 7.0, "rope + yarn": 5.5, "rope + yarn s=2": 5.2, "rope + yarn s=4": 6.0}
 
 
+def test_positions_other_than_the_runs_own_are_rows_of_their_own(tmp_path):
+    # A randomized-positions run evaluates at random positions (its own protocol); a
+    # re-evaluation at 0..L-1 (posbench eval --positions consecutive) is another row.
+    # make_run's records have no positions field: consecutive, as records from before it.
+    run = make_run(tmp_path / "r", ppls={16: 8.0, 32: 12.0}, train__random_positions=64)
+    at_random = {"positions": "random", "random_positions": 64}
+    add_records(
+        run, {"length": 16, "ppl": 5.0, **at_random}, {"length": 32, "ppl": 5.5, **at_random}
+    )
+    (group,) = build_report(tmp_path).groups
+    rows = {row.label: [(c.ppl.mean, c.ratio.mean) for c in row.cells] for row in group.rows}
+    assert rows == {
+        "rope": [(5.0, 1.0), (5.5, pytest.approx(1.1))],
+        "rope, consecutive positions": [(8.0, 1.0), (12.0, 1.5)],
+    }
+    assert "rope, consecutive positions" in markdown(build_report(tmp_path))
+
+
 def yarn(length, ppl, setting=None):
     """A record of eval-time YaRN: s from each length, or ``setting`` for every length."""
     factor = setting or max(1.0, length / 16)
