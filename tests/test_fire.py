@@ -11,12 +11,17 @@ import math
 
 import pytest
 import torch
+from safetensors import safe_open
+from safetensors.torch import load_file, save_file
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from posbench.checkpoint import TrainProgress, restore_checkpoint
 from posbench.config import compose_config
 from posbench.encodings import alibi_slopes, build_encoding
+from posbench.encodings.fire import FireRelativeBias
 from posbench.errors import PosbenchError
 from posbench.model import build_model
+from posbench.runs import WEIGHTS_FILE, load_weights, save_weights
 from posbench.train import make_optimizer
 
 F64 = torch.float64
@@ -86,7 +91,7 @@ def test_fire_can_express_an_alibi_bias():
     # the ALiBi bias of 4 heads over 64 positions to within 3% of its range.
     torch.manual_seed(0)
     encoding = build_encoding({"name": "fire", "threshold": 64.0}, d_model=32, n_head=4)
-    encoding.threshold.requires_grad_(False)
+    encoding.threshold_scale.requires_grad_(False)
     positions = torch.arange(64)
     distance = (positions[:, None] - positions[None, :]).clamp(min=0).float()
     target = -alibi_slopes(4).float()[:, None, None] * distance  # (H, T, T)
@@ -139,9 +144,13 @@ def test_no_intermediate_of_the_bias_outgrows_the_bias_the_memory_estimate_budge
     assert recorder.largest <= bias.numel()
 
 
-def inputs_by_formula(encoding, queries: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
-    """psi(i - j) / psi(max(L, i)) over the (..., Tq, Tk) grid of positions, written out."""
-    c, threshold = encoding.c, encoding.threshold
+def inputs_by_formula(
+    encoding, queries: torch.Tensor, keys: torch.Tensor, threshold: float | None = None
+) -> torch.Tensor:
+    """psi(i - j) / psi(max(L, i)) over the (..., Tq, Tk) grid of positions, written out, with
+    the encoding's L unless ``threshold`` is given."""
+    c = encoding.c
+    threshold = encoding.threshold if threshold is None else torch.tensor(threshold, dtype=F64)
     distance = (queries[..., :, None] - keys[..., None, :]).clamp(min=0).to(F64)
     horizon = torch.maximum(queries.to(F64), threshold)[..., None]
     return torch.log1p(c * distance) / torch.log1p(c * horizon)
@@ -239,8 +248,9 @@ def test_below_the_threshold_either_attention_path_gives_the_same_output_and_gra
     monkeypatch,
 ):
     torch.manual_seed(0)
-    model = build_model({"n_layer": 1, "d_model": 16, "n_head": 2}, {"name": "fire"}).double()
-    model.encoding.threshold.data.fill_(30.0)
+    model = build_model(
+        {"n_layer": 1, "d_model": 16, "n_head": 2}, {"name": "fire", "threshold": 30.0}
+    ).double()
     tokens = torch.randint(0, 256, (2, 24))
     assert model.encoding.consecutive_bias(torch.arange(24)) is not None
 
@@ -269,15 +279,104 @@ def test_every_fire_parameter_learns_and_none_is_weight_decayed():
     decayed, _plain = make_optimizer(model, cfg.train).param_groups
     fire_ids = {id(p) for p in model.encoding.parameters()}
     assert fire_ids and not fire_ids & {id(p) for p in decayed["params"]}
-    model(torch.randint(0, 256, (2, 24))).logsumexp(-1).sum().backward()
+    model(torch.randint(0, 256, (2, 24))).logsumexp(-1).sum().backward()  # every query below L
     for name, parameter in model.encoding.named_parameters():
-        if name != "threshold":  # L only gets a gradient from queries it exceeds
-            assert parameter.grad is not None and (parameter.grad != 0).any(), name
+        assert parameter.grad is not None and (parameter.grad != 0).any(), name
 
 
 def test_the_threshold_starts_at_the_training_length():
     cfg = compose_config(["encoding=fire", "train.seq_len=96"])
     assert build_model(cfg.model, cfg.encoding).encoding.threshold.item() == 96.0
+
+
+def rising_fire(threshold: float):
+    """A FIRE whose f_theta rises over [0, 1] and switches nowhere there (every unit is
+    relu(x + 1)): the closer its L to another's, the closer their biases."""
+    encoding = fire(threshold=threshold)
+    with torch.no_grad():
+        encoding.mlp[0].weight.fill_(1.0)
+        encoding.mlp[0].bias.fill_(1.0)
+        encoding.mlp[2].weight.abs_()
+    return encoding
+
+
+def threshold_after_fitting(encoding, target: torch.Tensor, steps: int) -> float:
+    """L after ``steps`` Adam steps at lr 3e-3 (the default train.lr) on the squared error of
+    the bias of queries 0..191 to ``target``, with f_theta and c fixed."""
+    positions = torch.arange(192)
+    causal = torch.ones(192, 192).tril().bool()
+    encoding.mlp.requires_grad_(False)
+    encoding.c.requires_grad_(False)
+    trained = [p for p in encoding.parameters() if p.requires_grad]
+    optimizer = torch.optim.Adam(trained, lr=3e-3)
+    for _ in range(steps):
+        loss = (encoding.score_bias(positions, positions) - target)[:, causal].square().mean()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    return encoding.threshold.item()
+
+
+def test_the_threshold_learns_a_value_far_from_its_start_which_l_itself_could_not(monkeypatch):
+    # The bias of a FIRE with L = 64 is the target of the same FIRE started at L = 128. 300 Adam
+    # steps at lr 3e-3 bring the multiplier from 1 to about 0.5; L itself as the parameter
+    # moves by at most about 300 * 3e-3 = 0.9, under 1%.
+    with torch.no_grad():
+        target = rising_fire(threshold=64.0).score_bias(torch.arange(192), torch.arange(192))
+    assert threshold_after_fitting(rising_fire(128.0), target, 300) == pytest.approx(64, rel=0.05)
+
+    raw = torch.nn.Parameter(torch.tensor(128.0, dtype=F64))  # the threshold as it was learned
+    monkeypatch.setattr(FireRelativeBias, "threshold", property(lambda self: raw.clamp(min=1.0)))
+    assert threshold_after_fitting(rising_fire(128.0), target, 300) > 0.99 * 128.0
+
+
+def with_threshold_itself(state: dict[str, torch.Tensor], saved: float) -> dict:
+    """``state`` in the layout of the weights written before the multiplier: L itself as
+    ``encoding.threshold``, no ``encoding.threshold_scale``."""
+    state = dict(state)
+    del state["encoding.threshold_scale"]
+    state["encoding.threshold"] = torch.tensor(saved)
+    return state
+
+
+SAVED_THRESHOLD = 83.7  # a trained L below the training length
+
+
+@pytest.mark.parametrize("initial", [128.0, 96.0])  # L0 a power of two, and not
+def test_a_weights_file_holding_the_threshold_itself_loads_with_that_threshold(tmp_path, initial):
+    model = build_model(
+        {"n_layer": 1, "d_model": 16, "n_head": 2}, {"name": "fire", "threshold": initial}
+    )
+    path = save_weights(tmp_path, model)
+    with safe_open(str(path), framework="pt") as f:
+        metadata = f.metadata()
+    save_file(with_threshold_itself(load_file(path), SAVED_THRESHOLD), path, metadata=metadata)
+    encoding = load_weights(tmp_path / WEIGHTS_FILE).encoding
+    saved = torch.tensor(SAVED_THRESHOLD)  # float32, as saved
+    last_bit = 0.0 if initial == 128.0 else torch.finfo(torch.float32).eps * SAVED_THRESHOLD
+    assert abs(encoding.threshold.item() - saved.item()) <= last_bit
+    queries, keys = torch.arange(60, 120), torch.arange(120)  # below and past L
+    inputs = inputs_by_formula(encoding, queries, keys, saved.item()).float()
+    with torch.no_grad():
+        expected = encoding.mlp(inputs[..., None]).movedim(-1, -3)  # (H, Tq, Tk)
+        torch.testing.assert_close(encoding.score_bias(queries, keys), expected)
+
+
+def test_a_training_checkpoint_holding_the_threshold_itself_resumes_with_that_threshold():
+    cfg = compose_config(["encoding=fire", "train.seq_len=128"])
+    model = build_model(cfg.model, cfg.encoding)
+    state = {
+        "model": with_threshold_itself(model.state_dict(), SAVED_THRESHOLD),
+        "optimizer": make_optimizer(model, cfg.train).state_dict(),
+        "sampler": torch.Generator().get_state(),
+        "progress": {"step": 40},
+    }
+    resumed = build_model(cfg.model, cfg.encoding)
+    progress = restore_checkpoint(
+        state, resumed, make_optimizer(resumed, cfg.train), torch.Generator()
+    )
+    assert progress == TrainProgress(step=40)
+    assert resumed.encoding.threshold.item() == torch.tensor(SAVED_THRESHOLD).item()
 
 
 @pytest.mark.parametrize("key", ["width", "c", "threshold"])
