@@ -273,15 +273,17 @@ def test_the_model_evaluation_memory_estimate_counts_fire_as_a_score_bias():
     assert fire_model.inference_memory_bytes(1, 4096) > plain.inference_memory_bytes(1, 4096)
 
 
-def test_every_fire_parameter_learns_and_none_is_weight_decayed():
-    cfg = compose_config(["encoding=fire", "train.seq_len=32"])
+@pytest.mark.parametrize("per_layer", [False, True])
+def test_every_fire_parameter_learns_and_none_is_weight_decayed(per_layer):
+    cfg = compose_config(["encoding=fire", "train.seq_len=32", f"encoding.per_layer={per_layer}"])
     model = build_model(cfg.model, cfg.encoding)
     decayed, _plain = make_optimizer(model, cfg.train).param_groups
-    fire_ids = {id(p) for p in model.encoding.parameters()}
-    assert fire_ids and not fire_ids & {id(p) for p in decayed["params"]}
+    fire = [p for encoding in set(model.layer_encodings) for p in encoding.parameters()]
+    assert fire and not {id(p) for p in fire} & {id(p) for p in decayed["params"]}
     model(torch.randint(0, 256, (2, 24))).logsumexp(-1).sum().backward()  # every query below L
-    for name, parameter in model.encoding.named_parameters():
-        assert parameter.grad is not None and (parameter.grad != 0).any(), name
+    for encoding in model.layer_encodings:
+        for name, parameter in encoding.named_parameters():
+            assert parameter.grad is not None and (parameter.grad != 0).any(), name
 
 
 def test_the_threshold_starts_at_the_training_length():
@@ -383,3 +385,54 @@ def test_a_training_checkpoint_holding_the_threshold_itself_resumes_with_that_th
 def test_non_positive_options_are_one_line_errors(key):
     with pytest.raises(PosbenchError, match=rf"encoding\.{key} must be positive"):
         build_encoding({"name": "fire", key: 0}, d_model=16, n_head=2)
+
+
+THREE_LAYERS = {"n_layer": 3, "d_model": 16, "n_head": 2}
+
+
+def test_one_fire_serves_every_layer_by_default():
+    model = build_model(THREE_LAYERS, {"name": "fire"})
+    assert all(encoding is model.encoding for encoding in model.layer_encodings)
+
+
+def test_per_layer_fire_gives_every_layer_an_encoding_of_its_own():
+    torch.manual_seed(0)
+    model = build_model(THREE_LAYERS, {"name": "fire", "per_layer": True})
+    encodings = model.layer_encodings
+    assert len(set(encodings)) == 3
+    assert not torch.equal(encodings[0].mlp[0].weight, encodings[1].mlp[0].weight)
+    received = []
+    for block in model.blocks:  # the encoding each layer's attention is called with
+        block.attn.register_forward_pre_hook(lambda module, args: received.append(args[2]))
+    model(torch.randint(0, 256, (1, 8)))
+    assert received == encodings
+
+
+@pytest.mark.parametrize("gradients", [True, False])
+def test_per_layer_fire_past_its_threshold_attends_in_each_layer_with_that_layers_bias(gradients):
+    # Past L each query block's bias is built for the block; in evaluation the layers of one
+    # shared FIRE reuse them, which layers with FIREs of their own must not.
+    torch.manual_seed(0)
+    model = build_model(THREE_LAYERS, {"name": "fire", "per_layer": True, "threshold": 8.0})
+    model = model.double()
+    with torch.no_grad():
+        for parameter in model.deeper_encodings.parameters():  # far from the first layer's
+            parameter.normal_(std=1.0)
+    tokens, positions = torch.randint(0, 256, (2, 40)), torch.arange(40)
+    with torch.set_grad_enabled(gradients):
+        logits = model(tokens)
+        x = model.token_embedding(tokens)
+        for block, encoding in zip(model.blocks, model.layer_encodings, strict=True):
+            x = block(x, positions, encoding)  # the query blocks' biases of this layer alone
+        torch.testing.assert_close(logits, model.lm_head(model.ln_final(x)))
+
+
+def test_a_per_layer_fire_model_reloads_with_every_layers_encoding(tmp_path):
+    torch.manual_seed(0)
+    model = build_model(THREE_LAYERS, {"name": "fire", "per_layer": True, "threshold": 8.0})
+    save_weights(tmp_path, model)
+    loaded = load_weights(tmp_path / WEIGHTS_FILE)
+    assert len(set(loaded.layer_encodings)) == 3
+    tokens = torch.randint(0, 256, (2, 20))
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(tokens), model(tokens), rtol=0, atol=0)

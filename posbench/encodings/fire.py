@@ -25,6 +25,11 @@ With a large L and a suitable f_theta the bias can express T5's buckets, ALiBi a
 (the paper's Theorem 3.1). c and L are kept in their domains by clamping where they are used
 (c >= 0.01, L >= 1), so an optimizer step can never make the log undefined.
 
+The paper's FIRE gives every layer its own f_theta, c and L; its FIRE-S shares one set across
+the layers, as T5's bias is shared. ``per_layer: false`` (the default: one instance for every
+layer, whose layers then share each query block's bias in evaluation) is FIRE-S, and
+``per_layer: true`` the paper's FIRE.
+
 Attention takes FIRE's bias as a bias of the distance alone while no query is past L
 (``consecutive_bias``: training at T <= L), and builds it per block of queries past L
 (``score_bias``), where f_theta is evaluated from its linear segments (``segments``), one
@@ -53,6 +58,7 @@ class FireConfig(EncodingConfig):
     width: int = 32  # hidden units of f_theta
     c: float = 0.1  # initial scale of psi(x) = log(c x + 1)
     threshold: float = 512.0  # initial L (conf/encoding/fire.yaml: ${train.seq_len})
+    per_layer: bool = False  # one FIRE per layer (the paper's FIRE), not one for all (FIRE-S)
 
 
 @register("fire")
@@ -69,6 +75,10 @@ class FireRelativeBias(PositionalEncoding):
         self.c = nn.Parameter(torch.tensor(float(config.c)))
         self.threshold_scale = nn.Parameter(torch.tensor(1.0))  # s of L = L0 * s
         self.register_load_state_dict_pre_hook(load_threshold_as_scale)
+
+    @property
+    def per_layer(self) -> bool:
+        return self.config.per_layer
 
     @property
     def threshold(self) -> torch.Tensor:
