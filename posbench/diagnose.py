@@ -73,14 +73,16 @@ FIGURE_DPI = 100
 # ----------------------------------------------------------------------------- attention
 
 
-def attention_inputs(model: Transformer, tokens: torch.Tensor) -> list[tuple[torch.Tensor, ...]]:
+def attention_inputs(
+    model: Transformer, tokens: torch.Tensor
+) -> list[tuple[torch.Tensor, torch.Tensor, PositionalEncoding]]:
     """Run ``model`` on ``tokens`` (B, T) and return each layer's attention input
-    ``(x (B, T, C), positions (T,))``, recorded by forward pre-hooks."""
-    recorded: list[tuple[torch.Tensor, ...]] = []
+    ``(x (B, T, C), positions (T,), encoding)``, recorded by forward pre-hooks."""
+    recorded: list[tuple[torch.Tensor, torch.Tensor, PositionalEncoding]] = []
 
     def record(module: nn.Module, args: tuple) -> None:
-        x, positions = args[:2]
-        recorded.append((x, positions))
+        x, positions, encoding = args[:3]
+        recorded.append((x, positions, encoding))
 
     hooks = [block.attn.register_forward_pre_hook(record) for block in model.blocks]
     try:
@@ -182,10 +184,11 @@ def diagnose(
     sums = torch.zeros(shape, dtype=torch.float64)
     for window in windows_tokens:  # one at a time: memory stays that of one window
         inputs = attention_inputs(model, window[None])
-        for layer, (block, (x, positions)) in enumerate(zip(model.blocks, inputs, strict=True)):
-            q, k = queries_keys(block.attn, model.encoding, x, positions)
+        layers = zip(model.blocks, inputs, strict=True)
+        for layer, (block, (x, positions, encoding)) in enumerate(layers):
+            q, k = queries_keys(block.attn, encoding, x, positions)
             sums[:, layer] += layer_statistics(
-                q, k, positions, model.encoding, train_seq_len, bucket_of, len(buckets)
+                q, k, positions, encoding, train_seq_len, bucket_of, len(buckets)
             ).cpu()
     queries = torch.tensor([K * (end - start) for start, end in buckets], dtype=torch.float64)
     means = sums / queries  # (4, L, H, buckets)

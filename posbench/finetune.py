@@ -11,11 +11,13 @@ trained at a longer length still extends from the parent's training length.
 from __future__ import annotations
 
 import copy
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from posbench.encodings import encoding_config
 from posbench.errors import PosbenchError
 from posbench.model import Transformer
 from posbench.runs import WEIGHTS_FILE, load_weights, saved_config
@@ -75,8 +77,9 @@ def inherit_derived_options(ours: DictConfig, parent: DictConfig) -> None:
 
 
 def encoding_options(encoding: DictConfig) -> dict[str, Any]:
-    """The encoding's options a fine-tune must keep: all but ``scaling``, resolved."""
-    options = OmegaConf.to_container(encoding, resolve=True)
+    """The encoding's options a fine-tune must keep: all but ``scaling``, resolved, with the
+    encoding's defaults for options a parent's config predates (FIRE's ``per_layer``)."""
+    options = asdict(encoding_config(encoding))
     options.pop(SCALING, None)
     return options
 

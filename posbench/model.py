@@ -399,14 +399,15 @@ class QueryBlockBiases:
     """Where blocked_bias_attention gets each query block's score bias, as an attention mask of
     ([B|1], H, n, e) without the causal part: from the encoding, or from an earlier layer.
 
-    One instance serves the layers of one forward pass: the encoding is one instance for every
-    layer, so a block's bias is the same in each. Without gradients, the biases of the first
-    layer are kept, up to ``keep_elements`` in all (the blocks run from the largest), for the
-    layers after it, and each bias not kept is written into one buffer (the encoding's
-    score_bias(out=)): a fresh tensor of tens of MB per block at long lengths had its pages
-    zeroed again by the operating system every time, which took longer than computing FIRE's
-    bias (one layer at 16,384 tokens: 1.8 s of page faults for 0.46 s of writing). With
-    gradients every bias is computed afresh, for autograd (out= records none).
+    One instance serves the layers of one forward pass, which share one encoding instance, so a
+    block's bias is the same in each (with an encoding per layer, each layer's attention has
+    its own). Without gradients, the biases of the first layer are kept, up to
+    ``keep_elements`` in all (the blocks run from the largest), for the layers after it, and
+    each bias not kept is written into one buffer (the encoding's score_bias(out=)): a fresh
+    tensor of tens of MB per block at long lengths had its pages zeroed again by the operating
+    system every time, which took longer than computing FIRE's bias (one layer at 16,384
+    tokens: 1.8 s of page faults for 0.46 s of writing). With gradients every bias is computed
+    afresh, for autograd (out= records none).
     """
 
     def __init__(self, encoding: PositionalEncoding, keep_elements: int) -> None:
@@ -567,7 +568,13 @@ class Transformer(nn.Module):
     def __init__(self, args: ModelArgs, encoding: PositionalEncoding):
         super().__init__()
         self.args = args
-        self.encoding = encoding  # one instance, shared by every layer
+        self.encoding = encoding  # the first layer's, and the one that embeds and bounds lengths
+        # An encoding that is per_layer gets a fresh instance, from its config, for every layer
+        # after the first; any other serves every layer.
+        deeper = range(args.n_layer - 1) if encoding.per_layer else range(0)
+        self.deeper_encodings = nn.ModuleList(
+            type(encoding)(encoding.config, encoding.d_model, encoding.n_head) for _ in deeper
+        )
         self.token_embedding = nn.Embedding(args.vocab_size, args.d_model)
         self.dropout = nn.Dropout(args.dropout)
         self.blocks = nn.ModuleList(Block(args) for _ in range(args.n_layer))
@@ -582,6 +589,13 @@ class Transformer(nn.Module):
         # GPT-2's initialisation: small normal weights keep the residual stream well scaled.
         if isinstance(module, nn.Linear | nn.Embedding):
             nn.init.normal_(module.weight, mean=0.0, std=0.02)
+
+    @property
+    def layer_encodings(self) -> list[PositionalEncoding]:
+        """The encoding each layer attends with, first layer first."""
+        if self.deeper_encodings:
+            return [self.encoding, *self.deeper_encodings]
+        return [self.encoding] * self.args.n_layer
 
     @property
     def max_length(self) -> int | None:
@@ -605,9 +619,12 @@ class Transformer(nn.Module):
             )
         x = self.token_embedding(tokens)  # (B, T, C)
         x = self.dropout(self.encoding.embed(x, positions))
-        biases = QueryBlockBiases(self.encoding, SHARED_BIAS_ELEMENTS)  # shared by the layers
-        for block in self.blocks:
-            x = block(x, positions, self.encoding, biases)
+        # The layers share one encoding's query-block biases; with an encoding per layer, each
+        # layer's attention computes its own (biases=None).
+        shared = not self.deeper_encodings
+        biases = QueryBlockBiases(self.encoding, SHARED_BIAS_ELEMENTS) if shared else None
+        for block, encoding in zip(self.blocks, self.layer_encodings, strict=True):
+            x = block(x, positions, encoding, biases)
         return self.lm_head(self.ln_final(x))  # (B, T, vocab)
 
     def inference_memory_bytes(self, batch_size: int, length: int, consecutive: bool = True) -> int:

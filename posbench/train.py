@@ -80,7 +80,8 @@ def make_optimizer(model: Transformer, cfg: DictConfig) -> torch.optim.AdamW:
     the positional encoding's own parameters (a position table, KERPLE's kernel, FIRE's MLP)
     only pulls them toward zero without regularising much. Fused on CUDA (fused_adamw)."""
     embeddings = {id(m.weight) for m in model.modules() if isinstance(m, torch.nn.Embedding)}
-    exempt = embeddings | {id(p) for p in model.encoding.parameters()}
+    encodings = model.layer_encodings
+    exempt = embeddings | {id(p) for encoding in encodings for p in encoding.parameters()}
     decay, no_decay = [], []
     for param in model.parameters():
         (decay if param.dim() >= 2 and id(param) not in exempt else no_decay).append(param)

@@ -85,6 +85,31 @@ def test_within_the_training_length_nothing_is_beyond_it_and_there_is_no_heatmap
     assert np.all(np.array(result["mass_beyond_train_length"]) == 0.0)
 
 
+def zero_qk_fire_model(n_layer: int, per_layer: bool) -> Transformer:
+    """FIRE layers (L = 8) whose q and k are zero: each layer's attention is its FIRE's bias."""
+    encoding = {"name": "fire", "threshold": 8.0, "per_layer": per_layer}
+    model = build_model({"n_layer": n_layer, "n_head": 2, "d_model": 8}, encoding)
+    for block in model.blocks:
+        torch.nn.init.zeros_(block.attn.qkv.weight[:16])  # the q and k rows
+    return model.double()
+
+
+def test_a_per_layer_fire_models_layers_are_read_with_their_own_encodings():
+    torch.manual_seed(0)
+    model = zero_qk_fire_model(n_layer=2, per_layer=True)
+    with torch.no_grad():
+        for parameter in model.deeper_encodings.parameters():  # far from the first layer's
+            parameter.normal_(std=1.0)
+    tokens = torch.randint(0, 256, (2, 24))
+    result = diagnose(model, tokens, train_seq_len=S)
+    for layer, encoding in enumerate(model.layer_encodings):
+        alone = zero_qk_fire_model(n_layer=1, per_layer=False)
+        alone.encoding.load_state_dict(encoding.state_dict())
+        expected = diagnose(alone, tokens, train_seq_len=S)
+        for name in STATISTICS:  # [layer][head][bucket]
+            np.testing.assert_allclose(result[name][layer], expected[name][0], rtol=1e-9)
+
+
 def test_buckets_count_every_query_of_every_window():
     result = diagnose(zero_qk_alibi_model(), torch.randint(0, 256, (3, 40)), train_seq_len=S)
     assert [b["queries"] for b in result["buckets"]] == [
@@ -95,8 +120,9 @@ def test_buckets_count_every_query_of_every_window():
 @pytest.mark.parametrize(
     "encoding",
     [{"name": name} for name in encoding_names()]
-    + [{"name": "rope", "scaling": {"method": "yarn", "factor": 4.0, "original_length": 8}}],
-    ids=lambda e: e["name"] + ("+yarn" if "scaling" in e else ""),
+    + [{"name": "rope", "scaling": {"method": "yarn", "factor": 4.0, "original_length": 8}}]
+    + [{"name": "fire", "per_layer": True, "threshold": 8.0}],  # 24 tokens: past L
+    ids=lambda e: e["name"] + ("+yarn" if "scaling" in e else "+per_layer" * ("per_layer" in e)),
 )
 def test_the_recomputed_probabilities_reproduce_each_layers_attention_output(encoding):
     torch.manual_seed(0)
@@ -111,9 +137,9 @@ def test_the_recomputed_probabilities_reproduce_each_layers_attention_output(enc
         inputs = attention_inputs(model, tokens)
     for hook in hooks:
         hook.remove()
-    for block, (x, positions), output in zip(model.blocks, inputs, outputs, strict=True):
-        q, k = queries_keys(block.attn, model.encoding, x, positions)
-        p = attention_probabilities(q, k, positions, positions, model.encoding)  # (B, H, T, T)
+    for block, (x, positions, encoding), output in zip(model.blocks, inputs, outputs, strict=True):
+        q, k = queries_keys(block.attn, encoding, x, positions)
+        p = attention_probabilities(q, k, positions, positions, encoding)  # (B, H, T, T)
         v = block.attn.qkv(x)[..., 32:].view(2, 24, 2, 8).transpose(1, 2)  # (B, H, T, hs)
         y = block.attn.proj((p @ v).transpose(1, 2).reshape(2, 24, 16))
         torch.testing.assert_close(y, output, rtol=1e-5, atol=1e-6)

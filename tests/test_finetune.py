@@ -6,12 +6,14 @@ import importlib
 import pytest
 import torch
 from conftest import TINY
+from omegaconf import OmegaConf
 from safetensors.torch import load_file
 
 from posbench.config import compose_config
 from posbench.errors import PosbenchError
 from posbench.finetune import fine_tune_config
-from posbench.runs import WEIGHTS_FILE, load_run
+from posbench.model import build_model
+from posbench.runs import WEIGHTS_FILE, load_run, save_config, save_weights
 from posbench.train import train
 
 train_module = importlib.import_module("posbench.train")  # posbench.train is also the function
@@ -99,3 +101,15 @@ def test_an_incompatible_parent_is_a_one_line_error(parent, cache_dir, tmp_path,
     with pytest.raises(PosbenchError, match=message) as info:
         train(compose_config(child_overrides(parent, cache_dir, override)), tmp_path)
     assert "\n" not in str(info.value)
+
+
+def test_an_encoding_option_newer_than_the_parent_takes_its_default(cache_dir, tmp_path):
+    # FIRE runs trained before encoding.per_layer existed have none in their config.yaml.
+    overrides = [*PARENT, f"data.cache_dir={cache_dir}", "encoding=fire"]
+    cfg = compose_config(overrides)
+    save_weights(tmp_path, build_model(cfg.model, cfg.encoding))
+    saved = OmegaConf.to_container(cfg, resolve=True)
+    del saved["encoding"]["per_layer"]
+    save_config(tmp_path, OmegaConf.create(saved))
+    child = fine_tune_config(compose_config([*overrides, f"train.init_from={tmp_path}"]))
+    assert child.encoding.per_layer is False

@@ -11,12 +11,17 @@ import math
 
 import pytest
 import torch
+from safetensors import safe_open
+from safetensors.torch import load_file, save_file
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from posbench.checkpoint import TrainProgress, restore_checkpoint
 from posbench.config import compose_config
 from posbench.encodings import alibi_slopes, build_encoding
+from posbench.encodings.fire import FireRelativeBias
 from posbench.errors import PosbenchError
 from posbench.model import build_model
+from posbench.runs import WEIGHTS_FILE, load_weights, save_weights
 from posbench.train import make_optimizer
 
 F64 = torch.float64
@@ -86,7 +91,7 @@ def test_fire_can_express_an_alibi_bias():
     # the ALiBi bias of 4 heads over 64 positions to within 3% of its range.
     torch.manual_seed(0)
     encoding = build_encoding({"name": "fire", "threshold": 64.0}, d_model=32, n_head=4)
-    encoding.threshold.requires_grad_(False)
+    encoding.threshold_scale.requires_grad_(False)
     positions = torch.arange(64)
     distance = (positions[:, None] - positions[None, :]).clamp(min=0).float()
     target = -alibi_slopes(4).float()[:, None, None] * distance  # (H, T, T)
@@ -139,9 +144,13 @@ def test_no_intermediate_of_the_bias_outgrows_the_bias_the_memory_estimate_budge
     assert recorder.largest <= bias.numel()
 
 
-def inputs_by_formula(encoding, queries: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
-    """psi(i - j) / psi(max(L, i)) over the (..., Tq, Tk) grid of positions, written out."""
-    c, threshold = encoding.c, encoding.threshold
+def inputs_by_formula(
+    encoding, queries: torch.Tensor, keys: torch.Tensor, threshold: float | None = None
+) -> torch.Tensor:
+    """psi(i - j) / psi(max(L, i)) over the (..., Tq, Tk) grid of positions, written out, with
+    the encoding's L unless ``threshold`` is given."""
+    c = encoding.c
+    threshold = encoding.threshold if threshold is None else torch.tensor(threshold, dtype=F64)
     distance = (queries[..., :, None] - keys[..., None, :]).clamp(min=0).to(F64)
     horizon = torch.maximum(queries.to(F64), threshold)[..., None]
     return torch.log1p(c * distance) / torch.log1p(c * horizon)
@@ -239,8 +248,9 @@ def test_below_the_threshold_either_attention_path_gives_the_same_output_and_gra
     monkeypatch,
 ):
     torch.manual_seed(0)
-    model = build_model({"n_layer": 1, "d_model": 16, "n_head": 2}, {"name": "fire"}).double()
-    model.encoding.threshold.data.fill_(30.0)
+    model = build_model(
+        {"n_layer": 1, "d_model": 16, "n_head": 2}, {"name": "fire", "threshold": 30.0}
+    ).double()
     tokens = torch.randint(0, 256, (2, 24))
     assert model.encoding.consecutive_bias(torch.arange(24)) is not None
 
@@ -263,15 +273,16 @@ def test_the_model_evaluation_memory_estimate_counts_fire_as_a_score_bias():
     assert fire_model.inference_memory_bytes(1, 4096) > plain.inference_memory_bytes(1, 4096)
 
 
-def test_every_fire_parameter_learns_and_none_is_weight_decayed():
-    cfg = compose_config(["encoding=fire", "train.seq_len=32"])
+@pytest.mark.parametrize("per_layer", [False, True])
+def test_every_fire_parameter_learns_and_none_is_weight_decayed(per_layer):
+    cfg = compose_config(["encoding=fire", "train.seq_len=32", f"encoding.per_layer={per_layer}"])
     model = build_model(cfg.model, cfg.encoding)
     decayed, _plain = make_optimizer(model, cfg.train).param_groups
-    fire_ids = {id(p) for p in model.encoding.parameters()}
-    assert fire_ids and not fire_ids & {id(p) for p in decayed["params"]}
-    model(torch.randint(0, 256, (2, 24))).logsumexp(-1).sum().backward()
-    for name, parameter in model.encoding.named_parameters():
-        if name != "threshold":  # L only gets a gradient from queries it exceeds
+    fire = [p for encoding in set(model.layer_encodings) for p in encoding.parameters()]
+    assert fire and not {id(p) for p in fire} & {id(p) for p in decayed["params"]}
+    model(torch.randint(0, 256, (2, 24))).logsumexp(-1).sum().backward()  # every query below L
+    for encoding in model.layer_encodings:
+        for name, parameter in encoding.named_parameters():
             assert parameter.grad is not None and (parameter.grad != 0).any(), name
 
 
@@ -280,7 +291,148 @@ def test_the_threshold_starts_at_the_training_length():
     assert build_model(cfg.model, cfg.encoding).encoding.threshold.item() == 96.0
 
 
+def rising_fire(threshold: float):
+    """A FIRE whose f_theta rises over [0, 1] and switches nowhere there (every unit is
+    relu(x + 1)): the closer its L to another's, the closer their biases."""
+    encoding = fire(threshold=threshold)
+    with torch.no_grad():
+        encoding.mlp[0].weight.fill_(1.0)
+        encoding.mlp[0].bias.fill_(1.0)
+        encoding.mlp[2].weight.abs_()
+    return encoding
+
+
+def threshold_after_fitting(encoding, target: torch.Tensor, steps: int) -> float:
+    """L after ``steps`` Adam steps at lr 3e-3 (the default train.lr) on the squared error of
+    the bias of queries 0..191 to ``target``, with f_theta and c fixed."""
+    positions = torch.arange(192)
+    causal = torch.ones(192, 192).tril().bool()
+    encoding.mlp.requires_grad_(False)
+    encoding.c.requires_grad_(False)
+    trained = [p for p in encoding.parameters() if p.requires_grad]
+    optimizer = torch.optim.Adam(trained, lr=3e-3)
+    for _ in range(steps):
+        loss = (encoding.score_bias(positions, positions) - target)[:, causal].square().mean()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    return encoding.threshold.item()
+
+
+def test_the_threshold_learns_a_value_far_from_its_start_which_l_itself_could_not(monkeypatch):
+    # The bias of a FIRE with L = 64 is the target of the same FIRE started at L = 128. 300 Adam
+    # steps at lr 3e-3 bring the multiplier from 1 to about 0.5; L itself as the parameter
+    # moves by at most about 300 * 3e-3 = 0.9, under 1%.
+    with torch.no_grad():
+        target = rising_fire(threshold=64.0).score_bias(torch.arange(192), torch.arange(192))
+    assert threshold_after_fitting(rising_fire(128.0), target, 300) == pytest.approx(64, rel=0.05)
+
+    raw = torch.nn.Parameter(torch.tensor(128.0, dtype=F64))  # the threshold as it was learned
+    monkeypatch.setattr(FireRelativeBias, "threshold", property(lambda self: raw.clamp(min=1.0)))
+    assert threshold_after_fitting(rising_fire(128.0), target, 300) > 0.99 * 128.0
+
+
+def with_threshold_itself(state: dict[str, torch.Tensor], saved: float) -> dict:
+    """``state`` in the layout of the weights written before the multiplier: L itself as
+    ``encoding.threshold``, no ``encoding.threshold_scale``."""
+    state = dict(state)
+    del state["encoding.threshold_scale"]
+    state["encoding.threshold"] = torch.tensor(saved)
+    return state
+
+
+SAVED_THRESHOLD = 83.7  # a trained L below the training length
+
+
+@pytest.mark.parametrize("initial", [128.0, 96.0])  # L0 a power of two, and not
+def test_a_weights_file_holding_the_threshold_itself_loads_with_that_threshold(tmp_path, initial):
+    model = build_model(
+        {"n_layer": 1, "d_model": 16, "n_head": 2}, {"name": "fire", "threshold": initial}
+    )
+    path = save_weights(tmp_path, model)
+    with safe_open(str(path), framework="pt") as f:
+        metadata = f.metadata()
+    save_file(with_threshold_itself(load_file(path), SAVED_THRESHOLD), path, metadata=metadata)
+    encoding = load_weights(tmp_path / WEIGHTS_FILE).encoding
+    saved = torch.tensor(SAVED_THRESHOLD)  # float32, as saved
+    last_bit = 0.0 if initial == 128.0 else torch.finfo(torch.float32).eps * SAVED_THRESHOLD
+    assert abs(encoding.threshold.item() - saved.item()) <= last_bit
+    queries, keys = torch.arange(60, 120), torch.arange(120)  # below and past L
+    inputs = inputs_by_formula(encoding, queries, keys, saved.item()).float()
+    with torch.no_grad():
+        expected = encoding.mlp(inputs[..., None]).movedim(-1, -3)  # (H, Tq, Tk)
+        torch.testing.assert_close(encoding.score_bias(queries, keys), expected)
+
+
+def test_a_training_checkpoint_holding_the_threshold_itself_resumes_with_that_threshold():
+    cfg = compose_config(["encoding=fire", "train.seq_len=128"])
+    model = build_model(cfg.model, cfg.encoding)
+    state = {
+        "model": with_threshold_itself(model.state_dict(), SAVED_THRESHOLD),
+        "optimizer": make_optimizer(model, cfg.train).state_dict(),
+        "sampler": torch.Generator().get_state(),
+        "progress": {"step": 40},
+    }
+    resumed = build_model(cfg.model, cfg.encoding)
+    progress = restore_checkpoint(
+        state, resumed, make_optimizer(resumed, cfg.train), torch.Generator()
+    )
+    assert progress == TrainProgress(step=40)
+    assert resumed.encoding.threshold.item() == torch.tensor(SAVED_THRESHOLD).item()
+
+
 @pytest.mark.parametrize("key", ["width", "c", "threshold"])
 def test_non_positive_options_are_one_line_errors(key):
     with pytest.raises(PosbenchError, match=rf"encoding\.{key} must be positive"):
         build_encoding({"name": "fire", key: 0}, d_model=16, n_head=2)
+
+
+THREE_LAYERS = {"n_layer": 3, "d_model": 16, "n_head": 2}
+
+
+def test_one_fire_serves_every_layer_by_default():
+    model = build_model(THREE_LAYERS, {"name": "fire"})
+    assert all(encoding is model.encoding for encoding in model.layer_encodings)
+
+
+def test_per_layer_fire_gives_every_layer_an_encoding_of_its_own():
+    torch.manual_seed(0)
+    model = build_model(THREE_LAYERS, {"name": "fire", "per_layer": True})
+    encodings = model.layer_encodings
+    assert len(set(encodings)) == 3
+    assert not torch.equal(encodings[0].mlp[0].weight, encodings[1].mlp[0].weight)
+    received = []
+    for block in model.blocks:  # the encoding each layer's attention is called with
+        block.attn.register_forward_pre_hook(lambda module, args: received.append(args[2]))
+    model(torch.randint(0, 256, (1, 8)))
+    assert received == encodings
+
+
+@pytest.mark.parametrize("gradients", [True, False])
+def test_per_layer_fire_past_its_threshold_attends_in_each_layer_with_that_layers_bias(gradients):
+    # Past L each query block's bias is built for the block; in evaluation the layers of one
+    # shared FIRE reuse them, which layers with FIREs of their own must not.
+    torch.manual_seed(0)
+    model = build_model(THREE_LAYERS, {"name": "fire", "per_layer": True, "threshold": 8.0})
+    model = model.double()
+    with torch.no_grad():
+        for parameter in model.deeper_encodings.parameters():  # far from the first layer's
+            parameter.normal_(std=1.0)
+    tokens, positions = torch.randint(0, 256, (2, 40)), torch.arange(40)
+    with torch.set_grad_enabled(gradients):
+        logits = model(tokens)
+        x = model.token_embedding(tokens)
+        for block, encoding in zip(model.blocks, model.layer_encodings, strict=True):
+            x = block(x, positions, encoding)  # the query blocks' biases of this layer alone
+        torch.testing.assert_close(logits, model.lm_head(model.ln_final(x)))
+
+
+def test_a_per_layer_fire_model_reloads_with_every_layers_encoding(tmp_path):
+    torch.manual_seed(0)
+    model = build_model(THREE_LAYERS, {"name": "fire", "per_layer": True, "threshold": 8.0})
+    save_weights(tmp_path, model)
+    loaded = load_weights(tmp_path / WEIGHTS_FILE)
+    assert len(set(loaded.layer_encodings)) == 3
+    tokens = torch.randint(0, 256, (2, 20))
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(tokens), model(tokens), rtol=0, atol=0)

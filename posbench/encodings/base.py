@@ -15,6 +15,10 @@ Positions are integers, either (T,), shared by the batch (0..T-1 by default), or
 row per sequence (randomized positions train each sequence at its own subset); every hook
 takes both.
 
+``per_layer`` says whether the model gives every layer its own instance of the encoding (its
+own parameters; the first layer's also embeds and answers the questions below) instead of one
+instance serving every layer.
+
 ``max_length`` says how long a sequence the encoding can represent (``None``: any length),
 so evaluation can report a length as unsupported instead of silently clamping positions.
 ``scaling_record`` says which eval-time extension (e.g. RoPE's YaRN) the encoding applies at a
@@ -48,6 +52,12 @@ class PositionalEncoding(nn.Module):
         self.d_model = d_model
         self.n_head = n_head
         self.head_dim = d_model // n_head
+
+    @property
+    def per_layer(self) -> bool:
+        """Whether every layer gets its own instance of this encoding, built from the same config
+        (``False``, the default: one instance serves every layer)."""
+        return False
 
     @property
     def max_length(self) -> int | None:

@@ -10,22 +10,37 @@ transform and L > 0 a learned threshold. While i <= L the denominator is the con
 so the bias depends on i - j only (a relative encoding, like T5's or KERPLE's). Past L the
 relative distance is divided by the query's own position: every query sees its keys on the same
 [0, 1] scale, whatever the length (the paper's "progressive interpolation"), so a query at 4x
-the training length reads the function at inputs it was trained on. L starts at the training
-length (conf/encoding/fire.yaml) and is learned from there.
+the training length reads the function at inputs it was trained on.
+
+L is learned as a multiple of its initial value: L = L0 * s, with L0 = ``threshold`` (the
+training length: conf/encoding/fire.yaml) fixed and s = ``threshold_scale`` learned from 1, as
+the public implementation in mcleish7/arithmetic (cramming/architectures/embeddings.py) does
+with its ``init_L`` and ``L_multiplier`` (it takes |L0 * s| where posbench clamps). An Adam(W)
+step moves a parameter by at most about the learning rate, whatever the scale of its gradient:
+L itself as the parameter moved by under 2 in 600 steps at lr 3e-3 and stayed at the training
+length; s moves as much, so L moves by L0 times that. Weights and checkpoints written while L
+itself was the parameter (key ``threshold``) load as s = L / L0 (``load_threshold_as_scale``).
 
 With a large L and a suitable f_theta the bias can express T5's buckets, ALiBi and KERPLE
 (the paper's Theorem 3.1). c and L are kept in their domains by clamping where they are used
 (c >= 0.01, L >= 1), so an optimizer step can never make the log undefined.
 
+The paper's FIRE gives every layer its own f_theta, c and L; its FIRE-S shares one set across
+the layers, as T5's bias is shared. ``per_layer: false`` (the default: one instance for every
+layer, whose layers then share each query block's bias in evaluation) is FIRE-S, and
+``per_layer: true`` the paper's FIRE.
+
 Attention takes FIRE's bias as a bias of the distance alone while no query is past L
 (``consecutive_bias``: training at T <= L), and builds it per block of queries past L
 (``score_bias``), where f_theta is evaluated from its linear segments (``segments``), one
-slope and intercept per key wherever no segment boundary crosses the key's column.
+slope and intercept per key wherever no segment boundary crosses the key's column. L is
+learned, so a run whose L falls below its training length trains on the second path from then.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
@@ -43,6 +58,7 @@ class FireConfig(EncodingConfig):
     width: int = 32  # hidden units of f_theta
     c: float = 0.1  # initial scale of psi(x) = log(c x + 1)
     threshold: float = 512.0  # initial L (conf/encoding/fire.yaml: ${train.seq_len})
+    per_layer: bool = False  # one FIRE per layer (the paper's FIRE), not one for all (FIRE-S)
 
 
 @register("fire")
@@ -57,7 +73,17 @@ class FireRelativeBias(PositionalEncoding):
         width = config.width
         self.mlp = nn.Sequential(nn.Linear(1, width), nn.ReLU(), nn.Linear(width, n_head))
         self.c = nn.Parameter(torch.tensor(float(config.c)))
-        self.threshold = nn.Parameter(torch.tensor(float(config.threshold)))
+        self.threshold_scale = nn.Parameter(torch.tensor(1.0))  # s of L = L0 * s
+        self.register_load_state_dict_pre_hook(load_threshold_as_scale)
+
+    @property
+    def per_layer(self) -> bool:
+        return self.config.per_layer
+
+    @property
+    def threshold(self) -> torch.Tensor:
+        """The threshold L = L0 * s, at least 1 (a 0-d tensor, differentiable in s)."""
+        return (self.threshold_scale * self.config.threshold).clamp(min=1.0)
 
     def psi(self, x: torch.Tensor) -> torch.Tensor:
         """The log transform psi(x) = log(c x + 1) of distances or positions x >= 0."""
@@ -74,7 +100,7 @@ class FireRelativeBias(PositionalEncoding):
         """f_theta's input psi(i - j) / psi(max(L, i)) for every pair of positions (..., Tq)
         and (..., Tk) -> (..., Tq, Tk), in [0, 1] for past keys. Future keys (masked anyway)
         read distance 0, so the log stays finite."""
-        horizon = torch.maximum(query_positions.to(self.c.dtype), self.threshold.clamp(min=1.0))
+        horizon = torch.maximum(query_positions.to(self.c.dtype), self.threshold)
         Tk = key_positions.shape[-1]
         shared = query_positions.dim() == key_positions.dim() == 1  # one row for the batch
         if shared and int(key_positions[-1] - key_positions[0]) == Tk - 1:
@@ -94,7 +120,7 @@ class FireRelativeBias(PositionalEncoding):
         # While no query is past L, every denominator is psi(L): the bias is one of the distance
         # alone, which the model attends with as it does T5's (training at T <= L, at the cost
         # of one scalar read) instead of building the (H, T, T) bias.
-        threshold = self.threshold.clamp(min=1.0)
+        threshold = self.threshold
         if int(positions.max()) > threshold.item():
             return None
         distance = torch.arange(positions.shape[-1], device=positions.device)
@@ -161,3 +187,15 @@ class FireRelativeBias(PositionalEncoding):
                 columns.addcmul_(slope_steps[s][:, None, None], past_inputs)
                 columns.addcmul_(intercept_steps[s][:, None, None], past.to(x.dtype))
         return bias  # ([B,] H, Tq, Tk)
+
+
+def load_threshold_as_scale(
+    encoding: FireRelativeBias, state_dict: dict[str, Any], prefix: str, *args: Any
+) -> None:
+    """load_state_dict's pre-hook: weights written before L was learned as L0 * s hold L itself
+    (``threshold``); they load as s = L / L0, which gives back the saved L exactly when L0 is a
+    power of two (the usual training lengths) and to within its last bit otherwise."""
+    saved = state_dict.pop(prefix + "threshold", None)
+    if saved is not None and prefix + "threshold_scale" not in state_dict:
+        scale = saved.item() / encoding.config.threshold  # rounded once, to the saved dtype
+        state_dict[prefix + "threshold_scale"] = torch.tensor(scale, dtype=saved.dtype)
