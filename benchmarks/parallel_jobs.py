@@ -53,7 +53,8 @@ QUICK_JOB = [
     "eval.max_tokens=1024",
     "data.train_tokens=40000",
     "data.val_tokens=8192",
-    "data.lags=[3,7]",
+    "data.successors=2",
+    "data.document_length=512",
 ]
 
 

@@ -18,9 +18,20 @@ import torch
 from conftest import terabyte_split
 
 from posbench import data
-from posbench.data import ALPHABET, CopyMarkovProcess, hub, load_corpus, sample_batch, text
+from posbench.data import (
+    ALPHABET,
+    SEPARATOR,
+    CopyMarkovProcess,
+    DocumentMarkovProcess,
+    SpanMarkovProcess,
+    hub,
+    load_corpus,
+    sample_batch,
+    text,
+)
 from posbench.data.cache import ArrayWriter, build_entry, read_entry, verify_entry
 from posbench.data.corpus import CHUNK_BYTES, SplitWriter
+from posbench.data.synthetic import LONG_RANGE
 from posbench.errors import PosbenchError
 
 TEXT = "first line\nzweite Zeile: größer, ŝ, 数据\n\n  indented\tand tabbed\nno final newline"
@@ -42,6 +53,38 @@ def process():
     return CopyMarkovProcess.random(
         vocab_size=16, successors=3, copy_prob=0.4, lags=[4, 9, 20], rng=np.random.default_rng(0)
     )
+
+
+def span_process(**overrides) -> SpanMarkovProcess:
+    """A small ``long_range=spans`` process: spans of mean 6 from 3 to 20 symbols back."""
+    params = {"repeat_prob": 0.1, "repeat_length": 6.0, "distances": [3, 20], **overrides}
+    return SpanMarkovProcess.random(
+        vocab_size=16, successors=3, rng=np.random.default_rng(0), **params
+    )
+
+
+@pytest.fixture
+def spans():
+    return span_process()
+
+
+@pytest.fixture
+def documents():
+    """A small ``long_range=documents`` process: 4 groups of 4 symbols, documents of ~60."""
+    return DocumentMarkovProcess.random(
+        vocab_size=16,
+        successors=2,
+        group_size=4,
+        concentration=0.3,
+        document_length=60.0,
+        rng=np.random.default_rng(0),
+    )
+
+
+@pytest.fixture(params=["process", "spans", "documents"], ids=["lags", "spans", "documents"])
+def any_process(request):
+    """Each synthetic process in turn (lags, spans, documents): what all of them must do."""
+    return request.getfixturevalue(request.param)
 
 
 @pytest.fixture
@@ -100,16 +143,31 @@ def test_synthetic_corpus_is_deterministic_from_the_seed(synthetic, tmp_path):
     assert not np.array_equal(first.train, reseeded.train)
 
 
+def test_synthetic_long_range_chooses_the_process_and_its_own_cache_entry(synthetic, tmp_path):
+    """data.long_range=lags is the exact-lag process, whose copies sit at the lags (16, 48, 96)
+    and nowhere else; each choice is its own corpus, built into its own cache entry."""
+    corpora = {kind: load_corpus({**synthetic, "long_range": kind}) for kind in LONG_RANGE}
+    assert len(list((tmp_path / "cache").iterdir())) == len(LONG_RANGE)
+    symbols = np.frombuffer(as_bytes(corpora["lags"].val), dtype=np.uint8)
+    rate = {d: np.mean(symbols[d:] == symbols[:-d]) for d in (15, 16, 17, 47, 48, 49, 96)}
+    assert min(rate[16], rate[48], rate[96]) > max(rate[15], rate[17], rate[47], rate[49]) + 0.1
+    vals = [as_bytes(corpus.val) for corpus in corpora.values()]
+    assert len(set(vals)) == len(vals)
+
+
 def test_synthetic_val_is_not_a_window_of_train(synthetic):
     corpus = load_corpus(synthetic)
     train, val = as_bytes(corpus.train), as_bytes(corpus.val)
     assert train[:64] not in val and val[:64] not in train and val[-64:] not in train
 
 
-def test_synthetic_bytes_are_the_first_vocab_size_printable_characters(synthetic):
-    corpus = load_corpus({**synthetic, "vocab_size": 20})
-    assert set(as_bytes(corpus.train)) == set(ALPHABET[:20])
-    assert as_bytes(corpus.val).decode("ascii").isprintable()
+@pytest.mark.parametrize("long_range", LONG_RANGE)
+def test_synthetic_bytes_are_the_first_vocab_size_printable_characters(synthetic, long_range):
+    """And a newline, which ends each document of long_range=documents."""
+    corpus = load_corpus({**synthetic, "vocab_size": 20, "long_range": long_range})
+    separators = set(SEPARATOR) if long_range == "documents" else set()
+    assert set(as_bytes(corpus.train)) == set(ALPHABET[:20]) | separators
+    assert as_bytes(corpus.val).decode("ascii").replace("\n", "").isprintable()
 
 
 def test_synthetic_corpus_has_both_splits_and_json_float_stats(synthetic):
@@ -121,15 +179,18 @@ def test_synthetic_corpus_has_both_splits_and_json_float_stats(synthetic):
     assert json.loads(json.dumps(corpus.stats)) == corpus.stats
 
 
-def test_byte_histogram_is_the_same_in_both_halves_of_a_stream(process):
-    stream = process.sample(200_000, np.random.default_rng(1))[process.burn_in :]
+def test_byte_histogram_is_the_same_in_both_halves_of_a_stream(any_process):
+    """Over enough of it: a document's taste makes its own histogram, so a stream of
+    documents settles only over thousands of them."""
+    process = any_process
+    stream = process.sample(1_000_000, np.random.default_rng(1))[process.burn_in :]
     first, second = np.array_split(stream, 2)
     p, q = (np.bincount(half, minlength=16) / len(half) for half in (first, second))
     assert 0.5 * np.abs(p - q).sum() < 0.02  # total variation distance
 
 
-def test_ideal_loss_does_not_depend_on_position_in_the_stream(process):
-    rng = np.random.default_rng(2)
+def test_ideal_loss_does_not_depend_on_position_in_the_stream(any_process):
+    process, rng = any_process, np.random.default_rng(2)
     bits = np.stack([process.bits(process.sample(80, rng)) for _ in range(1000)])  # (streams, t)
     by_quarter = bits.reshape(1000, 4, 20).mean(axis=(0, 2))
     long_run = process.bits(process.sample(100_000, rng)).mean()
@@ -162,15 +223,206 @@ def test_entropy_floor_matches_a_brute_force_reference(process):
     assert process.bits(np.asarray(stream)) == pytest.approx(reference, rel=1e-12)
 
 
-def test_entropy_floor_without_copies_is_the_markov_entropy_rate():
-    process = CopyMarkovProcess.random(12, 3, 0.0, [5], np.random.default_rng(5))
-    eigenvalues, eigenvectors = np.linalg.eig(process.transition.T)
+def markov_entropy_rate(transition: np.ndarray) -> float:
+    """The entropy rate of a Markov chain, in bits: its stationary law's mean row entropy."""
+    eigenvalues, eigenvectors = np.linalg.eig(transition.T)
     stationary = np.real(eigenvectors[:, np.argmax(np.real(eigenvalues))])
     stationary /= stationary.sum()
-    logs = np.log2(np.where(process.transition > 0, process.transition, 1))
-    rate = -(stationary[:, None] * process.transition * logs).sum()
+    logs = np.log2(np.where(transition > 0, transition, 1))
+    return -(stationary[:, None] * transition * logs).sum()
+
+
+@pytest.mark.parametrize(
+    "process",
+    [
+        CopyMarkovProcess.random(12, 3, 0.0, [5], np.random.default_rng(5)),
+        SpanMarkovProcess.random(12, 3, 0.0, 8.0, [2, 30], np.random.default_rng(5)),
+    ],
+    ids=["lags", "spans"],
+)
+def test_entropy_floor_without_repeats_is_the_markov_entropy_rate(process):
     floor = process.bits(process.sample(200_000, np.random.default_rng(6))).mean()
-    assert floor == pytest.approx(rate, abs=0.02)
+    assert floor == pytest.approx(markov_entropy_rate(process.transition), abs=0.02)
+
+
+def hidden_state_forward(process: SpanMarkovProcess, stream: np.ndarray) -> np.ndarray:
+    """The reference for ``SpanMarkovProcess.bits``: P(x_t = v | x_0..x_{t-1}) for every
+    t >= 1 and symbol v, (n - 1, V), by the textbook normalised forward pass over an explicit
+    (1 + D, 1 + D) transition matrix between the hidden states "outside a span" (0) and "inside
+    a span from d" (1 + d - min), with no span starting before t = max."""
+    low, high = process.distances
+    distances = np.arange(low, high + 1)
+    stay, start = 1 - 1 / process.repeat_length, process.repeat_prob
+    ends = np.r_[1.0, np.full(len(distances), 1 - stay)]  # P(free at t | state at t - 1)
+    transition = np.outer(ends, np.r_[1 - start, start * process.distance_probs])
+    transition[1:, 1:] += stay * np.eye(len(distances))  # or the span goes on
+    only_chain = np.r_[1.0, np.zeros(len(distances))]
+    belief, predictions = only_chain, []
+    for t in range(1, len(stream)):
+        predicted = belief @ transition if t >= high else only_chain
+        # emits[s, v]: P(x_t = v | state s): the chain's row, or the symbol d back
+        emits = np.zeros((1 + len(distances), len(process.transition)))
+        emits[0] = process.transition[stream[t - 1]]
+        for i, d in enumerate(distances):
+            if d <= t:
+                emits[1 + i, stream[t - d]] = 1.0
+        predictions.append(predicted @ emits)
+        belief = predicted * emits[:, stream[t]] / predictions[-1][stream[t]]
+    return np.asarray(predictions)
+
+
+def test_span_floor_matches_a_forward_pass_over_an_explicit_transition_matrix(spans):
+    stream = spans.sample(400, np.random.default_rng(4))
+    predictions = hidden_state_forward(spans, stream)[spans.burn_in - 1 :]
+    reference = -np.log2(predictions[np.arange(len(predictions)), stream[spans.burn_in :]])
+    assert spans.bits(stream) == pytest.approx(reference, rel=1e-9)
+
+
+def test_match_rate_at_each_distance_is_what_the_span_process_predicts(spans):
+    """A Monte-Carlo check of the process's probabilities on its own samples: at a distance
+    e, the frequency of x_t == x_{t-e} is the mean predicted P(x_t = x_{t-e} | past), inside
+    [min, max] (copies), past it (chains of copies) and below it (the chain)."""
+    stream = spans.sample(40_000, np.random.default_rng(3))
+    t = np.arange(spans.burn_in, len(stream))
+    predictions = hidden_state_forward(spans, stream)[t - 1]  # (kept, V)
+    for e in (1, 2, 3, 7, 20, 23, 40):
+        predicted = predictions[np.arange(len(t)), stream[t - e]].mean()
+        assert np.mean(stream[t] == stream[t - e]) == pytest.approx(predicted, abs=0.008)
+
+
+def test_span_process_predicts_a_distribution_over_the_alphabet(spans):
+    """P(x_t = v | past) summed over every symbol v is 1: bits(prefix + [v])[-1] is its
+    -log2, since x_t's loss depends only on x_0..x_t."""
+    stream = spans.sample(300, np.random.default_rng(7))
+    for t in range(spans.burn_in, len(stream), 37):
+        prefixes = [np.r_[stream[:t], v] for v in range(len(spans.transition))]
+        with np.errstate(divide="ignore", invalid="ignore"):  # symbols the past rules out
+            probs = [2.0 ** -spans.bits(prefix)[-1] for prefix in prefixes]
+        assert sum(probs) == pytest.approx(1, rel=1e-12)
+
+
+@pytest.mark.parametrize(
+    "wrong",
+    [{"repeat_prob": 0.3}, {"repeat_prob": 0.03}, {"repeat_length": 2.0}, {"repeat_length": 18.0}],
+)
+def test_no_other_span_process_predicts_its_samples_better_than_the_one_that_drew_them(
+    spans, wrong
+):
+    """A Monte-Carlo check that the floor is the process's own: the expected loss of any other
+    predictor, here the same recursion with another parameter, is higher (by their KL)."""
+    stream = spans.sample(40_000, np.random.default_rng(8))
+    other = SpanMarkovProcess(
+        spans.transition,
+        wrong.get("repeat_prob", spans.repeat_prob),
+        wrong.get("repeat_length", spans.repeat_length),
+        spans.distances,
+    )
+    assert spans.bits(stream).mean() < other.bits(stream).mean() - 0.01
+
+
+def order_one_bits(stream: np.ndarray) -> float:
+    """The plug-in entropy of x_t given x_{t-1} in ``stream``, in bits: what a model that
+    never looks farther back than one symbol can reach."""
+    size = stream.max() + 1
+    pairs = np.bincount(stream[:-1] * size + stream[1:], minlength=size * size)
+    pairs = pairs.reshape(size, size)
+    given = pairs / np.maximum(pairs.sum(axis=1, keepdims=True), 1)
+    return -(pairs * np.log2(np.where(given > 0, given, 1))).sum() / pairs.sum()
+
+
+def test_spans_make_the_floor_well_below_what_the_previous_symbol_gives(spans):
+    stream = spans.sample(200_000, np.random.default_rng(9))
+    assert spans.bits(stream).mean() < order_one_bits(stream[spans.burn_in - 1 :]) - 0.3
+
+
+def counted_predictions(
+    process: DocumentMarkovProcess, stream: np.ndarray, first: int, window_starts: np.ndarray
+) -> np.ndarray:
+    """The reference for ``DocumentMarkovProcess.bits``: P(x_t = v | what t sees) for every
+    t >= ``first`` and symbol v (the separator last), (n - first, V + 1), counting afresh for
+    each t the symbols it sees: those after the last separator before t and, when t's window
+    starts later (``window_starts[t]``), from there."""
+    k, beta, end = process.group_size, process.concentration, 1 / process.document_length
+    vocab_size, predictions = process.separator, []
+    for t in range(first, len(stream)):
+        if stream[t - 1] == process.separator:
+            predictions.append(np.r_[np.full(vocab_size, 1 / vocab_size), 0.0])
+            continue
+        since = np.flatnonzero(stream[:t] == process.separator)[-1] + 1
+        seen = stream[max(since, window_starts[t]) : t]
+        counts = np.bincount(seen, minlength=vocab_size).reshape(-1, k)  # (groups, k)
+        taste = ((counts + beta) / (counts.sum(1, keepdims=True) + k * beta)).ravel()
+        groups = process.transition[stream[t - 1] // k].repeat(k)  # (V,) P(group of v)
+        predictions.append(np.r_[(1 - end) * groups * taste, end])
+    return np.asarray(predictions)
+
+
+def realised_bits(predictions: np.ndarray, symbols: np.ndarray) -> np.ndarray:
+    return -np.log2(predictions[np.arange(len(symbols)), symbols])
+
+
+def test_document_floor_matches_counting_each_documents_symbols(documents):
+    stream = documents.sample(3_000, np.random.default_rng(4))
+    t0 = documents.burn_in
+    predictions = counted_predictions(documents, stream, t0, np.zeros(len(stream), dtype=int))
+    assert documents.bits(stream) == pytest.approx(realised_bits(predictions, stream[t0:]))
+
+
+def test_document_floor_at_a_context_counts_only_within_each_evaluation_window(documents):
+    """Windows of 16 inputs from the first kept symbol, which is context only: the symbol at
+    t0 + 16 is the last target of the first window and the first input of the second."""
+    stream = documents.sample(3_000, np.random.default_rng(5))
+    t0 = documents.burn_in
+    window_starts = t0 + np.maximum(np.arange(len(stream)) - t0 - 1, 0) // 16 * 16
+    predictions = counted_predictions(documents, stream, t0 + 1, window_starts)
+    reference = realised_bits(predictions, stream[t0 + 1 :])
+    assert documents.bits(stream, context=16) == pytest.approx(reference)
+
+
+def test_document_floor_falls_as_the_context_grows_towards_the_unlimited_one(documents):
+    stream = documents.sample(100_000, np.random.default_rng(6))
+    floors = [documents.bits(stream, context).mean() for context in (4, 16, 64, 256)]
+    assert floors == sorted(floors, reverse=True)
+    assert floors[0] > floors[-1] + 0.1 and floors[-1] > documents.bits(stream).mean()
+
+
+def test_document_process_predicts_a_distribution_over_the_symbols_and_the_separator(
+    documents,
+):
+    stream = documents.sample(2_000, np.random.default_rng(7))
+    for t in range(documents.burn_in, len(stream), 211):
+        prefixes = [np.r_[stream[:t], v] for v in range(documents.separator + 1)]
+        with np.errstate(divide="ignore"):  # a separator right after one: ruled out
+            probs = [2.0 ** -documents.bits(prefix)[-1] for prefix in prefixes]
+        assert sum(probs) == pytest.approx(1, rel=1e-12)
+
+
+def test_match_rate_at_each_distance_is_what_the_document_process_predicts(documents):
+    """A Monte-Carlo check of the closed form on the process's own samples (the taste of each
+    document drawn, never told to the formula): at a distance e, the frequency of
+    x_t == x_{t-e} is the mean predicted P(x_t = x_{t-e} | past); so is the separator's."""
+    stream = documents.sample(30_000, np.random.default_rng(3))
+    t = np.arange(documents.burn_in, len(stream))
+    unwindowed = np.zeros(len(stream), dtype=int)
+    predictions = counted_predictions(documents, stream, documents.burn_in, unwindowed)
+    for e in (1, 2, 5, 30, 200):
+        predicted = predictions[np.arange(len(t)), stream[t - e]].mean()
+        assert np.mean(stream[t] == stream[t - e]) == pytest.approx(predicted, abs=0.006)
+    separators = np.mean(stream[t] == documents.separator)
+    assert separators == pytest.approx(predictions[:, -1].mean(), rel=0.1)
+
+
+def test_document_floor_without_tastes_is_the_group_chains_rate_plus_the_choice_in_a_group():
+    """A huge concentration makes every document's taste uniform: the floor is then the
+    entropy rate of the chain over groups plus log2(group_size) (documents end rarely)."""
+    process = DocumentMarkovProcess.random(16, 2, 4, 1e9, 1e4, np.random.default_rng(5))
+    floor = process.bits(process.sample(200_000, np.random.default_rng(6))).mean()
+    assert floor == pytest.approx(markov_entropy_rate(process.transition) + 2, abs=0.02)
+
+
+def test_documents_make_the_floor_well_below_what_the_previous_symbol_gives(documents):
+    stream = documents.sample(200_000, np.random.default_rng(9))
+    assert documents.bits(stream).mean() < order_one_bits(stream[documents.burn_in - 1 :]) - 0.3
 
 
 def test_entropy_floor_is_well_below_the_unigram_baseline(synthetic):
@@ -184,11 +436,24 @@ def test_entropy_floor_is_well_below_the_unigram_baseline(synthetic):
         ({"vocab_size": 1}, "data.vocab_size"),
         ({"vocab_size": 96}, "data.vocab_size"),
         ({"successors": 0}, "data.successors"),
-        ({"vocab_size": 8, "successors": 9}, "data.successors"),
-        ({"copy_prob": 1.0}, "data.copy_prob"),
-        ({"copy_prob": -0.1}, "data.copy_prob"),
-        ({"lags": []}, "data.lags"),
-        ({"lags": [4, 0]}, "data.lags"),
+        ({"vocab_size": 8, "successors": 3}, "data.successors"),  # 2 groups of 4
+        ({"long_range": "topics"}, "data.long_range"),
+        ({"group_size": 3}, "data.group_size"),
+        ({"group_size": 32}, "data.group_size"),
+        ({"group_size": 0}, "data.group_size"),
+        ({"concentration": 0.0}, "data.concentration"),
+        ({"document_length": 0.5}, "data.document_length"),
+        ({"long_range": "spans", "repeat_prob": 1.0}, "data.repeat_prob"),
+        ({"long_range": "spans", "repeat_prob": -0.1}, "data.repeat_prob"),
+        ({"long_range": "spans", "repeat_length": 0.5}, "data.repeat_length"),
+        ({"long_range": "spans", "repeat_distances": [0, 8]}, "data.repeat_distances"),
+        ({"long_range": "spans", "repeat_distances": [9, 8]}, "data.repeat_distances"),
+        ({"long_range": "spans", "repeat_distances": [8]}, "data.repeat_distances"),
+        ({"long_range": "spans", "vocab_size": 8, "successors": 9}, "data.successors"),
+        ({"long_range": "lags", "copy_prob": 1.0}, "data.copy_prob"),
+        ({"long_range": "lags", "copy_prob": -0.1}, "data.copy_prob"),
+        ({"long_range": "lags", "lags": []}, "data.lags"),
+        ({"long_range": "lags", "lags": [4, 0]}, "data.lags"),
         ({"train_tokens": 0}, "data.train_tokens"),
         ({"val_tokens": -5}, "data.val_tokens"),
     ],

@@ -39,7 +39,7 @@ def test_extrapolation_trains_once_per_seed_0_1_2_and_evaluates_1x_to_32x():
 
 def test_extrapolation_text_reads_local_text_and_requires_its_path():
     cfg = compose_config(["+experiment=extrapolation_text", "data.path=corpus.txt"])
-    assert (cfg.data.name, cfg.data.path, cfg.train.steps) == ("text", "corpus.txt", 300)
+    assert (cfg.data.name, cfg.data.path, cfg.train.steps) == ("text", "corpus.txt", 600)
     with pytest.raises(PosbenchError, match=r"^data\.path must be set \(data\.path=\.\.\.\)$"):
         validate(compose_config(["+experiment=extrapolation_text"]))
 

@@ -28,7 +28,13 @@ from conftest import TINY_RUN
 pytestmark = pytest.mark.slow
 README = Path(__file__).resolve().parents[1] / "README.md"
 # README's `posbench diagnose --length 2048` averages its default 4 windows: 4 x 2048 + 1 bytes.
-TRAIN_OVERRIDES = [*TINY_RUN, "data.train_tokens=40000", "data.val_tokens=8193", "data.lags=[3,7]"]
+TRAIN_OVERRIDES = [
+    *TINY_RUN,
+    "data.train_tokens=40000",
+    "data.val_tokens=8193",
+    "data.successors=2",
+    "data.document_length=512",
+]
 
 # (pattern, replacement, why): applied, in order, to each bash block before it runs.
 SUBSTITUTIONS = [

@@ -44,7 +44,10 @@ from posbench.data.passkey import PasskeyDataConfig, PasskeyTask
 from posbench.data.recall import RecallDataConfig, RecallTask
 from posbench.data.synthetic import (
     ALPHABET,
+    SEPARATOR,
     CopyMarkovProcess,
+    DocumentMarkovProcess,
+    SpanMarkovProcess,
     SyntheticDataConfig,
     _write_synthetic,
 )
@@ -57,14 +60,17 @@ __all__ = [
     "DATA_SCHEMAS",
     "IGNORE",
     "MIN_SPLIT_BYTES",
+    "SEPARATOR",
     "TASKS",
     "Bytes",
     "CopyMarkovProcess",
     "Corpus",
     "DataConfig",
+    "DocumentMarkovProcess",
     "Examples",
     "HubDataConfig",
     "Offsets",
+    "SpanMarkovProcess",
     "SyntheticDataConfig",
     "Task",
     "TextDataConfig",
