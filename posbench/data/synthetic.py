@@ -211,34 +211,29 @@ class DocumentMarkovProcess:
         back. A document's symbols before the window are never seen, so its taste's posterior
         holds only the window's counts: the best loss at evaluation length L.
         """
-        k, beta, end, separator = (
-            self.group_size,
-            self.concentration,
-            1 / self.document_length,
-            self.separator,
-        )
-        t = (
-            np.arange(self.burn_in, len(stream))
-            if context is None
-            else np.arange(self.burn_in + 1, len(stream))
-        )
-        # The document's symbols t sees start after the last separator before t ...
+        k, beta, end = self.group_size, self.concentration, 1 / self.document_length
+        separator = symbols = self.separator  # V: the alphabet's symbols are 0 .. V - 1
+        first = self.burn_in if context is None else self.burn_in + 1
+        t = np.arange(first, len(stream))
+        # What t sees of its document starts after the last separator before t (the stream
+        # starts with one) ...
         separators = np.flatnonzero(stream == separator)
-        seen_from = separators[np.maximum(np.searchsorted(separators, t) - 1, 0)] + 1
+        seen_from = separators[np.searchsorted(separators, t) - 1] + 1
         if context is not None:  # ... and no earlier than its window's first input
             window_start = self.burn_in + (t - self.burn_in - 1) // context * context
             seen_from = np.maximum(seen_from, window_start)
-        previous, current = stream[t - 1], stream[t]
         same_symbol = _occurrences_between(stream, seen_from, t)
         same_group = _occurrences_between(stream // k, seen_from, t)
+        previous, current = stream[t - 1], stream[t]
         after_separator = previous == separator
+        # Where x_{t-1} or x_t is a separator the chain's factor is not used: index group 0.
         groups = len(self.transition)
         chain = self.transition[np.where(after_separator, 0, previous // k), current // k % groups]
         posterior = (same_symbol + beta) / (same_group + k * beta)
         probs = np.where(
             current == separator,
             end,
-            np.where(after_separator, 1 / separator, (1 - end) * chain * posterior),
+            np.where(after_separator, 1 / symbols, (1 - end) * chain * posterior),
         )
         return -np.log2(probs)
 
