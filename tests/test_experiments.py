@@ -3,7 +3,7 @@
 import pytest
 from hydra.core.override_parser.overrides_parser import OverridesParser
 
-from posbench.cli import expand_sweeps, sweep_overrides
+from posbench.commands.overrides import expand_sweeps, sweep_overrides
 from posbench.config import compose_config, eval_lengths, validate
 from posbench.data import TASKS
 from posbench.encodings import encoding_names

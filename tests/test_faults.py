@@ -16,6 +16,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from posbench import cli
 from posbench.checkpoint import CHECKPOINT_FILE, FORMAT, load_checkpoint
+from posbench.commands import eval as eval_command
 from posbench.config import compose_config
 from posbench.model import build_model
 from posbench.runs import save_config, save_weights, saved_config
@@ -302,7 +303,7 @@ def test_ctrl_c_anywhere_else_in_the_cli_is_one_line_and_exit_130(monkeypatch, c
     def interrupted(*args):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(cli, "load_run_config", interrupted)
+    monkeypatch.setattr(eval_command, "load_run_config", interrupted)
     with pytest.raises(SystemExit) as stopped:
         cli.main(["eval", "--length", "16", "--run", "some/run"])
     assert stopped.value.code == 130
@@ -314,7 +315,7 @@ def test_sigterm_outside_the_training_loop_is_one_line_and_exit_143(monkeypatch,
         os.kill(os.getpid(), signal.SIGTERM)  # as `kill` or SLURM would, while loading a run
 
     handler_before = signal.getsignal(signal.SIGTERM)
-    monkeypatch.setattr(cli, "load_run_config", terminated)
+    monkeypatch.setattr(eval_command, "load_run_config", terminated)
     with pytest.raises(SystemExit) as stopped:
         cli.main(["eval", "--length", "16", "--run", "some/run"])
     assert stopped.value.code == 143

@@ -1,0 +1,45 @@
+"""``posbench diagnose --length N [--run DIR]``: attention statistics of a trained run by query
+position, per layer and head (posbench/diagnose.py)."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+
+from posbench.commands.arguments import OneLineParser, add_run_argument, chosen_run, positive_int
+from posbench.diagnose import diagnose_run, summary_table
+
+
+def diagnose_parser() -> argparse.ArgumentParser:
+    parser = OneLineParser(
+        prog="posbench diagnose",
+        description="Exact attention statistics of a trained run on windows of its validation "
+        "split, per layer, head and query-position bucket: entropy, mean attended distance, "
+        "mass on the first token, mass at distances >= train.seq_len. Writes "
+        "DIR/diagnostics/L<N>.json, PNG figures and TensorBoard images.",
+    )
+    parser.add_argument(
+        "--length", type=positive_int, required=True, metavar="N", help="window length in tokens"
+    )
+    add_run_argument(parser)
+    parser.add_argument(
+        "--windows",
+        type=positive_int,
+        default=4,
+        metavar="K",
+        help="validation windows averaged over (default: 4)",
+    )
+    parser.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
+    return parser
+
+
+def run_diagnose(args: Sequence[str]) -> None:
+    options = diagnose_parser().parse_args(list(args))
+    run_dir = chosen_run(options)
+    result, written = diagnose_run(run_dir, options.length, options.windows, options.device)
+    print(
+        f"{result['encoding']} trained at {result['train_seq_len']} ({run_dir}): attention at "
+        f"{result['length']} tokens, averaged over {result['windows']} windows"
+    )
+    print(summary_table(result))
+    print("wrote " + ", ".join(str(path) for path in written))

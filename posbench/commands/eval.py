@@ -1,0 +1,126 @@
+"""``posbench eval --length N [--run DIR] ...``: re-evaluate a trained run at other lengths,
+optionally with eval-time RoPE scaling; the records go to its results.json and TensorBoard."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+
+from posbench.commands.arguments import (
+    OneLineParser,
+    add_run_argument,
+    chosen_run,
+    positive_int,
+    scale_factor,
+    threads_setting,
+)
+from posbench.commands.exits import fail
+from posbench.config import EvalPositions, eval_lengths
+from posbench.encodings.rope import SCALING_METHODS
+from posbench.evaluate import evaluate_run, rope_scaling_overrides
+from posbench.reevaluate import record_eval
+from posbench.runs import load_run_config
+from posbench.tables import eval_table
+from posbench.threads import AUTO, use_threads
+
+
+def eval_parser() -> argparse.ArgumentParser:
+    parser = OneLineParser(
+        prog="posbench eval",
+        description="Re-evaluate a trained run at any length; appends to its results.json "
+        "and TensorBoard.",
+    )
+    parser.add_argument(
+        "--length",
+        type=positive_int,
+        action="append",
+        metavar="N",
+        help="evaluation length in tokens; repeat for several (default: the run's eval.lengths)",
+    )
+    add_run_argument(parser)
+    parser.add_argument(
+        "--stride",
+        type=positive_int,
+        metavar="S",
+        help="sliding windows advancing S tokens (default: non-overlapping windows)",
+    )
+    parser.add_argument("--batch-size", type=positive_int, metavar="B", help="windows per forward")
+    parser.add_argument(
+        "--max-tokens",
+        type=positive_int,
+        metavar="N",
+        help="validation tokens scored per length (default: the run's eval.max_tokens)",
+    )
+    parser.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
+    parser.add_argument(
+        "--threads",
+        type=threads_setting,
+        default=AUTO,
+        metavar="N",
+        help="CPU threads: auto (the cores this process may use, divided among the jobs "
+        "torchrun runs at once) or a positive integer, e.g. 1 for evaluations run side by side",
+    )
+    parser.add_argument(
+        "--precision",
+        choices=["fp32", "bf16"],
+        help="of the forward passes; log-probabilities are summed in fp32/fp64 either way "
+        "(default: the run's eval.precision)",
+    )
+    parser.add_argument(
+        "--positions",
+        choices=[p.value for p in EvalPositions],
+        help="where each window sits: consecutive (0..L-1), random (a sorted random subset of "
+        "[0, train.random_positions), as randomized-positions training draws them) or auto "
+        "(random for runs trained with train.random_positions); results.json records it as "
+        '"positions" (default: the run\'s eval.positions)',
+    )
+    parser.add_argument(
+        "--rope-scaling",
+        choices=list(SCALING_METHODS),
+        metavar="METHOD",
+        help="extend a rope run at eval time, without retraining: "
+        "none (as trained), linear (position interpolation, Chen et al. 2023), "
+        "ntk (base * s^(d/(d-2))), dynamic (HF's dynamic NTK: ntk with s' = s L / L0 - (s - 1) "
+        "per length L past the training length L0, s = 1 without --factor), yarn (Peng et al. "
+        "2023: per-frequency ramp + attention temperature), "
+        "llama3 (Llama 3.1's smooth band interpolation); results.json records it as "
+        '"scaling" next to the plain records (default: the run\'s own encoding.scaling)',
+    )
+    parser.add_argument(
+        "--factor",
+        type=scale_factor,
+        metavar="S",
+        help="the scaling factor s >= 1 for --rope-scaling (default: s = max(1, L / training "
+        "length) at each length L; for dynamic, s = 1); results of different factors are "
+        "kept side by side",
+    )
+    return parser
+
+
+def run_eval(args: Sequence[str]) -> None:
+    options = eval_parser().parse_args(list(args))
+    if options.factor is not None and options.rope_scaling is None:
+        fail("--factor needs --rope-scaling METHOD (see posbench eval --help)")
+    run_dir = chosen_run(options)
+    cfg = load_run_config(run_dir)  # for the defaults; evaluate_run loads the weights
+    lengths = options.length or eval_lengths(cfg)
+    if options.stride is not None and options.stride > min(lengths):
+        fail(f"--stride {options.stride} must not exceed the shortest --length ({min(lengths)})")
+    overrides = None
+    if options.rope_scaling is not None:
+        overrides = rope_scaling_overrides(cfg, options.rope_scaling, options.factor)
+    use_threads(options.threads)
+    records = evaluate_run(
+        run_dir,
+        lengths,
+        options.stride,
+        options.batch_size,
+        options.device,
+        options.max_tokens,
+        encoding_overrides=overrides,
+        precision=options.precision,
+        positions=options.positions,
+    )
+    results = record_eval(run_dir, records, cfg.train.seq_len)
+    print(f"{cfg.encoding.name} trained at {cfg.train.seq_len} ({run_dir})")
+    print(eval_table(records, cfg.train.seq_len, references=results["eval"]))

@@ -1,0 +1,196 @@
+"""``posbench train``'s Hydra overrides, checked before Hydra starts any job: a typo, an unknown
+option or an unparsable override is one line saying how to fix it (Hydra's own messages span
+many lines, and a sweep would meet the mistake only in its jobs)."""
+
+from __future__ import annotations
+
+import difflib
+import re
+from collections.abc import Sequence
+from pathlib import Path
+
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.core.override_parser.types import Override
+from hydra.errors import HydraException, OverrideParseException
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from posbench.commands.exits import fail
+from posbench.config import compose_config, config_dir, flat_config, validate
+from posbench.errors import PosbenchError
+from posbench.model import check_model_config
+from posbench.output_dirs import unclaimed
+from posbench.runs import check_can_create
+
+
+def group_options(group: str) -> list[str]:
+    """The options of a config group, as the YAML files in conf/<group>/ name them."""
+    return sorted(p.stem for p in (config_dir() / group).glob("*.yaml"))
+
+
+def hydra_error_line(err: Exception, overrides: Sequence[str] = ()) -> str:
+    """One line for a Hydra/OmegaConf composition error (their messages span many lines) of
+    the command line ``overrides``."""
+    if isinstance(err, OverrideParseException):
+        return parse_error_line(err, overrides)
+    text = str(err)
+    ambiguous = re.match(r"Ambiguous value for argument '([^']+)'", text)
+    if ambiguous:
+        return ambiguous_sweep_line(ambiguous.group(1))
+    missing = re.search(r"Could not find '([^']+)/([^'/]+)'", text)
+    if missing:
+        group, option = missing.groups()
+        options = re.findall(r"^\t(\S+)$", text, flags=re.MULTILINE)
+        message = f"unknown {group} '{option}'; choose one of: {', '.join(options)}"
+        if group == "hydra/launcher":
+            message += " (joblib, submitit_*: pip install 'posbench[launchers]')"
+        return message
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    cause = err.__cause__
+    if isinstance(cause, OmegaConfBaseException | HydraException):
+        lines.append(str(cause).strip().splitlines()[0])
+    summary = lines[0].rstrip(".")
+    if "Could not override" in summary or "Key '" in summary:
+        unknown = re.search(r"Could not override '([^']+)'", summary)
+        hint = unknown_key_hint(unknown.group(1), overrides) if unknown else NO_SUCH_KEY
+        summary += f" ({hint})"
+    elif len(lines) > 1:
+        summary += f": {lines[-1]}"
+    return summary
+
+
+LIST_KEYS = "`posbench train --cfg job` lists every key"
+NO_SUCH_KEY = f"no such key; {LIST_KEYS}"
+
+
+def unknown_key_hint(key: str, overrides: Sequence[str]) -> str:
+    """What to do about ``key``, which the config that the other ``overrides`` compose lacks:
+    choose the option of its group that has it (``data.path``: ``data=text``), else the most
+    alike key of that config (so a group's options count: ``encoding=t5
+    encoding.num_bucket=8``)."""
+    parsed = parse_overrides(overrides)
+    others = [o.input_line for o in parsed if o.key_or_group != key]
+    try:
+        cfg = compose_config(others, with_hydra=True)
+    except (HydraException, OmegaConfBaseException):  # another mistake: the default keys
+        cfg = compose_config([], with_hydra=True)
+    group = key.partition(".")[0]
+    chosen = cfg.hydra.runtime.choices.get(group)
+    having = options_with_key(group, key) if chosen is not None else []
+    if having:
+        options = " or ".join(f"{group}={option}" for option in having)
+        override = next((o.input_line for o in parsed if o.key_or_group == key), f"{key}=...")
+        fix = f"{group}={having[0]} {override}"
+        return f"{key} is a key of {options}, not of {group}={chosen}: use `{fix}`"
+    ours = OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"])  # hydra.*: run time
+    matches = difflib.get_close_matches(key, flat_config(ours), n=1)
+    return f"no such key; did you mean {matches[0]}? {LIST_KEYS}" if matches else NO_SUCH_KEY
+
+
+def options_with_key(group: str, key: str) -> list[str]:
+    """The options of config group ``group`` whose config has ``key``."""
+    having = []
+    for option in group_options(group):
+        try:
+            cfg = compose_config([f"{group}={option}"])
+        except (HydraException, OmegaConfBaseException):  # not a group the defaults choose from
+            continue
+        if key in flat_config(cfg):
+            having.append(option)
+    return having
+
+
+LEXER_ERROR = "LexerNoViableAltException: "
+
+
+def parse_error_line(err: OverrideParseException, overrides: Sequence[str]) -> str:
+    """One line for an override that Hydra's grammar rejects: why (Hydra's reason, without
+    the grammar's token names) and how to write it."""
+    *details, see = str(err).splitlines()  # the last line: "See <the grammar's page> for details"
+    if details[0].startswith(LEXER_ERROR):  # the line below it marks the first unreadable char
+        reason = f"unexpected {err.override[details[-1].index('^') - len(LEXER_ERROR) :]!r}"
+    else:
+        reason = re.sub(r" expecting \{.*\}$", "", details[-1])
+    fix = override_fix(err.override, overrides)
+    return f"cannot parse the override {err.override!r} ({reason}): {fix} (see {see.split()[1]})"
+
+
+def override_fix(override: str, overrides: Sequence[str]) -> str:
+    """How to write the unparsable ``override``, where the mistake is clear: a sweep split at a
+    space (``encoding=rope, alibi``), a group's option without its group (``alibi``)."""
+    given = list(overrides)
+    after = given[given.index(override) + 1 :] if override in given else []
+    if override.endswith(",") and after:
+        return f"did you mean {override}{after[0]}? A sweep's values are one word, no spaces"
+    groups = [group for group in ("encoding", "model", "data") if override in group_options(group)]
+    if groups:
+        return "did you mean " + " or ".join(f"{group}={override}" for group in groups) + "?"
+    return "write key=value, key=a,b for a sweep (with -m), key=[a,b] for a list"
+
+
+def ambiguous_sweep_line(override: str) -> str:
+    """One line for ``key=a,b`` without ``-m``: Hydra's three readings of it, for this key."""
+    key, _, values = override.partition("=")
+    return (
+        f"{override} is ambiguous: write {key}=[{values}] for a list, "
+        f"\"{key}='{values}'\" for a string, or add -m to sweep over {values.replace(',', ', ')}"
+    )
+
+
+def parse_overrides(overrides: Sequence[str]) -> list[Override]:
+    """Hydra's parse of ``overrides``; a key given twice keeps its last value, as in Hydra's
+    basic sweeper."""
+    try:
+        parsed = OverridesParser.create().parse_overrides(list(overrides))
+    except OverrideParseException as err:
+        raise PosbenchError(parse_error_line(err, overrides)) from err
+    return list({o.get_key_element(): o for o in parsed}.values())
+
+
+def expand_sweeps(overrides: Sequence[str]) -> list[list[str]]:
+    """Override lists to check before a sweep starts: the fixed overrides plus, for each swept
+    key, each of its values (linear in the number of values, not their product)."""
+    parsed = parse_overrides(overrides)
+    fixed = [o.input_line for o in parsed if not o.is_sweep_override()]
+    variants = [
+        [*fixed, f"{o.get_key_element()}={value}"]
+        for o in parsed
+        if o.is_sweep_override()
+        for value in o.sweep_string_iterator()
+    ]
+    return variants or [fixed]
+
+
+def check_overrides(overrides: Sequence[str], multirun: bool) -> None:
+    """Compose (and validate) the config for ``overrides`` before Hydra starts any job, so a
+    typo is one line here instead of a multi-line report or a failure deep in a sweep."""
+    candidates = expand_sweeps(sweep_overrides(overrides)) if multirun else [list(overrides)]
+    for candidate in candidates:
+        cfg = compose_or_fail(candidate, with_hydra=True)
+        validate(cfg)
+        check_model_config(cfg.model, cfg.encoding)
+        with unclaimed():  # Hydra claims the directory when the job starts
+            check_can_create(Path(cfg.hydra.sweep.dir if multirun else cfg.hydra.run.dir))
+
+
+def sweep_overrides(overrides: Sequence[str]) -> list[str]:
+    """What a multirun sweeps: the config's ``hydra.sweeper.params`` (set by experiments),
+    then the command line, whose values win per key. The params are read with the fixed group
+    choices and hydra keys only: a value such as ``data.digits=3`` may belong to a group
+    choice (``data=passkey``) that only the sweep makes."""
+    fixed = [
+        o.input_line
+        for o in parse_overrides(overrides)
+        if not o.is_sweep_override()
+        and ("." not in o.get_key_element() or o.get_key_element().startswith("hydra."))
+    ]
+    params = compose_or_fail(fixed, with_hydra=True).hydra.sweeper.get("params") or {}
+    return [*(f"{key}={value}" for key, value in params.items()), *overrides]
+
+
+def compose_or_fail(overrides: Sequence[str], with_hydra: bool = False) -> DictConfig:
+    """The composed config for ``overrides``, or a one-line error."""
+    try:
+        return compose_config(overrides, with_hydra)
+    except (HydraException, OmegaConfBaseException) as err:
+        fail(hydra_error_line(err, overrides))

@@ -1,0 +1,34 @@
+"""``posbench report DIR [--out OUT]``: compare the runs of a sweep (posbench/report/)."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+from pathlib import Path
+
+from posbench.commands.arguments import OneLineParser
+from posbench.report import build_report, markdown, write_report
+
+
+def report_parser() -> argparse.ArgumentParser:
+    parser = OneLineParser(
+        prog="posbench report",
+        description="Compare the runs below DIR (a multirun directory or any folder of runs): "
+        "mean ± std perplexity over seeds per encoding and length, as Markdown (printed), "
+        "CSV, JSON, a PNG plot and TensorBoard runs. Unfinished and diverged runs are listed, "
+        "not averaged.",
+    )
+    parser.add_argument("dir", type=Path, metavar="DIR", help="searched recursively for runs")
+    parser.add_argument(
+        "--out", type=Path, metavar="OUT", help="output directory (default: DIR/report)"
+    )
+    return parser
+
+
+def run_report(args: Sequence[str]) -> None:
+    options = report_parser().parse_args(list(args))
+    out = options.out if options.out is not None else options.dir / "report"
+    report = build_report(options.dir, out)
+    written = write_report(report, out)
+    print(markdown(report))
+    print("wrote " + ", ".join(str(path) for path in written))
