@@ -12,15 +12,9 @@ from omegaconf import OmegaConf
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from posbench.errors import PosbenchError
-from posbench.report import (
-    FIGURE_DPI,
-    FIGURE_INCHES,
-    build_report,
-    markdown,
-    position_figure,
-    ppl_figure,
-    write_report,
-)
+from posbench.report import build_report, write_report
+from posbench.report.figures import FIGURE_DPI, FIGURE_INCHES, position_figure, ppl_figure
+from posbench.report.tables import markdown
 
 
 @pytest.fixture(scope="module")

@@ -3,7 +3,7 @@
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from posbench.tables import eval_table
+from posbench.report.run_table import eval_table
 from posbench.tensorboard_log import (
     eval_tag,
     extrapolation_figure,

@@ -19,8 +19,8 @@ from posbench.config import EvalPositions, eval_lengths
 from posbench.encodings.rope import SCALING_METHODS
 from posbench.evaluate import evaluate_run, rope_scaling_overrides
 from posbench.reevaluate import record_eval
+from posbench.report.run_table import eval_table
 from posbench.runs import load_run_config
-from posbench.tables import eval_table
 from posbench.threads import AUTO, use_threads
 
 

@@ -7,7 +7,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from posbench.commands.arguments import OneLineParser
-from posbench.report import build_report, markdown, write_report
+from posbench.report import build_report, write_report
+from posbench.report.tables import markdown
 
 
 def report_parser() -> argparse.ArgumentParser:

@@ -25,8 +25,8 @@ from posbench.commands.overrides import check_overrides, compose_or_fail, group_
 from posbench.config import config_dir
 from posbench.errors import PosbenchError
 from posbench.output_dirs import register_unique_dir_resolver
+from posbench.report.run_table import data_baselines, eval_table
 from posbench.runs import CONFIG_FILE, saved_config
-from posbench.tables import data_baselines, eval_table
 from posbench.train import TrainingInterrupted, train
 
 # Launchers (joblib, submitit) run train_job in fresh processes that import this module but

@@ -1,4 +1,5 @@
-"""Results as text tables for the terminal."""
+"""One run's evaluation records as the terminal table that ``posbench train`` and ``posbench
+eval`` print, and the words for a ratio that the sweep report's tables use too."""
 
 from __future__ import annotations
 

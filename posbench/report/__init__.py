@@ -1,0 +1,78 @@
+"""Results as tables and figures: ``posbench report DIR`` (a sweep's answer - which encoding
+extrapolates, by how much, with what spread over seeds) and the table of one run's evaluation
+that ``posbench train`` and ``posbench eval`` print.
+
+read.py       find the runs below DIR; read each, or say why it is left out
+groups.py     runs grouped by training setting, rows, cells of mean ± std (build_report)
+tables.py     Markdown (printed, report.md) and the flat records of report.csv / report.json
+figures.py    the PNG figures and the TensorBoard runs
+run_table.py  one run's records as a terminal table, and the ratio's wording both share
+
+Every run below DIR (a directory holding results.json, config.yaml or Hydra's .hydra/) is
+read; runs that differ only in their seed are averaged, and runs whose training setting
+differs (model, data, train.*) are reported in separate groups, never averaged together.
+Written to DIR/report/ (or --out):
+
+    report.md                    the tables (also printed)
+    report.csv, report.json      the same numbers, one row per (group, row, length)
+    ppl_vs_length[_<group>].png  perplexity against evaluation length, one line per row
+    accuracy_vs_length[_<group>].png  a task's answer accuracy against evaluation length
+    loss_by_position[_<group>].png  NLL against position in the window at the longest length
+    tensorboard/[<group>/]<row>/ the mean curves as TensorBoard runs that overlay in Scalars
+                                 (report/ppl, report/ppl_ratio, report/loss_by_position,
+                                 report/accuracy)
+
+A ratio is each run's perplexity over its own at the training length measured the same way
+(runs.eval_protocol). An encoding whose perplexity there is more than groups.COMPARABLE_PPL
+times the best encoding's did not learn comparably: its rows are marked, their ratios saying
+little.
+
+Loss by position is reported at the longest length whose records hold it: the mean NLL per
+position bucket over seeds, and per run "nll after / before" = the token-weighted mean NLL of
+the buckets at positions >= train.seq_len over that of the buckets below it.
+
+For a corpus with documents, the documents scored at each length are shown under the
+perplexity table (a document shorter than L + 1 bytes is skipped at L, so lengths can score
+different text).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from posbench.atomic import atomic_path, atomic_write, replace_directory, write_json
+from posbench.report.figures import (
+    FIGURE_DPI,
+    accuracy_figure,
+    position_figure,
+    ppl_figure,
+    write_tensorboard,
+)
+from posbench.report.groups import Report, build_report, has_accuracy
+from posbench.report.tables import cell_records, csv_text, json_content, markdown
+
+__all__ = ["build_report", "write_report"]
+
+
+def write_report(report: Report, out: Path) -> list[Path]:
+    """Write every output into ``out``, each atomically; return their paths."""
+    records = cell_records(report)
+    written = [out / "report.md", out / "report.csv", out / "report.json"]
+    atomic_write(written[0], markdown(report).encode())
+    atomic_write(written[1], csv_text(records).encode())
+    write_json(written[2], json_content(report, records))
+    for group in report.groups:
+        figures = {"ppl_vs_length": ppl_figure(group)}
+        if group.position_length is not None:
+            figures["loss_by_position"] = position_figure(group)
+        if has_accuracy(group):
+            figures["accuracy_vs_length"] = accuracy_figure(group)
+        for stem, figure in figures.items():
+            path = out / f"{stem}{'_' + group.name if group.name else ''}.png"
+            with atomic_path(path) as tmp:
+                figure.savefig(tmp, format="png", dpi=FIGURE_DPI)
+            written.append(path)
+    with replace_directory(out / "tensorboard") as tmp:
+        write_tensorboard(report, tmp)
+    written.append(out / "tensorboard")
+    return written

@@ -1,0 +1,364 @@
+"""A sweep's numbers: runs grouped by training setting (never averaged across settings), rows
+by encoding and evaluation protocol, cells of mean and sample std over the runs (seeds)."""
+
+from __future__ import annotations
+
+import json
+import statistics
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from posbench.errors import PosbenchError
+from posbench.report.read import Excluded, Run, find_runs
+from posbench.report.run_table import no_reference
+from posbench.runs import (
+    eval_protocol,
+    positions_mode,
+    protocol_text,
+    scaling_name,
+    training_length_ppl,
+)
+
+# Keys that do not change the trained model, so runs differing only in them are averaged.
+# Seed is what is averaged over; encoding makes the rows; eval records are per length anyway.
+NOT_A_SETTING = (
+    "seed",
+    "encoding",
+    "device",
+    "threads",
+    "eval",
+    "data.cache_dir",
+    "train.log_every",
+    "train.val_every",
+    "train.val_batches",
+    "train.checkpoint_every",
+    "train.resume",
+)
+# An encoding whose mean perplexity at the training length is more than this many times the
+# best encoding's did not learn comparably (e.g. under-trained): a flat ratio from a high start
+# says nothing about extrapolating.
+COMPARABLE_PPL = 1.5
+
+
+@dataclass(frozen=True)
+class Stat:
+    """Mean and sample standard deviation (n - 1) of ``n`` values; ``std`` is None below 2."""
+
+    n: int
+    mean: float | None
+    std: float | None
+
+    @classmethod
+    def of(cls, values: Sequence[float]) -> Stat:
+        if not values:
+            return cls(0, None, None)
+        std = statistics.stdev(values) if len(values) > 1 else None
+        return cls(len(values), statistics.fmean(values), std)
+
+
+@dataclass(frozen=True)
+class Cell:
+    length: int
+    ppl: Stat
+    ratio: Stat  # ppl(length) / ppl(train length) of the same protocol, per run
+    unsupported: str | None  # the reason, when no run could measure this length
+    accuracy: Stat = Stat(0, None, None)  # a task's answer bytes right, per run
+    sequence_accuracy: Stat = Stat(0, None, None)  # a task's examples right in full, per run
+    documents: tuple[int, ...] = ()  # the documents its runs scored (distinct counts), if any
+    missing: dict[str, str] = field(default_factory=dict)  # metric -> why a measured cell has none
+
+
+@dataclass(frozen=True)
+class PositionCurve:
+    """A row's loss by position at its group's ``position_length``, over its runs (seeds).
+
+    ``before`` / ``after``: each run's token-weighted mean NLL of the buckets at positions
+    below / from the training length S; ``ratio``: each run's after / before (None when the
+    window holds no position >= S).
+    """
+
+    buckets: list[tuple[int, int]]  # [start, end) positions
+    nll: list[Stat]  # per bucket
+    before: Stat
+    after: Stat
+    ratio: Stat
+
+
+@dataclass
+class Row:
+    label: str  # "rope", "rope + yarn", "rope + yarn s=4", "rope, stride 64", "rope (base=500)"
+    encoding: str
+    scaling: str  # "none", "yarn" (s from each length), "yarn s=4" (a configured factor)
+    stride: int | None
+    # how its windows' positions were numbered, when not as its runs were trained to ("random":
+    # train.random_positions); None: as trained (eval.positions=auto)
+    positions: str | None = None
+    runs: list[Path] = field(default_factory=list)
+    cells: list[Cell] = field(default_factory=list)
+    by_position: PositionCurve | None = None  # none for sliding windows
+    by_depth: dict[int, Stat] | None = None  # passkey: accuracy per needle depth (percent)
+    not_comparable: str | None = None  # why its ratios say little (mark_not_comparable)
+
+
+@dataclass
+class Group:
+    name: str  # "" when the report has one group, else "group<N>" (file and directory names)
+    title: str
+    setting: dict[str, Any]  # the keys whose values tell this group from the others
+    train_seq_len: int
+    lengths: list[int]
+    rows: list[Row]
+    position_length: int | None = None  # the longest length with loss by position
+    depth_length: int | None = None  # the longest length with passkey accuracy by depth
+
+
+@dataclass
+class Report:
+    root: Path
+    groups: list[Group]
+    excluded: list[Excluded]
+
+
+def training_setting(run: Run) -> tuple[tuple[str, str], ...]:
+    """What the trained model depends on besides encoding and seed, hashable."""
+    return tuple(
+        (key, json.dumps(value))
+        for key, value in sorted(run.config.items())
+        if not any(key == k or key.startswith(f"{k}.") for k in NOT_A_SETTING)
+    )
+
+
+def encoding_labels(runs: Sequence[Run]) -> dict[Path, str]:
+    """Each run's encoding name, plus the encoding options that differ between runs of that
+    name (so rope with two bases makes two rows instead of one average)."""
+    options = {
+        run.path: {k: v for k, v in run.config.items() if k.startswith("encoding.")} for run in runs
+    }
+    labels = {}
+    for run in runs:
+        name = run.config["encoding.name"]
+        same_name = [options[r.path] for r in runs if r.config["encoding.name"] == name]
+        differing = sorted(
+            k for k in options[run.path] if len({json.dumps(o.get(k)) for o in same_name}) > 1
+        )
+        details = ", ".join(
+            f"{k.removeprefix('encoding.')}={options[run.path][k]}" for k in differing
+        )
+        labels[run.path] = f"{name} ({details})" if details else name
+    return labels
+
+
+def row_label(encoding: str, scaling: str, stride: int | None, positions: str | None) -> str:
+    label = encoding if scaling == "none" else f"{encoding} + {scaling}"
+    label = label if stride is None else f"{label}, stride {stride}"
+    return label if positions is None else f"{label}, {positions} positions"
+
+
+def other_positions(run: Run, record: dict[str, Any]) -> str | None:
+    """The record's positions mode when it is not the one the run evaluates at by default
+    (random for a run trained with train.random_positions, else consecutive), else None."""
+    trained = "consecutive" if run.config.get("train.random_positions") is None else "random"
+    mode = positions_mode(record)
+    return None if mode == trained else mode
+
+
+def reference_ppl(run: Run, record: dict[str, Any]) -> float | None:
+    """The run's perplexity at its training length measured as ``record`` was (the same
+    ``eval_protocol``): what ``record``'s ratio divides by."""
+    references = training_length_ppl(run.results["eval"], run.config["train.seq_len"])
+    return references.get(eval_protocol(record))
+
+
+def build_group(runs: Sequence[Run], name: str, title: str, setting: dict[str, Any]) -> Group:
+    labels = encoding_labels(runs)
+    # (label, scaling name, stride, other positions) -> length -> the runs' records there
+    table: dict[tuple, dict[int, list[tuple[Run, dict]]]] = defaultdict(lambda: defaultdict(list))
+    row_runs: dict[tuple, list[Path]] = defaultdict(list)
+    for run in runs:
+        for record in run.results["eval"]:
+            key = (
+                labels[run.path],
+                scaling_name(record),
+                record["stride"],
+                other_positions(run, record),
+            )
+            table[key][record["length"]].append((run, record))
+            if run.path not in row_runs[key]:
+                row_runs[key].append(run.path)
+    lengths = sorted({length for by_length in table.values() for length in by_length})
+    rows = []
+    sorted_keys = sorted(table, key=lambda k: (k[0], k[1] != "none", k[1], k[2] or 0, k[3] or ""))
+    for key in sorted_keys:
+        label, scaling, stride, positions = key
+        shown = row_label(label, scaling, stride, positions)
+        row = Row(shown, label, scaling, stride, positions, row_runs[key])
+        row.cells = [cell(length, table[key].get(length, [])) for length in lengths]
+        rows.append(row)
+    train_seq_len = runs[0].config["train.seq_len"]
+    group = Group(name, title, setting, train_seq_len, lengths, rows)
+    mark_not_comparable(group)
+    with_positions = [
+        (key, length)
+        for key, by_length in table.items()
+        for length, measured in by_length.items()
+        if any("loss_by_position" in r for _, r in measured)
+    ]
+    if with_positions:
+        group.position_length = max(length for _, length in with_positions)
+        for key, row in zip(sorted_keys, rows, strict=True):
+            measured = table[key].get(group.position_length, [])
+            row.by_position = position_curve(measured, train_seq_len)
+    with_depths = [
+        length
+        for by_length in table.values()
+        for length, measured in by_length.items()
+        if any("accuracy_by_depth" in r for _, r in measured)
+    ]
+    if with_depths:
+        group.depth_length = max(with_depths)
+        for key, row in zip(sorted_keys, rows, strict=True):
+            row.by_depth = depth_accuracy(table[key].get(group.depth_length, []))
+    return group
+
+
+def depth_accuracy(measured: Sequence[tuple[Run, dict]]) -> dict[int, Stat] | None:
+    """The runs' passkey accuracy at each needle depth, over runs; None when none has one."""
+    per_depth: dict[int, list[float]] = defaultdict(list)
+    for _, record in measured:
+        for entry in record.get("accuracy_by_depth", []):
+            per_depth[entry["depth_percent"]].append(entry["accuracy"])
+    return {depth: Stat.of(values) for depth, values in sorted(per_depth.items())} or None
+
+
+def nll_split(buckets: Sequence[dict[str, Any]], train_seq_len: int) -> tuple[float, float | None]:
+    """Token-weighted mean NLL of the buckets before the training length, and from it on
+    (None when the window ends at or before it). The training length is a bucket boundary."""
+
+    def mean(part: list[dict[str, Any]]) -> float | None:
+        tokens = sum(b["tokens"] for b in part)
+        return sum(b["nll"] * b["tokens"] for b in part) / tokens if tokens else None
+
+    before = mean([b for b in buckets if b["end"] <= train_seq_len])
+    after = mean([b for b in buckets if b["start"] >= train_seq_len])
+    return before, after
+
+
+def position_curve(
+    measured: Sequence[tuple[Run, dict]], train_seq_len: int
+) -> PositionCurve | None:
+    """The runs' loss by position averaged per bucket; None when none of them has one."""
+    curves = [r["loss_by_position"] for _, r in measured if "loss_by_position" in r]
+    if not curves:
+        return None
+    buckets = [(b["start"], b["end"]) for b in curves[0]]
+    assert all([(b["start"], b["end"]) for b in c] == buckets for c in curves), "same S, length"
+    nll = [Stat.of([c[i]["nll"] for c in curves]) for i in range(len(buckets))]
+    splits = [nll_split(c, train_seq_len) for c in curves]
+    afters = [(before, after) for before, after in splits if after is not None]
+    return PositionCurve(
+        buckets,
+        nll,
+        Stat.of([before for before, _ in splits]),
+        Stat.of([after for _, after in afters]),
+        Stat.of([after / before for before, after in afters]),
+    )
+
+
+def cell(length: int, measured: Sequence[tuple[Run, dict]]) -> Cell:
+    ok_records = [(run, r) for run, r in measured if r["status"] == "ok"]
+    ok = [(run, r["ppl"]) for run, r in ok_records]
+    ratios = [r["ppl"] / ref for run, r in ok_records if (ref := reference_ppl(run, r)) is not None]
+    missing = {}
+    if ok and not ratios:  # measured, but no run measured the training length that way
+        run, record = ok_records[0]
+        missing["ratio"] = no_reference(run.config["train.seq_len"], protocol_text(record))
+    reasons = sorted({r["reason"] for _, r in measured if r["status"] != "ok"})
+    unsupported = "; ".join(reasons) if reasons and not ok else None
+    scored = [r for _, r in measured if r.get("accuracy") is not None]
+    documents = {count for _, r in ok_records if (count := r.get("documents")) is not None}
+    return Cell(
+        length,
+        Stat.of([ppl for _, ppl in ok]),
+        Stat.of(ratios),
+        unsupported,
+        Stat.of([r["accuracy"] for r in scored]),
+        Stat.of([r["sequence_accuracy"] for r in scored]),
+        tuple(sorted(documents)),
+        missing,
+    )
+
+
+def mark_not_comparable(group: Group) -> None:
+    """Mark every row of an encoding whose model did not learn comparably: its plain (as
+    trained: non-overlapping, unscaled) mean perplexity at the training length is more than
+    COMPARABLE_PPL times the best encoding's. Its ratios, flat from a high start, are no sign
+    of extrapolating. Nothing without plain records at that length."""
+    if group.train_seq_len not in group.lengths:
+        return
+    column = group.lengths.index(group.train_seq_len)
+    trained = {
+        row.encoding: row.cells[column].ppl.mean
+        for row in group.rows
+        if row.scaling == "none"
+        and row.stride is None
+        and row.positions is None
+        and row.cells[column].ppl.n
+    }
+    if not trained:
+        return
+    best = min(trained, key=trained.__getitem__)
+    for row in group.rows:
+        mean = trained.get(row.encoding)
+        if mean is not None and mean > COMPARABLE_PPL * trained[best]:
+            row.not_comparable = (
+                f"did not learn comparably at the training length (ppl {mean:.2f} at "
+                f"{group.train_seq_len}, more than {COMPARABLE_PPL:g}× the best encoding's, "
+                f"{best}: {trained[best]:.2f}): its ratios say little about extrapolation"
+            )
+
+
+def has_accuracy(group: Group) -> bool:
+    """Whether the group's runs are of a task (their records score answers)."""
+    return any(c.accuracy.n for row in group.rows for c in row.cells)
+
+
+def group_title(config: dict[str, Any]) -> str:
+    return (
+        f"{config.get('data.name', '?')} data, model {config['model.n_layer']}×"
+        f"{config['model.d_model']}, trained at {config['train.seq_len']} tokens for "
+        f"{config['train.steps']} steps"
+    )
+
+
+def build_report(root: Path, out: Path | None = None) -> Report:
+    """Read every run below ``root`` and aggregate it; a one-line error if none finished."""
+    root = Path(root)
+    if not root.is_dir():
+        raise PosbenchError(f"{root} is not a directory; pass a multirun or outputs directory")
+    runs, excluded = find_runs(root, skip=out)
+    if not runs:
+        found = f"{len(excluded)} unfinished" if excluded else "no"
+        raise PosbenchError(
+            f"no finished run under {root} ({found} run directories); point at a directory "
+            "made by `posbench train` once a run has finished"
+        )
+    by_setting: dict[tuple, list[Run]] = defaultdict(list)
+    for run in runs:
+        by_setting[training_setting(run)].append(run)
+    settings = sorted(by_setting)
+    differing = sorted(
+        {k for s in settings for k, v in s if any((k, v) not in t for t in settings)}
+    )
+    groups = []
+    for number, setting in enumerate(settings, start=1):
+        members = by_setting[setting]
+        distinct = {k: members[0].config[k] for k in differing if k in members[0].config}
+        title = group_title(members[0].config)
+        if distinct:
+            title += "; " + ", ".join(f"{k}={v}" for k, v in distinct.items())
+        name = f"group{number}" if len(settings) > 1 else ""
+        groups.append(build_group(members, name, title, distinct))
+    return Report(root, groups, excluded)

@@ -1,0 +1,322 @@
+"""A report as text: the Markdown tables (printed and report.md) and the same numbers as flat
+records for report.csv and report.json."""
+
+from __future__ import annotations
+
+import csv
+import io
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from posbench.report.groups import Group, Report, Row, Stat, has_accuracy
+from posbench.report.run_table import ratio_title
+
+
+def multiple(length: int, train_seq_len: int) -> str:
+    return f"{length / train_seq_len:g}×"
+
+
+def stat_text(stat: Stat, bold: bool = False) -> str:
+    mean = f"**{stat.mean:.2f}**" if bold else f"{stat.mean:.2f}"
+    return mean if stat.std is None else f"{mean} ± {stat.std:.2f}"
+
+
+def length_headers(group: Group) -> list[str]:
+    return [f"{length} ({multiple(length, group.train_seq_len)})" for length in group.lengths]
+
+
+def documents_note(group: Group) -> list[str]:
+    """How many documents each length scored, for a corpus with documents (nothing for one
+    stream): a document shorter than L + 1 bytes is skipped at L, so lengths can differ."""
+    counts = [
+        sorted({n for row in group.rows for n in row.cells[i].documents})
+        for i in range(len(group.lengths))
+    ]
+    if not any(counts):
+        return []
+    texts = [", ".join(str(n) for n in c) or "–" for c in counts]
+    if len(set(texts)) == 1:
+        return [f"Documents scored: {texts[0]} at every length."]
+    return [
+        "Documents scored at each length (a document shorter than L + 1 bytes is skipped at L: "
+        "these lengths score different documents):",
+        "",
+        "| | " + " | ".join(length_headers(group)) + " |",
+        "| --- |" + " --- |" * len(group.lengths),
+        "| documents | " + " | ".join(texts) + " |",
+    ]
+
+
+def markdown_table(
+    group: Group, metric: str, footnotes: dict[str, int], best_of: Any = min
+) -> list[str]:
+    """``metric`` a Cell's Stat ("ppl", "ratio", "accuracy", ...): one line per row, one column
+    per length; the best mean per column (``best_of`` the means: min, or max for accuracies)
+    in bold; unsupported cells, measured cells without that metric and rows that are not
+    comparable point to a footnote with the reason."""
+    lines = [
+        "| encoding | runs | " + " | ".join(length_headers(group)) + " |",
+        "| --- | --- |" + " --- |" * len(group.lengths),
+    ]
+    best = {}
+    for i in range(len(group.lengths)):
+        means = [getattr(row.cells[i], metric).mean for row in group.rows]
+        measured = [m for m in means if m is not None]
+        best[i] = best_of(measured) if len(measured) > 1 else None
+    for row in group.rows:
+        texts = []
+        for i, c in enumerate(row.cells):
+            stat = getattr(c, metric)
+            if c.unsupported is not None:
+                texts.append(f"unsupported [{footnote(footnotes, row.encoding, c.unsupported)}]")
+            elif metric in c.missing:
+                texts.append(f"– [{footnote(footnotes, row.label, c.missing[metric])}]")
+            elif stat.mean is None:
+                texts.append("–")
+            else:
+                text = stat_text(stat, bold=stat.mean == best[i])
+                texts.append(text if stat.n == len(row.runs) else f"{text} (n={stat.n})")
+        lines.append(
+            f"| {row_name(row, footnotes)} | {len(row.runs)} | " + " | ".join(texts) + " |"
+        )
+    return lines
+
+
+def footnote(footnotes: dict[str, int], subject: str, why: str) -> int:
+    """The number of the footnote "subject: why", a new one the first time it is needed."""
+    return footnotes.setdefault(f"{subject}: {why}", len(footnotes) + 1)
+
+
+def row_name(row: Row, footnotes: dict[str, int]) -> str:
+    """A row's label in a table, pointing to the footnote that says why when it is not
+    comparable (one footnote for all rows of an encoding)."""
+    if row.not_comparable is None:
+        return row.label
+    return f"{row.label} [{footnote(footnotes, row.encoding, row.not_comparable)}]"
+
+
+def position_table(group: Group, footnotes: dict[str, int]) -> list[str]:
+    """Where in the window the loss rises, at the group's longest length with loss by
+    position: each row's NLL before and from the training length, and their ratio."""
+    S, length = group.train_seq_len, group.position_length
+    lines = [
+        f"Loss by position at {length} tokens ({multiple(length, S)}): mean NLL (nats per "
+        f"token) at positions < {S} (before the training length) and >= {S} (after), "
+        "token-weighted over the position buckets, and after / before per run:",
+        "",
+        "| encoding | runs | nll before | nll after | nll after / before |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    for row in group.rows:
+        curve = row.by_position
+        if curve is not None:
+            stats = (curve.before, curve.after, curve.ratio)
+            texts = ["–" if stat.mean is None else stat_text(stat) for stat in stats]
+            lines.append(
+                f"| {row_name(row, footnotes)} | {curve.before.n} | " + " | ".join(texts) + " |"
+            )
+    return lines
+
+
+ACCURACIES = {
+    "accuracy": "Accuracy (answer bytes predicted right, argmax under teacher forcing)",
+    "sequence_accuracy": "Sequence accuracy (examples whose whole answer is right)",
+}
+
+
+def depth_table(group: Group, footnotes: dict[str, int]) -> list[str]:
+    """Passkey accuracy per depth of the needle at the group's ``depth_length``."""
+    depths = sorted({d for row in group.rows if row.by_depth for d in row.by_depth})
+    length = group.depth_length
+    lines = [
+        f"Accuracy by depth of the pass key in the filler, at {length} tokens "
+        f"({multiple(length, group.train_seq_len)}; 0 % = first, 100 % = just before the "
+        "question):",
+        "",
+        "| encoding | runs | " + " | ".join(f"{d} %" for d in depths) + " |",
+        "| --- | --- |" + " --- |" * len(depths),
+    ]
+    for row in group.rows:
+        if row.by_depth:
+            texts = [stat_text(row.by_depth[d]) if d in row.by_depth else "–" for d in depths]
+            n = max(stat.n for stat in row.by_depth.values())
+            lines.append(f"| {row_name(row, footnotes)} | {n} | " + " | ".join(texts) + " |")
+    return lines
+
+
+def markdown(report: Report) -> str:
+    n_runs = sum(len({p for row in g.rows for p in row.runs}) for g in report.groups)
+    lines = [
+        f"# posbench report: {report.root}",
+        "",
+        f"{n_runs} runs. Cells: mean ± sample standard deviation (n − 1) over the runs (seeds) "
+        "of a row; a single run shows its value alone, (n=k) marks a cell fewer runs "
+        "measured. Best mean per column in bold (lowest perplexity, highest accuracy).",
+    ]
+    footnotes: dict[str, int] = {}
+    for group in report.groups:
+        lines += ["", f"## {group.title}", "", "Perplexity:", ""]
+        lines += markdown_table(group, "ppl", footnotes)
+        if note := documents_note(group):
+            lines += ["", *note]
+        lines += ["", f"{ratio_title(group.train_seq_len)}, each run against its own:", ""]
+        lines += markdown_table(group, "ratio", footnotes)
+        if has_accuracy(group):
+            for metric, what in ACCURACIES.items():
+                lines += ["", f"{what}:", ""]
+                lines += markdown_table(group, metric, footnotes, best_of=max)
+        if group.depth_length is not None:
+            lines += ["", *depth_table(group, footnotes)]
+        if group.position_length is not None:
+            lines += ["", *position_table(group, footnotes)]
+    if footnotes:
+        lines += [""] + [f"- [{n}] {text}" for text, n in footnotes.items()]
+    if report.excluded:
+        lines += ["", "Excluded runs (not in the means):", ""]
+        lines += [f"- `{relative(e.path, report.root)}`: {e.reason}" for e in report.excluded]
+    return "\n".join(lines) + "\n"
+
+
+def relative(path: Path, root: Path) -> str:
+    return str(path.relative_to(root)) if path != root else "."
+
+
+CSV_FIELDS = [
+    "group",
+    "encoding",
+    "scaling",
+    "stride",
+    "positions",
+    "runs",
+    "comparable",
+    "length",
+    "multiple",
+    "status",
+    "reason",
+    "ppl_n",
+    "ppl_mean",
+    "ppl_std",
+    "ratio_n",
+    "ratio_mean",
+    "ratio_std",
+    "accuracy_n",
+    "accuracy_mean",
+    "accuracy_std",
+    "sequence_accuracy_n",
+    "sequence_accuracy_mean",
+    "sequence_accuracy_std",
+    "documents_min",
+    "documents_max",
+]
+
+
+def cell_records(report: Report) -> list[dict[str, Any]]:
+    """One flat record per (group, row, length): the rows of report.csv and report.json."""
+    return [
+        {
+            "group": group.name,
+            "encoding": row.label,
+            "scaling": row.scaling,
+            "stride": row.stride,
+            "positions": row.positions,
+            "runs": len(row.runs),
+            "comparable": row.not_comparable is None,
+            "length": c.length,
+            "multiple": c.length / group.train_seq_len,
+            "status": "unsupported"
+            if c.unsupported is not None
+            else "ok"
+            if c.ppl.n
+            else "missing",
+            "reason": c.unsupported,
+            "ppl_n": c.ppl.n,
+            "ppl_mean": c.ppl.mean,
+            "ppl_std": c.ppl.std,
+            "ratio_n": c.ratio.n,
+            "ratio_mean": c.ratio.mean,
+            "ratio_std": c.ratio.std,
+            **{
+                f"{metric}_{part}": getattr(getattr(c, metric), part)
+                for metric in ACCURACIES
+                for part in ("n", "mean", "std")
+            },
+            "documents_min": min(c.documents, default=None),
+            "documents_max": max(c.documents, default=None),
+        }
+        for group in report.groups
+        for row in group.rows
+        for c in row.cells
+    ]
+
+
+def csv_text(records: Sequence[dict[str, Any]]) -> str:
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=CSV_FIELDS, lineterminator="\n")
+    writer.writeheader()
+    writer.writerows(records)
+    return buffer.getvalue()
+
+
+def json_content(report: Report, records: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    return {
+        "root": str(report.root),
+        "std": "sample standard deviation (n - 1) over runs; null for a single run",
+        "groups": [
+            {
+                "name": g.name,
+                "title": g.title,
+                "setting": g.setting,
+                "train_seq_len": g.train_seq_len,
+                "rows": {row.label: [relative(p, report.root) for p in row.runs] for row in g.rows},
+                "loss_by_position": position_content(g),
+                "accuracy_by_depth": depth_content(g),
+            }
+            for g in report.groups
+        ],
+        "cells": list(records),
+        "excluded": [
+            {"path": relative(e.path, report.root), "reason": e.reason} for e in report.excluded
+        ],
+    }
+
+
+def depth_content(group: Group) -> dict[str, Any] | None:
+    """The group's passkey accuracy per needle depth, for report.json."""
+    if group.depth_length is None:
+        return None
+    rows = {
+        row.label: {
+            "depth_percent": list(row.by_depth),
+            **{
+                f"accuracy_{part}": [getattr(stat, part) for stat in row.by_depth.values()]
+                for part in ("n", "mean", "std")
+            },
+        }
+        for row in group.rows
+        if row.by_depth
+    }
+    return {"length": group.depth_length, "rows": rows}
+
+
+def position_content(group: Group) -> dict[str, Any] | None:
+    """The group's loss-by-position curves and before/after split, for report.json."""
+    if group.position_length is None:
+        return None
+    rows = {}
+    for row in group.rows:
+        curve = row.by_position
+        if curve is not None:
+            rows[row.label] = {
+                "start": [start for start, _ in curve.buckets],
+                "end": [end for _, end in curve.buckets],
+                "nll_n": [stat.n for stat in curve.nll],
+                "nll_mean": [stat.mean for stat in curve.nll],
+                "nll_std": [stat.std for stat in curve.nll],
+                **{
+                    f"{name}_{part}": getattr(getattr(curve, name), part)
+                    for name in ("before", "after", "ratio")
+                    for part in ("n", "mean", "std")
+                },
+            }
+    return {"length": group.position_length, "rows": rows}
