@@ -13,7 +13,13 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from posbench.errors import PosbenchError
 from posbench.report import build_report, write_report
-from posbench.report.figures import FIGURE_DPI, FIGURE_INCHES, position_figure, ppl_figure
+from posbench.report.figures import (
+    FIGURE_DPI,
+    FIGURE_INCHES,
+    accuracy_figure,
+    position_figure,
+    ppl_figure,
+)
 from posbench.report.tables import markdown
 
 
@@ -332,6 +338,60 @@ def test_the_figure_legend_marks_a_row_that_is_not_comparable(tmp_path):
     assert labels == ["none (not comparable)", "rope", "train length"]
 
 
+def labelled_range(axes):
+    """The lowest and the highest y value that a tick label names, as drawn."""
+    axes.figure.canvas.draw()
+    low, high = sorted(axes.get_ylim())
+    ticks = [*axes.yaxis.get_major_ticks(), *axes.yaxis.get_minor_ticks()]
+    locations = [*axes.yaxis.get_majorticklocs(), *axes.yaxis.get_minorticklocs()]
+    named = [
+        at
+        for at, tick in zip(locations, ticks, strict=True)
+        if tick.label1.get_visible() and tick.label1.get_text() and low <= at <= high
+    ]
+    return min(named), max(named)
+
+
+def plotted_range(axes):
+    """The lowest and the highest value of the figure's curves (the rows' means)."""
+    values = [
+        y
+        for line in axes.get_lines()
+        if line.get_label() != "train length"
+        for y in line.get_ydata()
+    ]
+    return min(values), max(values)
+
+
+@pytest.mark.parametrize(
+    "ppls",
+    [
+        {16: 8.1, 32: 9.0, 64: 11.7},  # narrow: once labelled at 8, 9 and 10 only
+        {16: 3.2, 32: 40.0, 64: 310.0},  # wide: an encoding that blows up past its length
+        {16: 5.0, 32: 5.0, 64: 5.0},  # flat
+    ],
+    ids=["narrow", "wide", "flat"],
+)
+def test_the_perplexity_axis_labels_a_range_holding_every_curve(tmp_path, ppls):
+    make_run(tmp_path / "rope", ppls=ppls)
+    make_run(tmp_path / "alibi", encoding="alibi", ppls={16: 8.0, 32: 8.3, 64: 8.6})
+    (group,) = build_report(tmp_path).groups
+    (axes,) = ppl_figure(group).axes
+    labelled_low, labelled_high = labelled_range(axes)
+    low, high = plotted_range(axes)
+    assert labelled_low <= low and high <= labelled_high
+
+
+@pytest.mark.parametrize(
+    ("highest", "scale"), [(8.0 * 3, "linear"), (8.0 * 3.01, "log")], ids=["3x", "over 3x"]
+)
+def test_the_perplexity_axis_is_log_scaled_only_where_its_range_is_wide(tmp_path, highest, scale):
+    make_run(tmp_path / "rope", ppls={16: 8.0, 32: highest})
+    (group,) = build_report(tmp_path).groups
+    (axes,) = ppl_figure(group).axes
+    assert axes.get_yscale() == scale
+
+
 def test_encodings_with_different_options_are_separate_rows(tmp_path):
     make_run(tmp_path / "a", ppls={16: 5.0}, encoding__base=10000)
     make_run(tmp_path / "b", ppls={16: 7.0}, encoding__base=500)
@@ -531,6 +591,20 @@ def test_corpus_runs_get_no_accuracy_table_or_figure(tmp_path):
     write_report(report, out)
     assert "Accuracy" not in markdown(report)
     assert not (out / "accuracy_vs_length.png").exists()
+
+
+@pytest.mark.parametrize(("seeds", "says_std"), [(1, False), (2, True)], ids=["1 seed", "2 seeds"])
+def test_the_figures_name_a_std_over_seeds_only_where_a_row_has_several_runs(
+    tmp_path, seeds, says_std
+):
+    for seed in range(seeds):
+        run = make_run(tmp_path / f"s{seed}", seed=seed, ppls={16: 5.0 + seed, 40: 6.0})
+        add_loss_by_position(run, 40, dict(zip(BUCKETS, [2.0, 1.0, 3.0, 4.0 + seed], strict=True)))
+        add_accuracy(run, {16: (1.0, 1.0), 40: (0.5 + 0.1 * seed, 0.25)})
+    (group,) = build_report(tmp_path).groups
+    for figure in (ppl_figure(group), position_figure(group), accuracy_figure(group)):
+        (axes,) = figure.axes
+        assert ("± std over seeds" in axes.get_ylabel()) == says_std, axes.get_ylabel()
 
 
 def test_passkey_accuracy_by_depth_is_averaged_over_seeds_at_the_longest_length(tmp_path):

@@ -3,15 +3,17 @@ curves overlay in the Scalars tab."""
 
 from __future__ import annotations
 
+import math
 import re
 import textwrap
+from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from torch.utils.tensorboard import SummaryWriter
 
-from posbench.report.groups import Group, Report, Row
+from posbench.report.groups import Group, Report, Row, Stat
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -19,6 +21,17 @@ if TYPE_CHECKING:
 FIGURE_INCHES = (8.0, 5.0)
 FIGURE_DPI = 100  # with FIGURE_INCHES: 800 x 500 pixels
 TITLE_CHARACTERS = 100  # per line of a figure's title (a group's full setting can be longer)
+# The perplexity axis is log scaled when its highest value is more than this many times its
+# lowest: a curve that blows up past the training length then leaves the others readable. A
+# narrower range is linear, where evenly spaced round ticks read better than a log scale's few.
+LOG_SCALE_RATIO = 3.0
+# A log axis's ticks, by how many decades it spans at most: enough labels to read a value off
+# (at least three), never so many that they crowd.
+LOG_MANTISSAS = ((1.0, (1, 1.5, 2, 3, 5, 7)), (3.0, (1, 2, 5)), (5.0, (1, 3)), (math.inf, (1,)))
+# A linear axis spans at least this fraction of its highest value, so that nearly flat curves
+# get round ticks rather than ticks in the fourth decimal.
+MIN_LINEAR_SPAN = 0.1
+EDGE = 0.02  # of an axis's height beyond its outer ticks: a point on one shows its whole marker
 
 # matplotlib's ten default colours, then the same ten dashed, dash-dotted and dotted: a sweep
 # with more than ten rows (every encoding plus scaled re-evaluations) keeps every line distinct.
@@ -35,25 +48,80 @@ def legend_label(row: Row) -> str:
     return row.label if row.not_comparable is None else f"{row.label} (not comparable)"
 
 
+def spread(stats: Iterable[Stat]) -> str:
+    """What a figure's shading shows, for its y label: the std over seeds where a row has
+    several runs to take it over, nothing where every row is one run (no spread to shade)."""
+    return " (mean ± std over seeds)" if any(stat.n > 1 for stat in stats) else ""
+
+
+def covering_ticks(low: float, high: float) -> tuple[str, list[float]]:
+    """The scale ("linear" or "log", see LOG_SCALE_RATIO) and round ticks for values in
+    ``low``..``high`` (both > 0): the first tick at or below ``low``, the last at or above
+    ``high``, so that every value lies inside the labelled range."""
+    from matplotlib.ticker import MaxNLocator  # lazily, as in length_figure
+
+    if high / low > LOG_SCALE_RATIO:
+        decades = math.log10(high / low)
+        mantissas = next(m for most, m in LOG_MANTISSAS if decades <= most)
+        exponents = range(math.floor(math.log10(low)), math.ceil(math.log10(high)) + 1)
+        candidates = [mantissa * 10.0**exponent for exponent in exponents for mantissa in mantissas]
+        scale = "log"
+    else:
+        pad = max(0.0, MIN_LINEAR_SPAN * high - (high - low)) / 2
+        low, high = low - pad, high + pad
+        locator = MaxNLocator(nbins=6, steps=[1, 2, 2.5, 5, 10])
+        # 12 significant digits: 5.1, not the locator's 5.1000000000000005
+        candidates = [float(f"{tick:.12g}") for tick in locator.tick_values(low, high)]
+        scale = "linear"
+    rounding = 1e-9 * high  # a tick computed as 5.000000000001 still covers 5
+    first = max(tick for tick in candidates if tick <= low + rounding)
+    last = min(tick for tick in candidates if tick >= high - rounding)
+    return scale, [tick for tick in candidates if first <= tick <= last]
+
+
+def beyond(scale: str, first: float, last: float) -> tuple[float, float]:
+    """Axis limits EDGE of the axis's height beyond its first and last tick."""
+    if scale == "log":
+        factor = (last / first) ** EDGE
+        return first / factor, last * factor
+    margin = EDGE * (last - first)
+    return first - margin, last + margin
+
+
 def ppl_figure(group: Group) -> Figure:
-    """Mean perplexity against evaluation length (log-log), ± one std shaded, one line per
-    row; a fixed FIGURE_INCHES x FIGURE_DPI canvas so every report image has the same size."""
-    from matplotlib.ticker import StrMethodFormatter  # lazily: only commands that draw
+    """Mean perplexity against evaluation length (log x), ± one std shaded, one line per row;
+    the y axis linear or log (LOG_SCALE_RATIO), its labelled ticks covering every curve and
+    its shading. A fixed FIGURE_INCHES x FIGURE_DPI canvas so every report image has the same
+    size."""
+    from matplotlib.ticker import NullFormatter, StrMethodFormatter  # lazily, as length_figure
 
     figure, axes = length_figure(group, "ppl")
-    axes.set_yscale("log")
-    axes.yaxis.set_major_formatter(StrMethodFormatter("{x:g}"))
-    axes.yaxis.set_minor_formatter(StrMethodFormatter("{x:g}"))
-    axes.set_ylabel("perplexity (mean ± std over seeds)")
+    stats = [c.ppl for row in group.rows for c in row.cells if c.ppl.n]
+    values = [value for stat in stats for value in shaded(stat) if value > 0]  # log: > 0 only
+    if values:
+        scale, ticks = covering_ticks(min(values), max(values))
+        axes.set_yscale(scale)
+        axes.set_yticks(ticks)
+        axes.set_ylim(*beyond(scale, ticks[0], ticks[-1]))
+        axes.yaxis.set_major_formatter(StrMethodFormatter("{x:g}"))
+        axes.yaxis.set_minor_formatter(NullFormatter())  # a log axis's 2..9: grid lines only
+    axes.set_ylabel("perplexity" + spread(stats))
     figure.tight_layout()  # arranges the axes inside the fixed canvas; the size stays
     return figure
+
+
+def shaded(stat: Stat) -> tuple[float, float, float]:
+    """The mean of a curve's point and the two ends of its shading."""
+    std = stat.std or 0.0
+    return stat.mean - std, stat.mean, stat.mean + std
 
 
 def accuracy_figure(group: Group) -> Figure:
     """A task's mean accuracy on the answer bytes against evaluation length, as ppl_figure."""
     figure, axes = length_figure(group, "accuracy")
     axes.set_ylim(0, 1)
-    axes.set_ylabel("accuracy on the answer bytes (mean ± std over seeds)")
+    stats = [c.accuracy for row in group.rows for c in row.cells]
+    axes.set_ylabel("accuracy on the answer bytes" + spread(stats))
     figure.tight_layout()
     return figure
 
@@ -105,7 +173,8 @@ def position_figure(group: Group) -> Figure:
     axes.axvline(group.train_seq_len, color="grey", linestyle="--", label="train length")
     axes.set_xscale("log", base=2)
     axes.set_xlabel(f"position in the window (bucket end; window {group.position_length} tokens)")
-    axes.set_ylabel("NLL, nats per token (mean ± std over seeds)")
+    stats = [stat for row in group.rows if row.by_position for stat in row.by_position.nll]
+    axes.set_ylabel("NLL, nats per token" + spread(stats))
     axes.set_title(textwrap.fill(group.title, TITLE_CHARACTERS), fontsize="small")
     axes.grid(True, which="both", alpha=0.3)
     axes.legend(fontsize="small")
@@ -113,7 +182,7 @@ def position_figure(group: Group) -> Figure:
     return figure
 
 
-# ----------------------------------------------------------------------------- writing
+# ------------------------------------------------------------------------------ TensorBoard
 
 
 def slug(label: str) -> str:
