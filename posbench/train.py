@@ -1,7 +1,7 @@
 """``train(cfg, run_dir)``: train at ``train.seq_len``, then evaluate at every ``eval.lengths``.
 
 A plain function that returns the results it also writes to ``run_dir``; the Hydra entry point
-in posbench/cli.py is a thin wrapper around it.
+in posbench/commands/train.py is a thin wrapper around it.
 """
 
 from __future__ import annotations
@@ -439,7 +439,7 @@ def train(cfg: DictConfig, run_dir: str | Path) -> dict[str, Any]:
     """
     distributed.setup()  # under torchrun or SLURM: join the other ranks (posbench/distributed.py)
     # Every rank is past Hydra's start in the run directory, which rank 0 alone removes if the
-    # run fails before writing anything (cli.remove_if_worthless).
+    # run fails before writing anything (commands.train.remove_if_worthless).
     distributed.wait_for_all()
     validate(cfg)
     threads = use_threads(cfg.threads)  # before any work; the run's first log line
