@@ -4,7 +4,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from test_readme import BLOCK, README
+from test_docs import BLOCK, README
 
 CI = README.parent / ".ci" / "run"
 

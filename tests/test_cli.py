@@ -12,6 +12,7 @@ import torch
 from conftest import TINY, TINY_RUN, posbench
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+from posbench.commands.overrides import unknown_key_hint
 from posbench.config import compose_config
 from posbench.evaluate import position_buckets
 from posbench.runs import save_config
@@ -450,3 +451,13 @@ def test_a_run_saved_before_the_threads_key_existed_resumes_with_the_default(tmp
     )
     posbench("train", "--resume", "run", "train.steps=6", cwd=tmp_path)
     assert results_of(tmp_path / "run")["train"]["steps"] == 6
+
+
+def test_a_key_of_another_option_is_named_against_the_option_chosen_beside_a_second_mistake():
+    # data.val_tokens is not a key of data=text either, so the other overrides do not compose;
+    # the hint must still say data=text was chosen, not the default data=synthetic.
+    overrides = ["data=text", "data.path=f.txt", "data.train_tokens=4000", "data.val_tokens=100"]
+    assert unknown_key_hint("data.train_tokens", overrides) == (
+        "data.train_tokens is a key of data=synthetic, not of data=text: "
+        "use `data=synthetic data.train_tokens=4000`"
+    )

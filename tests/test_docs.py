@@ -1,8 +1,9 @@
-"""README's code blocks run as written: every ```python and ```bash block, against small runs.
+"""The docs' code blocks run as written: every ```python and ```bash block of README.md and of
+docs/*.md, against small runs; and the docs site's pages and tables match the code.
 
 Each block runs in a fresh copy of one working directory that holds what README's first
 command leaves (a `posbench train encoding=rope` run) plus a small sweep. A block marked
-``<!-- readme-test: skip (reason) -->`` on the line before it is skipped with that reason:
+``<!-- docs-test: skip (reason) -->`` on the line before it is skipped with that reason:
 those need the network, a cluster, a server or minutes, or are CI itself (README's first
 block: .ci/run runs its commands as written in a fresh venv; tests/test_ci.py checks that).
 
@@ -23,10 +24,15 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 from conftest import TINY_RUN
 
-pytestmark = pytest.mark.slow
-README = Path(__file__).resolve().parents[1] / "README.md"
+from posbench.encodings import encoding_names
+
+ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
+DOCS = ROOT / "docs"
+PAGES = [README, *sorted(DOCS.glob("*.md"))]
 # README's `posbench diagnose --length 2048` averages its default 4 windows: 4 x 2048 + 1 bytes.
 TRAIN_OVERRIDES = [
     *TINY_RUN,
@@ -69,7 +75,7 @@ SUBSTITUTIONS = [
 PRELUDE = 'set -e\nnewest() { ls -d "$@" | sort | tail -n 1; }\n'
 
 SHIM = f"""#!/bin/sh
-# `posbench`, with tests/test_readme.py's small-run overrides after `train`'s own arguments.
+# `posbench`, with tests/test_docs.py's small-run overrides after `train`'s own arguments.
 if [ "$1" = train ]; then
     exec {sys.executable} -m posbench.cli "$@" {" ".join(TRAIN_OVERRIDES)}
 fi
@@ -77,21 +83,25 @@ exec {sys.executable} -m posbench.cli "$@"
 """
 
 BLOCK = re.compile(
-    r"(?:<!-- readme-test: skip \((?P<skip>[^)]*)\) -->\n)?^```(?P<lang>python|bash)\n"
+    r"(?:<!-- docs-test: skip \((?P<skip>[^)]*)\) -->\n)?^```(?P<lang>python|bash)\n"
     r"(?P<code>.*?)^```$",
     re.MULTILINE | re.DOTALL,
 )
 
 
-def readme_blocks() -> list:
-    """One pytest param per python/bash block, named by language and README line."""
-    text = README.read_text()
+def code_blocks() -> list:
+    """One pytest param per python/bash block of every page, named by page, language and line."""
     params = []
-    for match in BLOCK.finditer(text):
-        line = text.count("\n", 0, match.start("code"))
-        marks = [pytest.mark.skip(reason=match["skip"])] if match["skip"] else []
-        block = (match["lang"], match["code"])
-        params.append(pytest.param(*block, id=f"{match['lang']}-line{line}", marks=marks))
+    for page in PAGES:
+        text = page.read_text()
+        for match in BLOCK.finditer(text):
+            line = text.count("\n", 0, match.start("code"))
+            marks = [pytest.mark.slow]
+            if match["skip"]:
+                marks.append(pytest.mark.skip(reason=match["skip"]))
+            block = (match["lang"], match["code"])
+            name = f"{page.stem}-{match['lang']}-line{line}"
+            params.append(pytest.param(*block, id=name, marks=marks))
     return params
 
 
@@ -128,18 +138,55 @@ def trained_workdir(tmp_path_factory, readme_env):
     return workdir
 
 
-def test_every_block_that_is_not_run_says_why():
+@pytest.mark.parametrize("page", PAGES, ids=lambda page: page.name)
+def test_every_block_that_is_not_run_says_why(page):
     """The marker must sit right before its block; a misplaced one would run a slow block."""
-    text = README.read_text()
-    markers = re.findall(r"^<!-- readme-test: skip", text, flags=re.MULTILINE)
+    text = page.read_text()
+    markers = re.findall(r"^<!-- docs-test: skip", text, flags=re.MULTILINE)
     assert len(markers) == sum(1 for m in BLOCK.finditer(text) if m["skip"])
 
 
-@pytest.mark.parametrize(("lang", "code"), readme_blocks())
-def test_readme_block_runs(lang, code, trained_workdir, readme_env, tmp_path):
+@pytest.mark.parametrize(("lang", "code"), code_blocks())
+def test_code_block_runs(lang, code, trained_workdir, readme_env, tmp_path):
     workdir = tmp_path / "work"
     shutil.copytree(trained_workdir, workdir, symlinks=True)
     if lang == "python":
         run([sys.executable, "-c", code], workdir, readme_env)
     else:
         run(["bash", "-c", PRELUDE + substituted(code)], workdir, readme_env)
+
+
+# ----------------------------------------------------------------------------- the site
+
+
+def markdown_table(text: str, header: str) -> list[list[str]]:
+    """The rows of the Markdown table that starts with ``header``, as lists of cell texts."""
+    lines = text[text.index(header) :].splitlines()[2:]  # past the header and its rule
+    rows = []
+    for line in lines:
+        if not line.startswith("|"):
+            break
+        rows.append([cell.strip() for cell in line.strip("|").split("|")])
+    return rows
+
+
+def test_every_page_in_docs_is_in_the_sites_navigation_and_back():
+    config = yaml.safe_load((ROOT / "mkdocs.yml").read_text())
+    listed = {page for entry in config["nav"] for page in entry.values()}
+    assert listed == {page.name for page in DOCS.glob("*.md")}
+
+
+def test_the_encodings_table_lists_exactly_the_registered_encodings():
+    rows = markdown_table((DOCS / "encodings.md").read_text(), "| name | what it does | paper |")
+    assert [row[0].strip("`") for row in rows] == encoding_names()
+
+
+def test_the_config_groups_table_lists_exactly_the_options_in_conf():
+    header = "| group | options | what |"
+    rows = markdown_table((DOCS / "getting-started.md").read_text(), header)
+    documented = {row[0].strip("`"): re.findall(r"`([a-z0-9_]+)`", row[1]) for row in rows}
+    shipped = {
+        group: sorted(path.stem for path in (ROOT / "conf" / group).glob("*.yaml"))
+        for group in ("encoding", "model", "data", "experiment")
+    }
+    assert {group: sorted(options) for group, options in documented.items()} == shipped

@@ -17,6 +17,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from posbench import cli
 from posbench.checkpoint import CHECKPOINT_FILE, FORMAT, load_checkpoint
 from posbench.commands import eval as eval_command
+from posbench.commands import train as train_command
 from posbench.config import compose_config
 from posbench.model import build_model
 from posbench.runs import save_config, save_weights, saved_config
@@ -207,6 +208,19 @@ def test_config_mistakes_are_one_error_line_before_anything_is_created(
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], lines
     assert not list(tmp_path.iterdir())
+
+
+def test_a_file_system_error_while_training_is_one_error_line(tmp_path, monkeypatch, capsys):
+    def full_disk(cfg, run_dir):
+        raise OSError(28, "No space left on device", str(run_dir))
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(train_command, "train", full_disk)
+    with pytest.raises(SystemExit) as stopped:
+        cli.main(["train", *TINY_RUN])
+    assert stopped.value.code == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and "No space left" in lines[0], lines
 
 
 # (what is wrong, the command line (given tmp_path), what the error line must say)

@@ -70,10 +70,14 @@ def unknown_key_hint(key: str, overrides: Sequence[str]) -> str:
     encoding.num_bucket=8``)."""
     parsed = parse_overrides(overrides)
     others = [o.input_line for o in parsed if o.key_or_group != key]
-    try:
-        cfg = compose_config(others, with_hydra=True)
-    except (HydraException, OmegaConfBaseException):  # another mistake: the default keys
-        cfg = compose_config([], with_hydra=True)
+    groups_chosen = [o for o in others if "." not in o.partition("=")[0]]  # data=text, ...
+    # Another mistake among the others: keep at least the options chosen (the defaults compose).
+    for attempt in (others, groups_chosen, []):
+        try:
+            cfg = compose_config(attempt, with_hydra=True)
+            break
+        except (HydraException, OmegaConfBaseException):
+            continue
     group = key.partition(".")[0]
     chosen = cfg.hydra.runtime.choices.get(group)
     having = options_with_key(group, key) if chosen is not None else []

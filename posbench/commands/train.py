@@ -58,7 +58,7 @@ def train_job(cfg: DictConfig) -> float | None:
         remove_if_worthless(run_dir)
         saved = (run_dir / CHECKPOINT_FILE).is_file()
         stop_interrupted(err, f"; {resume_hint}" if saved else "")
-    except PosbenchError as err:
+    except (PosbenchError, OSError) as err:  # OSError: the file system (full, not writable)
         remove_if_worthless(run_dir)
         if HydraConfig.get().mode == RunMode.MULTIRUN:
             raise JobFailed(str(err)) from None

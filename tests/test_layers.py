@@ -1,0 +1,95 @@
+"""The package's layers (docs/development.md, "Layout"): a module imports only from its own
+layer or the layers below it, and every module has a layer."""
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[1] / "posbench"
+
+# From the bottom up. A name is a module (posbench/<name>.py) or a package (posbench/<name>/,
+# every module inside it).
+LAYERS = [
+    ["errors", "atomic", "signals", "threads", "output_dirs", "precision", "distributed"],
+    ["encodings", "data"],
+    ["attention", "model"],
+    ["config", "memory", "checkpoint", "runs"],
+    ["evaluate", "finetune", "tensorboard_log", "sweep_summary", "reevaluate"],
+    ["train", "diagnose"],
+    ["report"],
+    ["commands"],
+    ["cli", "__main__", "__init__"],
+]
+LAYER_OF = {name: level for level, names in enumerate(LAYERS) for name in names}
+
+
+def unit(module: str) -> str:
+    """The layer entry of a dotted module name under posbench: ``posbench.data.cache`` ->
+    ``data``; the package itself (``posbench``) is its ``__init__``."""
+    parts = module.split(".")
+    assert parts[0] == "posbench", module
+    return parts[1] if len(parts) > 1 else "__init__"
+
+
+def source_modules() -> list[tuple[str, Path]]:
+    """(dotted name, path) of every module of the package."""
+    modules = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+        if parts[-1] == "__init__" and len(parts) > 2:
+            parts = parts[:-1]  # posbench/data/__init__.py is posbench.data
+        modules.append((".".join(parts), path))
+    return modules
+
+
+def imported_modules(path: Path, module: str) -> set[str]:
+    """The posbench modules ``path`` imports, anywhere in it (a function-level import counts:
+    it is a dependency all the same)."""
+    package = module if path.name == "__init__.py" else module.rsplit(".", 1)[0]
+    imported = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            imported.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:  # relative: from the package of this module
+                base = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
+                source = f"{base}.{node.module}" if node.module else base
+            else:
+                source = node.module
+            # `from posbench import distributed` imports the module posbench.distributed
+            for alias in node.names:
+                name = f"{source}.{alias.name}"
+                imported.add(name if is_module(name) else source)
+    return {name for name in imported if name == "posbench" or name.startswith("posbench.")}
+
+
+def is_module(name: str) -> bool:
+    """Whether a dotted name under posbench is a module or package of it."""
+    path = PACKAGE.parent.joinpath(*name.split("."))
+    return path.with_suffix(".py").is_file() or (path / "__init__.py").is_file()
+
+
+MODULES = source_modules()
+
+
+@pytest.mark.parametrize(("module", "path"), MODULES, ids=[m for m, _ in MODULES])
+def test_every_module_has_a_layer(module, path):
+    assert unit(module) in LAYER_OF, f"{module} is in no layer: add it to LAYERS and the docs"
+
+
+@pytest.mark.parametrize(("module", "path"), MODULES, ids=[m for m, _ in MODULES])
+def test_no_module_imports_from_a_layer_above_its_own(module, path):
+    level = LAYER_OF[unit(module)]
+    upward = sorted(
+        name
+        for name in imported_modules(path, module)
+        if LAYER_OF.get(unit(name), -1) > level
+    )
+    assert not upward, f"{module} (layer {level}) imports from above: {upward}"
+
+
+def test_the_layer_table_in_the_docs_names_every_layer_entry():
+    text = (PACKAGE.parent / "docs" / "development.md").read_text()
+    missing = [name for name in LAYER_OF if f"`{name}.py`" not in text and f"`{name}/`" not in text]
+    assert not missing, f"docs/development.md's layer table lacks {missing}"
