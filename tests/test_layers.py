@@ -82,9 +82,7 @@ def test_every_module_has_a_layer(module, path):
 def test_no_module_imports_from_a_layer_above_its_own(module, path):
     level = LAYER_OF[unit(module)]
     upward = sorted(
-        name
-        for name in imported_modules(path, module)
-        if LAYER_OF.get(unit(name), -1) > level
+        name for name in imported_modules(path, module) if LAYER_OF.get(unit(name), -1) > level
     )
     assert not upward, f"{module} (layer {level}) imports from above: {upward}"
 
