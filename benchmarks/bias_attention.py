@@ -18,7 +18,7 @@ bias depends on the query's position too and takes that path. Models are timed i
 rounds (one forward or training step of each per round; median per model; see
 benchmarks/README.md). Peak memory at 16,384 tokens is benchmarks/long_eval_memory.py's figure.
 
-Two figures behind design constants of posbench/model.py: ``layer`` times one attention layer
+Two figures behind design constants of posbench/attention.py: ``layer`` times one attention layer
 with a learned bias (T5's), forward and backward at ``--batch`` x ``--seq-len``, with the
 explicit computation's blocks of 128, 64, 32 and 16 queries (EXPLICIT_QUERY_BLOCK), next to
 NoPE's fused kernel; ``shared`` times one forward pass of fire-switching in each model size
@@ -35,7 +35,7 @@ import torch
 import torch.nn.functional as F
 from throughput import median_seconds, trained_encoding
 
-import posbench.model
+import posbench.attention
 from posbench.encodings import PositionalEncoding, encoding_names
 from posbench.encodings.kerple import KerpleConfig, KerpleRelativeBias
 from posbench.model import ModelArgs, Transformer, build_model
@@ -131,11 +131,11 @@ def train_step(model: Transformer, batch: int, seq_len: int) -> Callable[[], Non
     return step
 
 
-def with_model_constant(step: Callable[[], None], name: str, value: int) -> Callable[[], None]:
-    """``step`` run with posbench.model's constant ``name`` set to ``value``."""
+def with_attention_constant(step: Callable[[], None], name: str, value: int) -> Callable[[], None]:
+    """``step`` run with posbench.attention's constant ``name`` set to ``value``."""
 
     def patched() -> None:
-        with mock.patch.object(posbench.model, name, value):
+        with mock.patch.object(posbench.attention, name, value):
             step()
 
     return patched
@@ -152,7 +152,7 @@ def layer_step(block: int | None, batch: int, seq_len: int) -> Callable[[], None
     def step() -> None:
         attention(x, positions, encoding).square().mean().backward()
 
-    return step if block is None else with_model_constant(step, "EXPLICIT_QUERY_BLOCK", block)
+    return step if block is None else with_attention_constant(step, "EXPLICIT_QUERY_BLOCK", block)
 
 
 def report(title: str, seconds: dict[str, float], targets: dict[str, float], slower: bool) -> None:
@@ -209,11 +209,11 @@ def main() -> None:
             model = untrained_model(
                 "fire-switching", length, args.seq_len, args.fire_switches, size
             )
-            shared = posbench.model.SHARED_BIAS_ELEMENTS
+            shared = posbench.attention.SHARED_BIAS_ELEMENTS
             step = eval_step(model, length)
             steps = {  # the layers sharing up to that many values, or none
-                "shared": with_model_constant(step, "SHARED_BIAS_ELEMENTS", shared),
-                "per layer": with_model_constant(step, "SHARED_BIAS_ELEMENTS", 0),
+                "shared": with_attention_constant(step, "SHARED_BIAS_ELEMENTS", shared),
+                "per layer": with_attention_constant(step, "SHARED_BIAS_ELEMENTS", 0),
             }
             seconds = median_seconds(steps, rounds)
             gain = seconds["per layer"] / seconds["shared"]

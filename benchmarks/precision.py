@@ -39,10 +39,11 @@ import torch
 import torch.nn.functional as F
 from throughput import interleaved_seconds
 
-import posbench.model
+import posbench.attention
+from posbench.attention import unbiased_causal_attention
 from posbench.config import compose_config
 from posbench.data import Corpus
-from posbench.model import build_model, unbiased_causal_attention
+from posbench.model import build_model
 from posbench.precision import bf16_hardware, compile_for_training, resolve_precision
 from posbench.train import make_optimizer, train, train_step
 
@@ -109,12 +110,12 @@ def training_step(model_name: str, variant: str, seq_len: int, batch: int) -> tu
 
 @contextmanager
 def swapped_attention() -> Iterator[None]:
-    """posbench.model's bf16 attention path replaced by SDPA while active."""
-    posbench.model.unbiased_causal_attention = sdpa_attention
+    """posbench.attention's bf16 attention path replaced by SDPA while active."""
+    posbench.attention.unbiased_causal_attention = sdpa_attention
     try:
         yield
     finally:
-        posbench.model.unbiased_causal_attention = unbiased_causal_attention
+        posbench.attention.unbiased_causal_attention = unbiased_causal_attention
 
 
 def speed(args: argparse.Namespace) -> None:

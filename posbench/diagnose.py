@@ -155,7 +155,7 @@ def layer_statistics(
     B, H, T, _ = q.shape
     sums = torch.zeros(len(STATISTICS), H, n_buckets, dtype=torch.float64, device=q.device)
     block = diagnose_block_size(B * H, T)
-    # From the last block (the most keys) to the first, as in posbench.model.causal_attention:
+    # From the last block (the most keys) to the first, as in posbench.attention's blocked paths:
     # each block's temporaries then fit in memory the previous block freed.
     for start in reversed(range(0, T, block)):
         end = min(start + block, T)  # queries [start, end) attend to keys [0, end)

@@ -12,16 +12,11 @@ import pytest
 import torch
 
 import posbench.memory
+from posbench.attention import MAX_SCORE_ELEMENTS, SHARED_BIAS_ELEMENTS
 from posbench.encodings import EncodingConfig, PositionalEncoding, build_encoding
 from posbench.evaluate import evaluate_length
 from posbench.memory import available_memory, fitting_batch_size
-from posbench.model import (
-    MAX_SCORE_ELEMENTS,
-    SHARED_BIAS_ELEMENTS,
-    ModelArgs,
-    Transformer,
-    build_model,
-)
+from posbench.model import ModelArgs, Transformer, build_model
 
 CPU = torch.device("cpu")
 

@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 from conftest import TINY
 
+from posbench.attention import unbiased_causal_attention
 from posbench.checkpoint import CHECKPOINT_FILE, load_checkpoint
 from posbench.cli import main
 from posbench.config import compose_config
@@ -16,7 +17,7 @@ from posbench.encodings import ENCODINGS
 from posbench.encodings.rope import SCALING_METHODS
 from posbench.errors import PosbenchError
 from posbench.evaluate import evaluate_length, evaluate_run
-from posbench.model import build_model, unbiased_causal_attention
+from posbench.model import build_model
 from posbench.precision import BF16_MIN_D_MODEL, autocast, bf16_hardware, resolve_precision
 from posbench.train import train, train_step
 

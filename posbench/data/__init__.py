@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +25,7 @@ import numpy as np
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
 
-from posbench.data.cache import _cache_entry, build_entry, read_entry, verify_entry
+from posbench.data.cache import build_entry, entry_path, read_entry, verify_entry
 from posbench.data.copying import CopyDataConfig, CopyTask
 from posbench.data.corpus import (
     MIN_SPLIT_BYTES,
@@ -52,7 +53,7 @@ from posbench.data.synthetic import (
     _write_synthetic,
 )
 from posbench.data.task import IGNORE, Examples, Task
-from posbench.data.text import TextDataConfig, _check_held_out, _write_text
+from posbench.data.text import TextDataConfig, _check_held_out, _text_file_stamps, _write_text
 from posbench.errors import PosbenchError
 
 __all__ = [
@@ -163,6 +164,16 @@ def load_data(cfg: Mapping[str, Any] | DictConfig) -> Corpus | Task:
     if config.source in TASKS:
         return TASKS[config.source](config)
     return load_corpus(cfg)
+
+
+def _cache_entry(config: DataConfig) -> Path:
+    """The cache entry of the corpus of ``config``, keyed by everything that determines its
+    bytes: the config (its name and cache_dir aside) and, for local text, each file's path,
+    size and mtime."""
+    inputs = {k: v for k, v in asdict(config).items() if k not in ("name", "cache_dir")}
+    if isinstance(config, TextDataConfig):
+        inputs["files"] = _text_file_stamps(config)
+    return entry_path(config.cache_dir, config.source, inputs)
 
 
 def _build(config: DataConfig, entry: Path) -> None:

@@ -1,5 +1,10 @@
 """The corpus cache: one directory per config, its arrays memory-mapped when read.
 
+This module is the cache's format (what an entry holds, how it is built, read and checked) and
+knows no source: it sits below the sources (text, hub, synthetic), which write into an entry
+through ``EntryBuilder``, and posbench/data/__init__.py gives ``entry_path`` the inputs that key
+a corpus's entry.
+
 An entry ``<source>-<key>`` holds one flat file per named array, ``<name>.bin`` (raw values,
 no header: ``train.bin`` and ``val.bin`` are a corpus's bytes; ``train_documents.bin`` and
 ``val_documents.bin``, when its source has documents, where they start), and ``meta.json``,
@@ -28,21 +33,15 @@ import json
 import logging
 import math
 import os
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import ExitStack, contextmanager
-from dataclasses import asdict
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from posbench.atomic import atomic_path, write_json
-from posbench.data.corpus import CHUNK_BYTES
-from posbench.data.text import TextDataConfig, _text_files
 from posbench.errors import PosbenchError
-
-if TYPE_CHECKING:
-    from posbench.data import DataConfig
 
 log = logging.getLogger(__name__)
 
@@ -53,11 +52,23 @@ _CACHE_FORMAT = 3
 
 META_FILE = "meta.json"
 
+# Building streams bytes in chunks of about this size, so it holds about this much at once.
+CHUNK_BYTES = 1 << 20
 
-def _cache_root(config: DataConfig) -> Path:
+
+def entry_path(cache_dir: str | None, source: str, inputs: Mapping[str, Any]) -> Path:
+    """The directory that holds (or will hold) the arrays ``source`` builds from ``inputs``,
+    everything that determines their bytes (JSON values): ``<source>-<key>``, the key a hash
+    of ``inputs`` and the cache format, under ``_cache_root(cache_dir)``."""
+    material = json.dumps({"format": _CACHE_FORMAT, **inputs}, sort_keys=True)
+    key = hashlib.sha256(material.encode()).hexdigest()[:16]
+    return _cache_root(cache_dir) / f"{source}-{key}"
+
+
+def _cache_root(cache_dir: str | None) -> Path:
     """``data.cache_dir``, else ``$POSBENCH_CACHE``, else ``$XDG_CACHE_HOME/posbench``."""
-    if config.cache_dir:
-        return Path(config.cache_dir).expanduser()
+    if cache_dir:
+        return Path(cache_dir).expanduser()
     if os.environ.get("POSBENCH_CACHE"):
         return Path(os.environ["POSBENCH_CACHE"]).expanduser()
     return _xdg_cache_home() / "posbench"
@@ -65,26 +76,6 @@ def _cache_root(config: DataConfig) -> Path:
 
 def _xdg_cache_home() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-
-
-def _cache_key(config: DataConfig) -> str:
-    """A hash of everything that determines the bytes: the config (its name and cache_dir
-    aside), the cache format and, for local text, each file's path, size and mtime."""
-    inputs = {k: v for k, v in asdict(config).items() if k not in ("name", "cache_dir")}
-    if isinstance(config, TextDataConfig):
-        patterns = {"path": config.path, "val_path": config.val_path}
-        inputs["files"] = {
-            key: [[str(f), f.stat().st_size, f.stat().st_mtime_ns] for f in _text_files(p, key)]
-            for key, p in patterns.items()
-            if p is not None
-        }
-    material = json.dumps({"format": _CACHE_FORMAT, **inputs}, sort_keys=True)
-    return hashlib.sha256(material.encode()).hexdigest()[:16]
-
-
-def _cache_entry(config: DataConfig) -> Path:
-    """The directory that holds (or will hold) the corpus of ``config``."""
-    return _cache_root(config) / f"{config.source}-{_cache_key(config)}"
 
 
 def _array_path(entry: Path, name: str) -> Path:

@@ -11,15 +11,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
+from posbench.data.cache import CHUNK_BYTES, ArrayWriter
 from posbench.errors import PosbenchError
-
-if TYPE_CHECKING:
-    from posbench.data.cache import ArrayWriter
 
 # 1-D bytes: a numpy array (a corpus split, maybe a memory map) or a CPU tensor.
 Bytes = np.ndarray | torch.Tensor
@@ -28,9 +25,6 @@ Offsets = np.ndarray | torch.Tensor
 
 # A split this short cannot fill even a few training windows or evaluation lengths.
 MIN_SPLIT_BYTES = 1024
-
-# Building streams bytes in chunks of about this size, so it holds about this much at once.
-CHUNK_BYTES = 1 << 20
 
 
 @dataclass

@@ -12,8 +12,8 @@ from typing import Any
 
 from omegaconf import MISSING
 
-from posbench.data.cache import _xdg_cache_home
-from posbench.data.corpus import CHUNK_BYTES, SplitWriter
+from posbench.data.cache import CHUNK_BYTES, _xdg_cache_home
+from posbench.data.corpus import SplitWriter
 from posbench.errors import PosbenchError
 
 

@@ -11,7 +11,8 @@ from pathlib import Path
 
 from omegaconf import MISSING
 
-from posbench.data.corpus import CHUNK_BYTES, SplitWriter
+from posbench.data.cache import CHUNK_BYTES
+from posbench.data.corpus import SplitWriter
 from posbench.errors import PosbenchError
 
 log = logging.getLogger(__name__)
@@ -58,6 +59,17 @@ def _check_held_out(config: TextDataConfig) -> None:
             f"'{config.path}' ({shared[0]}); point data.val_path at a file outside data.path, "
             "or leave it null to hold out the last data.val_fraction"
         )
+
+
+def _text_file_stamps(config: TextDataConfig) -> dict[str, list[list]]:
+    """The path, size and mtime of each file ``data.path`` and ``data.val_path`` name, by key:
+    part of the cache key, so that a file that changes is read again."""
+    patterns = {"path": config.path, "val_path": config.val_path}
+    return {
+        key: [[str(f), f.stat().st_size, f.stat().st_mtime_ns] for f in _text_files(p, key)]
+        for key, p in patterns.items()
+        if p is not None
+    }
 
 
 def _text_files(pattern: str, key: str) -> list[Path]:

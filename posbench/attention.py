@@ -1,0 +1,424 @@
+"""Causal self-attention with a positional encoding's score bias: every attention path of the
+model behind one entry point, ``causal_attention(q, k, v, positions, encoding, dropout,
+biases)``. It asks the encoding what bias it adds (``has_score_bias``, ``consecutive_bias``,
+``score_bias``), never its name.
+
+Which path runs when (T tokens, H heads, blocks of n queries):
+
+    condition                                 path
+    ----------------------------------------  ------------------------------------------------
+    no score bias                             unbiased_causal_attention
+    a bias of the distance alone at           flex_attention_bias on FLEX_ATTENTION_DEVICES
+      consecutive positions (consecutive_bias)  (CUDA) without dropout, else
+                                              relative_bias_attention
+    any other bias (of both positions, or     blocked_bias_attention; in evaluation on a CPU
+      at positions with gaps)                   its blocks after the first take
+                                                past_and_diagonal_attention
+    a bias that needs a gradient (a learned   explicit_attention (posbench/explicit_attention.py),
+      one, in training)                         from either of the two paths above
+
+Why, and what each holds besides q, k, v and the output (a whole (H, T, T) tensor would be
+gigabytes at evaluation lengths: 4 GiB for 4 heads at 16,384 tokens):
+
+* unbiased_causal_attention: SDPA's fused causal kernel, the fastest, never builds a (T, T)
+  mask (float32 for bf16 inputs on a CPU, where it is faster). Nothing of (T, T).
+* flex_attention_bias: one compiled kernel adds the (H, T) bias table inside and skips the key
+  blocks in the future; a learned table gets its gradient through the lookup. The table only.
+* relative_bias_attention: one SDPA call per block of at most QUERY_BLOCK queries, its mask a
+  strided (Hankel) view of one row of distances that the fused kernel reads in place. The
+  reversed keys and values, the blocks' outputs and a padded (H, T + n) row.
+* blocked_bias_attention: the encoding's score_bias per block of queries, the causal mask
+  folded in; in evaluation the layers share the blocks' biases (QueryBlockBiases). One block's
+  bias and scores (at most MAX_SCORE_ELEMENTS) and the shared biases (SHARED_BIAS_ELEMENTS);
+  past_and_diagonal_attention spares the masked copy of all but the diagonal square.
+* explicit_attention: SDPA's fused CPU kernel gives no gradient for its mask; blocks of at most
+  EXPLICIT_QUERY_BLOCK queries, written out, with a hand-written backward. Each block's mask
+  and weights, kept for the backward pass.
+
+Blocks run from the last (the most keys) to the first. ``attention_scratch_elements`` counts
+the memory of the evaluation paths, for the model's estimate of what evaluation needs.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import torch
+import torch.nn.functional as F
+
+from posbench.encodings import PositionalEncoding
+from posbench.explicit_attention import explicit_attention
+
+if TYPE_CHECKING:  # importing flex_attention imports torch._dynamo: seconds per process start
+    from torch.nn.attention.flex_attention import BlockMask
+
+# A score bias cannot use SDPA's fused causal kernel: SDPA takes it as a float mask of (H, queries,
+# keys). A bias of the distance alone (ALiBi, T5, KERPLE: the encoding's relative_bias) never
+# needs that tensor written (relative_bias_attention). Any other bias is built per block of
+# queries, each block's bias and scores kept under this many elements (64 MiB in float32): at
+# evaluation lengths a whole (H, T, T) tensor is gigabytes (4 heads at 16,384 tokens: 4 GiB).
+MAX_SCORE_ELEMENTS = 2**24
+# At most this many queries per SDPA call with a bias: each call also computes the future half
+# of its block's diagonal square (and the bias there), so smaller blocks waste less work,
+# larger ones make fewer calls.
+QUERY_BLOCK = 256
+# At most this many queries per block of explicit_attention (a bias that needs a gradient:
+# training T5, KERPLE, FIRE). Each block computes, then discards, the scores of its future keys,
+# twice in the backward pass, and the explicit path has no fused kernel to skip them: at 128
+# tokens, blocks of 32 skip 3/8 of that work. One layer at 32 x 128 tokens, 4
+# heads, forward and backward: 56.8 ms with blocks of 32, 63.9 with 64, 77.3 with one block
+# (NoPE's fused kernel 53.1 ms); 32 was also the fastest at 8 x 512 and 64 x 64 tokens, and 16
+# slower (more calls).
+EXPLICIT_QUERY_BLOCK = 32
+# The device types on which a bias of the distance alone takes flex_attention_bias (one fused
+# kernel that torch.compile generates, reading the bias table) instead of relative_bias_attention.
+# CPUs keep the SDPA paths: they were measured faster there, and in torch 2.13 flex_attention
+# has no backward on a CPU. The one place the choice is made; tests override it.
+FLEX_ATTENTION_DEVICES = frozenset({"cuda"})
+# In evaluation the layers of a forward pass share its query blocks' biases, up to this many
+# elements in all (64 MiB in float32: every block of 2,048 tokens with 4 heads). Computed in
+# each layer, they took 2/3 of the forward pass of a 2-layer FIRE model with all 32 switch
+# points inside (0, 1) at 2,048 tokens (shared: 0.28 s instead of 0.50 s). At longer lengths
+# the blocks beyond it are computed in each layer: memory stays bounded.
+SHARED_BIAS_ELEMENTS = 2**24
+
+
+def query_block_size(batch: int, n_head: int, length: int, explicit: bool = False) -> int:
+    """Queries per attention call with a bias: at most QUERY_BLOCK (EXPLICIT_QUERY_BLOCK for
+    ``explicit`` attention), and few enough that their scores fit MAX_SCORE_ELEMENTS."""
+    most = EXPLICIT_QUERY_BLOCK if explicit else QUERY_BLOCK
+    return max(1, min(length, most, MAX_SCORE_ELEMENTS // (batch * n_head * length)))
+
+
+def causal_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    positions: torch.Tensor,
+    encoding: PositionalEncoding,
+    dropout: float = 0.0,
+    biases: QueryBlockBiases | None = None,
+) -> torch.Tensor:
+    """softmax(q k^T / sqrt(hs) + encoding's score bias + causal mask) v, for q, k, v of
+    (B, H, T, hs) at increasing ``positions`` (T,) or (B, T) -> (B, H, T, hs); ``biases``: the
+    query blocks' biases shared by the layers of a forward pass (blocked_bias_attention).
+
+    The one entry point: the module's table says which path it takes. flex_attention lacks
+    attention dropout, so dropout keeps a bias of the distance alone on the SDPA path.
+    """
+    if not encoding.has_score_bias:
+        return unbiased_causal_attention(q, k, v, dropout)
+    consecutive = bool((positions.diff() == 1).all())
+    bias = encoding.consecutive_bias(positions) if consecutive else None
+    if bias is not None:
+        if q.device.type in FLEX_ATTENTION_DEVICES and not dropout:
+            return flex_attention_bias(q, k, v, bias)
+        return relative_bias_attention(q, k, v, bias.to(q.dtype), dropout)
+    return blocked_bias_attention(q, k, v, positions, encoding, dropout, biases)
+
+
+def unbiased_causal_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout: float = 0.0
+) -> torch.Tensor:
+    """softmax(q k^T / sqrt(hs) + causal mask) v for q, k, v of (B, H, T, hs): SDPA's fused
+    causal kernel, run in fp32 for bf16 inputs on a CPU.
+
+    SDPA's CPU flash attention is slower in bf16 than in fp32, its backward most of all (the
+    issue measured 22.9 ms bf16 vs 13.3 ms fp32 forward and backward at (32, 4, 128, 64)), and
+    that made bf16 training steps slow. Casting q, k, v up and the output down costs little next
+    to the (T, T) work, keeps the fused kernel's memory bound at any length, and is as accurate
+    as fp32 attention. (Plain bf16 products around an fp32 softmax measured as fast in whole
+    training steps, but rounds the scores to bf16: 5x SDPA's error at peaked attention.)
+    """
+    if q.dtype != torch.bfloat16 or q.device.type != "cpu":
+        return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=True)
+    with torch.autocast("cpu", enabled=False):  # autocast would cast q, k, v back to bf16
+        y = F.scaled_dot_product_attention(
+            q.float(), k.float(), v.float(), dropout_p=dropout, is_causal=True
+        )  # (B, H, T, hs) fp32
+    return y.to(q.dtype)
+
+
+def flex_attention_bias(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor, compiled: bool = True
+) -> torch.Tensor:
+    """relative_bias_attention's result from one flex_attention call (FlexAttention, Dong et al.
+    2024, https://arxiv.org/abs/2412.05496): q, k, v (B, H, T, hs) at consecutive positions and
+    the bias table ``bias[h, i - j]`` at distances 0..T-1 (H, T) -> (B, H, T, hs).
+
+    Its score_mod adds the table entry of each score's distance inside the fused kernel, and a
+    causal BlockMask skips the key blocks wholly in a query block's future: no scores or bias of
+    (T, T) are written, forward or backward, and a learned table (T5, KERPLE) gets its gradient
+    through the lookup. The table stays float32 under bf16 autocast: rounded to bf16, ALiBi's
+    flattest head's bias at 16,384 tokens (about -64) could move by 0.25. ``compiled=False``
+    runs flex_attention's unfused implementation (tests), which writes the (B, H, T, T) scores.
+    """
+    from torch.nn.attention.flex_attention import flex_attention
+
+    table = bias.float()  # (H, T)
+
+    def add_bias(
+        score: torch.Tensor,
+        b: torch.Tensor,
+        h: torch.Tensor,
+        q_idx: torch.Tensor,
+        kv_idx: torch.Tensor,
+    ) -> torch.Tensor:
+        # Future keys (negative distances) are masked by the block mask; clamped, their lookup
+        # stays inside the table.
+        return score + table[h, (q_idx - kv_idx).clamp(min=0)]
+
+    # In a compiled model (train.compile) the model's compilation fuses flex_attention itself.
+    fused = compiled and not torch.compiler.is_compiling()
+    attention = compiled_flex_attention() if fused else flex_attention
+    # The mask is built eagerly (and cached) even when called from a compiled model.
+    mask = torch.compiler.disable(causal_block_mask)(q.shape[2], q.device)
+    return attention(q, k, v, score_mod=add_bias, block_mask=mask)
+
+
+@functools.cache
+def compiled_flex_attention() -> Callable[..., torch.Tensor]:
+    """flex_attention compiled once per process: uncompiled, it writes the whole (B, H, T, T)
+    scores. torch.compile caches a kernel per score_mod code and input shapes, so every layer
+    and step reuses it."""
+    from torch.nn.attention.flex_attention import flex_attention
+
+    return torch.compile(flex_attention)
+
+
+def causal(
+    b: torch.Tensor, h: torch.Tensor, q_idx: torch.Tensor, kv_idx: torch.Tensor
+) -> torch.Tensor:
+    """flex_attention's mask_mod of causal attention: a query sees its own and earlier keys."""
+    return q_idx >= kv_idx
+
+
+@functools.lru_cache(maxsize=16)
+def causal_block_mask(length: int, device: torch.device) -> BlockMask:
+    """The causal BlockMask of ``length`` queries and keys, shared by every batch and head
+    (create_block_mask evaluates ``causal`` on the whole (T, T) grid once, hence the cache)."""
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    return create_block_mask(causal, None, None, length, length, device=device)
+
+
+def relative_bias_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor, dropout: float = 0.0
+) -> torch.Tensor:
+    """Causal attention of q, k, v (B, H, T, hs) at consecutive positions with the score bias
+    ``bias[h, i - j]`` given at distances 0..T-1 (H, T) -> (B, H, T, hs).
+
+    With the keys in reverse order, the bias of query a and reversed key c of a block is a
+    function of a + c (a Hankel matrix), which is a strided view of one row of distances
+    (``unfold``): no (H, Tq, Tk) tensor is ever written, and SDPA's fused kernel reads the view.
+    Softmax does not depend on the order of the keys. Each block of queries [s, e) attends to
+    keys [0, e); the future keys of its diagonal square get distances below 0, whose bias is
+    -inf: the causal mask comes with the same view. A bias that needs a gradient (a learned
+    one, in training) is written out in key order instead, for explicit_attention.
+    """
+    B, H, T, _ = q.shape
+    trainable = torch.is_grad_enabled() and bias.requires_grad
+    block = query_block_size(B, H, T, explicit=trainable)
+    future = bias.new_full((H, block - 1), float("-inf"))
+    padded = torch.cat([future, bias], dim=1)  # (H, block - 1 + T): distances -(block - 1)..T-1
+
+    def hankel(start: int, end: int) -> torch.Tensor:
+        # Query start + a and key end - 1 - c are a + c - (n - 1) apart: row a of the mask is
+        # the distances from a - (n - 1) on.
+        distances = padded[:, block - (end - start) : block - 1 + end]  # (H, n - 1 + end)
+        return distances.unfold(1, end, 1)[None]  # (1, H, n, end), strides (., ., 1, 1)
+
+    starts = range(0, T, block)
+    if trainable:  # keys 0 .. end - 1, each block's bias written out: (1, H, n, end)
+        masks = [hankel(start, min(start + block, T)).flip(-1) for start in starts]
+        return explicit_attention(q, k, v, masks, dropout)
+    k, v = k.flip(2), v.flip(2)  # key T - 1 - c at index c
+    outputs = []
+    for start in reversed(starts):  # the last block first (see blocked_bias_attention)
+        end = min(start + block, T)
+        queries, keys, values = q[:, :, start:end], k[:, :, T - end :], v[:, :, T - end :]
+        outputs.append(
+            F.scaled_dot_product_attention(
+                queries, keys, values, attn_mask=hankel(start, end), dropout_p=dropout
+            )
+        )
+    return join_blocks(outputs)
+
+
+def blocked_bias_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    positions: torch.Tensor,
+    encoding: PositionalEncoding,
+    dropout: float = 0.0,
+    biases: QueryBlockBiases | None = None,
+) -> torch.Tensor:
+    """causal_attention for any score bias, from the encoding's score_bias: each block of queries
+    [s, e) attends to keys [0, e) only (later keys are all in its future), with the bias and the
+    causal mask folded into one float mask of (1, H, e - s, e), or (B, H, e - s, e) for
+    positions (B, T). The blocks' biases come from ``biases`` (shared by the layers of one
+    forward pass; by default, this call's own).
+
+    Blocks run from the last (the most keys) to the first: each block's temporaries then fit
+    in memory the previous block freed, where growing ones made glibc's heap grow (measured at
+    16,384 tokens: 0.7-1.0 GB added by the forward pass in first-to-last order, 0.4 GB now).
+    """
+    B, H, T, _ = q.shape
+    # A bias of trained parameters, in training: explicit_attention.
+    explicit = torch.is_grad_enabled() and any(p.requires_grad for p in encoding.parameters())
+    block = query_block_size(B, H, T, explicit)
+    if biases is None:
+        biases = QueryBlockBiases(encoding, keep_elements=0)
+    in_parts = q.device.type == "cpu" and not (torch.is_grad_enabled() or dropout)
+    outputs, masks = [], []
+    for start in reversed(range(0, T, block)):
+        end = min(start + block, T)
+        query_positions, key_positions = positions[..., start:end], positions[..., :end]
+        # ([B|1], H, n, e); a buffer for the bias of a block of queries holds H * block * T.
+        bias = biases.bias(start, query_positions, key_positions, q.dtype, H * block * T)
+        if bias is None:  # the encoding adds no bias at all: no mask to build
+            return unbiased_causal_attention(q, k, v, dropout)
+        queries, keys, values = q[:, :, start:end], k[:, :, :end], v[:, :, :end]
+        if in_parts and start:  # only the diagonal square [s, e) needs the causal mask
+            diagonal = causal_bias(bias[..., start:], query_positions, key_positions[..., start:])
+            outputs.append(past_and_diagonal_attention(queries, keys, values, bias, diagonal))
+        else:
+            mask = causal_bias(bias, query_positions, key_positions)
+            if explicit:
+                masks.append(mask)
+            else:
+                outputs.append(
+                    F.scaled_dot_product_attention(
+                        queries, keys, values, attn_mask=mask, dropout_p=dropout
+                    )
+                )
+    if explicit:
+        return explicit_attention(q, k, v, masks[::-1], dropout)
+    return join_blocks(outputs)
+
+
+class QueryBlockBiases:
+    """Where blocked_bias_attention gets each query block's score bias, as an attention mask of
+    ([B|1], H, n, e) without the causal part: from the encoding, or from an earlier layer.
+
+    One instance serves the layers of one forward pass, which share one encoding instance, so a
+    block's bias is the same in each (with an encoding per layer, each layer's attention has
+    its own). Without gradients, the biases of the first layer are kept, up to
+    ``keep_elements`` in all (by default SHARED_BIAS_ELEMENTS; the blocks run from the
+    largest), for the layers after it, and
+    each bias not kept is written into one buffer (the encoding's score_bias(out=)): a fresh
+    tensor of tens of MB per block at long lengths had its pages zeroed again by the operating
+    system every time, which took longer than computing FIRE's bias (one layer at 16,384
+    tokens: 1.8 s of page faults for 0.46 s of writing). With gradients every bias is computed
+    afresh, for autograd (out= records none).
+    """
+
+    def __init__(self, encoding: PositionalEncoding, keep_elements: int | None = None) -> None:
+        self.encoding = encoding
+        self.keep_elements = SHARED_BIAS_ELEMENTS if keep_elements is None else keep_elements
+        self.kept: dict[int, torch.Tensor] = {}  # by the block's first query
+        self.kept_elements = 0
+        self.workspace: torch.Tensor | None = None
+
+    def bias(
+        self,
+        start: int,
+        query_positions: torch.Tensor,
+        key_positions: torch.Tensor,
+        dtype: torch.dtype,
+        largest: int,
+    ) -> torch.Tensor | None:
+        """The bias of the block of queries at ``query_positions`` (from the ``start``-th query)
+        and keys at ``key_positions``, in ``dtype``, of at most ``largest`` elements per
+        sequence; ``None``: the encoding adds none."""
+        if start in self.kept:
+            return self.kept[start]
+        shape = (self.encoding.n_head, query_positions.shape[-1], key_positions.shape[-1])
+        size = math.prod(query_positions.shape[:-1]) * math.prod(shape)
+        fresh = torch.is_grad_enabled()
+        keep = not fresh and self.kept_elements + size <= self.keep_elements
+        # Positions shared by the batch: out= is laid out as that bias, (H, n, e).
+        reuse = not (fresh or keep) and query_positions.dim() == 1
+        out = self.workspace[:size].view(shape) if reuse and self.workspace is not None else None
+        bias = self.encoding.score_bias(query_positions, key_positions, out=out)
+        if bias is None:
+            return None
+        if reuse and self.workspace is None:  # in the dtype the encoding computes its bias in
+            self.workspace = bias.new_empty(largest)
+        bias = bias.to(dtype)
+        if bias.dim() == 3:  # SDPA's CPU kernel takes a 4-D mask fused, a 3-D one 5x slower
+            bias = bias[None]
+        if keep:
+            self.kept[start] = bias
+            self.kept_elements += size
+        return bias
+
+
+def past_and_diagonal_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor, diagonal: torch.Tensor
+) -> torch.Tensor:
+    """Attention of a block of queries q (B, H, n, hs) and keys k, v (B, H, Tk, hs)
+    whose mask is ``bias`` (1, H, n, Tk) except over the last n keys, where it is ``diagonal``
+    (1, H, n, n), the bias with the causal mask -> (B, H, n, hs), without writing that mask.
+
+    The past keys (bias only, read in place) and the diagonal square are two SDPA calls whose
+    outputs are merged exactly by their log-sum-exps (as flash-decoding merges key splits).
+    CPU only (SDPA's CPU flash kernel returns the log-sum-exp), without gradients.
+    """
+    past = k.shape[2] - q.shape[2]
+    flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+    y_past, lse_past = flash(q, k[:, :, :past], v[:, :, :past], attn_mask=bias[..., :past])[:2]
+    y_diag, lse_diag = flash(q, k[:, :, past:], v[:, :, past:], attn_mask=diagonal)[:2]
+    lse = torch.logaddexp(lse_past, lse_diag)[..., None]  # (B, H, n, 1)
+    return y_past * (lse_past[..., None] - lse).exp() + y_diag * (lse_diag[..., None] - lse).exp()
+
+
+def causal_bias(
+    bias: torch.Tensor, query_positions: torch.Tensor, key_positions: torch.Tensor
+) -> torch.Tensor:
+    """Fold the causal mask into an additive score bias (..., H, Tq, Tk) of positions
+    (..., Tq) and (..., Tk): a key whose position is after the query's gets -inf."""
+    future = key_positions[..., None, :] > query_positions[..., :, None]  # (..., Tq, Tk)
+    # One pass, where masked_fill copies first; the mask is the same for every head.
+    return torch.where(future.unsqueeze(-3), float("-inf"), bias)
+
+
+def join_blocks(outputs: list[torch.Tensor]) -> torch.Tensor:
+    """The outputs (B, H, n, hs) of query blocks computed last to first, joined in query order
+    -> (B, H, T, hs); one block (training lengths) is returned as it is, where cat would copy it
+    (forward and backward)."""
+    return outputs[0] if len(outputs) == 1 else torch.cat(outputs[::-1], dim=2)
+
+
+def attention_scratch_elements(
+    encoding: PositionalEncoding,
+    batch_size: int,
+    length: int,
+    consecutive: bool,
+    device: torch.device,
+) -> int:
+    """An upper estimate of the elements causal_attention holds under inference mode, besides
+    q, k, v and its output, for ``batch_size`` sequences of ``length`` tokens with
+    ``encoding``'s score bias, at ``consecutive`` positions (else each at its own).
+
+    Without a bias, none: the fused kernel writes nothing of (T, T). A bias of the distance
+    alone at consecutive positions (relative_bias_attention) adds the reversed keys and values
+    and the query blocks' outputs before they are joined (3*C per token) and its bias row per
+    head (twice, with its padded copy). Any other score bias adds the attention scratch of one
+    query block (the bias, its masked copy, SDPA's scores and probabilities, and the encoding's
+    own intermediates: at most 6 per score), which query_block_size keeps bounded at any
+    length, and the blocks' biases the layers share (at most SHARED_BIAS_ELEMENTS).
+    """
+    H, C = encoding.n_head, encoding.d_model
+    first = torch.zeros(1, dtype=torch.long, device=device)
+    if consecutive and encoding.relative_bias(first) is not None:
+        return 3 * batch_size * length * C + 2 * H * (length + QUERY_BLOCK)
+    if encoding.score_bias(first, first) is not None:
+        block = query_block_size(batch_size, H, length)
+        every_block = H * length * (length + block) // 2  # (H, n, e) for each block
+        return 6 * batch_size * H * block * length + min(SHARED_BIAS_ELEMENTS, every_block)
+    return 0

@@ -1,0 +1,641 @@
+"""Specification of the attention paths (posbench/attention.py): each gives the output and the
+gradients of the written-out masked computation at any length and block size; which path a
+bias takes, and the tensors a path never writes.
+
+The small model, its test encodings and the reference computation of one attention layer are
+test_model's.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from test_model import (
+    F64,
+    SMALL,
+    ForTestConfig,
+    make_encoding,
+    random_attention,
+    reference_attention,
+    small_model,
+)
+from torch.nn.attention.flex_attention import flex_attention
+
+import posbench.attention
+from posbench.attention import causal_bias
+from posbench.encodings import PositionalEncoding
+from posbench.model import ModelArgs, Transformer
+
+
+def test_causal_bias_puts_minus_infinity_strictly_above_the_diagonal_and_keeps_the_rest():
+    bias = torch.randn(2, 5, 5, dtype=F64)
+    out = causal_bias(bias, torch.arange(5), torch.arange(5))
+    for h in range(2):
+        for i in range(5):
+            for j in range(5):
+                expected = float("-inf") if j > i else float(bias[h, i, j])
+                assert float(out[h, i, j]) == expected
+
+
+def test_causal_bias_compares_positions_not_indices():
+    bias = torch.zeros(1, 2, 4, dtype=F64)
+    out = causal_bias(bias, torch.tensor([10, 12]), torch.tensor([9, 10, 11, 12]))
+    expected = torch.tensor([[[0, 0, -math.inf, -math.inf], [0, 0, 0, 0]]], dtype=F64)
+    assert torch.equal(out, expected)
+
+
+# --- score biases at long lengths: attention per block of queries ------------------------------
+
+BIASED = ["alibi", "t5", "kerple", "fire", "distance-bias"]
+
+
+def random_bias_encoding(name: str, n_head: int = SMALL.n_head) -> PositionalEncoding:
+    """A float64 bias encoding whose learned parts are random, so every bucket/head differs."""
+    torch.manual_seed(3)
+    args = ModelArgs(n_layer=1, n_head=n_head, d_model=8 * n_head)
+    encoding = make_encoding(name, args).double()
+    with torch.no_grad():
+        for parameter in encoding.parameters():
+            parameter.uniform_(0.1, 1.5)
+    return encoding
+
+
+@pytest.mark.parametrize("name", BIASED)
+@pytest.mark.parametrize("limit", [1, 100, 2000])
+def test_blocked_attention_equals_the_full_computation(name, limit, monkeypatch):
+    attention = random_attention(seed=4)
+    encoding = random_bias_encoding(name)
+    x = torch.randn(2, 37, SMALL.d_model, dtype=F64, generator=torch.Generator().manual_seed(5))
+    positions = torch.arange(37)
+    monkeypatch.setattr(posbench.attention, "MAX_SCORE_ELEMENTS", limit)
+    assert posbench.attention.query_block_size(2, SMALL.n_head, 37) < 37  # really blocked
+    full_bias = encoding.score_bias(positions, positions).detach()
+    expected = reference_attention(attention, x, bias=full_bias)
+    torch.testing.assert_close(attention(x, positions, encoding), expected, rtol=0, atol=1e-10)
+
+
+def test_blocked_model_equals_the_single_call_model_in_float32(monkeypatch):
+    model = small_model("t5")
+    tokens = torch.randint(0, 256, (2, 300), generator=torch.Generator().manual_seed(6))
+    with torch.no_grad():
+        single = model(tokens)
+        monkeypatch.setattr(posbench.attention, "MAX_SCORE_ELEMENTS", 5000)
+        blocked = model(tokens)
+    torch.testing.assert_close(blocked, single, rtol=0, atol=1e-5)
+
+
+def test_each_block_of_a_general_bias_sees_keys_only_up_to_its_own_end_and_stays_under_the_limit(
+    monkeypatch,
+):
+    encoding = random_bias_encoding("distance-bias")
+    calls = []
+    score_bias = encoding.score_bias
+
+    def recording(query_positions, key_positions, out=None):
+        bias = score_bias(query_positions, key_positions, out=out)
+        calls.append((query_positions, key_positions, bias.numel()))
+        return bias
+
+    monkeypatch.setattr(encoding, "score_bias", recording)
+    monkeypatch.setattr(posbench.attention, "MAX_SCORE_ELEMENTS", 400)
+    q = k = v = torch.zeros(1, SMALL.n_head, 50, 8, dtype=F64)
+    posbench.attention.causal_attention(q, k, v, torch.arange(50), encoding)
+    assert sorted(int(qp[0]) for qp, _, _ in calls) == list(range(0, 50, 4))  # 400 // (2 * 50)
+    for query_positions, key_positions, elements in calls:
+        assert torch.equal(key_positions, torch.arange(int(query_positions[-1]) + 1))
+        assert elements <= 400
+
+
+# --- a bias of the distance alone (relative_bias): no (H, Tq, Tk) tensor --------------------------
+
+RELATIVE = ["alibi", "t5", "kerple"]
+
+
+def plain_attention(q, k, v, mask):
+    """softmax(q k^T / sqrt(hs) + mask) v, written out: (B, H, T, T) scores."""
+    scores = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1]) + mask
+    return torch.softmax(scores, dim=-1) @ v
+
+
+def masked_attention(q, k, v, encoding, positions):
+    """The plain computation: softmax(q k^T / sqrt(hs) + score_bias + causal mask) v, written out
+    with the whole (H, T, T) bias of the encoding's reference score_bias."""
+    bias = causal_bias(encoding.score_bias(positions, positions), positions, positions)
+    return plain_attention(q, k, v, bias)
+
+
+def random_qkv(batch, n_head, length, head_dim, dtype=F64):
+    generator = torch.Generator().manual_seed(8)
+    shape = (batch, n_head, length, head_dim)
+    return [torch.randn(shape, dtype=dtype, generator=generator) for _ in range(3)]
+
+
+@pytest.mark.parametrize("name", RELATIVE)
+@pytest.mark.parametrize("length", [1, 16, 37, 300])
+@pytest.mark.parametrize("block", [16, None])  # None: the shipped block sizes
+@pytest.mark.parametrize("gradients", [True, False])
+def test_relative_bias_attention_equals_the_masked_computation(
+    name, length, block, gradients, monkeypatch
+):
+    # With gradients, a learned bias (t5, kerple) is written out for the explicit computation.
+    if block:
+        use_query_blocks(block, monkeypatch)  # 16: 300 = 18 * 16 + 12
+    assert_attention_matches_masked(name, length, gradients)
+
+
+def use_query_blocks(block: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Blocks of at most ``block`` queries on every attention path with a bias (the explicit
+    computation's too)."""
+    monkeypatch.setattr(posbench.attention, "QUERY_BLOCK", block)
+    monkeypatch.setattr(posbench.attention, "EXPLICIT_QUERY_BLOCK", block)
+
+
+def assert_attention_matches_masked(name: str, length: int, gradients: bool) -> None:
+    """causal_attention with ``name``'s random bias at positions 0..length-1 equals the written
+    out masked computation, with or without gradients enabled."""
+    encoding = random_bias_encoding(name)
+    q, k, v = random_qkv(2, SMALL.n_head, length, 8)
+    positions = torch.arange(length)
+    with torch.set_grad_enabled(gradients):
+        out = posbench.attention.causal_attention(q, k, v, positions, encoding)
+    expected = masked_attention(q, k, v, encoding, positions)
+    torch.testing.assert_close(out, expected, rtol=0, atol=1e-10)
+
+
+@pytest.mark.parametrize("name", [*RELATIVE, "pair-bias"])  # pair-bias: the general path
+def test_bias_attention_equals_the_masked_computation_at_4096_tokens_in_float32(name):
+    encoding = random_bias_encoding(name).float()
+    q, k, v = random_qkv(1, SMALL.n_head, 4096, 4, dtype=torch.float32)
+    positions = torch.arange(4096)
+    with torch.no_grad():
+        out = posbench.attention.causal_attention(q, k, v, positions, encoding)
+        expected = masked_attention(q, k, v, encoding, positions)
+    torch.testing.assert_close(out, expected, rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", RELATIVE)
+def test_relative_bias_attention_gives_the_gradients_of_the_masked_computation(name, monkeypatch):
+    use_query_blocks(16, monkeypatch)
+    encoding = random_bias_encoding(name)
+    inputs = [t.requires_grad_() for t in random_qkv(2, SMALL.n_head, 45, 8)]
+    leaves = [*inputs, *encoding.parameters()]
+    out_grad = torch.randn(2, SMALL.n_head, 45, 8, dtype=F64)
+
+    def gradients(attend) -> list[torch.Tensor]:
+        return torch.autograd.grad(attend(*inputs, encoding, torch.arange(45)), leaves, out_grad)
+
+    fast = gradients(lambda q, k, v, e, p: posbench.attention.causal_attention(q, k, v, p, e))
+    for got, expected in zip(fast, gradients(masked_attention), strict=True):
+        torch.testing.assert_close(got, expected, rtol=0, atol=1e-10)
+
+
+@pytest.mark.parametrize("name", RELATIVE)
+@pytest.mark.parametrize(
+    "positions", [torch.arange(1000, 1037), torch.arange(0, 74, 2), torch.arange(37) ** 2]
+)
+def test_bias_attention_at_positions_other_than_zero_to_length_equals_the_masked_computation(
+    name, positions, monkeypatch
+):
+    # Consecutive positions from 1000 take the relative path; the others (increasing, with gaps)
+    # the general one.
+    monkeypatch.setattr(posbench.attention, "QUERY_BLOCK", 16)
+    encoding = random_bias_encoding(name)
+    q, k, v = random_qkv(2, SMALL.n_head, 37, 8)
+    with torch.no_grad():
+        out = posbench.attention.causal_attention(q, k, v, positions, encoding)
+    expected = masked_attention(q, k, v, encoding, positions)
+    torch.testing.assert_close(out, expected, rtol=0, atol=1e-10)
+
+
+@pytest.mark.parametrize("name", RELATIVE)
+def test_relative_bias_attention_in_evaluation_never_writes_a_bias_of_queries_by_keys(
+    name, monkeypatch
+):
+    encoding = random_bias_encoding(name)
+    masks = []
+    sdpa = F.scaled_dot_product_attention
+
+    def recording(*args, **kwargs):
+        masks.append(kwargs["attn_mask"])
+        return sdpa(*args, **kwargs)
+
+    def refuse(*args):
+        raise AssertionError("score_bias builds an (H, Tq, Tk) bias")
+
+    monkeypatch.setattr(encoding, "score_bias", refuse)
+    monkeypatch.setattr(posbench.attention.F, "scaled_dot_product_attention", recording)
+    q, k, v = random_qkv(1, SMALL.n_head, 1000, 8)
+    with torch.no_grad():
+        posbench.attention.causal_attention(q, k, v, torch.arange(1000), encoding)
+    block = posbench.attention.QUERY_BLOCK
+    assert len(masks) == math.ceil(1000 / block)
+    for mask in masks:
+        stored = mask.untyped_storage().nbytes() // mask.element_size()
+        assert stored <= SMALL.n_head * (block - 1 + 1000) < mask.numel()
+
+
+# --- flex_attention: a bias of the distance alone on CUDA ----------------------------------------
+
+FLEX = [*RELATIVE, "distance-table"]
+
+
+class DistanceTable(PositionalEncoding):
+    """A learned bias table indexed by distance, the table flex_attention_bias reads, as a
+    parameter: gradients of the table itself can then be compared entry by entry."""
+
+    Config = ForTestConfig
+
+    def __init__(self, n_head: int, distances: int) -> None:
+        super().__init__(ForTestConfig(), 8 * n_head, n_head)
+        self.table = torch.nn.Parameter(torch.randn(n_head, distances, dtype=F64))
+
+    def relative_bias(self, distance):
+        return self.table[:, distance.abs()]  # (H, D)
+
+
+def flex_encoding(name: str, dtype: torch.dtype, device: str = "cpu") -> PositionalEncoding:
+    if name == "distance-table":
+        torch.manual_seed(3)
+        return DistanceTable(SMALL.n_head, 400).to(device, dtype)
+    return random_bias_encoding(name).to(device, dtype)
+
+
+def flex_and_masked(
+    name: str, length: int, gradients: bool, device: str = "cpu", compiled: bool = False
+) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """flex_attention_bias's output (then its gradients of q, k, v and the encoding's learned
+    parameters, a bias table among them) and the same of the masked computation, in float32."""
+    encoding = flex_encoding(name, torch.float32, device)
+    inputs = [t.to(device) for t in random_qkv(2, SMALL.n_head, length, 16, torch.float32)]
+    leaves = [t.requires_grad_(gradients) for t in inputs] + list(encoding.parameters())
+    positions = torch.arange(length, device=device)
+    with torch.set_grad_enabled(gradients):
+        bias = encoding.relative_bias(positions)
+        flex = posbench.attention.flex_attention_bias(*inputs, bias, compiled=compiled)
+        masked = masked_attention(*inputs, encoding, positions)
+    if not gradients:
+        return [flex], [masked]
+    out_grad = torch.randn_like(flex)
+    return (
+        [flex, *torch.autograd.grad(flex, leaves, out_grad)],
+        [masked, *torch.autograd.grad(masked, leaves, out_grad)],
+    )
+
+
+@pytest.mark.parametrize("name", FLEX)
+@pytest.mark.parametrize("length", [37, 300])  # 300: a partial last block of 128
+def test_flex_attention_bias_equals_the_masked_computation(name, length):
+    # flex_attention's unfused implementation: the score_mod and block mask the kernel runs.
+    [flex], [masked] = flex_and_masked(name, length, gradients=False)
+    torch.testing.assert_close(flex, masked, rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", FLEX)
+def test_flex_attention_bias_gives_the_gradients_of_the_masked_computation(name, monkeypatch):
+    # torch 2.13 refuses flex_attention's backward on a CPU before it starts (_validate_device);
+    # its unfused implementation computes it, from the same score_mod as CUDA's kernel.
+    monkeypatch.setattr(torch.nn.attention.flex_attention, "_validate_device", lambda *a: None)
+    flex, masked = flex_and_masked(name, 300, gradients=True)
+    for got, expected in zip(flex, masked, strict=True):
+        torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["alibi", "t5"])
+def test_compiled_flex_attention_bias_on_a_cpu_equals_the_masked_computation(name):
+    # The kernel torch.compile generates for a CPU (forward only there). One length: at a second
+    # one torch 2.13 recompiles for dynamic shapes, and that CPU kernel fails to compile.
+    [flex], [masked] = flex_and_masked(name, 300, gradients=False, compiled=True)
+    torch.testing.assert_close(flex, masked, rtol=0, atol=1e-5)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("name", FLEX)
+def test_compiled_flex_attention_bias_on_cuda_gives_the_masked_computation_and_its_gradients(
+    name,
+):
+    flex, masked = flex_and_masked(name, 300, gradients=True, device="cuda", compiled=True)
+    torch.testing.assert_close(flex[0], masked[0], rtol=0, atol=1e-5)
+    for got, expected in zip(flex[1:], masked[1:], strict=True):
+        torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
+
+
+ATTENTION_PATHS = {
+    path: getattr(posbench.attention, path)
+    for path in ("flex_attention_bias", "relative_bias_attention", "blocked_bias_attention")
+}
+
+
+def choose_flex_attention_on(devices: set[str], monkeypatch) -> None:
+    """flex_attention on the device types ``devices``, its unfused implementation in place of
+    the compiled kernel (no compiler needed)."""
+    monkeypatch.setattr(posbench.attention, "FLEX_ATTENTION_DEVICES", frozenset(devices))
+    monkeypatch.setattr(posbench.attention, "compiled_flex_attention", lambda: flex_attention)
+
+
+def attention_paths(name: str, flex_devices: set[str], monkeypatch, length: int = 50) -> list[str]:
+    """The attention functions one forward pass of the small model over ``length`` tokens
+    calls, with flex_attention chosen on ``flex_devices``."""
+    choose_flex_attention_on(flex_devices, monkeypatch)
+    called = []
+    for path, original in ATTENTION_PATHS.items():
+
+        def recording(*args, _path=path, _original=original, **kwargs):
+            called.append(_path)
+            return _original(*args, **kwargs)
+
+        monkeypatch.setattr(posbench.attention, path, recording)
+    with torch.no_grad():
+        small_model(name)(torch.zeros(1, length, dtype=torch.long))
+    return called
+
+
+def test_flex_attention_is_chosen_on_cuda_only():
+    assert posbench.attention.FLEX_ATTENTION_DEVICES == {"cuda"}
+
+
+@pytest.mark.parametrize("name", RELATIVE)
+def test_a_bias_of_the_distance_alone_takes_flex_attention_exactly_on_the_flex_devices(
+    name, monkeypatch
+):
+    flex = attention_paths(name, {"cpu"}, monkeypatch)
+    assert flex == ["flex_attention_bias"] * SMALL.n_layer
+    sdpa = attention_paths(name, set(), monkeypatch)
+    assert sdpa == ["relative_bias_attention"] * SMALL.n_layer
+
+
+def test_a_bias_of_both_positions_keeps_the_blocked_path_on_the_flex_devices(monkeypatch):
+    paths = attention_paths("pair-bias", {"cpu"}, monkeypatch)
+    assert paths == ["blocked_bias_attention"] * SMALL.n_layer
+
+
+def test_fire_takes_flex_attention_up_to_its_threshold_and_the_blocked_path_past_it(monkeypatch):
+    # FIRE's bias past its threshold L (512 by default) depends on the query's position, not on
+    # i - j alone; below it, it is a bias of the distance alone.
+    within = attention_paths("fire", {"cpu"}, monkeypatch, length=512)
+    assert within == ["flex_attention_bias"] * SMALL.n_layer
+    past = attention_paths("fire", {"cpu"}, monkeypatch, length=514)
+    assert past == ["blocked_bias_attention"] * SMALL.n_layer
+
+
+@pytest.mark.parametrize("name", RELATIVE)
+def test_the_model_with_flex_attention_chosen_computes_the_same_logits(name, monkeypatch):
+    model, tokens = small_model(name), torch.randint(0, 256, (2, 200))
+    with torch.no_grad():
+        expected = model(tokens)
+        choose_flex_attention_on({"cpu"}, monkeypatch)
+        torch.testing.assert_close(model(tokens), expected, rtol=0, atol=1e-5)
+
+
+# --- any other bias (score_bias only) ------------------------------------------------------------
+
+GENERAL = ["distance-bias", "pair-bias"]
+
+
+@pytest.mark.parametrize("name", GENERAL)
+@pytest.mark.parametrize("length", [1, 16, 37, 300])
+@pytest.mark.parametrize("gradients", [True, False])
+def test_general_bias_attention_equals_the_masked_computation(name, length, gradients, monkeypatch):
+    # Without gradients, blocks after the first attend to their past and diagonal keys apart.
+    use_query_blocks(16, monkeypatch)
+    assert_attention_matches_masked(name, length, gradients)
+
+
+@pytest.mark.parametrize("positions", [torch.arange(1000, 1037), torch.arange(37) ** 2])
+def test_general_bias_attention_at_other_increasing_positions_equals_the_masked_computation(
+    positions, monkeypatch
+):
+    monkeypatch.setattr(posbench.attention, "QUERY_BLOCK", 16)
+    encoding = random_bias_encoding("pair-bias")
+    q, k, v = random_qkv(2, SMALL.n_head, 37, 8)
+    with torch.no_grad():
+        out = posbench.attention.causal_attention(q, k, v, positions, encoding)
+    expected = masked_attention(q, k, v, encoding, positions)
+    torch.testing.assert_close(out, expected, rtol=0, atol=1e-10)
+
+
+@pytest.mark.parametrize("name", ["fire", "kerple"])  # kerple: PositionalEncoding.score_bias
+def test_in_evaluation_the_blocks_after_the_first_write_their_bias_to_one_buffer(name, monkeypatch):
+    monkeypatch.setattr(posbench.attention, "QUERY_BLOCK", 16)
+    encoding = random_bias_encoding(name)
+    monkeypatch.setattr(type(encoding), "consecutive_bias", lambda self, positions: None)
+    buffers, score_bias = [], encoding.score_bias
+
+    def recording(query_positions, key_positions, out=None):
+        bias = score_bias(query_positions, key_positions, out=out)
+        buffers.append(None if out is None else (out.untyped_storage().data_ptr(), bias))
+        return bias
+
+    monkeypatch.setattr(encoding, "score_bias", recording)
+    q, k, v = random_qkv(2, SMALL.n_head, 100, 8)
+    with torch.no_grad():
+        out = posbench.attention.causal_attention(q, k, v, torch.arange(100), encoding)
+    monkeypatch.setattr(encoding, "score_bias", score_bias)
+    torch.testing.assert_close(out, masked_attention(q, k, v, encoding, torch.arange(100)))
+    assert buffers[0] is None and len(buffers) == 7  # 100 = 6 * 16 + 4 queries, last first
+    assert len({pointer for pointer, _ in buffers[1:]}) == 1  # one buffer
+    for pointer, bias in buffers[1:]:
+        assert bias.untyped_storage().data_ptr() == pointer  # the bias was written there
+
+
+@pytest.mark.parametrize("kept_blocks", [0, 3, 7])  # none, some, all 7 blocks of 100 queries
+def test_the_layers_of_a_forward_pass_share_the_biases_of_its_query_blocks(
+    kept_blocks, monkeypatch
+):
+    monkeypatch.setattr(posbench.attention, "QUERY_BLOCK", 16)
+    model, tokens = small_model("kerple"), torch.randint(0, 256, (2, 100))
+    monkeypatch.setattr(type(model.encoding), "consecutive_bias", lambda self, positions: None)
+    ends = [min(start + 16, 100) for start in reversed(range(0, 100, 16))]  # the order computed
+    sizes = [SMALL.n_head * (end - (end - 1) // 16 * 16) * end for end in ends]  # H * n * e
+    monkeypatch.setattr(posbench.attention, "SHARED_BIAS_ELEMENTS", 0)
+    with torch.no_grad():
+        expected = model(tokens)
+    monkeypatch.setattr(posbench.attention, "SHARED_BIAS_ELEMENTS", sum(sizes[:kept_blocks]))
+    calls, score_bias = [], model.encoding.score_bias
+
+    def counting(query_positions, key_positions, out=None):
+        calls.append(query_positions[0].item())
+        return score_bias(query_positions, key_positions, out=out)
+
+    monkeypatch.setattr(model.encoding, "score_bias", counting)
+    with torch.no_grad():
+        shared = model(tokens)
+    assert torch.equal(shared, expected)
+    # The first layer computes every block's bias; the second the blocks not kept.
+    assert len(calls) == 7 + (7 - kept_blocks) and SMALL.n_layer == 2
+
+
+def block_masks(mask: torch.Tensor, starts: list[int]) -> list[torch.Tensor]:
+    """The masks of the blocks of queries from each of ``starts`` (the first 0) of a whole
+    (.., T, T) ``mask``: queries [s, e), keys [0, e)."""
+    ends = [*starts[1:], mask.shape[-1]]
+    return [mask[..., s:e, :e] for s, e in zip(starts, ends, strict=True)]
+
+
+@pytest.mark.parametrize("mask_batch", [1, 2])  # one bias for the batch, or one per sequence
+@pytest.mark.parametrize("starts", [[0], [0, 4, 8], [0, 10]])
+def test_explicit_attention_gives_the_output_and_gradients_of_the_plain_computation(
+    mask_batch, starts
+):
+    q, k, v = (t.requires_grad_() for t in random_qkv(2, 3, 11, 8))
+    positions = torch.arange(11)
+    bias = torch.randn(mask_batch, 3, 11, 11, dtype=F64, requires_grad=True)
+    mask = causal_bias(bias, positions, positions)  # (mask_batch, H, T, T)
+    out = posbench.attention.explicit_attention(q, k, v, block_masks(mask, starts))
+    expected = plain_attention(q, k, v, mask)
+    torch.testing.assert_close(out, expected, rtol=0, atol=1e-12)
+    out_grad = torch.randn(2, 3, 11, 8, dtype=F64)
+    got = torch.autograd.grad(out, [q, k, v, bias], out_grad, retain_graph=True)
+    plain_grads = torch.autograd.grad(expected, [q, k, v, bias], out_grad)
+    for fast, plain in zip(got, plain_grads, strict=True):
+        torch.testing.assert_close(fast, plain, rtol=0, atol=1e-12)
+
+
+def test_compiled_explicit_attention_gives_the_eager_output_and_gradients():
+    # train.compile traces ExplicitAttention's forward and backward (an out= argument once made
+    # the traced graph view a copy that it had not made).
+    positions = torch.arange(24)
+    mask = causal_bias(torch.randn(1, 2, 24, 24, requires_grad=True), positions, positions)
+    masks = block_masks(mask, [0, 16])
+
+    def outputs_and_gradients(attention) -> list[torch.Tensor]:
+        # As the model makes them: views of (B, T, H, hs) tensors.
+        leaves = [t.requires_grad_() for t in random_qkv(3, 24, 2, 8, dtype=torch.float32)]
+        q, k, v = (t.transpose(1, 2) for t in leaves)
+        out = attention(q, k, v, masks)
+        return [out, *torch.autograd.grad(out.square().sum(), [*leaves, *masks])]
+
+    compiled = outputs_and_gradients(torch.compile(posbench.attention.explicit_attention))
+    eager = outputs_and_gradients(posbench.attention.explicit_attention)
+    for got, expected in zip(compiled, eager, strict=True):
+        torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6)
+
+
+def test_explicit_attention_computes_bf16_inputs_in_float32_even_under_autocast():
+    positions = torch.arange(11)
+    bias = torch.randn(1, 3, 11, 11).bfloat16()  # the callers' bias is in q's dtype
+    mask = causal_bias(bias, positions, positions).requires_grad_()
+    half = [t.bfloat16().requires_grad_() for t in random_qkv(2, 3, 11, 8, torch.float32)]
+    out_grad = torch.randn(2, 3, 11, 8).bfloat16()
+    with torch.autocast("cpu", torch.bfloat16):  # as in training with train.precision=bf16
+        out = posbench.attention.explicit_attention(*half, block_masks(mask, [0, 6]))
+        got = torch.autograd.grad(out, [*half, mask], out_grad)
+    # The float32 computation of the rounded inputs, rounded once: within one bf16 ulp.
+    rounded = [t.detach().float().requires_grad_() for t in [*half, mask]]
+    expected = plain_attention(*rounded)
+    assert out.dtype == torch.bfloat16
+    torch.testing.assert_close(out.float(), expected, rtol=2**-7, atol=1e-6)
+    plain_grads = torch.autograd.grad(expected, rounded, out_grad.float())
+    for fast, plain in zip(got, plain_grads, strict=True):
+        assert fast.dtype == torch.bfloat16
+        torch.testing.assert_close(fast.float(), plain, rtol=1e-2, atol=1e-3)
+
+
+def test_explicit_attention_applies_dropout_to_the_weights():
+    q, k, v = (t.requires_grad_() for t in random_qkv(1, 2, 64, 8))
+    mask = torch.zeros(1, 2, 64, 64, dtype=F64)
+    torch.manual_seed(9)
+    dropped = posbench.attention.explicit_attention(q, k, v, [mask], dropout=0.5)
+    torch.manual_seed(9)
+    expected = F.dropout(torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(8), dim=-1), 0.5) @ v
+    torch.testing.assert_close(dropped, expected, rtol=0, atol=1e-12)
+    out_grad = torch.randn(1, 2, 64, 8, dtype=F64)
+    got = torch.autograd.grad(dropped, [q, k, v], out_grad)
+    for fast, plain in zip(got, torch.autograd.grad(expected, [q, k, v], out_grad), strict=True):
+        torch.testing.assert_close(fast, plain, rtol=0, atol=1e-12)
+
+
+def test_training_shapes_are_blocked_only_where_attention_is_explicit():
+    assert posbench.attention.query_block_size(batch=32, n_head=4, length=128) == 128
+    assert posbench.attention.query_block_size(batch=32, n_head=8, length=256) == 256
+    assert posbench.attention.query_block_size(32, 4, 128, explicit=True) == 32
+
+
+@pytest.mark.parametrize("general", [False, True])  # the relative or the general path
+def test_training_attention_takes_blocks_of_32_queries_and_gives_the_masked_gradients(
+    general, monkeypatch
+):
+    encoding = random_bias_encoding("kerple")
+    if general:  # KERPLE's learned bias looked up per (query, key) by score_bias
+        monkeypatch.setattr(type(encoding), "consecutive_bias", lambda self, positions: None)
+    inputs = [t.requires_grad_() for t in random_qkv(2, SMALL.n_head, 150, 8)]
+    leaves = [*inputs, *encoding.parameters()]
+    out_grad = torch.randn(2, SMALL.n_head, 150, 8, dtype=F64)
+    softmax_rows = []
+
+    def recording(scores: torch.Tensor, dim: int) -> torch.Tensor:
+        softmax_rows.append(scores.shape[-2])
+        return softmax(scores, dim=dim)
+
+    softmax = torch.softmax
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(posbench.attention.torch, "softmax", recording)
+        out = posbench.attention.causal_attention(*inputs, torch.arange(150), encoding)
+    assert sorted(softmax_rows) == [22, 32, 32, 32, 32]  # 150 = 4 * 32 + 22 queries
+    expected = masked_attention(*inputs, encoding, torch.arange(150))
+    torch.testing.assert_close(out, expected, rtol=0, atol=1e-10)
+    got = torch.autograd.grad(out, leaves, out_grad)
+    for fast, masked in zip(got, torch.autograd.grad(expected, leaves, out_grad), strict=True):
+        torch.testing.assert_close(fast, masked, rtol=0, atol=1e-10)
+
+
+@pytest.mark.parametrize("name", ["none", "rope"])
+def test_encodings_without_a_bias_use_the_fused_causal_kernel_even_at_long_lengths(
+    name, monkeypatch
+):
+    calls = []
+    sdpa = F.scaled_dot_product_attention
+
+    def recording(*args, **kwargs):
+        calls.append(kwargs)
+        return sdpa(*args, **kwargs)
+
+    monkeypatch.setattr(posbench.attention.F, "scaled_dot_product_attention", recording)
+    with torch.no_grad():
+        small_model(name)(torch.zeros(1, 3000, dtype=torch.long))
+    assert len(calls) == SMALL.n_layer
+    assert all(call["is_causal"] and "attn_mask" not in call for call in calls)
+
+
+@pytest.mark.parametrize("name", ["alibi", "t5", "kerple"])
+@settings(max_examples=40, deadline=None)
+@given(
+    qk=st.lists(st.floats(-3, 3, allow_nan=False), min_size=16, max_size=16),
+    m=st.integers(0, 3000),
+    n=st.integers(0, 3000),
+    shift=st.integers(0, 20000),
+)
+def test_bias_encodings_score_a_pair_by_its_relative_position_only(name, qk, m, n, shift):
+    encoding = random_bias_encoding(name, n_head=2)  # head dim 8
+    q = torch.tensor(qk[:8], dtype=F64).expand(1, 2, 1, 8)
+    k = torch.tensor(qk[8:], dtype=F64).expand(1, 2, 1, 8)
+
+    def scores(query_position: int, key_position: int) -> torch.Tensor:
+        qp, kp = torch.tensor([query_position]), torch.tensor([key_position])
+        content = encoding.rotate(q, qp) @ encoding.rotate(k, kp).transpose(-1, -2) / math.sqrt(8)
+        return content[0] + encoding.score_bias(qp, kp)  # (H, 1, 1)
+
+    torch.testing.assert_close(scores(m + shift, n + shift), scores(m, n), rtol=1e-12, atol=1e-9)
+
+
+@pytest.mark.parametrize("name", ["t5", "kerple", "fire"])
+def test_blocked_attention_gives_the_same_gradients(name, monkeypatch):
+    # Training at long lengths (or large batches) takes the blocked path too.
+    torch.manual_seed(7)
+    model = Transformer(SMALL, make_encoding(name, SMALL)).double()
+    tokens = torch.randint(0, 256, (2, 40))
+
+    def gradients() -> list[torch.Tensor]:
+        model.zero_grad()
+        model(tokens).logsumexp(-1).sum().backward()
+        return [p.grad.clone() for p in model.parameters()]
+
+    single = gradients()
+    monkeypatch.setattr(posbench.attention, "MAX_SCORE_ELEMENTS", 500)
+    for blocked, expected in zip(gradients(), single, strict=True):
+        torch.testing.assert_close(blocked, expected, rtol=1e-9, atol=1e-12)
