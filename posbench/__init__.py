@@ -1,6 +1,6 @@
 """posbench: which positional encoding keeps working past the length it was trained on?
 
-Python API (stable; README's "Python API" section runs it):
+Python API (stable; docs/api.md runs it):
 
     run_dir = posbench.latest_run()                          # the newest run under ./outputs
     model, cfg = posbench.load_run(run_dir)

@@ -1,5 +1,9 @@
 """Perplexity of a trained model at any length: the "test long" half of posbench.
 
+(Over 500 lines because it is the whole evaluation protocol in one place: which windows, at
+which positions, inside which documents, scored how, recorded how. Every number posbench
+reports is made here one way, so that reading this file is reading the protocol.)
+
 Protocol (as in the ALiBi paper, Press et al. 2022, https://arxiv.org/abs/2108.12409):
 
 * ``stride=None``: the validation bytes are cut into non-overlapping windows of ``length``

@@ -6,7 +6,8 @@ jobs took 5.4x the time of running them one after the other; with one thread eac
 was 1.2x faster than serial). So ``threads=auto`` gives each job its share: the cores this
 process may use divided by the posbench jobs that run at once by construction (a joblib
 sweep's workers, torchrun's local ranks). Jobs started by hand from the shell cannot be
-counted: pass ``threads=1`` to each (README, "Launchers"); the busy-machine warning says so.
+counted: pass ``threads=1`` to each (docs/experiments.md, "Launchers"); the busy-machine
+warning says so.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The Python API for notebooks: load_run and evaluate_run, as README documents them."""
+"""The Python API for notebooks: load_run and evaluate_run, as docs/api.md documents them."""
 
 import shutil
 

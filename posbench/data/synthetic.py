@@ -1,6 +1,10 @@
 """The synthetic default corpus: a sparse Markov chain with long-range structure on top, and
 an exact entropy floor.
 
+(One module of over 500 lines on purpose: each of the three long-range structures below comes
+with the exact floor of its own law, and a process and its floor must change together; split,
+a change to a process could leave its floor, the number every result is read against, behind.)
+
 It exists to make length extrapolation measurable. Symbols of a small printable alphabet
 follow a sparse order-1 Markov chain (each state has ``successors`` possible successors, with
 random weights); ``long_range`` chooses what, farther back than the previous symbol, a symbol
@@ -12,14 +16,14 @@ also depends on:
   flat Dirichlet(``concentration``) per group that is never shown, only used. A model learns
   the taste by counting the symbols the document has used so far, wherever they are: it
   needs no position information, only to look back (an encoding that keeps counting past
-  its training length keeps gaining), and every encoding learns it (README, "The synthetic
-  data").
+  its training length keeps gaining), and every encoding learns it (docs/data.md, "The
+  synthetic data").
 * ``spans``: earlier spans recur. At a symbol outside a span, a span starts with probability
   ``repeat_prob``; it copies the stream from ``d`` back, ``d`` log-uniform on
   ``repeat_distances``, for a geometric number of symbols of mean ``repeat_length``. Nothing
   marks a span: a model finds its source by matching what it has seen of it to an earlier
   stretch, as an induction head does, at any distance; a two-layer composition that the
-  ``tiny`` model does not learn in the extrapolation experiment's budget (README).
+  ``tiny`` model does not learn in the extrapolation experiment's budget (docs/data.md).
 * ``lags``: copies at exact distances. With probability ``copy_prob`` a symbol copies the
   symbol ``d`` back, ``d`` uniform on ``lags``. Only an encoding that can address an exact
   offset learns these: they test positional addressing, not the use of a longer context.
