@@ -25,40 +25,21 @@ from torch.utils.tensorboard import SummaryWriter
 from tqdm.auto import tqdm
 
 from posbench import distributed
-from posbench.checkpoint import (
-    CHECKPOINT_FILE,
-    TrainProgress,
-    load_checkpoint,
-    restore_checkpoint,
-    save_checkpoint,
-    trained_precision,
-)
-from posbench.config import (
-    check_resumable,
-    choice,
-    eval_lengths,
-    flat_config,
-    resolve_device,
-    validate,
-)
+from posbench.checkpoint import TrainProgress, restore_checkpoint, save_checkpoint
+from posbench.config import choice, eval_lengths, flat_config, resolve_device, validate
 from posbench.data import IGNORE, Corpus, Task, load_data, sample_positions
 from posbench.errors import PosbenchError
 from posbench.evaluate import RandomPositions, eval_positions, evaluate_data
 from posbench.finetune import fine_tune_config, load_parent_weights
 from posbench.model import Transformer, build_model
-from posbench.precision import (
-    autocast,
-    check_resume_precision,
-    compile_for_training,
-    resolve_precision,
-)
+from posbench.precision import autocast, compile_for_training, resolve_precision
+from posbench.resume import already_finished, check_resume_precision, checkpoint_to_resume
 from posbench.runs import (
     RESULTS_FILE,
     prepare_run_dir,
     read_results,
     save_config,
     save_weights,
-    saved_config,
     write_json,
 )
 from posbench.signals import handling, restore
@@ -396,45 +377,11 @@ def divergence(
     )
 
 
-def checkpoint_to_resume(cfg: DictConfig, run_dir: Path) -> dict[str, Any] | None:
-    """The checkpoint to continue from, or None to train from the start.
-
-    A fresh run refuses a directory that already holds a checkpoint (it would mix two runs).
-    With ``train.resume`` and no checkpoint yet, training starts from the beginning, so a
-    requeued job can pass ``train.resume=true`` every time.
-    """
-    path = run_dir / CHECKPOINT_FILE
-    if not path.is_file():
-        if cfg.train.resume:
-            log.info("no %s in %s yet: training from the start", CHECKPOINT_FILE, run_dir)
-        return None
-    if not cfg.train.resume:
-        raise PosbenchError(
-            f"{run_dir} already holds a run ({CHECKPOINT_FILE}); continue it with "
-            f"`posbench train --resume {run_dir}` or choose another hydra.run.dir"
-        )
-    check_resumable(saved_config(run_dir), cfg, run_dir)
-    checkpoint = load_checkpoint(path)
-    done = checkpoint["progress"]["step"]
-    if done > cfg.train.steps:
-        raise PosbenchError(
-            f"{path} is at step {done}, past train.steps={cfg.train.steps}; "
-            f"resume with train.steps >= {done}"
-        )
-    return checkpoint
-
-
-def already_finished(checkpoint: dict[str, Any], cfg: DictConfig, run_dir: Path) -> bool:
-    """Trained to the end and evaluated: resuming has nothing left to do."""
-    trained = checkpoint["progress"]["step"] == cfg.train.steps
-    return trained and read_results(run_dir).get("status") == "ok"
-
-
 def train(cfg: DictConfig, run_dir: str | Path) -> dict[str, Any]:
     """Train the configured model, evaluate it at every eval length, and write the run.
 
-    With ``train.resume`` it continues from ``run_dir``'s checkpoint when there is one (see
-    ``checkpoint_to_resume``). Returns the content of ``run_dir/results.json``; raises
+    With ``train.resume`` it continues from ``run_dir``'s checkpoint when there is one
+    (posbench/resume.py). Returns the content of ``run_dir/results.json``; raises
     Diverged (after recording ``"status": "diverged"``) or TrainingInterrupted.
     """
     distributed.setup()  # under torchrun or SLURM: join the other ranks (posbench/distributed.py)
@@ -449,7 +396,7 @@ def train(cfg: DictConfig, run_dir: str | Path) -> dict[str, Any]:
     # Rank 0 goes first where it creates what the other ranks read (the directory, the data
     # cache), so that a mistake there is reported once (distributed.rank_zero_first).
     checkpoint = distributed.rank_zero_first(lambda: checkpoint_to_resume(cfg, prepared(run_dir)))
-    if checkpoint is not None and already_finished(checkpoint, cfg, run_dir):
+    if checkpoint is not None and already_finished(checkpoint, cfg.train.steps, run_dir):
         log.info("%s already finished; `posbench eval` re-evaluates it", run_dir)
         return read_results(run_dir)
     device = distributed.local_device(resolve_device(cfg.device))
@@ -463,7 +410,7 @@ def train(cfg: DictConfig, run_dir: str | Path) -> dict[str, Any]:
         lambda: resolve_precision(choice(cfg.train.precision), device, cfg.model.d_model)
     )
     if checkpoint is not None:
-        check_resume_precision(trained_precision(checkpoint), precision, run_dir)
+        check_resume_precision(checkpoint, precision, run_dir)
     if distributed.is_main():
         save_config(run_dir, cfg)
     log.info(
