@@ -12,7 +12,7 @@ import signal
 import time
 from collections import deque
 from collections.abc import Iterable, Iterator
-from contextlib import AbstractContextManager, contextmanager, nullcontext
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,13 +20,13 @@ from typing import Any
 import numpy as np
 import torch
 import torch.nn.functional as F
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 from torch.utils.tensorboard import SummaryWriter
 from tqdm.auto import tqdm
 
 from posbench import distributed
 from posbench.checkpoint import TrainProgress, restore_checkpoint, save_checkpoint
-from posbench.config import choice, eval_lengths, flat_config, resolve_device, validate
+from posbench.config import choice, eval_lengths, resolve_device, validate
 from posbench.data import IGNORE, Corpus, Task, load_data, sample_positions
 from posbench.errors import PosbenchError
 from posbench.evaluate import RandomPositions, eval_positions, evaluate_data
@@ -35,15 +35,24 @@ from posbench.model import Transformer, build_model
 from posbench.precision import autocast, compile_for_training, resolve_precision
 from posbench.resume import already_finished, check_resume_precision, checkpoint_to_resume
 from posbench.runs import (
-    RESULTS_FILE,
+    diverged_results,
     prepare_run_dir,
     read_results,
+    run_description,
     save_config,
     save_weights,
-    write_json,
+    train_summary,
+    write_results,
 )
 from posbench.signals import handling, restore
-from posbench.tensorboard_log import log_hparams, write_eval_events
+from posbench.tensorboard_log import (
+    NoEvents,
+    event_writer,
+    headline_metrics,
+    hparams,
+    log_hparams,
+    write_eval_events,
+)
 from posbench.threads import use_threads, warn_if_busy
 
 log = logging.getLogger(__name__)
@@ -325,14 +334,8 @@ def train_steps(
     bar.close()
     if stopping is not None:
         raise TrainingInterrupted(stopping, progress.step, run_dir)
-    return {
-        "steps": tcfg.steps,
-        "final_loss": sum(recent_losses) / len(recent_losses),
-        "val_ppl": math.exp(progress.val_loss),
-        "tokens_per_s": progress.tokens_seen / progress.train_time,
-        "wall_s": progress.train_time,
-        "compile_s": progress.compile_time,
-    }
+    progress.recent_losses = list(recent_losses)
+    return train_summary(progress)
 
 
 def seed_dropout(seed: int, step: int) -> None:
@@ -422,33 +425,16 @@ def train(cfg: DictConfig, run_dir: str | Path) -> dict[str, Any]:
         precision,
         distributed.world_size(),
     )
-    results = {
-        "status": "ok",
-        "encoding": cfg.encoding.name,
-        "encoding_options": encoding_options(cfg),
-        "train_seq_len": cfg.train.seq_len,
-        "seed": cfg.seed,
-        "threads": threads.threads,
-        "world_size": distributed.world_size(),
-        "parameters": model.num_parameters(),
-        "precision": precision,
-        "data": {"name": data.name, **data.stats},
-        "init_from": parent_run(cfg),
-    }
+    results = run_description(cfg, model, data, precision, threads.threads)
     # Events past the checkpoint (written before a crash) are dropped, so no step repeats.
     purge_step = checkpoint["progress"]["step"] + 1 if checkpoint is not None else None
     with event_writer(run_dir, purge_step) as writer:
         try:
             summary = train_steps(model, data, cfg, writer, run_dir, checkpoint, precision)
         except Diverged as err:
-            train_summary = {
-                "steps": cfg.train.steps,
-                "diverged_at_step": err.step,
-                "last_finite_loss": err.last_finite_loss,
-            }
-            diverged = {**results, "status": "diverged", "train": train_summary, "eval": []}
             if distributed.is_main():
-                write_json(run_dir / RESULTS_FILE, diverged)
+                steps, last = cfg.train.steps, err.last_finite_loss
+                write_results(run_dir, diverged_results(results, steps, err.step, last))
             raise
         # Rank 0 evaluates and writes the run; the other ranks wait for its results.
         results = {**results, "train": summary}
@@ -460,23 +446,6 @@ def train(cfg: DictConfig, run_dir: str | Path) -> dict[str, Any]:
 def prepared(run_dir: Path) -> Path:
     """``run_dir``, created and checked by rank 0 (``prepare_run_dir``), which alone writes it."""
     return prepare_run_dir(run_dir) if distributed.is_main() else run_dir
-
-
-class NoEvents:
-    """The TensorBoard writer of ranks other than 0: rank 0 logs the run's (global) numbers."""
-
-    def add_scalar(self, *args: Any, **kwargs: Any) -> None:
-        pass
-
-    def flush(self) -> None:
-        pass
-
-
-def event_writer(run_dir: Path, purge_step: int | None) -> AbstractContextManager:
-    """The run's TensorBoard writer on rank 0, NoEvents on the others."""
-    if distributed.is_main():
-        return SummaryWriter(log_dir=str(run_dir), purge_step=purge_step)
-    return nullcontext(NoEvents())
 
 
 def evaluate_and_record(
@@ -502,49 +471,7 @@ def evaluate_and_record(
         eval_positions(cfg),
     )
     results = {**results, "eval": records}
-    write_json(run_dir / RESULTS_FILE, results)
+    write_results(run_dir, results)
     write_eval_events(run_dir, records, cfg.train.seq_len)
     log_hparams(writer, hparams(cfg), headline_metrics(results))
     return results
-
-
-def parent_run(cfg: DictConfig) -> str | None:
-    """The run this one started from (``train.init_from``), as an absolute path."""
-    return None if cfg.train.init_from is None else str(Path(cfg.train.init_from).resolve())
-
-
-def encoding_options(cfg: DictConfig) -> dict[str, Any]:
-    """The encoding's own settings (e.g. t5's num_buckets, rope's scaling), for results.json."""
-    options = OmegaConf.to_container(cfg.encoding, resolve=True, enum_to_str=True)
-    options.pop("name")
-    return options
-
-
-def hparams(cfg: DictConfig) -> dict[str, Any]:
-    """The knobs that distinguish runs in TensorBoard's HParams tab, the encoding's options
-    included as ``encoding.<key>`` (HParams takes no None: it shows as "null")."""
-    options = {
-        f"encoding.{key}": "null" if value is None else value
-        for key, value in flat_config(cfg.encoding).items()
-        if key != "name"
-    }
-    return {
-        "encoding": cfg.encoding.name,
-        **options,
-        "model": f"{cfg.model.n_layer}x{cfg.model.d_model}",
-        "data": cfg.data.name,
-        "seq_len": cfg.train.seq_len,
-        "steps": cfg.train.steps,
-        "lr": cfg.train.lr,
-        "seed": cfg.seed,
-    }
-
-
-def headline_metrics(results: dict[str, Any]) -> dict[str, float]:
-    metrics = {"final_loss": results["train"]["final_loss"], "val_ppl": results["train"]["val_ppl"]}
-    for record in results["eval"]:
-        if record["status"] == "ok":
-            metrics[f"ppl_at_{record['length']}"] = record["ppl"]
-        if record.get("accuracy") is not None:  # a task's
-            metrics[f"accuracy_at_{record['length']}"] = record["accuracy"]
-    return metrics
