@@ -12,8 +12,6 @@ import signal
 import time
 from collections import deque
 from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -44,7 +42,7 @@ from posbench.runs import (
     train_summary,
     write_results,
 )
-from posbench.signals import handling, restore
+from posbench.signals import stop_requests
 from posbench.tensorboard_log import (
     NoEvents,
     event_writer,
@@ -168,32 +166,6 @@ class TrainingInterrupted(Exception):
     @property
     def exit_code(self) -> int:
         return 128 + self.signum  # the shell's convention: 130 for SIGINT, 143 for SIGTERM
-
-
-@dataclass
-class StopRequest:
-    signum: int | None = None
-
-
-STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
-
-
-@contextmanager
-def stop_requests() -> Iterator[StopRequest]:
-    """While active, SIGINT (Ctrl-C) and SIGTERM (e.g. SLURM pre-emption) only record that a
-    stop was asked for, so the loop can finish its step and checkpoint first. A second signal
-    of the same kind acts at once (its previous handler is back): an impatient user is never
-    stuck, and the atomic checkpoint write keeps the last complete checkpoint intact either
-    way. The other kind is still only recorded: Ctrl-C under torchrun reaches the ranks both
-    as SIGINT and, from torchrun, as SIGTERM, and must still checkpoint."""
-    request = StopRequest()
-
-    def handle(signum: int, frame: object) -> None:
-        request.signum = request.signum or signum
-        restore({signum: previous[signum]})
-
-    with handling(STOP_SIGNALS, handle) as previous:
-        yield request
 
 
 def train_step(
