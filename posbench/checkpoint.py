@@ -3,7 +3,8 @@
     <run>/checkpoint.pt   model, optimizer and batch-sampler states, and the loop's progress
 
 (Dropout's generators are seeded from the seed, the step and the rank at every step:
-posbench.train.seed_dropout.)
+posbench.train.seed_dropout.) ``Checkpointer`` writes it when it is due; which checkpoint a run
+resumes from, and what it may change on resume, is posbench/resume.py's.
 
 The file holds tensors and plain Python values only and is read with
 ``torch.load(weights_only=True)``, whose unpickler refuses anything else, so loading a
@@ -21,6 +22,7 @@ from typing import Any
 
 import torch
 
+from posbench import distributed
 from posbench.atomic import atomic_path
 from posbench.errors import PosbenchError
 
@@ -69,6 +71,40 @@ def save_checkpoint(
             "checkpoint is intact: free disk space, then resume the run"
         ) from err
     return path
+
+
+@dataclass
+class Checkpointer:
+    """Writes the training state to ``run_dir/checkpoint.pt`` every ``every`` steps
+    (``train.checkpoint_every``; 0: never in between) and after the ``last`` step, recording
+    the ``precision`` the steps ran in."""
+
+    run_dir: Path
+    every: int
+    last: int
+    precision: str
+    saved_step: int = 0  # the step of the checkpoint on disk (0: none yet)
+
+    def due(self, step: int) -> bool:
+        return step == self.last or (self.every > 0 and step % self.every == 0)
+
+    def save(
+        self,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        sampler: torch.Generator,
+        progress: TrainProgress,
+    ) -> None:
+        """The ranks' states are equal: rank 0 writes one copy, and every rank waits (under the
+        collective timeout) until it is on disk. After a stop they exit next, and a launcher
+        that ends the others as soon as one rank exits must not kill rank 0 mid-write. A failed
+        write stops the others too (PeerFailed)."""
+        distributed.from_rank_zero(
+            lambda: save_checkpoint(
+                self.run_dir, model, optimizer, sampler, progress, self.precision
+            )
+        )
+        self.saved_step = progress.step
 
 
 def load_checkpoint(path: Path) -> dict[str, Any]:

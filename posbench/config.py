@@ -240,39 +240,6 @@ def validate(cfg: DictConfig) -> None:
         )
 
 
-# What a resumed run may change: none of it alters the trained weights (train.steps moves the
-# end of the LR schedule, so extending a run is allowed but is not a run of that length; the
-# thread count and train.grad_accum change only rounding, as does resuming with another number
-# of ranks: every rank draws the same global batches). train.precision may change only to a
-# setting that resolves to the precision the run was trained in (checked against the
-# checkpoint by posbench.precision.check_resume_precision). train.compile may not change: a
-# compiled step runs other, generated kernels, so a run switched halfway would be one of
-# neither kind, with whatever difference the compiler made hidden in it.
-RESUMABLE_KEYS = (
-    "threads",
-    "train.steps",
-    "train.checkpoint_every",
-    "train.resume",
-    "train.grad_accum",
-    "train.precision",
-    "eval.",
-    "data.cache_dir",
-)
-
-
-def check_resumable(saved: DictConfig, cfg: DictConfig, run_dir: Path) -> None:
-    """Refuse to resume a run saved with ``saved`` under a config that trains differently."""
-    before, after = flat_config(saved), flat_config(cfg)
-    for key in sorted(before.keys() | after.keys()):
-        if before.get(key) != after.get(key) and not key.startswith(RESUMABLE_KEYS):
-            may_change = ", ".join(k + "*" if k.endswith(".") else k for k in RESUMABLE_KEYS)
-            raise PosbenchError(
-                f"{run_dir} was trained with {key}={before.get(key)}, not {after.get(key)}; a "
-                f"resumed run keeps its config (only {may_change} may change): drop that "
-                "override or start a new run"
-            )
-
-
 def flat_config(cfg: DictConfig) -> dict[str, Any]:
     """``{"train.lr": 0.003, ...}``: every leaf of ``cfg`` under its dotted key."""
     flat = {}

@@ -17,12 +17,9 @@ import logging
 import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager
-from pathlib import Path
 
 import torch
 from torch import nn
-
-from posbench.errors import PosbenchError
 
 log = logging.getLogger(__name__)
 
@@ -75,17 +72,6 @@ def resolve_precision(requested: str, device: torch.device, d_model: int) -> str
 def autocast(precision: str, device: torch.device) -> AbstractContextManager:
     """The context a forward pass (and its loss) runs in: bf16 autocast, or nothing for fp32."""
     return torch.autocast(device.type, dtype=torch.bfloat16, enabled=precision == "bf16")
-
-
-def check_resume_precision(trained: str, resolved: str, run_dir: Path) -> None:
-    """A resumed run continues in the precision it was trained in: changing it changes the
-    numbers, so the result would be a run of neither precision. (``train.precision`` itself may
-    change, e.g. to spell out what ``auto`` chose on the first machine.)"""
-    if trained != resolved:
-        raise PosbenchError(
-            f"{run_dir} was trained in {trained}, but this run would continue in {resolved}; "
-            f"resume with train.precision={trained}"
-        )
 
 
 def compile_for_training(

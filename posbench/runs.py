@@ -13,6 +13,7 @@ Weights are safetensors, so loading a run never executes code from the file.
 from __future__ import annotations
 
 import json
+import math
 import os
 import tempfile
 from collections.abc import Iterable, Mapping
@@ -25,8 +26,10 @@ from omegaconf import DictConfig, OmegaConf
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_model, save_model
 
+from posbench import distributed
 from posbench.atomic import atomic_path, atomic_write, leftover_temp_files, write_json
-from posbench.checkpoint import CHECKPOINT_FILE
+from posbench.checkpoint import CHECKPOINT_FILE, TrainProgress
+from posbench.data import Corpus, Task
 from posbench.errors import PosbenchError
 from posbench.model import Transformer, build_model
 
@@ -202,6 +205,64 @@ def read_results(run_dir: Path) -> dict[str, Any]:
         raise PosbenchError(f"{path} is not valid JSON ({err}); delete or restore it") from None
 
 
+def write_results(run_dir: Path, results: dict[str, Any]) -> None:
+    write_json(Path(run_dir) / RESULTS_FILE, results)
+
+
+# results.json of a training run, assembled as the run goes: what ran (run_description), then
+# how training ended (train_summary, or the diverged record), then one record per evaluated
+# length.
+
+
+def run_description(
+    cfg: DictConfig, model: Transformer, data: Corpus | Task, precision: str, threads: int
+) -> dict[str, Any]:
+    """What results.json says about a run besides its numbers: status "ok" until something
+    says otherwise, the encoding and its own settings (e.g. t5's num_buckets, rope's scaling),
+    training length and seed, the ``threads`` and ranks it ran on, its size, the precision it
+    trained in (what ``auto`` resolved to), its data and the run it started from
+    (``train.init_from``, as an absolute path)."""
+    options = OmegaConf.to_container(cfg.encoding, resolve=True, enum_to_str=True)
+    options.pop("name")
+    init_from = cfg.train.init_from
+    return {
+        "status": "ok",
+        "encoding": cfg.encoding.name,
+        "encoding_options": options,
+        "train_seq_len": cfg.train.seq_len,
+        "seed": cfg.seed,
+        "threads": threads,
+        "world_size": distributed.world_size(),
+        "parameters": model.num_parameters(),
+        "precision": precision,
+        "data": {"name": data.name, **data.stats},
+        "init_from": None if init_from is None else str(Path(init_from).resolve()),
+    }
+
+
+def train_summary(progress: TrainProgress) -> dict[str, Any]:
+    """results.json's ``train`` of a run trained to its last step: the mean loss of the last
+    ``train.log_every`` steps, the last validation's perplexity, and the time it took
+    (torch.compile's apart, not counted in tokens/s)."""
+    return {
+        "steps": progress.step,
+        "final_loss": sum(progress.recent_losses) / len(progress.recent_losses),
+        "val_ppl": math.exp(progress.val_loss),
+        "tokens_per_s": progress.tokens_seen / progress.train_time,
+        "wall_s": progress.train_time,
+        "compile_s": progress.compile_time,
+    }
+
+
+def diverged_results(
+    description: dict[str, Any], steps: int, step: int, last_finite_loss: float | None
+) -> dict[str, Any]:
+    """results.json of a run of ``steps`` whose loss became NaN or infinite at ``step``: no
+    evaluation."""
+    train = {"steps": steps, "diverged_at_step": step, "last_finite_loss": last_finite_loss}
+    return {**description, "status": "diverged", "train": train, "eval": []}
+
+
 def scaling_method(record: Mapping[str, Any]) -> str:
     """The eval-time extension an eval record was measured with ("none": as trained). Records
     written before eval-time scaling existed have no ``scaling`` field: they are plain."""
@@ -285,5 +346,5 @@ def merge_eval_records(results: dict[str, Any], records: Iterable[dict[str, Any]
 def append_eval_results(run_dir: Path, records: list[dict[str, Any]]) -> dict[str, Any]:
     """Add evaluation records to the run's results.json (atomically) and return the new content."""
     results = merge_eval_records(read_results(run_dir), records)
-    write_json(Path(run_dir) / RESULTS_FILE, results)
+    write_results(run_dir, results)
     return results

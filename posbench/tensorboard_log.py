@@ -23,12 +23,16 @@ from __future__ import annotations
 import shutil
 import tempfile
 from collections.abc import Mapping, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from omegaconf import DictConfig
 from torch.utils.tensorboard import SummaryWriter
 
+from posbench import distributed
 from posbench.atomic import atomic_path
+from posbench.config import flat_config
 from posbench.runs import scaling_method, scaling_setting
 
 if TYPE_CHECKING:
@@ -38,6 +42,25 @@ if TYPE_CHECKING:
 # timestamped ones SummaryWriter makes (digits < letters), so a resumed run's purge of later
 # training steps (a SessionLog START) never drops evaluation points, whose step is a length.
 EVAL_EVENTS_FILE = "events.out.tfevents.eval"
+
+
+class NoEvents:
+    """The TensorBoard writer of ranks other than 0: rank 0 logs the run's (global) numbers."""
+
+    def add_scalar(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
+    def flush(self) -> None:
+        pass
+
+
+def event_writer(run_dir: Path, purge_step: int | None) -> AbstractContextManager:
+    """The run's TensorBoard writer on rank 0, NoEvents on the others. ``purge_step``: a resumed
+    run's first step, from which on the events a stopped run wrote past its checkpoint are
+    dropped, so that no step shows twice."""
+    if distributed.is_main():
+        return SummaryWriter(log_dir=str(run_dir), purge_step=purge_step)
+    return nullcontext(NoEvents())
 
 
 def series_name(record: Mapping[str, Any]) -> str:
@@ -149,3 +172,35 @@ def log_hparams(
     run's own directory (run_name ".") so each run is one row."""
     writer.add_hparams(dict(hparams), {f"hparam/{k}": v for k, v in metrics.items()}, run_name=".")
     writer.flush()
+
+
+def hparams(cfg: DictConfig) -> dict[str, Any]:
+    """The knobs that distinguish runs in TensorBoard's HParams tab, the encoding's options
+    included as ``encoding.<key>`` (HParams takes no None: it shows as "null")."""
+    options = {
+        f"encoding.{key}": "null" if value is None else value
+        for key, value in flat_config(cfg.encoding).items()
+        if key != "name"
+    }
+    return {
+        "encoding": cfg.encoding.name,
+        **options,
+        "model": f"{cfg.model.n_layer}x{cfg.model.d_model}",
+        "data": cfg.data.name,
+        "seq_len": cfg.train.seq_len,
+        "steps": cfg.train.steps,
+        "lr": cfg.train.lr,
+        "seed": cfg.seed,
+    }
+
+
+def headline_metrics(results: Mapping[str, Any]) -> dict[str, float]:
+    """The numbers the HParams tab shows beside a run's knobs: its training summary's, and its
+    perplexity (a task's accuracy, too) at each evaluated length."""
+    metrics = {"final_loss": results["train"]["final_loss"], "val_ppl": results["train"]["val_ppl"]}
+    for record in results["eval"]:
+        if record["status"] == "ok":
+            metrics[f"ppl_at_{record['length']}"] = record["ppl"]
+        if record.get("accuracy") is not None:  # a task's
+            metrics[f"accuracy_at_{record['length']}"] = record["accuracy"]
+    return metrics

@@ -1,7 +1,10 @@
 """``train(cfg, run_dir)``: train at ``train.seq_len``, then evaluate at every ``eval.lengths``.
 
 A plain function that returns the results it also writes to ``run_dir``; the Hydra entry point
-in posbench/commands/train.py is a thin wrapper around it.
+in posbench/commands/train.py is a thin wrapper around it. ``train`` builds the run's parts
+once (data, model, optimizer, batch sampler, checkpointer, TensorBoard writer, precision),
+``train_steps`` runs the optimisation loop over those objects, one ``train_step`` at a time,
+and ``evaluate_and_record`` writes the run.
 """
 
 from __future__ import annotations
@@ -10,9 +13,7 @@ import logging
 import math
 import signal
 import time
-from collections import deque
 from collections.abc import Iterable, Iterator
-from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,52 +21,358 @@ from typing import Any
 import numpy as np
 import torch
 import torch.nn.functional as F
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 from torch.utils.tensorboard import SummaryWriter
 from tqdm.auto import tqdm
 
 from posbench import distributed
-from posbench.checkpoint import (
-    CHECKPOINT_FILE,
-    TrainProgress,
-    load_checkpoint,
-    restore_checkpoint,
-    save_checkpoint,
-    trained_precision,
-)
-from posbench.config import (
-    check_resumable,
-    choice,
-    eval_lengths,
-    flat_config,
-    resolve_device,
-    validate,
-)
+from posbench.checkpoint import Checkpointer, TrainProgress, restore_checkpoint
+from posbench.config import choice, eval_lengths, resolve_device, validate
 from posbench.data import IGNORE, Corpus, Task, load_data, sample_positions
 from posbench.errors import PosbenchError
 from posbench.evaluate import RandomPositions, eval_positions, evaluate_data
 from posbench.finetune import fine_tune_config, load_parent_weights
 from posbench.model import Transformer, build_model
-from posbench.precision import (
-    autocast,
-    check_resume_precision,
-    compile_for_training,
-    resolve_precision,
-)
+from posbench.precision import autocast, compile_for_training, resolve_precision
+from posbench.resume import already_finished, check_resume_precision, checkpoint_to_resume
 from posbench.runs import (
-    RESULTS_FILE,
+    diverged_results,
     prepare_run_dir,
     read_results,
+    run_description,
     save_config,
     save_weights,
-    saved_config,
-    write_json,
+    train_summary,
+    write_results,
 )
-from posbench.signals import handling, restore
-from posbench.tensorboard_log import log_hparams, write_eval_events
+from posbench.signals import stop_requests
+from posbench.tensorboard_log import (
+    NoEvents,
+    event_writer,
+    headline_metrics,
+    hparams,
+    log_hparams,
+    write_eval_events,
+)
 from posbench.threads import use_threads, warn_if_busy
 
 log = logging.getLogger(__name__)
+
+
+class Diverged(PosbenchError):
+    """The training loss became NaN or infinite; the last good checkpoint is kept."""
+
+    def __init__(self, message: str, step: int, last_finite_loss: float | None) -> None:
+        super().__init__(message)
+        self.step = step
+        self.last_finite_loss = last_finite_loss
+
+
+class TrainingInterrupted(Exception):
+    """SIGINT or SIGTERM stopped training after a checkpoint; ``posbench train --resume``
+    continues it."""
+
+    def __init__(self, signum: int, step: int, run_dir: Path) -> None:
+        name = signal.Signals(signum).name
+        super().__init__(f"{name} at step {step}; checkpoint saved in {run_dir}")
+        self.signum, self.step, self.run_dir = signum, step, run_dir
+
+    @property
+    def exit_code(self) -> int:
+        return 128 + self.signum  # the shell's convention: 130 for SIGINT, 143 for SIGTERM
+
+
+def train(cfg: DictConfig, run_dir: str | Path) -> dict[str, Any]:
+    """Train the configured model, evaluate it at every eval length, and write the run.
+
+    With ``train.resume`` it continues from ``run_dir``'s checkpoint when there is one
+    (posbench/resume.py). Returns the content of ``run_dir/results.json``; raises
+    Diverged (after recording ``"status": "diverged"``) or TrainingInterrupted.
+    """
+    distributed.setup()  # under torchrun or SLURM: join the other ranks (posbench/distributed.py)
+    # Every rank is past Hydra's start in the run directory, which rank 0 alone removes if the
+    # run fails before writing anything (commands.train.remove_if_worthless).
+    distributed.wait_for_all()
+    validate(cfg)
+    threads = use_threads(cfg.threads)  # before any work; the run's first log line
+    warn_if_busy(threads)
+    cfg = fine_tune_config(cfg)
+    run_dir = Path(run_dir)
+    # Rank 0 goes first where it creates what the other ranks read (the directory, the data
+    # cache), so that a mistake there is reported once (distributed.rank_zero_first).
+    checkpoint = distributed.rank_zero_first(lambda: checkpoint_to_resume(cfg, prepared(run_dir)))
+    if checkpoint is not None and already_finished(checkpoint, cfg.train.steps, run_dir):
+        log.info("%s already finished; `posbench eval` re-evaluates it", run_dir)
+        return read_results(run_dir)
+
+    # The parts, each built once from its own config section.
+    device = distributed.local_device(resolve_device(cfg.device))
+    data = distributed.rank_zero_first(lambda: load_data(cfg.data))
+    model = initial_model(cfg, resuming=checkpoint is not None).to(device)
+    precision = distributed.from_rank_zero(  # all ranks must compute alike
+        lambda: resolve_precision(choice(cfg.train.precision), device, cfg.model.d_model)
+    )
+    optimizer = make_optimizer(model, cfg.train)
+    sampler = torch.Generator().manual_seed(cfg.seed)  # batch order depends on the seed only
+    progress = TrainProgress()
+    if checkpoint is not None:
+        check_resume_precision(checkpoint, precision, run_dir)
+        progress = restore_checkpoint(checkpoint, model, optimizer, sampler)
+    checkpointer = Checkpointer(
+        run_dir, cfg.train.checkpoint_every, cfg.train.steps, precision, progress.step
+    )
+    settings = LoopSettings(cfg.train, precision, cfg.seed, eval_positions(cfg), cfg.encoding.name)
+
+    if distributed.is_main():
+        save_config(run_dir, cfg)
+    log.info(
+        "%s: %s parameters, %s, device %s, precision %s, %d rank(s)",
+        cfg.encoding.name,
+        f"{model.num_parameters():,}",
+        data.describe(),
+        device,
+        precision,
+        distributed.world_size(),
+    )
+    results = run_description(cfg, model, data, precision, threads.threads)
+    # Events past the checkpoint (written before a crash) are dropped, so no step repeats.
+    purge_step = progress.step + 1 if checkpoint is not None else None
+    with event_writer(run_dir, purge_step) as writer:
+        try:
+            summary = train_steps(
+                model, data, optimizer, sampler, progress, checkpointer, writer, settings
+            )
+        except Diverged as err:
+            if distributed.is_main():
+                steps, last = cfg.train.steps, err.last_finite_loss
+                write_results(run_dir, diverged_results(results, steps, err.step, last))
+            raise
+        # Rank 0 evaluates and writes the run; the other ranks wait for its results.
+        results = {**results, "train": summary}
+        return distributed.from_rank_zero(
+            lambda: evaluate_and_record(model, data, cfg, run_dir, writer, results)
+        )
+
+
+def prepared(run_dir: Path) -> Path:
+    """``run_dir``, created and checked by rank 0 (``prepare_run_dir``), which alone writes it."""
+    return prepare_run_dir(run_dir) if distributed.is_main() else run_dir
+
+
+def initial_model(cfg: DictConfig, resuming: bool) -> Transformer:
+    """The model before its first step: initialised from the seed, and for a fine-tune
+    (``train.init_from``) given its parent's weights, unless ``resuming`` restores its own."""
+    torch.manual_seed(cfg.seed)  # model init (and dropout) depend on the seed alone
+    model = build_model(cfg.model, cfg.encoding)
+    if cfg.train.init_from is not None and not resuming:
+        load_parent_weights(model, cfg)
+    return model
+
+
+def evaluate_and_record(
+    model: Transformer,
+    data: Corpus | Task,
+    cfg: DictConfig,
+    run_dir: Path,
+    writer: SummaryWriter,
+    results: dict[str, Any],
+) -> dict[str, Any]:
+    """Save the weights, evaluate them at every eval length, and write ``results`` with the
+    evaluation records to results.json and TensorBoard; returns what it wrote."""
+    save_weights(run_dir, model)
+    records = evaluate_data(
+        model,
+        data,
+        eval_lengths(cfg),
+        cfg.eval.stride,
+        cfg.eval.batch_size,
+        cfg.eval.max_tokens,
+        cfg.train.seq_len,
+        choice(cfg.eval.precision),
+        eval_positions(cfg),
+    )
+    results = {**results, "eval": records}
+    write_results(run_dir, results)
+    write_eval_events(run_dir, records, cfg.train.seq_len)
+    log_hparams(writer, hparams(cfg), headline_metrics(results))
+    return results
+
+
+@dataclass(frozen=True)
+class LoopSettings:
+    """What the loop reads besides its parts, taken from the config once by ``train``."""
+
+    train: DictConfig  # the train section: steps, batches, intervals and train_step's settings
+    precision: str  # resolved (fp32 or bf16): the steps and validation run in it
+    seed: int  # with the step and the rank, it seeds dropout (seed_dropout)
+    val_positions: RandomPositions | None  # validation scores where evaluation does
+    name: str  # the encoding's, on the progress bar
+
+
+def train_steps(
+    model: Transformer,
+    data: Corpus | Task,
+    optimizer: torch.optim.Optimizer,
+    sampler: torch.Generator,
+    progress: TrainProgress,
+    checkpointer: Checkpointer,
+    writer: SummaryWriter | NoEvents,
+    settings: LoopSettings,
+) -> dict[str, Any]:
+    """The optimisation loop, from ``progress`` (a fresh start's, or a checkpoint's) to the last
+    step; returns the training summary (results.json's ``train``).
+
+    Checkpoints when ``checkpointer`` says it is due, and at the step where the ranks agree on
+    a stop signal (then raises TrainingInterrupted, once rank 0's checkpoint is on disk);
+    raises Diverged on a non-finite loss.
+    """
+    tcfg, precision = settings.train, settings.precision
+    model.train()
+    device = next(model.parameters()).device
+    stepper: torch.nn.Module = model
+    if tcfg.compile and progress.step < tcfg.steps:
+        _, micro_batch = distributed.rows_of_rank(tcfg.batch_size, tcfg.grad_accum)
+        batch = torch.zeros(micro_batch, tcfg.seq_len, dtype=torch.long, device=device)
+        stepper, seconds = compile_for_training(model, batch, precision)
+        progress.compile_time += seconds
+        log.info("torch.compile: %.1f s (not counted in tokens/s)", seconds)
+    stepper = distributed.data_parallel(stepper, device)
+    # Rank 0's bar only. On rank 0 disable is not passed at all: tqdm takes the defaults of the
+    # arguments not given from TQDM_* variables (TQDM_DISABLE=1), and an explicit False wins.
+    others_hidden = {} if distributed.is_main() else {"disable": True}
+    bar = tqdm(
+        range(progress.step, tcfg.steps),
+        initial=progress.step,
+        total=tcfg.steps,
+        desc=f"train {settings.name}",
+        unit="step",
+        **others_hidden,
+    )
+    stopping = None  # the stop signal every rank agreed on
+    with stop_requests() as stop:
+        for step in bar:
+            started = time.perf_counter()
+            seed_dropout(settings.seed, step)
+            share = train_step(stepper, optimizer, data, sampler, step, tcfg, precision)
+            # The global batch's mean loss, and whether any rank was asked to stop: every rank
+            # decides alike, so none waits at a step the others never take. A signal arriving
+            # after this agreement (during validation or the checkpoint) counts at the next step.
+            loss_value = distributed.sum_over_ranks(share)
+            stopping = distributed.agree_on_stop(stop.signum)
+            if not math.isfinite(loss_value):
+                raise divergence(step + 1, loss_value, progress, checkpointer, tcfg)
+            progress.train_time += time.perf_counter() - started
+            progress.tokens_seen += tcfg.batch_size * tcfg.seq_len
+            progress.step = step + 1
+            # The window final_loss averages: the last log_every losses.
+            progress.recent_losses = [*progress.recent_losses, loss_value][-tcfg.log_every :]
+            if progress.step % tcfg.log_every == 0 or progress.step == tcfg.steps:
+                log_training(writer, bar, progress, loss_value, lr_at(step, tcfg))
+            if progress.step % tcfg.val_every == 0 or progress.step == tcfg.steps:
+                progress.val_loss = validation_loss(
+                    model, data, tcfg, precision, settings.val_positions
+                )
+                writer.add_scalar("val/loss", progress.val_loss, progress.step)
+                writer.add_scalar("val/ppl", math.exp(progress.val_loss), progress.step)
+            if checkpointer.due(progress.step) or stopping is not None:
+                writer.flush()  # TensorBoard holds at least what the checkpoint holds
+                checkpointer.save(model, optimizer, sampler, progress)
+            if stopping is not None:
+                break
+        # A signal during the last step's validation or checkpoint: that step is saved, and
+        # every rank stops before the evaluation.
+        stopping = stopping or distributed.agree_on_stop(stop.signum)
+    bar.close()
+    if stopping is not None:
+        raise TrainingInterrupted(stopping, progress.step, checkpointer.run_dir)
+    return train_summary(progress)
+
+
+def seed_dropout(seed: int, step: int) -> None:
+    """Seed the global generators, which dropout draws from, for ``step`` on this rank: the
+    ranks hold different rows of the batch and get different masks, and a resumed run draws
+    the masks the uninterrupted one did without the generators' state in the checkpoint."""
+    state = np.random.SeedSequence([seed, step, distributed.rank()]).generate_state(1, np.uint64)
+    torch.manual_seed(int(state[0]))
+
+
+def log_training(
+    writer: SummaryWriter | NoEvents, bar: tqdm, progress: TrainProgress, loss: float, lr: float
+) -> None:
+    tokens_per_s = progress.tokens_seen / progress.train_time
+    writer.add_scalar("train/loss", loss, progress.step)
+    writer.add_scalar("train/lr", lr, progress.step)
+    writer.add_scalar("train/tokens_per_s", tokens_per_s, progress.step)
+    bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{tokens_per_s:,.0f}")
+
+
+def divergence(
+    step: int,
+    loss: float,
+    progress: TrainProgress,
+    checkpointer: Checkpointer,
+    cfg: DictConfig,
+) -> Diverged:
+    last = progress.recent_losses[-1] if progress.recent_losses else None
+    last_text = f"{last:.4g}" if last is not None else "none yet"
+    saved = checkpointer.saved_step
+    kept = f"the checkpoint of step {saved} is kept" if saved else "no checkpoint yet"
+    return Diverged(
+        f"training diverged at step {step} (loss {loss}, last finite loss {last_text}); "
+        f"{kept} in {checkpointer.run_dir}; lower train.lr (now {cfg.lr:g}) or raise "
+        "train.warmup_steps",
+        step,
+        last,
+    )
+
+
+def train_step(
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    data: Corpus | Task,
+    sampler: torch.Generator,
+    step: int,
+    cfg: DictConfig,
+    precision: str = "fp32",
+) -> float:
+    """One optimisation step at ``lr_at(step)`` in ``precision`` on a global batch of
+    ``train.batch_size`` drawn from ``sampler``; returns this rank's share of the batch's mean
+    loss (a task's: on its answer bytes only), which summed over the ranks is that mean.
+    ``model`` is the Transformer, its compiled wrapper (compile_for_training) or either
+    wrapped for data parallelism (distributed.data_parallel)."""
+    device = next(model.parameters()).device
+    for group in optimizer.param_groups:
+        group["lr"] = lr_at(step, cfg)
+    # Every rank draws the whole global batch and keeps its own rows: the sampler's state stays
+    # the same on all ranks (and in the checkpoint), and the batches depend on the seed alone,
+    # not on how many ranks and micro-batches share them.
+    x, y = data.train_batch(cfg.batch_size, cfg.seq_len, sampler)
+    scored = int((y != IGNORE).sum())  # targets in the global batch: the loss is their mean
+    rows, micro_batch = distributed.rows_of_rank(cfg.batch_size, cfg.grad_accum)
+    inputs, targets = x[rows].split(micro_batch), y[rows].split(micro_batch)
+    positions = [None] * len(inputs)  # 0..seq_len-1
+    if cfg.random_positions is not None:
+        # Each sequence at its own sorted subset, drawn for the global batch like the batch
+        # itself, from the sampler whose state the checkpoint already holds.
+        drawn = sample_positions(cfg.random_positions, cfg.batch_size, cfg.seq_len, sampler)
+        positions = drawn[rows].to(device).split(micro_batch)
+    # DDP averages the gradients over the ranks; scaled by their number, the sum over ranks and
+    # micro-batches is the gradient of the global batch's mean loss.
+    scale = distributed.world_size() / scored
+    optimizer.zero_grad(set_to_none=True)
+    loss_sum = 0.0
+    for i, (xs, ys, ps) in enumerate(zip(inputs, targets, positions, strict=True)):
+        xs, ys = xs.to(device), ys.to(device)
+        with distributed.sync_gradients(model, last=i == len(inputs) - 1):
+            with autocast(precision, device):  # the loss takes fp32 logits: fp32 log-softmax
+                logits = model(xs, ps).float()  # (b, T, vocab)
+                nll = F.cross_entropy(logits.flatten(0, 1), ys.flatten(), reduction="sum")
+            (nll * scale).backward()
+        loss_sum += nll.item()  # also waits for the device, so the caller's timing is honest
+    if cfg.grad_clip > 0:
+        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+    optimizer.step()
+    return loss_sum / scored
 
 
 def fused_adamw(devices: Iterable[torch.device]) -> bool:
@@ -155,449 +462,3 @@ def validation_loss(
         count += (targets != IGNORE).sum().item()
     model.train()
     return float(total) / count
-
-
-class Diverged(PosbenchError):
-    """The training loss became NaN or infinite; the last good checkpoint is kept."""
-
-    def __init__(self, message: str, step: int, last_finite_loss: float | None) -> None:
-        super().__init__(message)
-        self.step = step
-        self.last_finite_loss = last_finite_loss
-
-
-class TrainingInterrupted(Exception):
-    """SIGINT or SIGTERM stopped training after a checkpoint; ``posbench train --resume``
-    continues it."""
-
-    def __init__(self, signum: int, step: int, run_dir: Path) -> None:
-        name = signal.Signals(signum).name
-        super().__init__(f"{name} at step {step}; checkpoint saved in {run_dir}")
-        self.signum, self.step, self.run_dir = signum, step, run_dir
-
-    @property
-    def exit_code(self) -> int:
-        return 128 + self.signum  # the shell's convention: 130 for SIGINT, 143 for SIGTERM
-
-
-@dataclass
-class StopRequest:
-    signum: int | None = None
-
-
-STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
-
-
-@contextmanager
-def stop_requests() -> Iterator[StopRequest]:
-    """While active, SIGINT (Ctrl-C) and SIGTERM (e.g. SLURM pre-emption) only record that a
-    stop was asked for, so the loop can finish its step and checkpoint first. A second signal
-    of the same kind acts at once (its previous handler is back): an impatient user is never
-    stuck, and the atomic checkpoint write keeps the last complete checkpoint intact either
-    way. The other kind is still only recorded: Ctrl-C under torchrun reaches the ranks both
-    as SIGINT and, from torchrun, as SIGTERM, and must still checkpoint."""
-    request = StopRequest()
-
-    def handle(signum: int, frame: object) -> None:
-        request.signum = request.signum or signum
-        restore({signum: previous[signum]})
-
-    with handling(STOP_SIGNALS, handle) as previous:
-        yield request
-
-
-def train_step(
-    model: torch.nn.Module,
-    optimizer: torch.optim.Optimizer,
-    data: Corpus | Task,
-    sampler: torch.Generator,
-    step: int,
-    cfg: DictConfig,
-    precision: str = "fp32",
-) -> float:
-    """One optimisation step at ``lr_at(step)`` in ``precision`` on a global batch of
-    ``train.batch_size`` drawn from ``sampler``; returns this rank's share of the batch's mean
-    loss (a task's: on its answer bytes only), which summed over the ranks is that mean.
-    ``model`` is the Transformer, its compiled wrapper (compile_for_training) or either
-    wrapped for data parallelism (distributed.data_parallel)."""
-    device = next(model.parameters()).device
-    for group in optimizer.param_groups:
-        group["lr"] = lr_at(step, cfg)
-    # Every rank draws the whole global batch and keeps its own rows: the sampler's state stays
-    # the same on all ranks (and in the checkpoint), and the batches depend on the seed alone,
-    # not on how many ranks and micro-batches share them.
-    x, y = data.train_batch(cfg.batch_size, cfg.seq_len, sampler)
-    scored = int((y != IGNORE).sum())  # targets in the global batch: the loss is their mean
-    rows, micro_batch = distributed.rows_of_rank(cfg.batch_size, cfg.grad_accum)
-    inputs, targets = x[rows].split(micro_batch), y[rows].split(micro_batch)
-    positions = [None] * len(inputs)  # 0..seq_len-1
-    if cfg.random_positions is not None:
-        # Each sequence at its own sorted subset, drawn for the global batch like the batch
-        # itself, from the sampler whose state the checkpoint already holds.
-        drawn = sample_positions(cfg.random_positions, cfg.batch_size, cfg.seq_len, sampler)
-        positions = drawn[rows].to(device).split(micro_batch)
-    # DDP averages the gradients over the ranks; scaled by their number, the sum over ranks and
-    # micro-batches is the gradient of the global batch's mean loss.
-    scale = distributed.world_size() / scored
-    optimizer.zero_grad(set_to_none=True)
-    loss_sum = 0.0
-    for i, (xs, ys, ps) in enumerate(zip(inputs, targets, positions, strict=True)):
-        xs, ys = xs.to(device), ys.to(device)
-        with distributed.sync_gradients(model, last=i == len(inputs) - 1):
-            with autocast(precision, device):  # the loss takes fp32 logits: fp32 log-softmax
-                logits = model(xs, ps).float()  # (b, T, vocab)
-                nll = F.cross_entropy(logits.flatten(0, 1), ys.flatten(), reduction="sum")
-            (nll * scale).backward()
-        loss_sum += nll.item()  # also waits for the device, so the caller's timing is honest
-    if cfg.grad_clip > 0:
-        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-    optimizer.step()
-    return loss_sum / scored
-
-
-def train_steps(
-    model: Transformer,
-    data: Corpus | Task,
-    cfg: DictConfig,
-    writer: SummaryWriter | NoEvents,
-    run_dir: Path,
-    checkpoint: dict[str, Any] | None = None,
-    precision: str = "fp32",
-) -> dict[str, Any]:
-    """The optimisation loop in ``precision``, from ``checkpoint`` when given; returns the
-    training summary.
-
-    Checkpoints every ``train.checkpoint_every`` steps, at the end, and at the step where the
-    ranks agree on a stop signal (then raises TrainingInterrupted, once rank 0's checkpoint is
-    on disk); raises Diverged on a non-finite loss.
-    """
-    tcfg = cfg.train
-    optimizer = make_optimizer(model, tcfg)
-    sampler = torch.Generator().manual_seed(cfg.seed)  # batch order depends on the seed only
-    progress = TrainProgress()
-    if checkpoint is not None:
-        progress = restore_checkpoint(checkpoint, model, optimizer, sampler)
-    saved_step = progress.step
-    recent_losses = deque(progress.recent_losses, maxlen=tcfg.log_every)  # for final_loss
-    model.train()
-    device = next(model.parameters()).device
-    stepper: torch.nn.Module = model
-    if tcfg.compile and progress.step < tcfg.steps:
-        _, micro_batch = distributed.rows_of_rank(tcfg.batch_size, tcfg.grad_accum)
-        batch = torch.zeros(micro_batch, tcfg.seq_len, dtype=torch.long, device=device)
-        stepper, seconds = compile_for_training(model, batch, precision)
-        progress.compile_time += seconds
-        log.info("torch.compile: %.1f s (not counted in tokens/s)", seconds)
-    stepper = distributed.data_parallel(stepper, device)
-    # Rank 0's bar only. On rank 0 disable is not passed at all: tqdm takes the defaults of the
-    # arguments not given from TQDM_* variables (TQDM_DISABLE=1), and an explicit False wins.
-    others_hidden = {} if distributed.is_main() else {"disable": True}
-    bar = tqdm(
-        range(progress.step, tcfg.steps),
-        initial=progress.step,
-        total=tcfg.steps,
-        desc=f"train {cfg.encoding.name}",
-        unit="step",
-        **others_hidden,
-    )
-    stopping = None  # the stop signal every rank agreed on
-    with stop_requests() as stop:
-        for step in bar:
-            started = time.perf_counter()
-            seed_dropout(cfg.seed, step)
-            share = train_step(stepper, optimizer, data, sampler, step, tcfg, precision)
-            # The global batch's mean loss, and whether any rank was asked to stop: every rank
-            # decides alike, so none waits at a step the others never take. A signal arriving
-            # after this agreement (during validation or the checkpoint) counts at the next step.
-            loss_value = distributed.sum_over_ranks(share)
-            stopping = distributed.agree_on_stop(stop.signum)
-            if not math.isfinite(loss_value):
-                raise divergence(step + 1, loss_value, recent_losses, saved_step, run_dir, tcfg)
-            progress.train_time += time.perf_counter() - started
-            progress.tokens_seen += tcfg.batch_size * tcfg.seq_len
-            progress.step = step + 1
-            recent_losses.append(loss_value)
-            if progress.step % tcfg.log_every == 0 or progress.step == tcfg.steps:
-                log_training(writer, bar, progress, loss_value, lr_at(step, tcfg))
-            if progress.step % tcfg.val_every == 0 or progress.step == tcfg.steps:
-                progress.val_loss = validation_loss(
-                    model, data, tcfg, precision, eval_positions(cfg)
-                )
-                writer.add_scalar("val/loss", progress.val_loss, progress.step)
-                writer.add_scalar("val/ppl", math.exp(progress.val_loss), progress.step)
-            if checkpoint_due(progress.step, tcfg) or stopping is not None:
-                progress.recent_losses = list(recent_losses)
-                writer.flush()  # TensorBoard holds at least what the checkpoint holds
-                # The ranks' states are equal: rank 0 writes one copy, and every rank waits
-                # (under the collective timeout) until it is on disk. After a stop they exit
-                # next, and a launcher that ends the others as soon as one rank exits must not
-                # kill rank 0 mid-write. A failed write stops the others too (PeerFailed).
-                distributed.from_rank_zero(
-                    lambda: save_checkpoint(run_dir, model, optimizer, sampler, progress, precision)
-                )
-                saved_step = progress.step
-            if stopping is not None:
-                break
-        # A signal during the last step's validation or checkpoint: that step is saved, and
-        # every rank stops before the evaluation.
-        stopping = stopping or distributed.agree_on_stop(stop.signum)
-    bar.close()
-    if stopping is not None:
-        raise TrainingInterrupted(stopping, progress.step, run_dir)
-    return {
-        "steps": tcfg.steps,
-        "final_loss": sum(recent_losses) / len(recent_losses),
-        "val_ppl": math.exp(progress.val_loss),
-        "tokens_per_s": progress.tokens_seen / progress.train_time,
-        "wall_s": progress.train_time,
-        "compile_s": progress.compile_time,
-    }
-
-
-def seed_dropout(seed: int, step: int) -> None:
-    """Seed the global generators, which dropout draws from, for ``step`` on this rank: the
-    ranks hold different rows of the batch and get different masks, and a resumed run draws
-    the masks the uninterrupted one did without the generators' state in the checkpoint."""
-    state = np.random.SeedSequence([seed, step, distributed.rank()]).generate_state(1, np.uint64)
-    torch.manual_seed(int(state[0]))
-
-
-def checkpoint_due(step: int, cfg: DictConfig) -> bool:
-    """Every ``checkpoint_every`` steps (0: never in between) and after the last step."""
-    return step == cfg.steps or (cfg.checkpoint_every > 0 and step % cfg.checkpoint_every == 0)
-
-
-def log_training(
-    writer: SummaryWriter | NoEvents, bar: tqdm, progress: TrainProgress, loss: float, lr: float
-) -> None:
-    tokens_per_s = progress.tokens_seen / progress.train_time
-    writer.add_scalar("train/loss", loss, progress.step)
-    writer.add_scalar("train/lr", lr, progress.step)
-    writer.add_scalar("train/tokens_per_s", tokens_per_s, progress.step)
-    bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{tokens_per_s:,.0f}")
-
-
-def divergence(
-    step: int,
-    loss: float,
-    recent_losses: deque[float],
-    saved_step: int,
-    run_dir: Path,
-    cfg: DictConfig,
-) -> Diverged:
-    last = recent_losses[-1] if recent_losses else None
-    last_text = f"{last:.4g}" if last is not None else "none yet"
-    kept = f"the checkpoint of step {saved_step} is kept" if saved_step else "no checkpoint yet"
-    return Diverged(
-        f"training diverged at step {step} (loss {loss}, last finite loss {last_text}); "
-        f"{kept} in {run_dir}; lower train.lr (now {cfg.lr:g}) or raise train.warmup_steps",
-        step,
-        last,
-    )
-
-
-def checkpoint_to_resume(cfg: DictConfig, run_dir: Path) -> dict[str, Any] | None:
-    """The checkpoint to continue from, or None to train from the start.
-
-    A fresh run refuses a directory that already holds a checkpoint (it would mix two runs).
-    With ``train.resume`` and no checkpoint yet, training starts from the beginning, so a
-    requeued job can pass ``train.resume=true`` every time.
-    """
-    path = run_dir / CHECKPOINT_FILE
-    if not path.is_file():
-        if cfg.train.resume:
-            log.info("no %s in %s yet: training from the start", CHECKPOINT_FILE, run_dir)
-        return None
-    if not cfg.train.resume:
-        raise PosbenchError(
-            f"{run_dir} already holds a run ({CHECKPOINT_FILE}); continue it with "
-            f"`posbench train --resume {run_dir}` or choose another hydra.run.dir"
-        )
-    check_resumable(saved_config(run_dir), cfg, run_dir)
-    checkpoint = load_checkpoint(path)
-    done = checkpoint["progress"]["step"]
-    if done > cfg.train.steps:
-        raise PosbenchError(
-            f"{path} is at step {done}, past train.steps={cfg.train.steps}; "
-            f"resume with train.steps >= {done}"
-        )
-    return checkpoint
-
-
-def already_finished(checkpoint: dict[str, Any], cfg: DictConfig, run_dir: Path) -> bool:
-    """Trained to the end and evaluated: resuming has nothing left to do."""
-    trained = checkpoint["progress"]["step"] == cfg.train.steps
-    return trained and read_results(run_dir).get("status") == "ok"
-
-
-def train(cfg: DictConfig, run_dir: str | Path) -> dict[str, Any]:
-    """Train the configured model, evaluate it at every eval length, and write the run.
-
-    With ``train.resume`` it continues from ``run_dir``'s checkpoint when there is one (see
-    ``checkpoint_to_resume``). Returns the content of ``run_dir/results.json``; raises
-    Diverged (after recording ``"status": "diverged"``) or TrainingInterrupted.
-    """
-    distributed.setup()  # under torchrun or SLURM: join the other ranks (posbench/distributed.py)
-    # Every rank is past Hydra's start in the run directory, which rank 0 alone removes if the
-    # run fails before writing anything (commands.train.remove_if_worthless).
-    distributed.wait_for_all()
-    validate(cfg)
-    threads = use_threads(cfg.threads)  # before any work; the run's first log line
-    warn_if_busy(threads)
-    cfg = fine_tune_config(cfg)
-    run_dir = Path(run_dir)
-    # Rank 0 goes first where it creates what the other ranks read (the directory, the data
-    # cache), so that a mistake there is reported once (distributed.rank_zero_first).
-    checkpoint = distributed.rank_zero_first(lambda: checkpoint_to_resume(cfg, prepared(run_dir)))
-    if checkpoint is not None and already_finished(checkpoint, cfg, run_dir):
-        log.info("%s already finished; `posbench eval` re-evaluates it", run_dir)
-        return read_results(run_dir)
-    device = distributed.local_device(resolve_device(cfg.device))
-    data = distributed.rank_zero_first(lambda: load_data(cfg.data))
-    torch.manual_seed(cfg.seed)  # model init (and dropout) depend on the seed alone
-    model = build_model(cfg.model, cfg.encoding)
-    if cfg.train.init_from is not None and checkpoint is None:
-        load_parent_weights(model, cfg)
-    model = model.to(device)
-    precision = distributed.from_rank_zero(  # all ranks must compute alike
-        lambda: resolve_precision(choice(cfg.train.precision), device, cfg.model.d_model)
-    )
-    if checkpoint is not None:
-        check_resume_precision(trained_precision(checkpoint), precision, run_dir)
-    if distributed.is_main():
-        save_config(run_dir, cfg)
-    log.info(
-        "%s: %s parameters, %s, device %s, precision %s, %d rank(s)",
-        cfg.encoding.name,
-        f"{model.num_parameters():,}",
-        data.describe(),
-        device,
-        precision,
-        distributed.world_size(),
-    )
-    results = {
-        "status": "ok",
-        "encoding": cfg.encoding.name,
-        "encoding_options": encoding_options(cfg),
-        "train_seq_len": cfg.train.seq_len,
-        "seed": cfg.seed,
-        "threads": threads.threads,
-        "world_size": distributed.world_size(),
-        "parameters": model.num_parameters(),
-        "precision": precision,
-        "data": {"name": data.name, **data.stats},
-        "init_from": parent_run(cfg),
-    }
-    # Events past the checkpoint (written before a crash) are dropped, so no step repeats.
-    purge_step = checkpoint["progress"]["step"] + 1 if checkpoint is not None else None
-    with event_writer(run_dir, purge_step) as writer:
-        try:
-            summary = train_steps(model, data, cfg, writer, run_dir, checkpoint, precision)
-        except Diverged as err:
-            train_summary = {
-                "steps": cfg.train.steps,
-                "diverged_at_step": err.step,
-                "last_finite_loss": err.last_finite_loss,
-            }
-            diverged = {**results, "status": "diverged", "train": train_summary, "eval": []}
-            if distributed.is_main():
-                write_json(run_dir / RESULTS_FILE, diverged)
-            raise
-        # Rank 0 evaluates and writes the run; the other ranks wait for its results.
-        results = {**results, "train": summary}
-        return distributed.from_rank_zero(
-            lambda: evaluate_and_record(model, data, cfg, run_dir, writer, results)
-        )
-
-
-def prepared(run_dir: Path) -> Path:
-    """``run_dir``, created and checked by rank 0 (``prepare_run_dir``), which alone writes it."""
-    return prepare_run_dir(run_dir) if distributed.is_main() else run_dir
-
-
-class NoEvents:
-    """The TensorBoard writer of ranks other than 0: rank 0 logs the run's (global) numbers."""
-
-    def add_scalar(self, *args: Any, **kwargs: Any) -> None:
-        pass
-
-    def flush(self) -> None:
-        pass
-
-
-def event_writer(run_dir: Path, purge_step: int | None) -> AbstractContextManager:
-    """The run's TensorBoard writer on rank 0, NoEvents on the others."""
-    if distributed.is_main():
-        return SummaryWriter(log_dir=str(run_dir), purge_step=purge_step)
-    return nullcontext(NoEvents())
-
-
-def evaluate_and_record(
-    model: Transformer,
-    data: Corpus | Task,
-    cfg: DictConfig,
-    run_dir: Path,
-    writer: SummaryWriter,
-    results: dict[str, Any],
-) -> dict[str, Any]:
-    """Save the weights, evaluate them at every eval length, and write ``results`` with the
-    evaluation records to results.json and TensorBoard; returns what it wrote."""
-    save_weights(run_dir, model)
-    records = evaluate_data(
-        model,
-        data,
-        eval_lengths(cfg),
-        cfg.eval.stride,
-        cfg.eval.batch_size,
-        cfg.eval.max_tokens,
-        cfg.train.seq_len,
-        choice(cfg.eval.precision),
-        eval_positions(cfg),
-    )
-    results = {**results, "eval": records}
-    write_json(run_dir / RESULTS_FILE, results)
-    write_eval_events(run_dir, records, cfg.train.seq_len)
-    log_hparams(writer, hparams(cfg), headline_metrics(results))
-    return results
-
-
-def parent_run(cfg: DictConfig) -> str | None:
-    """The run this one started from (``train.init_from``), as an absolute path."""
-    return None if cfg.train.init_from is None else str(Path(cfg.train.init_from).resolve())
-
-
-def encoding_options(cfg: DictConfig) -> dict[str, Any]:
-    """The encoding's own settings (e.g. t5's num_buckets, rope's scaling), for results.json."""
-    options = OmegaConf.to_container(cfg.encoding, resolve=True, enum_to_str=True)
-    options.pop("name")
-    return options
-
-
-def hparams(cfg: DictConfig) -> dict[str, Any]:
-    """The knobs that distinguish runs in TensorBoard's HParams tab, the encoding's options
-    included as ``encoding.<key>`` (HParams takes no None: it shows as "null")."""
-    options = {
-        f"encoding.{key}": "null" if value is None else value
-        for key, value in flat_config(cfg.encoding).items()
-        if key != "name"
-    }
-    return {
-        "encoding": cfg.encoding.name,
-        **options,
-        "model": f"{cfg.model.n_layer}x{cfg.model.d_model}",
-        "data": cfg.data.name,
-        "seq_len": cfg.train.seq_len,
-        "steps": cfg.train.steps,
-        "lr": cfg.train.lr,
-        "seed": cfg.seed,
-    }
-
-
-def headline_metrics(results: dict[str, Any]) -> dict[str, float]:
-    metrics = {"final_loss": results["train"]["final_loss"], "val_ppl": results["train"]["val_ppl"]}
-    for record in results["eval"]:
-        if record["status"] == "ok":
-            metrics[f"ppl_at_{record['length']}"] = record["ppl"]
-        if record.get("accuracy") is not None:  # a task's
-            metrics[f"accuracy_at_{record['length']}"] = record["accuracy"]
-    return metrics

@@ -17,9 +17,10 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 import posbench.checkpoint
 from posbench.checkpoint import CHECKPOINT_FILE, load_checkpoint
-from posbench.config import check_resumable, compose_config
+from posbench.config import compose_config
 from posbench.data import Corpus, Task
 from posbench.errors import PosbenchError
+from posbench.resume import check_resumable
 from posbench.runs import WEIGHTS_FILE, check_run_dir
 from posbench.train import Diverged, TrainingInterrupted, train
 

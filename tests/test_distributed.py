@@ -1,7 +1,6 @@
 """Data-parallel training: torchrun and SLURM ranks, global batches split among ranks and
 micro-batches, one run directory, and faults that stop every rank."""
 
-import importlib
 import json
 import os
 import signal
@@ -16,6 +15,7 @@ import torch
 from conftest import TINY, TINY_RUN, TINY_SYNTHETIC
 from safetensors.torch import load_file
 
+import posbench.checkpoint
 from posbench import distributed
 from posbench.checkpoint import CHECKPOINT_FILE, load_checkpoint
 from posbench.config import compose_config, validate
@@ -24,8 +24,6 @@ from posbench.errors import PosbenchError
 from posbench.model import build_model
 from posbench.threads import jobs_at_once
 from posbench.train import TrainingInterrupted, make_optimizer, seed_dropout, train, train_step
-
-training = importlib.import_module("posbench.train")  # the module: posbench.train is train()
 
 RANK_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR")
 # 20 steps of a tiny run, one thread per rank, one short evaluation.
@@ -172,7 +170,7 @@ def test_each_rank_draws_its_own_dropout_masks_and_a_step_always_the_same(monkey
 def signal_after_the_first_checkpoint(monkeypatch: pytest.MonkeyPatch) -> None:
     """SIGTERM to this process as soon as training's first checkpoint is written: after the
     ranks agreed whether to stop at that step."""
-    save = training.save_checkpoint
+    save = posbench.checkpoint.save_checkpoint
     written = []
 
     def save_then_signal(*args, **kwargs):
@@ -181,7 +179,7 @@ def signal_after_the_first_checkpoint(monkeypatch: pytest.MonkeyPatch) -> None:
             os.kill(os.getpid(), signal.SIGTERM)
         return written[-1]
 
-    monkeypatch.setattr(training, "save_checkpoint", save_then_signal)
+    monkeypatch.setattr(posbench.checkpoint, "save_checkpoint", save_then_signal)
 
 
 def test_a_signal_after_the_ranks_agreed_on_a_step_stops_them_at_the_next_one(
@@ -271,20 +269,20 @@ def test_two_ranks_and_two_micro_batches_on_one_process_reach_the_same_weights(t
 # the step of the checkpoint on disk when it leaves, which a launcher that kills the others
 # as soon as one rank exits would leave behind.
 SLOW_CHECKPOINT_DISK = """
-import importlib, json, os, sys, time
+import json, os, sys, time
 from pathlib import Path
 
+import posbench.checkpoint
 from posbench.checkpoint import load_checkpoint
 from posbench.cli import main
 
-training = importlib.import_module("posbench.train")  # posbench.train is also a function
-save = training.save_checkpoint
+save = posbench.checkpoint.save_checkpoint
 
 def slow_save(*args, **kwargs):
     time.sleep(2)
     return save(*args, **kwargs)
 
-training.save_checkpoint = slow_save
+posbench.checkpoint.save_checkpoint = slow_save
 checkpoint = Path(sys.argv.pop(1))  # the rest is posbench's command line
 try:
     main()

@@ -9,8 +9,9 @@ import pytest
 import torch
 
 import posbench.threads
-from posbench.config import check_resumable, compose_config, validate
+from posbench.config import compose_config, validate
 from posbench.errors import PosbenchError
+from posbench.resume import check_resumable
 from posbench.threads import (
     AUTO,
     JOBLIB_LAUNCHER,
