@@ -378,7 +378,8 @@ def train_step(
 def fused_adamw(devices: Iterable[torch.device]) -> bool:
     """Whether AdamW runs fused (one kernel updates every parameter, instead of a few launches
     per parameter): exactly when every parameter is on a CUDA device ``devices``. On a CPU the
-    fused kernel measured within noise of the default one (README, Precision and compile)."""
+    fused kernel measured within noise of the default one (docs/scaling.md, "Precision and
+    compile")."""
     return all(device.type == "cuda" for device in devices)
 
 

@@ -14,7 +14,7 @@ LAYERS = [
     ["errors", "atomic", "signals", "threads", "output_dirs", "precision", "distributed"],
     ["encodings", "data"],
     ["attention", "explicit_attention", "model"],
-    ["config", "memory", "checkpoint", "runs"],
+    ["config", "memory", "checkpoint", "runs", "resume"],
     ["evaluate", "finetune", "tensorboard_log", "sweep_summary", "reevaluate"],
     ["train", "diagnose"],
     ["report"],
