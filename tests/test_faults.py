@@ -1,6 +1,7 @@
 """Faults met through the command line: stop signals, kill -9, divergence, bad input."""
 
 import json
+import logging
 import os
 import random
 import shlex
@@ -216,8 +217,15 @@ def test_a_file_system_error_while_training_is_one_error_line(tmp_path, monkeypa
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(train_command, "train", full_disk)
+    # The job configures logging (a train.log in the run directory, which the failed run then
+    # removes): give the next tests in this process the handlers they had.
+    before = list(logging.root.handlers)
+    monkeypatch.setattr(logging.root, "handlers", list(before))
+    monkeypatch.setattr(logging.root, "level", logging.root.level)
     with pytest.raises(SystemExit) as stopped:
         cli.main(["train", *TINY_RUN])
+    for handler in set(logging.root.handlers) - set(before):
+        handler.close()
     assert stopped.value.code == 2
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and "No space left" in lines[0], lines
