@@ -69,15 +69,16 @@ def unknown_key_hint(key: str, overrides: Sequence[str]) -> str:
     alike key of that config (so a group's options count: ``encoding=t5
     encoding.num_bucket=8``)."""
     parsed = parse_overrides(overrides)
-    others = [o.input_line for o in parsed if o.key_or_group != key]
-    groups_chosen = [o for o in others if "." not in o.partition("=")[0]]  # data=text, ...
-    # Another mistake among the others: keep at least the options chosen (the defaults compose).
-    for attempt in (others, groups_chosen, []):
+    others = [o for o in parsed if o.key_or_group != key]
+    options_chosen = [o for o in others if chooses_an_option(o)]  # data=text, ...
+    for attempt in (others, options_chosen):
         try:
-            cfg = compose_config(attempt, with_hydra=True)
+            cfg = compose_config([o.input_line for o in attempt], with_hydra=True)
             break
-        except (HydraException, OmegaConfBaseException):
+        except (HydraException, OmegaConfBaseException):  # another mistake: fewer overrides
             continue
+    else:
+        cfg = compose_config([], with_hydra=True)  # the defaults
     group = key.partition(".")[0]
     chosen = cfg.hydra.runtime.choices.get(group)
     having = options_with_key(group, key) if chosen is not None else []
@@ -89,6 +90,12 @@ def unknown_key_hint(key: str, overrides: Sequence[str]) -> str:
     ours = OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"])  # hydra.*: run time
     matches = difflib.get_close_matches(key, flat_config(ours), n=1)
     return f"no such key; did you mean {matches[0]}? {LIST_KEYS}" if matches else NO_SUCH_KEY
+
+
+def chooses_an_option(override: Override) -> bool:
+    """Whether ``override`` chooses a config group's option (``data=text``,
+    ``+experiment=retrieval``) rather than setting a key (``data.path=...``)."""
+    return "." not in override.get_key_element()
 
 
 def options_with_key(group: str, key: str) -> list[str]:
@@ -186,7 +193,7 @@ def sweep_overrides(overrides: Sequence[str]) -> list[str]:
         o.input_line
         for o in parse_overrides(overrides)
         if not o.is_sweep_override()
-        and ("." not in o.get_key_element() or o.get_key_element().startswith("hydra."))
+        and (chooses_an_option(o) or o.get_key_element().startswith("hydra."))
     ]
     params = compose_or_fail(fixed, with_hydra=True).hydra.sweeper.get("params") or {}
     return [*(f"{key}={value}" for key, value in params.items()), *overrides]
