@@ -1,19 +1,20 @@
 """Causal self-attention with a positional encoding's score bias: every attention path of the
 model behind one entry point, ``causal_attention(q, k, v, positions, encoding, dropout,
-biases)``. It asks the encoding what bias it adds (``has_score_bias``, ``consecutive_bias``,
-``score_bias``), never its name.
+biases, content)``. It asks the encoding what bias it adds (``has_score_bias``,
+``consecutive_bias``, ``score_bias``, ``content_bias``) and how far back it attends
+(``window``), never its name.
 
 Which path runs when (T tokens, H heads, blocks of n queries):
 
     condition                                 path
     ----------------------------------------  ------------------------------------------------
-    no score bias                             unbiased_causal_attention
+    no score bias, no window shorter than T   unbiased_causal_attention
     a bias of the distance alone at           flex_attention_bias on FLEX_ATTENTION_DEVICES
       consecutive positions (consecutive_bias)  (CUDA) without dropout, else
                                               relative_bias_attention
     any other bias (of both positions, or     blocked_bias_attention; in evaluation on a CPU
-      at positions with gaps)                   its blocks after the first take
-                                                past_and_diagonal_attention
+      at positions with gaps, or of the         without a window its blocks after the first
+      content: FoX, CoPE), or a window          take past_and_diagonal_attention
     a bias that needs a gradient (a learned   explicit_attention (posbench/explicit_attention.py),
       one, in training)                         from either of the two paths above
 
@@ -27,10 +28,13 @@ gigabytes at evaluation lengths: 4 GiB for 4 heads at 16,384 tokens):
 * relative_bias_attention: one SDPA call per block of at most QUERY_BLOCK queries, its mask a
   strided (Hankel) view of one row of distances that the fused kernel reads in place. The
   reversed keys and values, the blocks' outputs and a padded (H, T + n) row.
-* blocked_bias_attention: the encoding's score_bias per block of queries, the causal mask
-  folded in; in evaluation the layers share the blocks' biases (QueryBlockBiases). One block's
-  bias and scores (at most MAX_SCORE_ELEMENTS) and the shared biases (SHARED_BIAS_ELEMENTS);
-  past_and_diagonal_attention spares the masked copy of all but the diagonal square.
+* blocked_bias_attention: the encoding's score_bias (and content_bias) per block of queries,
+  the causal mask (and the window's) folded in; in evaluation the layers share the blocks'
+  biases of positions (QueryBlockBiases). One block's bias and scores (at most
+  MAX_SCORE_ELEMENTS) and the shared biases (SHARED_BIAS_ELEMENTS);
+  past_and_diagonal_attention spares the masked copy of all but the diagonal square. With a
+  window of w tokens a block of n queries sees at most n + w - 1 keys: time and memory linear
+  in T.
 * explicit_attention: SDPA's fused CPU kernel gives no gradient for its mask; blocks of at most
   EXPLICIT_QUERY_BLOCK queries, written out, with a hand-written backward. Each block's mask
   and weights, kept for the backward pass.
@@ -84,11 +88,17 @@ FLEX_ATTENTION_DEVICES = frozenset({"cuda"})
 # points inside (0, 1) at 2,048 tokens (shared: 0.28 s instead of 0.50 s). At longer lengths
 # the blocks beyond it are computed in each layer: memory stays bounded.
 SHARED_BIAS_ELEMENTS = 2**24
+# What a bias from the content (content_bias: FoX, CoPE) may hold per score of a query block
+# while it is computed, for the memory estimate (attention_scratch_elements): CoPE's gates,
+# positions, their floor and ceiling (int64: two elements each), the two gathered logits and
+# the interpolated bias.
+CONTENT_SCRATCH_PER_SCORE = 10
 
 
 def query_block_size(batch: int, n_head: int, length: int, explicit: bool = False) -> int:
     """Queries per attention call with a bias: at most QUERY_BLOCK (EXPLICIT_QUERY_BLOCK for
-    ``explicit`` attention), and few enough that their scores fit MAX_SCORE_ELEMENTS."""
+    ``explicit`` attention), and few enough that their scores over ``length`` keys fit
+    MAX_SCORE_ELEMENTS."""
     most = EXPLICIT_QUERY_BLOCK if explicit else QUERY_BLOCK
     return max(1, min(length, most, MAX_SCORE_ELEMENTS // (batch * n_head * length)))
 
@@ -101,14 +111,19 @@ def causal_attention(
     encoding: PositionalEncoding,
     dropout: float = 0.0,
     biases: QueryBlockBiases | None = None,
+    content: object | None = None,
 ) -> torch.Tensor:
     """softmax(q k^T / sqrt(hs) + encoding's score bias + causal mask) v, for q, k, v of
     (B, H, T, hs) at increasing ``positions`` (T,) or (B, T) -> (B, H, T, hs); ``biases``: the
-    query blocks' biases shared by the layers of a forward pass (blocked_bias_attention).
+    query blocks' biases shared by the layers of a forward pass (blocked_bias_attention);
+    ``content``: the layer's encoding.content_state (None: no bias from the content).
 
     The one entry point: the module's table says which path it takes. flex_attention lacks
     attention dropout, so dropout keeps a bias of the distance alone on the SDPA path.
     """
+    windowed = encoding.window is not None and encoding.window < q.shape[2]
+    if windowed or content is not None:
+        return blocked_bias_attention(q, k, v, positions, encoding, dropout, biases, content)
     if not encoding.has_score_bias:
         return unbiased_causal_attention(q, k, v, dropout)
     consecutive = bool((positions.diff() == 1).all())
@@ -256,49 +271,76 @@ def blocked_bias_attention(
     encoding: PositionalEncoding,
     dropout: float = 0.0,
     biases: QueryBlockBiases | None = None,
+    content: object | None = None,
 ) -> torch.Tensor:
-    """causal_attention for any score bias, from the encoding's score_bias: each block of queries
-    [s, e) attends to keys [0, e) only (later keys are all in its future), with the bias and the
-    causal mask folded into one float mask of (1, H, e - s, e), or (B, H, e - s, e) for
-    positions (B, T). The blocks' biases come from ``biases`` (shared by the layers of one
-    forward pass; by default, this call's own).
+    """causal_attention for any score bias, from the encoding's score_bias and content_bias
+    (``content``: its content_state): each block of queries [s, e) attends to keys [0, e) only
+    (later keys are all in its future; with a window of w tokens, keys [s - w + 1, e)), with the
+    bias and the causal mask folded into one float mask of (1, H, e - s, e), or (B, H, e - s, e)
+    for positions (B, T) or a bias from the content. The blocks' biases of positions come from
+    ``biases`` (shared by the layers of one forward pass; by default, this call's own).
 
     Blocks run from the last (the most keys) to the first: each block's temporaries then fit
     in memory the previous block freed, where growing ones made glibc's heap grow (measured at
     16,384 tokens: 0.7-1.0 GB added by the forward pass in first-to-last order, 0.4 GB now).
     """
     B, H, T, _ = q.shape
-    # A bias of trained parameters, in training: explicit_attention.
-    explicit = torch.is_grad_enabled() and any(p.requires_grad for p in encoding.parameters())
-    block = query_block_size(B, H, T, explicit)
+    window = encoding.window if encoding.window is not None and encoding.window < T else None
+    # A bias of trained parameters (or of q and k), in training: explicit_attention.
+    explicit = torch.is_grad_enabled() and (
+        content is not None or any(p.requires_grad for p in encoding.parameters())
+    )
+    most_keys = T if window is None else min(T, QUERY_BLOCK + window - 1)
+    block = query_block_size(B, H, most_keys, explicit)
     if biases is None:
         biases = QueryBlockBiases(encoding, keep_elements=0)
-    in_parts = q.device.type == "cpu" and not (torch.is_grad_enabled() or dropout)
-    outputs, masks = [], []
+    # Past keys need no mask but the bias when every one of them is in view (no window).
+    in_parts = window is None and q.device.type == "cpu"
+    in_parts = in_parts and not (torch.is_grad_enabled() or dropout)
+    outputs, masks, key_starts = [], [], []
     for start in reversed(range(0, T, block)):
         end = min(start + block, T)
-        query_positions, key_positions = positions[..., start:end], positions[..., :end]
-        # ([B|1], H, n, e); a buffer for the bias of a block of queries holds H * block * T.
+        first = 0 if window is None else max(0, start - window + 1)  # the block's first key
+        query_positions, key_positions = positions[..., start:end], positions[..., first:end]
+        # ([B|1], H, n, m); a buffer for the bias of a block of queries holds H * block * T.
         bias = biases.bias(start, query_positions, key_positions, q.dtype, H * block * T)
-        if bias is None:  # the encoding adds no bias at all: no mask to build
+        if content is not None:  # (B, H, n, m)
+            extra = encoding.content_bias(content, slice(start, end), slice(first, end))
+            bias = extra.to(q.dtype) if bias is None else bias + extra.to(q.dtype)
+        if bias is None and window is None:  # the encoding adds no bias at all: no mask
             return unbiased_causal_attention(q, k, v, dropout)
-        queries, keys, values = q[:, :, start:end], k[:, :, :end], v[:, :, :end]
+        if bias is None:  # only the window's mask
+            bias = q.new_zeros(1, H, end - start, end - first)
+        queries, keys, values = q[:, :, start:end], k[:, :, first:end], v[:, :, first:end]
         if in_parts and start:  # only the diagonal square [s, e) needs the causal mask
             diagonal = causal_bias(bias[..., start:], query_positions, key_positions[..., start:])
             outputs.append(past_and_diagonal_attention(queries, keys, values, bias, diagonal))
+            continue
+        mask = causal_bias(bias, query_positions, key_positions)
+        if window is not None:  # keys w or more tokens before a query are out of view
+            mask = outside_window(mask, start, first, window)
+        if explicit:
+            masks.append(mask)
+            key_starts.append(first)
         else:
-            mask = causal_bias(bias, query_positions, key_positions)
-            if explicit:
-                masks.append(mask)
-            else:
-                outputs.append(
-                    F.scaled_dot_product_attention(
-                        queries, keys, values, attn_mask=mask, dropout_p=dropout
-                    )
+            outputs.append(
+                F.scaled_dot_product_attention(
+                    queries, keys, values, attn_mask=mask, dropout_p=dropout
                 )
+            )
     if explicit:
-        return explicit_attention(q, k, v, masks[::-1], dropout)
+        return explicit_attention(q, k, v, masks[::-1], dropout, key_starts[::-1])
     return join_blocks(outputs)
+
+
+def outside_window(mask: torch.Tensor, start: int, first: int, window: int) -> torch.Tensor:
+    """``mask`` (..., n, m) of queries from index ``start`` over keys from index ``first`` with
+    -inf at the keys ``window`` or more tokens before their query."""
+    n, m = mask.shape[-2:]
+    query = torch.arange(start, start + n, device=mask.device)
+    key = torch.arange(first, first + m, device=mask.device)
+    too_far = query[:, None] - key[None, :] >= window  # (n, m)
+    return mask.masked_fill(too_far, float("-inf"))
 
 
 class QueryBlockBiases:
@@ -387,6 +429,32 @@ def causal_bias(
     return torch.where(future.unsqueeze(-3), float("-inf"), bias)
 
 
+def attention_probabilities(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    positions: torch.Tensor,
+    encoding: PositionalEncoding,
+    content: object | None,
+    start: int,
+    end: int,
+) -> torch.Tensor:
+    """The attention probabilities of queries [start, end) over keys [0, end) that
+    causal_attention attends with, for q, k (B, H, T, hs) at ``positions`` (T,) or (B, T)
+    -> (B, H, n, e), written out (posbench diagnose): the encoding's biases of positions and of
+    the content (``content``: its content_state), 0 at future keys and outside a window."""
+    query_positions, key_positions = positions[..., start:end], positions[..., :end]
+    scores = q[:, :, start:end] @ k[:, :, :end].transpose(-1, -2) / math.sqrt(q.shape[-1])
+    bias = encoding.score_bias(query_positions, key_positions)  # ([B,] H, n, e) or None
+    if bias is not None:
+        scores = scores + bias.to(scores.dtype)
+    if content is not None:
+        scores = scores + encoding.content_bias(content, slice(start, end), slice(0, end))
+    scores = causal_bias(scores, query_positions, key_positions)
+    if encoding.window is not None:
+        scores = outside_window(scores, start, 0, encoding.window)
+    return F.softmax(scores, dim=-1)
+
+
 def join_blocks(outputs: list[torch.Tensor]) -> torch.Tensor:
     """The outputs (B, H, n, hs) of query blocks computed last to first, joined in query order
     -> (B, H, T, hs); one block (training lengths) is returned as it is, where cat would copy it
@@ -410,15 +478,24 @@ def attention_scratch_elements(
     and the query blocks' outputs before they are joined (3*C per token) and its bias row per
     head (twice, with its padded copy). Any other score bias adds the attention scratch of one
     query block (the bias, its masked copy, SDPA's scores and probabilities, and the encoding's
-    own intermediates: at most 6 per score), which query_block_size keeps bounded at any
-    length, and the blocks' biases the layers share (at most SHARED_BIAS_ELEMENTS).
+    own intermediates: at most 6 per score, and CONTENT_SCRATCH_PER_SCORE more for a bias from
+    the content), which query_block_size keeps bounded at any length, and the blocks' biases
+    the layers share (at most SHARED_BIAS_ELEMENTS). A window bounds the keys of a block.
     """
     H, C = encoding.n_head, encoding.d_model
     first = torch.zeros(1, dtype=torch.long, device=device)
-    if consecutive and encoding.relative_bias(first) is not None:
+    window = encoding.window is not None and encoding.window < length
+    content = encoding.has_content_bias
+    if consecutive and not (window or content) and encoding.relative_bias(first) is not None:
         return 3 * batch_size * length * C + 2 * H * (length + QUERY_BLOCK)
-    if encoding.score_bias(first, first) is not None:
-        block = query_block_size(batch_size, H, length)
-        every_block = H * length * (length + block) // 2  # (H, n, e) for each block
-        return 6 * batch_size * H * block * length + min(SHARED_BIAS_ELEMENTS, every_block)
-    return 0
+    position_bias = encoding.score_bias(first, first) is not None
+    if not (position_bias or window or content):
+        return 0
+    keys = min(length, QUERY_BLOCK + encoding.window - 1) if window else length
+    block = query_block_size(batch_size, H, keys)
+    per_score = 6 + (CONTENT_SCRATCH_PER_SCORE if content else 0)
+    scratch = per_score * batch_size * H * block * keys
+    if position_bias:
+        every_block = H * length * (keys + block) // 2  # (H, n, m) for each block
+        scratch += min(SHARED_BIAS_ELEMENTS, every_block)
+    return scratch

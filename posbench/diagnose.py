@@ -3,10 +3,11 @@
 On K validation windows of N tokens (the first K non-overlapping windows that ``posbench eval``
 scores at N), the exact attention probabilities of every layer and head,
 
-    p_ij = softmax_j(q_i . k_j / sqrt(hs) + score_bias(i, j)),  j <= i,
+    p_ij = softmax_j(q_i . k_j / sqrt(hs) + score_bias(i, j) + content_bias(i, j)),  j <= i,
 
-with q and k rotated by the run's encoding, are summarised per query i and averaged over the
-queries of each position bucket (posbench.evaluate.position_buckets) in every window:
+with q and k transformed by the run's encoding (rotated, for RoPE), are summarised per query i
+and averaged over the queries of each position bucket (posbench.evaluate.position_buckets) in
+every window:
 
     entropy                   -sum_j p_ij ln p_ij (nats); ln(i + 1) would be uniform attention
     mean_distance             sum_j p_ij (i - j), in tokens
@@ -20,25 +21,26 @@ the training length, ``L<N>_mass_beyond_train_length.png`` (a layer x head heatm
 queries at positions >= train.seq_len); the same figures as TensorBoard images in the run.
 
 The model does not know it is observed: forward pre-hooks record each attention module's input,
-and q, k are recomputed from that module's own weights and the encoding's ``rotate`` and
-``score_bias``, so every encoding is diagnosed through its interface, never by its name.
+and q, k are recomputed from that module's own weights and the encoding's
+``queries_and_keys``; the probabilities are posbench.attention.attention_probabilities, with
+the encoding's biases and window, so every encoding is diagnosed through its interface, never
+by its name.
 Queries are processed in blocks (DIAGNOSE_SCORE_ELEMENTS), so 16,384 tokens fit in 2 GB.
 """
 
 from __future__ import annotations
 
-import math
 from itertools import islice
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import nn
 from torch.utils.tensorboard import SummaryWriter
 
 from posbench.atomic import atomic_path, write_json
+from posbench.attention import attention_probabilities
 from posbench.config import resolve_device
 from posbench.data import Bytes, Offsets, gather_windows, load_corpus
 from posbench.encodings import PositionalEncoding
@@ -96,28 +98,12 @@ def attention_inputs(
 def queries_keys(
     attn: nn.Module, encoding: PositionalEncoding, x: torch.Tensor, positions: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The rotated queries and keys (B, H, T, hs) that ``attn`` computes from its input ``x``."""
+    """The queries and keys (B, H, T, hs) that ``attn`` computes from its input ``x``, after the
+    encoding's ``queries_and_keys`` (RoPE's rotation)."""
     B, T, C = x.shape
     q, k, _ = attn.qkv(x).split(C, dim=2)
     q, k = (t.view(B, T, attn.n_head, C // attn.n_head).transpose(1, 2) for t in (q, k))
-    return encoding.rotate(q, positions), encoding.rotate(k, positions)  # (B, H, T, hs) each
-
-
-def attention_probabilities(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    query_positions: torch.Tensor,
-    key_positions: torch.Tensor,
-    encoding: PositionalEncoding,
-) -> torch.Tensor:
-    """Causal attention probabilities of queries q (B, H, Tq, hs) over keys k (B, H, Tk, hs)
-    -> (B, H, Tq, Tk), with the encoding's score bias; keys after a query get 0."""
-    scores = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])  # (B, H, Tq, Tk)
-    bias = encoding.score_bias(query_positions, key_positions)  # (H, Tq, Tk) or None
-    if bias is not None:
-        scores = scores + bias.to(scores.dtype)
-    future = key_positions[None, :] > query_positions[:, None]  # (Tq, Tk)
-    return F.softmax(scores.masked_fill(future, float("-inf")), dim=-1)
+    return encoding.queries_and_keys(q, k, positions)  # (B, H, T, hs) each
 
 
 def query_statistics(
@@ -146,12 +132,14 @@ def layer_statistics(
     k: torch.Tensor,
     positions: torch.Tensor,
     encoding: PositionalEncoding,
+    content: object | None,
     train_seq_len: int,
     bucket_of: torch.Tensor,
     n_buckets: int,
 ) -> torch.Tensor:
     """STATISTICS of one layer, summed over the batch and the queries of each bucket ->
-    (4, H, n_buckets) float64. ``bucket_of`` (T,) is each position's bucket."""
+    (4, H, n_buckets) float64. ``content``: the encoding's content_state for this layer;
+    ``bucket_of`` (T,) is each position's bucket."""
     B, H, T, _ = q.shape
     sums = torch.zeros(len(STATISTICS), H, n_buckets, dtype=torch.float64, device=q.device)
     block = diagnose_block_size(B * H, T)
@@ -160,9 +148,7 @@ def layer_statistics(
     for start in reversed(range(0, T, block)):
         end = min(start + block, T)  # queries [start, end) attend to keys [0, end)
         query_positions, key_positions = positions[start:end], positions[:end]
-        p = attention_probabilities(
-            q[:, :, start:end], k[:, :, :end], query_positions, key_positions, encoding
-        )  # (B, H, e - s, e)
+        p = attention_probabilities(q, k, positions, encoding, content, start, end)  # (B, H, n, e)
         stats = query_statistics(p, query_positions, key_positions, train_seq_len)
         sums.index_add_(2, bucket_of[start:end], stats.sum(1).double())  # (4, H, e - s)
     return sums
@@ -187,8 +173,9 @@ def diagnose(
         layers = zip(model.blocks, inputs, strict=True)
         for layer, (block, (x, positions, encoding)) in enumerate(layers):
             q, k = queries_keys(block.attn, encoding, x, positions)
+            content = encoding.content_state(x, q, k, positions)
             sums[:, layer] += layer_statistics(
-                q, k, positions, encoding, train_seq_len, bucket_of, len(buckets)
+                q, k, positions, encoding, content, train_seq_len, bucket_of, len(buckets)
             ).cpu()
     queries = torch.tensor([K * (end - start) for start, end in buckets], dtype=torch.float64)
     means = sums / queries  # (4, L, H, buckets)

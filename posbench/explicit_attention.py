@@ -3,7 +3,8 @@ with a hand-written backward pass (posbench.attention takes it for a bias that i
 
 SDPA's fused CPU kernel gives no gradient for its mask, and its unfused fallback is slower than
 this. The blocks are those of posbench.attention: each covers queries [e - n, e) and keys
-[0, e), and its mask already holds the causal part (-inf at future keys).
+[s, e) (s = 0 but in a sliding window), and its mask already holds the causal part (-inf at
+future keys).
 """
 
 from __future__ import annotations
@@ -22,11 +23,13 @@ def explicit_attention(
     v: torch.Tensor,
     masks: list[torch.Tensor],
     dropout: float = 0.0,
+    key_starts: list[int] | None = None,
 ) -> torch.Tensor:
     """softmax(q k^T / sqrt(hs) + mask) v for q, k, v (B, H, T, hs), in blocks of queries whose
-    additive float masks ([B|1], H, n, e) need a gradient (a learned bias, in training): masks[i]
-    is the i-th block's, queries [e - n, e) and keys [0, e); the blocks cover the queries in
-    order, the last one ending at T -> (B, H, T, hs).
+    additive float masks ([B|1], H, n, m) need a gradient (a learned bias, in training): masks[i]
+    is the i-th block's, keys [s, s + m) with s = key_starts[i] (0 by default) and queries
+    [s + m - n, s + m); the blocks cover the queries in order, the last one ending at T
+    -> (B, H, T, hs).
 
     SDPA's fused CPU kernel gives no gradient for a mask, and its unfused fallback is slower
     than this computation. ExplicitAttention writes the gradients itself rather than leave
@@ -36,7 +39,8 @@ def explicit_attention(
     tokens 1.08x (autograd's computation 1.12-1.19x), at 16 x 256 1.06x (1.29x), at 8 x 512
     0.97x (1.11x).
     """
-    return ExplicitAttention.apply(q, k, v, dropout, *masks)
+    starts = tuple(key_starts) if key_starts is not None else (0,) * len(masks)
+    return ExplicitAttention.apply(q, k, v, dropout, starts, *masks)
 
 
 class ExplicitAttention(torch.autograd.Function):
@@ -59,6 +63,7 @@ class ExplicitAttention(torch.autograd.Function):
         k: torch.Tensor,
         v: torch.Tensor,
         dropout: float,
+        key_starts: tuple[int, ...],
         *masks: torch.Tensor,
     ) -> torch.Tensor:
         B, H, T, hs = q.shape
@@ -68,20 +73,23 @@ class ExplicitAttention(torch.autograd.Function):
             q3 = q3 * (1 / math.sqrt(hs))
             y = q.new_empty(B, T, H, hs, dtype=dtype)
             weights, keeps = [], []
-            for mask in masks:
-                n, end = mask.shape[-2:]
+            for key_start, mask in zip(key_starts, masks, strict=True):
+                n, m = mask.shape[-2:]
+                end = key_start + m
                 start = end - n
-                scores = torch.bmm(q3[:, start:end], k3[:, :end].transpose(1, 2))  # (BH, n, e)
-                w = torch.softmax(scores.view(B, H, n, end).add_(mask), dim=-1)
+                keys = k3[:, key_start:end].transpose(1, 2)
+                scores = torch.bmm(q3[:, start:end], keys)  # (BH, n, m)
+                w = torch.softmax(scores.view(B, H, n, m).add_(mask), dim=-1)
                 weights.append(w)
                 if dropout:  # 0 or 1 / (1 - dropout): F.dropout's mask, kept for the backward
                     keeps.append(F.dropout(torch.ones_like(w), dropout))
                     w = w * keeps[-1]
-                part = torch.bmm(w.view(B * H, n, end), v3[:, :end])  # (BH, n, hs)
+                part = torch.bmm(w.view(B * H, n, m), v3[:, key_start:end])  # (BH, n, hs)
                 y[:, start:end] = part.view(B, H, n, hs).transpose(1, 2)
         ctx.save_for_backward(q3, k3, v3, *weights, *keeps)
         ctx.input_dtypes = [t.dtype for t in (q, k, v)]
         ctx.masks = [(m.shape[0], m.dtype) for m in masks]
+        ctx.key_starts = key_starts
         return y.transpose(1, 2).to(q.dtype)  # (B, H, T, hs)
 
     @staticmethod
@@ -97,25 +105,29 @@ class ExplicitAttention(torch.autograd.Function):
             dq = dy3.new_empty(B, T, H, hs)
             dk = dv = None
             mask_grads = []
-            for w, keep, (mask_batch, mask_dtype) in reversed(
-                list(zip(weights, keeps, ctx.masks, strict=True))
+            for w, keep, key_start, (mask_batch, mask_dtype) in reversed(
+                list(zip(weights, keeps, ctx.key_starts, ctx.masks, strict=True))
             ):
-                n, end = w.shape[-2:]
+                n, m = w.shape[-2:]
+                end = key_start + m
                 start = end - n
+                keys = slice(key_start, end)
                 dropped = w if keep is None else w * keep
-                dv_part = torch.bmm(dropped.view(BH, n, end).transpose(1, 2), dy3[:, start:end])
-                dw = torch.bmm(dy3[:, start:end], v3[:, :end].transpose(1, 2)).view(B, H, n, end)
+                dv_part = torch.bmm(dropped.view(BH, n, m).transpose(1, 2), dy3[:, start:end])
+                dw = torch.bmm(dy3[:, start:end], v3[:, keys].transpose(1, 2)).view(B, H, n, m)
                 if keep is not None:
                     dw.mul_(keep)
                 dscores = torch._softmax_backward_data(dw, w, -1, w.dtype)  # (B, H, n, e)
-                ds3 = dscores.view(BH, n, end)
-                dk_part = torch.bmm(ds3.transpose(1, 2), q3[:, start:end])  # (BH, e, hs)
-                if dk is None:  # the last block: every key
+                ds3 = dscores.view(BH, n, m)
+                dk_part = torch.bmm(ds3.transpose(1, 2), q3[:, start:end])  # (BH, m, hs)
+                if dk is None and key_start == 0:  # the last block of full attention: every key
                     dk, dv = dk_part, dv_part
                 else:
-                    dk[:, :end] += dk_part
-                    dv[:, :end] += dv_part
-                dq[:, start:end] = torch.bmm(ds3, k3[:, :end]).view(B, H, n, hs).transpose(1, 2)
+                    if dk is None:  # a sliding window: the last block sees the last keys only
+                        dk, dv = torch.zeros_like(k3), torch.zeros_like(v3)
+                    dk[:, keys] += dk_part
+                    dv[:, keys] += dv_part
+                dq[:, start:end] = torch.bmm(ds3, k3[:, keys]).view(B, H, n, hs).transpose(1, 2)
                 summed = dscores.sum(0, keepdim=True) if mask_batch == 1 else dscores
                 mask_grads.append(summed.to(mask_dtype))
             dq.mul_(1 / math.sqrt(hs))  # q3 was scaled
@@ -124,6 +136,7 @@ class ExplicitAttention(torch.autograd.Function):
             dq.transpose(1, 2).to(dq_dtype),
             dk.view(B, H, T, hs).to(dk_dtype),
             dv.view(B, H, T, hs).to(dv_dtype),
+            None,
             None,
             *reversed(mask_grads),
         )

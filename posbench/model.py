@@ -1,10 +1,10 @@
 """A small decoder-only transformer whose positional encoding is pluggable.
 
 Read top to bottom: attention -> MLP -> block -> ModelArgs -> Transformer. The model asks its
-encoding (posbench.encodings.base.PositionalEncoding) to embed, rotate and bias, and never
-branches on which encoding it has. How attention adds a bias (fused kernels, blocks of
-queries, a hand-written backward) is posbench/attention.py's business: the model calls its
-one entry point, causal_attention.
+encoding (posbench.encodings.base.PositionalEncoding, whose docstring tables its hooks) to
+embed, transform queries and keys, and bias, and never branches on which encoding it has. How
+attention adds a bias (fused kernels, blocks of queries, a hand-written backward) is
+posbench/attention.py's business: the model calls its one entry point, causal_attention.
 """
 
 from __future__ import annotations
@@ -25,8 +25,9 @@ VOCAB_SIZE = 256  # byte-level: every corpus is read as raw bytes, no tokenizer 
 
 
 class CausalSelfAttention(nn.Module):
-    """Multi-head causal self-attention whose encoding may rotate queries and keys (RoPE) and
-    bias their scores (ALiBi, T5, ...): ``attn(x (B, T, C), positions, encoding) -> (B, T, C)``."""
+    """Multi-head causal self-attention whose encoding may transform queries and keys (RoPE) and
+    bias their scores by position (ALiBi, T5, ...) or content (FoX, CoPE):
+    ``attn(x (B, T, C), positions, encoding) -> (B, T, C)``."""
 
     def __init__(self, d_model: int, n_head: int, dropout: float):
         super().__init__()
@@ -46,11 +47,11 @@ class CausalSelfAttention(nn.Module):
         q, k, v = self.qkv(x).split(C, dim=2)  # (B, T, C) each
         # (B, nh, T, hs) each
         q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))
-        # The encoding acts on the scores: it rotates queries and keys, never values.
-        q = encoding.rotate(q, positions)  # (B, nh, T, hs)
-        k = encoding.rotate(k, positions)  # (B, nh, T, hs)
+        # The encoding acts on the scores: it transforms queries and keys, never values.
+        q, k = encoding.queries_and_keys(q, k, positions)  # (B, nh, T, hs) each
+        content = encoding.content_state(x, q, k, positions)  # None: no bias from content
         dropout = self.dropout if self.training else 0.0
-        y = causal_attention(q, k, v, positions, encoding, dropout, biases)  # (B, nh, T, hs)
+        y = causal_attention(q, k, v, positions, encoding, dropout, biases, content)
         y = y.transpose(1, 2).reshape(B, T, C)  # (B, T, C)
         return self.proj(y)
 
@@ -120,11 +121,12 @@ class Transformer(nn.Module):
         super().__init__()
         self.args = args
         self.encoding = encoding  # the first layer's, and the one that embeds and bounds lengths
-        # An encoding that is per_layer gets a fresh instance, from its config, for every layer
-        # after the first; any other serves every layer.
-        deeper = range(args.n_layer - 1) if encoding.per_layer else range(0)
+        # The encoding says which encoding each layer attends with (one for all by default); the
+        # instances it does not hold itself (a per-layer FIRE's fresh ones) are kept here.
+        self.layer_encodings = encoding.layer_encodings(args.n_layer)
+        own = {id(module) for module in encoding.modules()}
         self.deeper_encodings = nn.ModuleList(
-            type(encoding)(encoding.config, encoding.d_model, encoding.n_head) for _ in deeper
+            e for e in unique(self.layer_encodings) if id(e) not in own
         )
         self.token_embedding = nn.Embedding(args.vocab_size, args.d_model)
         self.dropout = nn.Dropout(args.dropout)
@@ -140,13 +142,6 @@ class Transformer(nn.Module):
         # GPT-2's initialisation: small normal weights keep the residual stream well scaled.
         if isinstance(module, nn.Linear | nn.Embedding):
             nn.init.normal_(module.weight, mean=0.0, std=0.02)
-
-    @property
-    def layer_encodings(self) -> list[PositionalEncoding]:
-        """The encoding each layer attends with, first layer first."""
-        if self.deeper_encodings:
-            return [self.encoding, *self.deeper_encodings]
-        return [self.encoding] * self.args.n_layer
 
     @property
     def max_length(self) -> int | None:
@@ -170,12 +165,10 @@ class Transformer(nn.Module):
             )
         x = self.token_embedding(tokens)  # (B, T, C)
         x = self.dropout(self.encoding.embed(x, positions))  # (B, T, C)
-        # The layers share one encoding's query-block biases (computed once, not per layer);
-        # with an encoding per layer, each layer's attention computes its own (biases=None).
-        shared = not self.deeper_encodings
-        biases = QueryBlockBiases(self.encoding) if shared else None
+        # Layers with the same encoding instance share its query-block biases (computed once).
+        biases = {id(e): QueryBlockBiases(e) for e in unique(self.layer_encodings)}
         for block, encoding in zip(self.blocks, self.layer_encodings, strict=True):
-            x = block(x, positions, encoding, biases)
+            x = block(x, positions, encoding, biases[id(encoding)])
         return self.lm_head(self.ln_final(x))  # (B, T, vocab)
 
     def inference_memory_bytes(self, batch_size: int, length: int, consecutive: bool = True) -> int:
@@ -188,21 +181,28 @@ class Transformer(nn.Module):
         q/k/v and their rotated copies, attention output, the MLP's hidden layer and its GELU:
         at most 8*C + 2*hidden per token), the logits with the log-softmax of the loss (3*V
         per token), and what attention with the encoding's score bias holds besides
-        (posbench.attention.attention_scratch_elements).
+        (posbench.attention.attention_scratch_elements, for the layer whose encoding holds the
+        most).
         """
         a = self.args
         tokens = batch_size * length
         hidden = a.mlp_ratio * a.d_model
         elements = tokens * (8 * a.d_model + 2 * hidden + 3 * a.vocab_size)
         device = self.lm_head.weight.device
-        elements += attention_scratch_elements(
-            self.encoding, batch_size, length, consecutive, device
+        elements += max(
+            attention_scratch_elements(encoding, batch_size, length, consecutive, device)
+            for encoding in unique(self.layer_encodings)
         )
         return elements * self.lm_head.weight.element_size()
 
     def num_parameters(self) -> int:
         """Parameters counted once (the tied embedding is shared with the output layer)."""
         return sum(p.numel() for p in self.parameters())
+
+
+def unique(encodings: list[PositionalEncoding]) -> list[PositionalEncoding]:
+    """The distinct instances among ``encodings``, in order of first appearance."""
+    return list({id(e): e for e in encodings}.values())
 
 
 def check_model_config(model: Mapping[str, Any], encoding: Mapping[str, Any]) -> None:

@@ -639,3 +639,124 @@ def test_blocked_attention_gives_the_same_gradients(name, monkeypatch):
     monkeypatch.setattr(posbench.attention, "MAX_SCORE_ELEMENTS", 500)
     for blocked, expected in zip(gradients(), single, strict=True):
         torch.testing.assert_close(blocked, expected, rtol=1e-9, atol=1e-12)
+
+
+# --- a sliding window, and biases from the content ------------------------------------------
+
+
+def windowed_masked_attention(q, k, v, encoding, positions, window, content_bias=None):
+    """The plain computation with the encoding's bias (if any), a bias from the content (if
+    any), the causal mask and -inf at keys ``window`` or more tokens before their query."""
+    T = q.shape[2]
+    bias = encoding.score_bias(positions, positions)
+    bias = torch.zeros(T, T, dtype=q.dtype) if bias is None else bias
+    if content_bias is not None:
+        bias = bias + content_bias
+    index = torch.arange(T)
+    too_far = index[:, None] - index[None, :] >= window
+    return plain_attention(
+        q, k, v, causal_bias(bias, positions, positions).masked_fill(too_far, -math.inf)
+    )
+
+
+def outputs_and_gradients(attend, leaves, out_grad):
+    out = attend()
+    return [out, *torch.autograd.grad(out, leaves, out_grad)]
+
+
+@pytest.mark.parametrize("name", ["none", "alibi", "t5", "pair-bias"])
+@pytest.mark.parametrize("window", [1, 5, 16, 40])
+@pytest.mark.parametrize("gradients", [True, False])
+def test_windowed_attention_equals_the_masked_computation_with_its_gradients(
+    name, window, gradients, monkeypatch
+):
+    use_query_blocks(8, monkeypatch)  # 37 = 4 * 8 + 5 queries: blocks start past the window
+    encoding = random_bias_encoding(name) if name != "none" else make_encoding(name, SMALL)
+    encoding.window = window
+    inputs = [t.requires_grad_(gradients) for t in random_qkv(2, SMALL.n_head, 37, 8)]
+    positions = torch.arange(37)
+    leaves = [*inputs, *encoding.parameters()] if gradients else []
+    out_grad = torch.randn(2, SMALL.n_head, 37, 8, dtype=F64)
+
+    def windowed():
+        return posbench.attention.causal_attention(*inputs, positions, encoding)
+
+    def masked():
+        return windowed_masked_attention(*inputs, encoding, positions, window)
+
+    with torch.set_grad_enabled(gradients):
+        if not gradients:
+            torch.testing.assert_close(windowed(), masked(), rtol=0, atol=1e-10)
+            return
+        got = outputs_and_gradients(windowed, leaves, out_grad)
+        expected = outputs_and_gradients(masked, leaves, out_grad)
+    for a, b in zip(got, expected, strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-10)
+
+
+def test_a_window_of_the_whole_length_is_full_attention_on_the_fused_path(monkeypatch):
+    encoding = make_encoding("none", SMALL)
+    encoding.window = 37
+    q, k, v = random_qkv(2, SMALL.n_head, 37, 8)
+    called = []
+    monkeypatch.setattr(
+        posbench.attention, "blocked_bias_attention", lambda *a, **kw: called.append(1)
+    )
+    out = posbench.attention.causal_attention(q, k, v, torch.arange(37), encoding)
+    assert not called
+    torch.testing.assert_close(
+        out,
+        plain_attention(
+            q, k, v, causal_bias(torch.zeros(37, 37, dtype=F64), torch.arange(37), torch.arange(37))
+        ),
+    )
+
+
+class QueryKeyBias(PositionalEncoding):
+    """A bias from the content: weight_h * tanh(q_i . k_j), with a learned weight per head."""
+
+    Config = ForTestConfig
+
+    def __init__(self, config, d_model, n_head):
+        super().__init__(config, d_model, n_head)
+        self.weight = torch.nn.Parameter(torch.linspace(0.5, 2.0, n_head, dtype=F64))
+
+    def content_state(self, x, q, k, positions):
+        return q, k
+
+    def content_bias(self, state, queries, keys):
+        q, k = state
+        products = q[:, :, queries] @ k[:, :, keys].transpose(-1, -2)  # (B, H, n, m)
+        return self.weight[:, None, None] * torch.tanh(products)
+
+
+@pytest.mark.parametrize("window", [None, 6])
+@pytest.mark.parametrize("gradients", [True, False])
+def test_a_bias_from_the_content_equals_the_masked_computation_with_its_gradients(
+    window, gradients, monkeypatch
+):
+    use_query_blocks(8, monkeypatch)
+    encoding = QueryKeyBias(ForTestConfig(), SMALL.d_model, SMALL.n_head)
+    encoding.window = window
+    inputs = [t.requires_grad_(gradients) for t in random_qkv(2, SMALL.n_head, 37, 8)]
+    q, k, _ = inputs
+    positions = torch.arange(37)
+    leaves = [*inputs, encoding.weight] if gradients else []
+    out_grad = torch.randn(2, SMALL.n_head, 37, 8, dtype=F64)
+
+    def attend():
+        content = encoding.content_state(None, q, k, positions)
+        return posbench.attention.causal_attention(*inputs, positions, encoding, content=content)
+
+    def masked():
+        bias = encoding.weight[:, None, None] * torch.tanh(q @ k.transpose(-1, -2))
+        return windowed_masked_attention(*inputs, encoding, positions, window or 37, bias)
+
+    with torch.set_grad_enabled(gradients):
+        if not gradients:
+            torch.testing.assert_close(attend(), masked(), rtol=0, atol=1e-10)
+            return
+        got = outputs_and_gradients(attend, leaves, out_grad)
+        expected = outputs_and_gradients(masked, leaves, out_grad)
+    for a, b in zip(got, expected, strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-10)

@@ -9,12 +9,12 @@ from conftest import posbench, terabyte_split
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from posbench import diagnose as diagnose_module
+from posbench.attention import attention_probabilities
 from posbench.config import compose_config
 from posbench.data import load_corpus
 from posbench.diagnose import (
     STATISTICS,
     attention_inputs,
-    attention_probabilities,
     check_diagnosable,
     diagnose,
     diagnose_run,
@@ -139,7 +139,8 @@ def test_the_recomputed_probabilities_reproduce_each_layers_attention_output(enc
         hook.remove()
     for block, (x, positions, encoding), output in zip(model.blocks, inputs, outputs, strict=True):
         q, k = queries_keys(block.attn, encoding, x, positions)
-        p = attention_probabilities(q, k, positions, positions, encoding)  # (B, H, T, T)
+        content = encoding.content_state(x, q, k, positions)
+        p = attention_probabilities(q, k, positions, encoding, content, 0, 24)  # (B, H, T, T)
         v = block.attn.qkv(x)[..., 32:].view(2, 24, 2, 8).transpose(1, 2)  # (B, H, T, hs)
         y = block.attn.proj((p @ v).transpose(1, 2).reshape(2, 24, 16))
         torch.testing.assert_close(y, output, rtol=1e-5, atol=1e-6)

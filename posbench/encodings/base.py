@@ -1,23 +1,47 @@
 """The interface every positional encoding implements.
 
-A decoder asks its encoding for three things, each with a neutral default, and never looks
-at the encoding's name:
+A decoder asks its encoding for what it adds, through the hooks below, each with a neutral
+default, and never looks at the encoding's name. Which hook gets what, and when:
 
-* ``embed``  - add position information to the token embeddings (absolute encodings);
-* ``rotate`` - transform queries and keys per head before their dot product (RoPE);
-* ``score_bias`` - an additive bias on the attention logits (ALiBi, T5-style biases), the
-  reference definition of the bias; an encoding whose bias depends only on the distance i - j
-  defines ``relative_bias`` instead, which gives ``score_bias`` and lets the model attend
-  without ever building an (H, Tq, Tk) bias. An encoding whose bias is one of the distance
-  alone over some positions only says so in ``consecutive_bias``.
+=====================  ======================================  ================================
+hook                   gets                                    returns; who overrides it
+=====================  ======================================  ================================
+``embed``              token embeddings x (B, T, C) and        x with positions added, once
+                       positions, before the first layer       (learned, sinusoidal)
+``queries_and_keys``   one layer's q, k (B, H, T, hs)          q, k transformed (xPos scales
+                       and positions                           them apart); by default each
+                                                               through ``rotate`` (RoPE)
+``relative_bias``      integer distances i - j (D,)            (H, D), a bias of the distance
+                                                               alone (ALiBi, T5, KERPLE)
+``consecutive_bias``   positions (T,) or consecutive (B, T)    (H, T) at distances 0..T-1 when
+                                                               it is one of the distance there
+``score_bias``         query and key positions                 (H, Tq, Tk) or (B, H, Tq, Tk),
+                                                               any bias of positions (FIRE)
+``content_state``      one layer's input x (B, T, C) (after    whatever ``content_bias`` needs,
+                       its layer norm), its q, k after         once per layer; ``None``: no
+                       ``queries_and_keys``, positions         bias from content (FoX, CoPE)
+``content_bias``       that state, a slice of queries and      (B, H, n, m) for those indices
+                       one of keys (indices, not positions)
+``layer_encodings``    the model's number of layers            the encoding of each layer
+                                                               (per-layer FIRE, hybrid)
+=====================  ======================================  ================================
 
-Positions are integers, either (T,), shared by the batch (0..T-1 by default), or (B, T), one
-row per sequence (randomized positions train each sequence at its own subset); every hook
-takes both.
+What an encoding author may assume:
 
-``per_layer`` says whether the model gives every layer its own instance of the encoding (its
-own parameters; the first layer's also embeds and answers the questions below) instead of one
-instance serving every layer.
+* Positions are integers, strictly increasing along the sequence, either (T,), shared by the
+  batch (0..T-1 by default), or (B, T), one row per sequence (randomized positions train each
+  sequence at its own subset); every hook that takes positions takes both.
+* Attention asks for biases per block of queries at long lengths, with the keys up to the
+  block's last query (fewer with a ``window``), so a bias hook must depend only on what it is
+  given; it never includes the causal mask (attention adds it, and ignores the bias at future
+  keys, which must still be finite).
+* Biases are added to the logits after the 1/sqrt(hs) scaling of q.k, in float32 or the
+  model's dtype; a bias that carries parameters (or comes from q, k) gets its gradient.
+* One instance serves every layer unless ``layer_encodings`` says otherwise; ``per_layer``
+  gives every layer a fresh instance built from the same config (its own parameters; the first
+  layer's also embeds and answers ``max_length`` and ``scaling_record``).
+* ``window`` (``None`` by default; a hybrid sets it for its windowed layers): a query attends
+  only to the ``window`` most recent tokens, itself included (counted in tokens, not positions).
 
 ``max_length`` says how long a sequence the encoding can represent (``None``: any length),
 so evaluation can report a length as unsupported instead of silently clamping positions.
@@ -52,12 +76,23 @@ class PositionalEncoding(nn.Module):
         self.d_model = d_model
         self.n_head = n_head
         self.head_dim = d_model // n_head
+        self.window: int | None = None  # attend to at most this many recent tokens (None: all)
 
     @property
     def per_layer(self) -> bool:
         """Whether every layer gets its own instance of this encoding, built from the same config
         (``False``, the default: one instance serves every layer)."""
         return False
+
+    def layer_encodings(self, n_layer: int) -> list[PositionalEncoding]:
+        """The encoding each of a model's ``n_layer`` layers attends with, first layer first:
+        this instance for every layer, or with ``per_layer`` this one and then a fresh instance
+        per layer from the same config. The model keeps (and saves) the instances that are not
+        this module or part of it; the first layer's must be this one."""
+        if not self.per_layer:
+            return [self] * n_layer
+        fresh = (type(self)(self.config, self.d_model, self.n_head) for _ in range(n_layer - 1))
+        return [self, *fresh]
 
     @property
     def max_length(self) -> int | None:
@@ -78,6 +113,15 @@ class PositionalEncoding(nn.Module):
     def rotate(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """Queries or keys ``x`` (B, H, T, hs) at ``positions`` (T,) or (B, T) -> (B, H, T, hs)."""
         return x
+
+    def queries_and_keys(
+        self, q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """One layer's queries and keys (B, H, T, hs) at ``positions`` -> (q, k), each
+        (B, H, T, hs), before their dot product. The default rotates both alike (``rotate``);
+        an encoding that treats them differently (xPos scales queries up and keys down)
+        overrides this instead."""
+        return self.rotate(q, positions), self.rotate(k, positions)
 
     @property
     def has_score_bias(self) -> bool:
@@ -137,3 +181,26 @@ class PositionalEncoding(nn.Module):
         grid = torch.index_select(bias, 1, row.flatten(), out=flat)  # (H, [B *] Tq * Tk)
         grid = grid.view(-1, *row.shape)  # (H, [B,] Tq, Tk)
         return grid.movedim(0, -3)  # ([B,] H, Tq, Tk)
+
+    @property
+    def has_content_bias(self) -> bool:
+        """Whether this encoding biases attention logits by their content (overrides
+        ``content_state``), known without a forward pass."""
+        return type(self).content_state is not PositionalEncoding.content_state
+
+    def content_state(
+        self, x: torch.Tensor, q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor
+    ) -> Any:
+        """What ``content_bias`` needs from one layer's forward pass, computed once per layer
+        from the layer's input ``x`` (B, T, C) (after its layer norm), its queries and keys q, k
+        (B, H, T, hs) (after ``queries_and_keys``) and ``positions``. ``None`` (the default):
+        the logits get no bias from the content (the bias hooks above depend on positions
+        only)."""
+        return None
+
+    def content_bias(self, state: Any, queries: slice, keys: slice) -> torch.Tensor:
+        """The attention-logit bias (B, H, n, m) of the queries at indices ``queries`` (n of
+        them) over the keys at indices ``keys`` (m), from ``content_state``'s ``state``, without
+        the causal mask; indices count tokens of the sequence from 0 (not positions). Called
+        per block of queries; added to any bias of positions."""
+        raise NotImplementedError(f"{type(self).__name__} has a content_state but no content_bias")
