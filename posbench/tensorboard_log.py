@@ -176,9 +176,10 @@ def log_hparams(
 
 def hparams(cfg: DictConfig) -> dict[str, Any]:
     """The knobs that distinguish runs in TensorBoard's HParams tab, the encoding's options
-    included as ``encoding.<key>`` (HParams takes no None: it shows as "null")."""
+    included as ``encoding.<key>`` (HParams takes no None or list: they show as "null" and as
+    "[rope, none]")."""
     options = {
-        f"encoding.{key}": "null" if value is None else value
+        f"encoding.{key}": hparam_value(value)
         for key, value in flat_config(cfg.encoding).items()
         if key != "name"
     }
@@ -192,6 +193,15 @@ def hparams(cfg: DictConfig) -> dict[str, Any]:
         "lr": cfg.train.lr,
         "seed": cfg.seed,
     }
+
+
+def hparam_value(value: Any) -> Any:
+    """A config value as TensorBoard's HParams takes it: a number, a string or a bool."""
+    if value is None:
+        return "null"
+    if isinstance(value, list):
+        return "[" + ", ".join(str(hparam_value(item)) for item in value) + "]"
+    return value
 
 
 def headline_metrics(results: Mapping[str, Any]) -> dict[str, float]:

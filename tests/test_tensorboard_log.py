@@ -3,10 +3,12 @@
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+from posbench.config import compose_config
 from posbench.report.run_table import eval_table
 from posbench.tensorboard_log import (
     eval_tag,
     extrapolation_figure,
+    hparams,
     log_eval_records,
     loss_by_position_tag,
     write_eval_events,
@@ -190,3 +192,10 @@ def test_task_records_plot_accuracy_against_length():
     log_eval_records(writer, records, train_seq_len=16)
     accuracy = [(step, value) for tag, step, value in writer.scalars if tag == "eval/accuracy"]
     assert accuracy == [(16, 0.75), (32, 0.25)]
+
+
+def test_hparams_write_an_encodings_list_options_as_text_that_tensorboard_takes():
+    params = hparams(compose_config(["encoding=hybrid", "encoding.layers=[rope,rope,none]"]))
+    assert params["encoding.layers"] == "[rope, rope, none]"
+    assert params["encoding.window"] == "null"
+    assert all(isinstance(value, int | float | str | bool) for value in params.values())
