@@ -24,8 +24,13 @@ inputs and their targets) is skipped at that length. So with documents, longer l
 score fewer documents and bytes than shorter ones: each record says how many it scored
 (``documents``, null for a corpus that is one stream, and ``tokens``).
 
-Perplexity is exp(mean NLL) over the scored tokens; with byte tokens, bits per byte is
-mean NLL / ln 2.
+Perplexity is exp(mean NLL) over the scored tokens. So that runs on different tokenizers
+compare (a run on bytes beside one on BPE tokens), each record also counts the ``bytes`` and
+``words`` of the text its scored tokens cover (a token's bytes belong to the window that scores
+it; a word, a maximal run of bytes that are not ASCII whitespace, to the window that scores its
+first byte) and gives ``bits_per_byte`` = total NLL / ln 2 / bytes and ``word_ppl`` =
+exp(total NLL / words), lm-evaluation-harness's word perplexity. With byte tokens, bits per
+byte is mean NLL / ln 2.
 
 Where in the window the loss rises: each non-overlapping record also holds
 ``loss_by_position``, the mean NLL of the tokens at each bucket of positions
@@ -75,6 +80,7 @@ from posbench.data import (
     Examples,
     Offsets,
     Task,
+    byte_is_whitespace,
     gather_windows,
     load_data,
     sample_positions,
@@ -256,7 +262,10 @@ def unsupported(
         "stride": stride,
         "ppl": None,
         "bits_per_byte": None,
+        "word_ppl": None,
         "tokens": 0,
+        "bytes": 0,
+        "words": 0,
         "status": "unsupported",
         "reason": reason,
         **scaling,
@@ -290,6 +299,8 @@ def evaluate_length(
     precision: str = "fp32",
     documents: Offsets | None = None,
     positions: RandomPositions | None = None,
+    token_bytes: Bytes | None = None,
+    word_starts: Bytes | None = None,
 ) -> dict[str, Any]:
     """One results.json eval record: the model's perplexity on ``tokens`` at ``length``, the
     eval-time extension (``scaling``) its encoding applied there and, for non-overlapping
@@ -298,8 +309,10 @@ def evaluate_length(
     forward passes (posbench.precision.autocast); the NLL is summed in float64 either way.
     ``documents``: where each document of ``tokens`` starts (None: one stream); windows stay
     inside a document and the record's ``documents`` counts those scored. ``positions``: each
-    window at its randomized positions (None: at 0..L-1). ``tokens`` (a tensor or a numpy
-    array, maybe a memory map) is read one batch of windows at a time."""
+    window at its randomized positions (None: at 0..L-1). ``token_bytes`` and ``word_starts``:
+    the bytes and word starts of each token (a corpus of tokens' ``val_token_bytes`` and
+    ``val_word_starts``; None: ``tokens`` are bytes, which count themselves). ``tokens`` (a
+    tensor or a numpy array, maybe a memory map) is read one batch of windows at a time."""
     assert stride is None or 0 < stride <= length, "stride must be in (0, length]"
     model.eval()  # no dropout; eval-time extensions (RoPE scaling) apply
     scaling = model.encoding.scaling_record(length)
@@ -322,6 +335,7 @@ def evaluate_length(
         }
     position_nll = torch.zeros(length, dtype=torch.float64, device=device)  # summed on the device
     position_tokens = torch.zeros(length, dtype=torch.long, device=device)
+    text = torch.zeros(2, dtype=torch.long, device=device)  # bytes and words scored
     spans = document_windows(long_documents, length, stride)
     with tqdm(total=n_spans, desc=f"eval length {length}", unit="window", leave=False) as bar:
         while batch := list(islice(spans, batch_size)):
@@ -335,9 +349,13 @@ def evaluate_length(
             is_scored = torch.arange(length, device=device) >= first[:, None]  # (B, T)
             position_nll += nll.double().masked_fill(~is_scored, 0.0).sum(0)  # (T,)
             position_tokens += is_scored.sum(0)
+            counts = scored_text(rows, starts, token_bytes, word_starts).to(device)  # (2, B, T)
+            text += (counts * is_scored).sum((1, 2))
             bar.update(len(batch))
     scored = int(position_tokens.sum())
-    mean_nll = position_nll.sum().item() / scored
+    total_nll = position_nll.sum().item()
+    mean_nll = total_nll / scored
+    n_bytes, n_words = text.tolist()
     by_position = {}
     if stride is None:
         buckets = loss_by_position(position_nll, position_tokens, train_seq_len or length)
@@ -346,8 +364,11 @@ def evaluate_length(
         "length": length,
         "stride": stride,
         "ppl": math.exp(mean_nll),
-        "bits_per_byte": mean_nll / math.log(2),
+        "bits_per_byte": total_nll / n_bytes / math.log(2),
+        "word_ppl": math.exp(total_nll / n_words) if n_words else None,
         "tokens": scored,
+        "bytes": n_bytes,
+        "words": n_words,
         "documents": None if documents is None else len(long_documents),
         "status": "ok",
         "reason": None,
@@ -356,6 +377,26 @@ def evaluate_length(
         **positions_record(positions, n_spans),
         **by_position,
     }
+
+
+def scored_text(
+    rows: torch.Tensor,
+    starts: Sequence[int],
+    token_bytes: Bytes | None,
+    word_starts: Bytes | None,
+) -> torch.Tensor:
+    """The bytes and word starts of each target of windows ``rows`` (B, T + 1) that start at
+    ``starts`` -> (2, B, T): read from ``token_bytes`` and ``word_starts`` for tokens, counted
+    from the bytes themselves when they are None (a word starts at a byte that is not
+    whitespace after one that is)."""
+    if token_bytes is None or word_starts is None:
+        space = byte_is_whitespace(rows.cpu())  # (B, T + 1)
+        return torch.stack([torch.ones_like(rows[:, 1:]).cpu(), ~space[:, 1:] & space[:, :-1]])
+    targets = [start + 1 for start in starts]
+    width = rows.shape[1] - 1
+    return torch.stack(
+        [gather_windows(token_bytes, targets, width), gather_windows(word_starts, targets, width)]
+    )
 
 
 def too_short(n_tokens: int, documents: Offsets | None, length: int, option: str = "length") -> str:
@@ -377,27 +418,43 @@ def evaluate(
     precision: str = "fp32",
     documents: Offsets | None = None,
     positions: RandomPositions | None = None,
+    token_bytes: Bytes | None = None,
+    word_starts: Bytes | None = None,
 ) -> list[dict[str, Any]]:
-    """Evaluate ``model`` on the bytes ``tokens`` (a tensor or a numpy array) at each length,
-    in ``precision``, at ``positions`` (None: 0..L-1).
+    """Evaluate ``model`` on ``tokens`` (a tensor or a numpy array: bytes, or a tokenizer's
+    ids with each one's ``token_bytes`` and ``word_starts``) at each length, in ``precision``,
+    at ``positions`` (None: 0..L-1).
 
     Every length scores the same leading ``max_tokens`` tokens (all of them when ``None``),
     so perplexities at different lengths are measured on the same text. With ``documents``
     (where each document of ``tokens`` starts) windows stay inside a document, ``max_tokens``
     cuts the document it falls in (its head stays a document), and a length skips the
     documents shorter than ``length + 1`` tokens.
-    Returns results.json eval records: length, stride, ppl, bits_per_byte, tokens, documents,
+    Returns results.json eval records: length, stride, ppl, bits_per_byte, word_ppl, tokens,
+    bytes, words, documents,
     status, reason, precision (of measured records), scaling, scaling_factor, positions,
     random_positions, position_draws and
     (non-overlapping windows) loss_by_position, bucketed around ``train_seq_len``.
     """
     if max_tokens is not None:
         tokens = tokens[: max_tokens + 1]
+        if token_bytes is not None and word_starts is not None:
+            token_bytes, word_starts = token_bytes[: len(tokens)], word_starts[: len(tokens)]
         if documents is not None:
             documents = documents[documents < len(tokens)]
     return [
         evaluate_length(
-            model, tokens, n, stride, batch_size, train_seq_len, precision, documents, positions
+            model,
+            tokens,
+            n,
+            stride,
+            batch_size,
+            train_seq_len,
+            precision,
+            documents,
+            positions,
+            token_bytes,
+            word_starts,
         )
         for n in lengths
     ]
@@ -462,7 +519,10 @@ def evaluate_task_length(
         "stride": None,
         "ppl": math.exp(mean_nll),
         "bits_per_byte": mean_nll / math.log(2),
+        "word_ppl": None,  # answers are a few bytes, not text
         "tokens": answer_bytes.sum().item(),
+        "bytes": answer_bytes.sum().item(),
+        "words": None,
         "status": "ok",
         "reason": None,
         "precision": precision,
@@ -545,6 +605,8 @@ def evaluate_data(
             precision,
             data.val_documents,
             positions,
+            data.val_token_bytes,
+            data.val_word_starts,
         )
     if stride is not None:
         raise PosbenchError(

@@ -115,7 +115,8 @@ class ModelArgs:
 
 
 class Transformer(nn.Module):
-    """Decoder-only language model over bytes: ``model(tokens (B, T)) -> logits (B, T, vocab)``."""
+    """Decoder-only language model over bytes or a tokenizer's tokens:
+    ``model(tokens (B, T)) -> logits (B, T, vocab)``."""
 
     def __init__(self, args: ModelArgs, encoding: PositionalEncoding):
         super().__init__()
@@ -214,7 +215,14 @@ def check_model_config(model: Mapping[str, Any], encoding: Mapping[str, Any]) ->
     build_encoding(encoding, args.d_model, args.n_head)
 
 
-def build_model(model: Mapping[str, Any], encoding: Mapping[str, Any]) -> Transformer:
-    """A fresh model from plain config mappings (a ``model`` and an ``encoding`` section)."""
-    args = ModelArgs(**model)
+def build_model(
+    model: Mapping[str, Any], encoding: Mapping[str, Any], vocab_size: int | None = None
+) -> Transformer:
+    """A fresh model from plain config mappings (a ``model`` and an ``encoding`` section), over
+    ``vocab_size`` tokens (the data's tokenizer's; None: the model's own, bytes by default)."""
+    args = (
+        ModelArgs(**model)
+        if vocab_size is None
+        else ModelArgs(**{**model, "vocab_size": vocab_size})
+    )
     return Transformer(args, build_encoding(encoding, args.d_model, args.n_head))

@@ -35,6 +35,7 @@ from posbench.model import Transformer, build_model
 
 WEIGHTS_FILE = "model.safetensors"
 CONFIG_FILE = "config.yaml"
+TOKENIZER_FILE = "tokenizer.json"  # a run on tokens (data.tokenizer): the tokenizer it used
 RESULTS_FILE = "results.json"
 METADATA_KEY = "posbench"
 
@@ -140,11 +141,24 @@ def load_run_config(run_dir: str | Path) -> DictConfig:
 
 
 def saved_config(run_dir: Path) -> DictConfig:
-    """``run_dir/config.yaml``, whether or not the run has finished."""
+    """``run_dir/config.yaml``, whether or not the run has finished; a run on tokens reads
+    its data with its own tokenizer.json (``data.tokenizer`` set to it), whatever its config
+    named (``bpe`` trains one afresh: the same, but only if the corpus is)."""
     config_path = Path(run_dir) / CONFIG_FILE
     if not config_path.is_file():
         raise PosbenchError(f"{run_dir} holds no {CONFIG_FILE}; it is not a posbench run")
-    return OmegaConf.load(config_path)
+    config = OmegaConf.load(config_path)
+    tokenizer = Path(run_dir) / TOKENIZER_FILE
+    if tokenizer.is_file():
+        config.data.tokenizer = str(tokenizer.resolve())
+    return config
+
+
+def save_tokenizer(run_dir: Path, data: Corpus | Task) -> None:
+    """Keep the tokenizer of a run on tokens in its directory (a byte run has none)."""
+    tokenizer = getattr(data, "tokenizer", None)
+    if tokenizer is not None:
+        atomic_write(Path(run_dir) / TOKENIZER_FILE, tokenizer.encode())
 
 
 def check_can_create(run_dir: Path) -> None:
@@ -220,7 +234,8 @@ def run_description(
     """What results.json says about a run besides its numbers: status "ok" until something
     says otherwise, the encoding and its own settings (e.g. t5's num_buckets, rope's scaling),
     training length and seed, the ``threads`` and ranks it ran on, its size, the precision it
-    trained in (what ``auto`` resolved to), its data and the run it started from
+    trained in (what ``auto`` resolved to), its data (with its tokenizer and vocabulary) and
+    the run it started from
     (``train.init_from``, as an absolute path)."""
     options = OmegaConf.to_container(cfg.encoding, resolve=True, enum_to_str=True)
     options.pop("name")
@@ -235,7 +250,13 @@ def run_description(
         "world_size": distributed.world_size(),
         "parameters": model.num_parameters(),
         "precision": precision,
-        "data": {"name": data.name, **data.stats},
+        "data": {
+            "name": data.name,
+            # data.tokenizer as configured (bytes, bpe, a file, a hub name); tasks are bytes
+            "tokenizer": OmegaConf.select(cfg, "data.tokenizer", default="bytes"),
+            "vocab_size": data.vocab_size,
+            **data.stats,
+        },
         "init_from": None if init_from is None else str(Path(init_from).resolve()),
     }
 

@@ -41,6 +41,7 @@ from posbench.runs import (
     read_results,
     run_description,
     save_config,
+    save_tokenizer,
     save_weights,
     train_summary,
     write_results,
@@ -108,7 +109,7 @@ def train(cfg: DictConfig, run_dir: str | Path) -> dict[str, Any]:
     # The parts, each built once from its own config section.
     device = distributed.local_device(resolve_device(cfg.device))
     data = distributed.rank_zero_first(lambda: load_data(cfg.data))
-    model = initial_model(cfg, resuming=checkpoint is not None).to(device)
+    model = initial_model(cfg, data.vocab_size, resuming=checkpoint is not None).to(device)
     precision = distributed.from_rank_zero(  # all ranks must compute alike
         lambda: resolve_precision(choice(cfg.train.precision), device, cfg.model.d_model)
     )
@@ -125,6 +126,7 @@ def train(cfg: DictConfig, run_dir: str | Path) -> dict[str, Any]:
 
     if distributed.is_main():
         save_config(run_dir, cfg)
+        save_tokenizer(run_dir, data)
     log.info(
         "%s: %s parameters, %s, device %s, precision %s, %d rank(s)",
         cfg.encoding.name,
@@ -159,11 +161,12 @@ def prepared(run_dir: Path) -> Path:
     return prepare_run_dir(run_dir) if distributed.is_main() else run_dir
 
 
-def initial_model(cfg: DictConfig, resuming: bool) -> Transformer:
-    """The model before its first step: initialised from the seed, and for a fine-tune
-    (``train.init_from``) given its parent's weights, unless ``resuming`` restores its own."""
+def initial_model(cfg: DictConfig, vocab_size: int, resuming: bool) -> Transformer:
+    """The model over ``vocab_size`` tokens (its data's) before its first step: initialised
+    from the seed, and for a fine-tune (``train.init_from``) given its parent's weights, unless
+    ``resuming`` restores its own."""
     torch.manual_seed(cfg.seed)  # model init (and dropout) depend on the seed alone
-    model = build_model(cfg.model, cfg.encoding)
+    model = build_model(cfg.model, cfg.encoding, vocab_size)
     if cfg.train.init_from is not None and not resuming:
         load_parent_weights(model, cfg)
     return model

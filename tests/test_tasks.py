@@ -184,7 +184,12 @@ TASK_RUNS = {
 def test_a_tiny_task_run_records_accuracy_at_every_length(source, tmp_path):
     overrides = [*TINY_RUN, f"data={source}", *TASK_RUNS[source], "data.val_examples=20"]
     results = train(compose_config(overrides), tmp_path / "run")
-    assert results["data"] == {"name": source, "chance_accuracy": CHANCE[source]}
+    assert results["data"] == {
+        "name": source,
+        "tokenizer": "bytes",
+        "vocab_size": 256,
+        "chance_accuracy": CHANCE[source],
+    }
     # Trained on the answers: their perplexity falls from ~256 to about the answer alphabet's.
     assert results["train"]["val_ppl"] < 2 / CHANCE[source]
     for record in results["eval"]:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping
-from dataclasses import asdict
+from dataclasses import asdict, fields
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +54,7 @@ from posbench.data.synthetic import (
 )
 from posbench.data.task import IGNORE, Examples, Task
 from posbench.data.text import TextDataConfig, _check_held_out, _text_file_stamps, _write_text
+from posbench.data.tokenizer import BYTES, TokenizerOptions, byte_is_whitespace, tokenized_corpus
 from posbench.errors import PosbenchError
 
 __all__ = [
@@ -75,6 +76,7 @@ __all__ = [
     "SyntheticDataConfig",
     "Task",
     "TextDataConfig",
+    "byte_is_whitespace",
     "gather_windows",
     "load_corpus",
     "load_data",
@@ -142,7 +144,9 @@ def load_corpus(cfg: Mapping[str, Any] | DictConfig) -> Corpus:
         _build(config, entry)
         corpus = _read_corpus(entry, config.name)
         assert corpus is not None, f"{entry} was just built"
-    return corpus
+    if getattr(config, "tokenizer", BYTES) == BYTES:
+        return corpus
+    return tokenized_corpus(corpus, entry, config.tokenizer, config.vocab_size, config.cache_dir)
 
 
 def verify_corpus(cfg: Mapping[str, Any] | DictConfig) -> list[str]:
@@ -170,7 +174,9 @@ def _cache_entry(config: DataConfig) -> Path:
     """The cache entry of the corpus of ``config``, keyed by everything that determines its
     bytes: the config (its name and cache_dir aside) and, for local text, each file's path,
     size and mtime."""
-    inputs = {k: v for k, v in asdict(config).items() if k not in ("name", "cache_dir")}
+    # The tokenizer's keys are not the bytes': corpora of every tokenizer share one byte entry.
+    ignored = ("name", "cache_dir", *(field.name for field in fields(TokenizerOptions)))
+    inputs = {k: v for k, v in asdict(config).items() if k not in ignored}
     if isinstance(config, TextDataConfig):
         inputs["files"] = _text_file_stamps(config)
     return entry_path(config.cache_dir, config.source, inputs)

@@ -30,13 +30,20 @@ MIN_SPLIT_BYTES = 1024
 @dataclass
 class Corpus:
     name: str
-    train: np.ndarray  # uint8 (N,), a read-only memory map when loaded from the cache
-    val: np.ndarray  # uint8 (M,), the same
+    train: np.ndarray  # uint8 (N,) bytes or uint16/32 token ids, a read-only memory map
+    val: np.ndarray  # (M,), the same
     stats: dict[str, float] = field(default_factory=dict)
     # Where each document of a split starts (int64, first 0, increasing: ``document_starts``);
     # None for a source that is one stream (synthetic, a single text file, wikitext).
     train_documents: np.ndarray | None = None
     val_documents: np.ndarray | None = None
+    # A corpus of tokens (data.tokenizer other than bytes): its vocabulary, the tokenizer's
+    # JSON, and each val token's bytes of text and word starts (posbench/data/tokenizer.py).
+    # A byte corpus has none of these: each token is a byte, its words follow from the bytes.
+    vocab_size: int = 256
+    tokenizer: str | None = None
+    val_token_bytes: np.ndarray | None = None
+    val_word_starts: np.ndarray | None = None
 
     def train_batch(
         self, batch_size: int, seq_len: int, generator: torch.Generator
@@ -45,7 +52,8 @@ class Corpus:
         return sample_batch(self.train, batch_size, seq_len, generator)
 
     def describe(self) -> str:
-        parts = [f"{len(self.train):,} train / {len(self.val):,} val bytes"]
+        unit = "bytes" if self.tokenizer is None else f"tokens (vocabulary {self.vocab_size:,})"
+        parts = [f"{len(self.train):,} train / {len(self.val):,} val {unit}"]
         for split, starts in (("train", self.train_documents), ("val", self.val_documents)):
             if starts is not None:
                 parts.append(f"{len(starts):,} {split} documents")

@@ -14,11 +14,12 @@ from omegaconf import MISSING
 
 from posbench.data.cache import CHUNK_BYTES, _xdg_cache_home
 from posbench.data.corpus import SplitWriter
+from posbench.data.tokenizer import TokenizerOptions
 from posbench.errors import PosbenchError
 
 
 @dataclass
-class HubDataConfig:
+class HubDataConfig(TokenizerOptions):
     name: str = MISSING
     source: str = "hub"
     hub_path: str = MISSING

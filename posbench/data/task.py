@@ -52,6 +52,7 @@ class Task(ABC):
     # Depths (percent of the window) at which evaluation places the needle, cycling over the
     # examples; empty for tasks without a needle.
     eval_depths: ClassVar[Sequence[int]] = ()
+    vocab_size: ClassVar[int] = 256  # a task's prompts are bytes
 
     def __init__(self, config: Any) -> None:
         self.config = config

@@ -13,13 +13,14 @@ from omegaconf import MISSING
 
 from posbench.data.cache import CHUNK_BYTES
 from posbench.data.corpus import SplitWriter
+from posbench.data.tokenizer import TokenizerOptions
 from posbench.errors import PosbenchError
 
 log = logging.getLogger(__name__)
 
 
 @dataclass
-class TextDataConfig:
+class TextDataConfig(TokenizerOptions):
     name: str = "text"
     source: str = "text"
     path: str = MISSING
