@@ -258,7 +258,13 @@ def test_a_compiled_run_trains_like_the_eager_one_and_reports_its_compile_time(t
 # Every option that changes which positions a layer sees or what it adds to the scores: a
 # compiled training step must compute exactly what the eager one does with each of them (a
 # second rotation path for compiled training once dropped p-RoPE and a fine-tune's scaling).
-SCALED = {"original_length": 8, "in_training": True}
+SCALED = {
+    "original_length": 8,
+    "in_training": True,
+    # longrope's rescale factors, one per rotated pair of the head dim 8 below
+    "short_factor": [1.0, 1.25, 1.5, 2.0],
+    "long_factor": [1.0, 2.0, 4.0, 8.0],
+}
 COMPILED_OPTIONS = [
     *({"name": name} for name in ENCODINGS),
     {"name": "rope", "keep_frequencies": 0.5},

@@ -262,16 +262,98 @@ def test_llama3_keeps_short_wavelengths_divides_long_ones_and_blends_between():
     assert norms == pytest.approx([1.0] * 4, rel=1e-12)  # no temperature
 
 
-@pytest.mark.parametrize("method", ["linear", "ntk", "yarn", "llama3"])
+def longrope_lists(pairs: int = HEAD_DIM // 2) -> dict[str, list[float]]:
+    """LongRoPE's per-pair rescale factors for a head of ``pairs`` rotated pairs: every pair
+    distinct, long factors larger than short ones (as the searched factors of Phi-3 are)."""
+    return {
+        "short_factor": [1.0 + i / 4 for i in range(pairs)],
+        "long_factor": [2.0**i for i in range(pairs)],
+    }
+
+
+ONES = {"short_factor": [1.0] * (HEAD_DIM // 2), "long_factor": [1.0] * (HEAD_DIM // 2)}
+
+
+@pytest.mark.parametrize("method", ["linear", "ntk", "yarn", "llama3", "longrope"])
 def test_every_method_with_factor_one_is_plain_rope(method):
     x = random(1, 2, 32, HEAD_DIM, seed=13)
-    out = scaled(method, 1.0).rotate(x, torch.arange(32))
+    out = scaled(method, 1.0, **ONES).rotate(x, torch.arange(32))
     torch.testing.assert_close(out, apply_rope(x, torch.arange(32)), rtol=0, atol=1e-12)
+
+
+def test_longrope_with_all_factors_one_is_plain_rope_up_to_the_original_length():
+    # a null factor: s = max(1, L / original_length) = 1 up to 16 tokens, so sqrt(1 + 0) = 1
+    x = random(1, 2, 16, HEAD_DIM, seed=19)
+    out = scaled("longrope", original_length=16, **ONES).rotate(x, torch.arange(16))
+    torch.testing.assert_close(out, apply_rope(x, torch.arange(16)), rtol=0, atol=1e-12)
+
+
+def longrope_angles_and_norms(encoding, length: int) -> tuple[list[float], list[float]]:
+    """``pair_angles_and_norms`` at position 1 of a sequence of ``length`` positions (LongRoPE
+    picks its factors by the length): every angle theta_i / lambda_i <= 1 reads back
+    unwrapped."""
+    x = torch.tensor([1.0, 0.0] * (HEAD_DIM // 2), dtype=F64).expand(1, 1, 2, HEAD_DIM)
+    out = encoding.rotate(x, torch.tensor([1, length - 1]))[0, 0, 0].unflatten(-1, (-1, 2))
+    return [math.atan2(b, a) for a, b in out.tolist()], [math.hypot(a, b) for a, b in out.tolist()]
+
+
+@pytest.mark.parametrize(("length", "which"), [(16, "short_factor"), (17, "long_factor")])
+def test_longrope_divides_each_theta_by_the_short_factors_up_to_the_original_length_else_long(
+    length, which
+):
+    lists = longrope_lists()
+    encoding = scaled("longrope", 4.0, original_length=16, **lists)
+    angles, norms = longrope_angles_and_norms(encoding, length)
+    expected = [10000.0 ** (-2 * i / HEAD_DIM) / f for i, f in enumerate(lists[which])]
+    assert angles == pytest.approx(expected, rel=1e-12)
+    # the attention factor follows s, at every length: sqrt(1 + ln 4 / ln 16) = sqrt(1.5)
+    assert norms == pytest.approx([math.sqrt(1.5)] * 4, rel=1e-12)
+
+
+def test_longrope_with_a_null_factor_takes_s_from_the_length():
+    encoding = scaled("longrope", original_length=16, **longrope_lists())
+    _, norms = longrope_angles_and_norms(encoding, 64)  # s = 64 / 16 = 4
+    assert norms == pytest.approx([math.sqrt(1 + math.log(4) / math.log(16))] * 4, rel=1e-12)
+    assert encoding.scaling_record(64) == {
+        "scaling": "longrope",
+        "scaling_factor": 4.0,
+        "scaling_factor_setting": None,
+    }
+
+
+@pytest.mark.parametrize("method", ["yarn", "longrope"])
+def test_an_explicit_attention_factor_replaces_the_methods_own(method):
+    encoding = scaled(method, 4.0, original_length=16, attention_factor=1.3, **longrope_lists())
+    _, norms = longrope_angles_and_norms(encoding, 64)
+    assert norms == pytest.approx([1.3] * 4, rel=1e-12)
+
+
+@pytest.mark.parametrize("which", ["short_factor", "long_factor"])
+@pytest.mark.parametrize(("values", "given"), [(None, "none"), ([1.0] * 3, "3"), ([1.0] * 5, "5")])
+def test_a_longrope_factor_list_of_the_wrong_length_is_a_one_line_error_naming_the_length(
+    which, values, given
+):
+    lists = longrope_lists() | {which: values}
+    with pytest.raises(PosbenchError, match=rf"scaling\.{which} needs 4 .* got {given}$") as info:
+        scaled("longrope", 2.0, **lists)
+    assert "\n" not in str(info.value)
+
+
+def test_longrope_lists_count_the_rotated_pairs_under_partial_rotary():
+    # fraction 0.5 of head dim 8 rotates 4 dims: 2 pairs, 2 factors each
+    scaled("longrope", 2.0, fraction=0.5, **longrope_lists(pairs=2))
+    with pytest.raises(PosbenchError, match="needs 2 rescale factors"):
+        scaled("longrope", 2.0, fraction=0.5, **longrope_lists())
+
+
+def test_a_longrope_factor_that_is_not_positive_is_a_one_line_error():
+    with pytest.raises(PosbenchError, match=r"long_factor must be positive \(got 0.0\)"):
+        scaled("longrope", 2.0, **longrope_lists() | {"long_factor": [1.0, 2.0, 0.0, 3.0]})
 
 
 @settings(max_examples=60, deadline=None)
 @given(
-    method=st.sampled_from(["none", "linear", "ntk", "dynamic", "yarn", "llama3"]),
+    method=st.sampled_from(["none", "linear", "ntk", "dynamic", "yarn", "llama3", "longrope"]),
     layout=st.sampled_from(["interleaved", "half"]),
     fraction=st.sampled_from([1.0, 0.5, 0.25]),
     m=st.integers(0, 150),
@@ -284,7 +366,8 @@ def test_scaled_rope_scores_depend_only_on_relative_distance(
 ):
     # One sequence of 256 positions (s = 256 / 16 = 16 for every method), the same query and
     # key vector at every position: score(m, n) must equal score(m + c, n + c).
-    encoding = scaled(method, layout=layout, fraction=fraction)
+    lists = longrope_lists(pairs=int(HEAD_DIM * fraction) // 2)
+    encoding = scaled(method, layout=layout, fraction=fraction, **lists)
     q, k = random(HEAD_DIM, seed=seed), random(HEAD_DIM, seed=seed + 1)
     positions = torch.arange(256)
     q_rot = encoding.rotate(q.expand(1, 1, 256, HEAD_DIM), positions)[0, 0]
@@ -299,12 +382,14 @@ def test_scaled_rope_scores_depend_only_on_relative_distance(
 @pytest.mark.parametrize(
     ("scaling", "message"),
     [
-        ({"method": "rescale"}, "choose one of: none, linear, ntk, dynamic, yarn, llama3"),
+        ({"method": "rescale"}, "one of: none, linear, ntk, dynamic, yarn, llama3, longrope"),
         ({"method": "yarn", "factor": 0.5, "original_length": 16}, "factor must be >= 1"),
         ({"method": "yarn", "original_length": 16, "ramp": "smooth"}, "reference, paper"),
         ({"method": "yarn"}, "original_length"),
         ({"method": "yarn", "original_length": 16, "beta_fast": 1.0}, "beta_fast"),
         ({"method": "llama3", "original_length": 16, "high_freq_factor": 1.0}, "high_freq"),
+        ({"method": "longrope", "original_length": 1, **ONES}, "original_length .* >= 2"),
+        ({"method": "yarn", "original_length": 16, "attention_factor": 0.0}, "attention_factor"),
     ],
 )
 def test_bad_scaling_configs_are_one_line_errors(scaling, message):

@@ -21,7 +21,8 @@ Options:
   transformers' ``modeling_rope_utils``). Scaling acts in eval mode (``not self.training``),
   and in training too when ``scaling.in_training`` is set (a fine-tune after scaling,
   ``train.init_from``); otherwise training learns plain RoPE and the same weights can then be
-  evaluated under every method.
+  evaluated under every method. Each method also gets the sequence's length (LongRoPE picks
+  its rescale factors by it).
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ LAYOUTS = ("interleaved", "half")
 
 @dataclass
 class RopeScalingConfig:
-    # none | linear | ntk | dynamic | yarn | llama3 (SCALING_METHODS)
+    # none | linear | ntk | dynamic | yarn | llama3 | longrope (SCALING_METHODS)
     method: str = "none"
     # s, the context extension factor; null: s = max(1, L / original_length) per length L
     factor: float | None = None
@@ -59,6 +60,12 @@ class RopeScalingConfig:
     in_training: bool = False
     low_freq_factor: float = 1.0  # llama3: wavelengths above original_length / this: theta / s
     high_freq_factor: float = 4.0  # llama3: wavelengths below original_length / this: theta
+    # longrope: theta_i / factor_i, one rescale factor per rotated pair (d/2 of them), searched
+    # per model; long_factor for sequences longer than original_length, short_factor up to it
+    short_factor: list[float] | None = None
+    long_factor: list[float] | None = None
+    # yarn, longrope: the factor on the rotated q and k in place of the method's own (null)
+    attention_factor: float | None = None
 
 
 @dataclass
@@ -77,18 +84,18 @@ def rope_frequencies(dim: int, base: float) -> torch.Tensor:
     return base**-exponents
 
 
-# --- eval-time scaling: (dim, base, s, config) -> (theta (dim/2,), attention factor) ---------
+# --- eval-time scaling: (dim, base, s, config, length L) -> (theta (dim/2,), attention factor) -
 
 
 def plain_frequencies(
-    dim: int, base: float, factor: float, scaling: RopeScalingConfig
+    dim: int, base: float, factor: float, scaling: RopeScalingConfig, length: int
 ) -> tuple[torch.Tensor, float]:
     """No scaling: the frequencies the model was trained with."""
     return rope_frequencies(dim, base), 1.0
 
 
 def linear_frequencies(
-    dim: int, base: float, factor: float, scaling: RopeScalingConfig
+    dim: int, base: float, factor: float, scaling: RopeScalingConfig, length: int
 ) -> tuple[torch.Tensor, float]:
     """Position interpolation (Chen et al. 2023, https://arxiv.org/abs/2306.15595): position m
     becomes m / s, so s times the training length maps onto the positions seen in training."""
@@ -96,7 +103,7 @@ def linear_frequencies(
 
 
 def ntk_frequencies(
-    dim: int, base: float, factor: float, scaling: RopeScalingConfig
+    dim: int, base: float, factor: float, scaling: RopeScalingConfig, length: int
 ) -> tuple[torch.Tensor, float]:
     """NTK-aware scaling (bloc97 2023, as formalised in Peng et al. 2023 section 3.1): base
     becomes base * s^(d/(d-2)), which leaves theta_0 alone and divides the slowest frequency,
@@ -136,7 +143,7 @@ YARN_RAMP_FUNCTIONS = {"reference": yarn_reference_ramp, "paper": yarn_paper_ram
 
 
 def yarn_frequencies(
-    dim: int, base: float, factor: float, scaling: RopeScalingConfig
+    dim: int, base: float, factor: float, scaling: RopeScalingConfig, length: int
 ) -> tuple[torch.Tensor, float]:
     """YaRN (Peng et al. 2023, https://arxiv.org/abs/2309.00071), "NTK-by-parts" plus the
     attention temperature of section 3.4.
@@ -149,11 +156,12 @@ def yarn_frequencies(
     """
     theta = rope_frequencies(dim, base)
     gamma = YARN_RAMP_FUNCTIONS[scaling.ramp](dim, base, scaling)
-    return (1 - gamma) * theta / factor + gamma * theta, 0.1 * math.log(factor) + 1
+    theta = (1 - gamma) * theta / factor + gamma * theta
+    return theta, chosen_attention_factor(scaling, 0.1 * math.log(factor) + 1)
 
 
 def llama3_frequencies(
-    dim: int, base: float, factor: float, scaling: RopeScalingConfig
+    dim: int, base: float, factor: float, scaling: RopeScalingConfig, length: int
 ) -> tuple[torch.Tensor, float]:
     """Llama 3.1's scaling (Meta's reference ``apply_scaling``, Dubey et al. 2024): wavelengths
     shorter than L / high_freq_factor keep theta, longer than L / low_freq_factor get theta / s,
@@ -165,7 +173,29 @@ def llama3_frequencies(
     return (1 - smooth) * theta / factor + smooth * theta, 1.0
 
 
-ScalingMethod = Callable[[int, float, float, RopeScalingConfig], tuple[torch.Tensor, float]]
+def longrope_frequencies(
+    dim: int, base: float, factor: float, scaling: RopeScalingConfig, length: int
+) -> tuple[torch.Tensor, float]:
+    """LongRoPE (Ding et al. 2024, https://arxiv.org/abs/2402.13753) as Phi-3 and HF
+    transformers' ``_compute_longrope_parameters`` apply it: theta_i / lambda_i with one rescale
+    factor lambda_i per pair, found by the paper's search for each model and given here as
+    lists: ``long_factor`` for a sequence longer than the original length L0, ``short_factor``
+    up to it. The rotated q and k get sqrt(1 + ln s / ln L0), so the logits grow by
+    1 + ln s / ln L0 (the entropy-keeping scale of attention over s times more tokens)."""
+    rescale = scaling.long_factor if length > scaling.original_length else scaling.short_factor
+    theta = rope_frequencies(dim, base) / torch.tensor(rescale, dtype=torch.float64)
+    # original_length >= 2 (check_scaling), so ln L0 > 0
+    temperature = math.sqrt(1 + math.log(factor) / math.log(scaling.original_length))
+    return theta, chosen_attention_factor(scaling, temperature)
+
+
+def chosen_attention_factor(scaling: RopeScalingConfig, own: float) -> float:
+    """The attention factor of yarn or longrope: ``scaling.attention_factor`` where it is set
+    (as HF transformers' ``attention_factor``), else the method's ``own``."""
+    return own if scaling.attention_factor is None else scaling.attention_factor
+
+
+ScalingMethod = Callable[[int, float, float, RopeScalingConfig, int], tuple[torch.Tensor, float]]
 SCALING_METHODS: dict[str, ScalingMethod] = {
     "none": plain_frequencies,
     "linear": linear_frequencies,
@@ -173,6 +203,7 @@ SCALING_METHODS: dict[str, ScalingMethod] = {
     "dynamic": ntk_frequencies,  # NTK whose s follows each length (see scaling_factor)
     "yarn": yarn_frequencies,
     "llama3": llama3_frequencies,
+    "longrope": longrope_frequencies,
 }
 
 
@@ -190,10 +221,16 @@ def check_scaling(scaling: RopeScalingConfig) -> None:
             f"unknown encoding.scaling.ramp {scaling.ramp!r}; "
             f"choose one of: {', '.join(YARN_RAMP_FUNCTIONS)}"
         )
-    if scaling.method != "none" and (scaling.original_length or 0) < 1:
+    shortest = 2 if scaling.method == "longrope" else 1  # longrope divides by ln of it
+    if scaling.method != "none" and (scaling.original_length or 0) < shortest:
         raise PosbenchError(
-            f"encoding.scaling.original_length must be the training length, >= 1 "
+            f"encoding.scaling.original_length must be the training length, >= {shortest} "
             f"(got {scaling.original_length})"
+        )
+    if scaling.attention_factor is not None and scaling.attention_factor <= 0:
+        raise PosbenchError(
+            f"encoding.scaling.attention_factor must be positive, or null for the method's own "
+            f"(got {scaling.attention_factor})"
         )
     if scaling.beta_fast <= scaling.beta_slow:
         raise PosbenchError(
@@ -205,6 +242,23 @@ def check_scaling(scaling: RopeScalingConfig) -> None:
             f"encoding.scaling.high_freq_factor ({scaling.high_freq_factor}) must exceed "
             f"low_freq_factor ({scaling.low_freq_factor})"
         )
+
+
+def check_rescale_factors(scaling: RopeScalingConfig, pairs: int) -> None:
+    """One-line errors for longrope's factor lists, which need one positive factor for each of
+    the ``pairs`` rotated pairs (nothing to check for the other methods, which ignore them)."""
+    if scaling.method != "longrope":
+        return
+    for key in ("short_factor", "long_factor"):
+        factors = getattr(scaling, key)
+        if factors is None or len(factors) != pairs:
+            given = "none" if factors is None else len(factors)
+            raise PosbenchError(
+                f"encoding.scaling.{key} needs {pairs} rescale factors, one per rotated pair of "
+                f"head dims (fraction * head_dim / 2); got {given}"
+            )
+        if min(factors) <= 0:
+            raise PosbenchError(f"encoding.scaling.{key} must be positive (got {min(factors)})")
 
 
 # --- rotation ---------------------------------------------------------------------------------
@@ -331,6 +385,7 @@ class RotaryPositionalEncoding(PositionalEncoding):
         check_scaling(config.scaling)
         self.dim = rotated_dims(self.head_dim, config.fraction)
         kept_frequencies(self.dim // 2, config.keep_frequencies)
+        check_rescale_factors(config.scaling, self.dim // 2)
 
     def scales(self) -> bool:
         """Whether a scaling method applies now: in eval mode, and in training too with
@@ -365,16 +420,19 @@ class RotaryPositionalEncoding(PositionalEncoding):
             "scaling_factor_setting": self.config.scaling.factor,
         }
 
-    def frequencies(self, factor: float | None) -> tuple[torch.Tensor, float]:
-        """theta (d/2,) float64 under scaling ``factor`` (None: plain RoPE) with p-RoPE's dropped
-        frequencies, and the attention factor that goes with it."""
+    def frequencies(self, factor: float | None, length: int) -> tuple[torch.Tensor, float]:
+        """theta (d/2,) float64 under scaling ``factor`` (None: plain RoPE) for a sequence of
+        ``length`` positions, with p-RoPE's dropped frequencies, and the attention factor that
+        goes with it."""
         method = SCALING_METHODS[self.config.scaling.method if factor is not None else "none"]
         theta, attention_factor = method(
-            self.dim, self.config.base, factor or 1.0, self.config.scaling
+            self.dim, self.config.base, factor or 1.0, self.config.scaling, length
         )
         return drop_low_frequencies(theta, self.config.keep_frequencies), attention_factor
 
-    def rotate(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    def rotations(self, positions: torch.Tensor) -> tuple[torch.Tensor, float]:
+        """The rotations e^(i m theta) at ``positions`` laid out for queries and keys
+        ([B, 1,] T, d/2) complex128, and the attention factor on the rotated dims."""
         # One path, eager or compiled, training or not: the rotations are computed for these
         # positions, with no table to look up. A table sized by the data (int(positions.max()))
         # broke torch.compile's graph, and a second path for compiled training once trained
@@ -382,6 +440,9 @@ class RotaryPositionalEncoding(PositionalEncoding):
         # is read (a device sync; a graph break when compiled) only while a scaling method
         # applies, whose factor may follow the length.
         length = int(positions.max()) + 1 if self.scales() else 0
-        theta, attention_factor = self.frequencies(self.scaling_factor(length))
-        rotation = shared_by_heads(rotation_at(positions, theta), positions)  # ([B, 1,] T, d/2)
+        theta, attention_factor = self.frequencies(self.scaling_factor(length), length)
+        return shared_by_heads(rotation_at(positions, theta), positions), attention_factor
+
+    def rotate(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        rotation, attention_factor = self.rotations(positions)  # ([B, 1,] T, d/2)
         return rotate_leading(x, rotation, self.config.layout, attention_factor)
