@@ -58,7 +58,7 @@ def test_top_level_help_lists_commands_encodings_and_key_options(tmp_path):
 
 def test_train_help_lists_groups_and_the_composed_config(tmp_path):
     out = posbench("train", "--help", "encoding=learned", cwd=tmp_path).stdout
-    assert "encoding   alibi, fire, kerple, learned, none, rope, sinusoidal, t5" in out
+    assert "encoding   alibi, fire, kerple, learned, none, rope, sandwich, sinusoidal, t5" in out
     assert "experiment extrapolation, extrapolation_text" in out
     assert "-m +experiment=OPTION" in out
     assert "max_length" in out  # the learned encoding's own option, composed
@@ -235,6 +235,10 @@ def test_eval_without_run_after_a_sweep_says_it_took_the_sweeps_last_job(sweep):
         (["train", "model.d_model=36", "model.n_head=4"], "head dim"),
         (["train", "train.steps=-5"], "train.steps must be positive"),
         (["train", "threads=0"], "threads must be auto or a positive integer"),
+        (
+            ["train", "model.attention_scaling=bogus"],
+            "model.attention_scaling must be one of none, ssmax, llama4 (got 'bogus')",
+        ),
         (["eval", "--threads", "two"], "expected auto or a positive integer"),
         (["train", "train.stpes=10"], "no such key; did you mean train.steps?"),
         (["train", "encoding=t5", "encoding.num_bucket=8"], "did you mean encoding.num_buckets?"),
@@ -366,7 +370,7 @@ def test_installed_wheel_runs_with_its_bundled_configs(tmp_path, cache_dir):
 
 def test_help_lists_the_relative_bias_encodings(tmp_path):
     out = posbench("--help", cwd=tmp_path).stdout
-    assert "alibi, fire, kerple, learned, none, rope, sinusoidal, t5" in out
+    assert "alibi, fire, kerple, learned, none, rope, sandwich, sinusoidal, t5" in out
 
 
 def test_bias_encoding_options_are_set_from_the_command_line(tmp_path, cache_dir):
