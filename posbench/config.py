@@ -57,6 +57,13 @@ class ModelConfig:
     d_model: int = 128
     mlp_ratio: int = 4
     dropout: float = 0.0
+    # none | ssmax | llama4: queries scaled by the keys they see (ssmax, learned per head) or by
+    # their position (llama4), for any encoding (posbench/attention_scaling.py)
+    attention_scaling: str = "none"
+    # llama4: log(floor((m + 1) / floor_scale) + 1) * scale + 1 at position m (HF's floor_scale
+    # and attn_scale)
+    attention_floor_scale: int = 8192
+    attention_scale: float = 0.1
 
 
 @dataclass

@@ -21,8 +21,8 @@ the training length, ``L<N>_mass_beyond_train_length.png`` (a layer x head heatm
 queries at positions >= train.seq_len); the same figures as TensorBoard images in the run.
 
 The model does not know it is observed: forward pre-hooks record each attention module's input,
-and q, k are recomputed from that module's own weights and the encoding's
-``queries_and_keys``; the probabilities are posbench.attention.attention_probabilities, with
+and q, k are recomputed by that module (its weights, the encoding's ``queries_and_keys``
+and its attention scaling); the probabilities are posbench.attention.attention_probabilities, with
 the encoding's biases and window, so every encoding is diagnosed through its interface, never
 by its name.
 Queries are processed in blocks (DIAGNOSE_SCORE_ELEMENTS), so 16,384 tokens fit in 2 GB.
@@ -47,7 +47,7 @@ from posbench.encodings import PositionalEncoding
 from posbench.errors import PosbenchError
 from posbench.evaluate import document_bounds, document_windows, position_buckets, too_short
 from posbench.memory import available_memory
-from posbench.model import Transformer
+from posbench.model import CausalSelfAttention, Transformer
 from posbench.runs import load_run
 
 if TYPE_CHECKING:
@@ -96,14 +96,15 @@ def attention_inputs(
 
 
 def queries_keys(
-    attn: nn.Module, encoding: PositionalEncoding, x: torch.Tensor, positions: torch.Tensor
+    attn: CausalSelfAttention,
+    encoding: PositionalEncoding,
+    x: torch.Tensor,
+    positions: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The queries and keys (B, H, T, hs) that ``attn`` computes from its input ``x``, after the
-    encoding's ``queries_and_keys`` (RoPE's rotation)."""
-    B, T, C = x.shape
-    q, k, _ = attn.qkv(x).split(C, dim=2)
-    q, k = (t.view(B, T, attn.n_head, C // attn.n_head).transpose(1, 2) for t in (q, k))
-    return encoding.queries_and_keys(q, k, positions)  # (B, H, T, hs) each
+    encoding's ``queries_and_keys`` (RoPE's rotation) and the layer's attention scaling."""
+    q, k, _ = attn.queries_keys_values(x, positions, encoding)
+    return q, k
 
 
 def query_statistics(

@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from posbench.attention import QueryBlockBiases, attention_scratch_elements, causal_attention
+from posbench.attention_scaling import SCALINGS, AttentionScaling, build_attention_scaling
 from posbench.encodings import PositionalEncoding, build_encoding
 from posbench.errors import PosbenchError
 
@@ -26,15 +27,32 @@ VOCAB_SIZE = 256  # byte-level: every corpus is read as raw bytes, no tokenizer 
 
 class CausalSelfAttention(nn.Module):
     """Multi-head causal self-attention whose encoding may transform queries and keys (RoPE) and
-    bias their scores by position (ALiBi, T5, ...) or content (FoX, CoPE):
+    bias their scores by position (ALiBi, T5, ...) or content (FoX, CoPE), its queries scaled by
+    ``scaling`` (posbench/attention_scaling.py; none by default):
     ``attn(x (B, T, C), positions, encoding) -> (B, T, C)``."""
 
-    def __init__(self, d_model: int, n_head: int, dropout: float):
+    def __init__(
+        self, d_model: int, n_head: int, dropout: float, scaling: AttentionScaling | None = None
+    ):
         super().__init__()
         self.n_head = n_head
         self.qkv = nn.Linear(d_model, 3 * d_model, bias=False)
         self.proj = nn.Linear(d_model, d_model, bias=False)
         self.dropout = dropout
+        self.scaling = scaling or AttentionScaling()
+
+    def queries_keys_values(
+        self, x: torch.Tensor, positions: torch.Tensor, encoding: PositionalEncoding
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The q, k, v (B, nh, T, hs) this layer attends with, from its input ``x`` (B, T, C)."""
+        B, T, C = x.shape
+        q, k, v = self.qkv(x).split(C, dim=2)  # (B, T, C) each
+        # (B, nh, T, hs) each
+        q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))
+        # The encoding acts on the scores: it transforms queries and keys, never values.
+        q, k = encoding.queries_and_keys(q, k, positions)  # (B, nh, T, hs) each
+        # Scaling the query scales q.k alone: the biases attention adds stay as they are.
+        return self.scaling(q, positions, encoding.window), k, v  # (B, nh, T, hs) each
 
     def forward(
         self,
@@ -44,11 +62,7 @@ class CausalSelfAttention(nn.Module):
         biases: QueryBlockBiases | None = None,
     ) -> torch.Tensor:
         B, T, C = x.shape
-        q, k, v = self.qkv(x).split(C, dim=2)  # (B, T, C) each
-        # (B, nh, T, hs) each
-        q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))
-        # The encoding acts on the scores: it transforms queries and keys, never values.
-        q, k = encoding.queries_and_keys(q, k, positions)  # (B, nh, T, hs) each
+        q, k, v = self.queries_keys_values(x, positions, encoding)  # (B, nh, T, hs) each
         content = encoding.content_state(x, q, k, positions)  # None: no bias from content
         dropout = self.dropout if self.training else 0.0
         y = causal_attention(q, k, v, positions, encoding, dropout, biases, content)
@@ -78,7 +92,10 @@ class Block(nn.Module):
     def __init__(self, args: ModelArgs):
         super().__init__()
         self.ln_attn = nn.LayerNorm(args.d_model)
-        self.attn = CausalSelfAttention(args.d_model, args.n_head, args.dropout)
+        scaling = build_attention_scaling(
+            args.attention_scaling, args.n_head, args.attention_floor_scale, args.attention_scale
+        )
+        self.attn = CausalSelfAttention(args.d_model, args.n_head, args.dropout, scaling)
         self.ln_mlp = nn.LayerNorm(args.d_model)
         self.mlp = MLP(args.d_model, args.mlp_ratio * args.d_model, args.dropout)
 
@@ -103,11 +120,25 @@ class ModelArgs:
     mlp_ratio: int = 4
     dropout: float = 0.0
     vocab_size: int = VOCAB_SIZE
+    # Queries scaled by the keys they see or their position (posbench/attention_scaling.py).
+    # Runs saved before these fields existed load with the defaults: no scaling.
+    attention_scaling: str = "none"  # none | ssmax | llama4
+    attention_floor_scale: int = 8192  # llama4: HF Llama4TextConfig.floor_scale
+    attention_scale: float = 0.1  # llama4: HF Llama4TextConfig.attn_scale
 
     def __post_init__(self) -> None:
         if self.d_model % self.n_head:
             raise PosbenchError(
                 f"model.n_head ({self.n_head}) must divide model.d_model ({self.d_model})"
+            )
+        if self.attention_scaling not in SCALINGS:
+            raise PosbenchError(
+                f"model.attention_scaling must be one of {', '.join(SCALINGS)} "
+                f"(got {self.attention_scaling!r})"
+            )
+        if self.attention_floor_scale <= 0:
+            raise PosbenchError(
+                f"model.attention_floor_scale must be positive (got {self.attention_floor_scale})"
             )
 
     def to_dict(self) -> dict:

@@ -51,7 +51,7 @@ def test_causal_bias_compares_positions_not_indices():
 
 # --- score biases at long lengths: attention per block of queries ------------------------------
 
-BIASED = ["alibi", "t5", "kerple", "fire", "distance-bias"]
+BIASED = ["alibi", "t5", "kerple", "sandwich", "fire", "distance-bias"]
 
 
 def random_bias_encoding(name: str, n_head: int = SMALL.n_head) -> PositionalEncoding:
@@ -113,7 +113,7 @@ def test_each_block_of_a_general_bias_sees_keys_only_up_to_its_own_end_and_stays
 
 # --- a bias of the distance alone (relative_bias): no (H, Tq, Tk) tensor --------------------------
 
-RELATIVE = ["alibi", "t5", "kerple"]
+RELATIVE = ["alibi", "t5", "kerple", "sandwich"]
 
 
 def plain_attention(q, k, v, mask):
@@ -602,7 +602,7 @@ def test_encodings_without_a_bias_use_the_fused_causal_kernel_even_at_long_lengt
     assert all(call["is_causal"] and "attn_mask" not in call for call in calls)
 
 
-@pytest.mark.parametrize("name", ["alibi", "t5", "kerple"])
+@pytest.mark.parametrize("name", RELATIVE)
 @settings(max_examples=40, deadline=None)
 @given(
     qk=st.lists(st.floats(-3, 3, allow_nan=False), min_size=16, max_size=16),

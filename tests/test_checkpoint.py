@@ -106,6 +106,27 @@ def test_a_crashed_run_resumed_from_its_checkpoint_equals_an_uninterrupted_one(
     assert_same_run(tmp_path, straight[0])
 
 
+@pytest.mark.parametrize(
+    "scaling",
+    [
+        ["model.attention_scaling=ssmax"],
+        ["model.attention_scaling=llama4", "model.attention_floor_scale=4"],
+    ],
+    ids=["ssmax", "llama4"],
+)
+def test_a_crashed_run_with_attention_scaling_resumed_equals_an_uninterrupted_one(
+    scaling, short, tmp_path, monkeypatch
+):
+    overrides = [*short, *scaling]
+    train(compose_config(overrides), tmp_path / "straight")
+    at_batch(monkeypatch, 13, crash)
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        train(compose_config(overrides), tmp_path / "run")
+    monkeypatch.undo()
+    resume_later(overrides, tmp_path / "run")
+    assert_same_run(tmp_path / "run", tmp_path / "straight")
+
+
 def test_a_crashed_task_run_resumed_from_its_checkpoint_equals_an_uninterrupted_one(
     tmp_path, monkeypatch
 ):

@@ -236,6 +236,10 @@ def test_eval_without_run_after_a_sweep_says_it_took_the_sweeps_last_job(sweep):
         (["train", "model.d_model=36", "model.n_head=4"], "head dim"),
         (["train", "train.steps=-5"], "train.steps must be positive"),
         (["train", "threads=0"], "threads must be auto or a positive integer"),
+        (
+            ["train", "model.attention_scaling=bogus"],
+            "model.attention_scaling must be one of none, ssmax, llama4 (got 'bogus')",
+        ),
         (["eval", "--threads", "two"], "expected auto or a positive integer"),
         (["train", "train.stpes=10"], "no such key; did you mean train.steps?"),
         (["train", "encoding=t5", "encoding.num_bucket=8"], "did you mean encoding.num_buckets?"),

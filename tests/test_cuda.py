@@ -17,7 +17,8 @@ from posbench.model import Transformer, build_model
 from posbench.train import make_optimizer, train
 
 pytestmark = pytest.mark.cuda
-RELATIVE = {"alibi", "t5", "kerple"}  # a bias of the distance alone: flex_attention on CUDA
+# a bias of the distance alone: flex_attention on CUDA
+RELATIVE = {"alibi", "t5", "kerple", "sandwich"}
 # The default model at its training shapes, so that gpu_check.py, run next, finds these kernels
 # compiled; on a small corpus, 30 steps take the loss far below 0.75 ln 256 = 4.16 (to 2.8-3.0
 # for alibi and rope on a CPU in fp32).

@@ -312,7 +312,7 @@ def test_encodings_without_a_bias_have_no_relative_bias(name):
     assert encoding.relative_bias(torch.arange(-3, 4)) is None
 
 
-@pytest.mark.parametrize("name", ["alibi", "t5", "kerple"])
+@pytest.mark.parametrize("name", ["alibi", "t5", "kerple", "sandwich"])
 def test_score_bias_of_a_relative_bias_is_its_value_at_each_pairs_distance(name):
     encoding = build_encoding({"name": name}, d_model=16, n_head=2).double()
     queries, keys = torch.tensor([5, 40, 300]), torch.tensor([0, 5, 41, 299, 7])

@@ -13,7 +13,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "posbench"
 LAYERS = [
     ["errors", "atomic", "signals", "threads", "output_dirs", "precision", "distributed"],
     ["encodings", "data"],
-    ["attention", "explicit_attention", "model"],
+    ["attention", "attention_scaling", "explicit_attention", "model"],
     ["config", "memory", "checkpoint", "runs", "resume"],
     ["evaluate", "finetune", "tensorboard_log", "sweep_summary", "reevaluate"],
     ["train", "diagnose"],

@@ -76,13 +76,13 @@ def test_general_bias_attention_scratch_stays_bounded_at_long_lengths():
     assert 0 < scratch("pair-bias", 65536) <= (6 * MAX_SCORE_ELEMENTS + SHARED_BIAS_ELEMENTS) * 4
 
 
-@pytest.mark.parametrize("encoding", ["alibi", "t5", "kerple"])
+@pytest.mark.parametrize("encoding", ["alibi", "t5", "kerple", "sandwich"])
 def test_distance_bias_attention_scratch_grows_with_the_length_not_its_square(encoding):
     assert 0 < scratch(encoding, 65536) <= 2 * scratch(encoding, 32768)
     assert scratch(encoding, 65536) < scratch("pair-bias", 65536)
 
 
-@pytest.mark.parametrize("encoding", ["alibi", "t5", "kerple"])
+@pytest.mark.parametrize("encoding", ["alibi", "t5", "kerple", "sandwich"])
 def test_default_model_at_16k_tokens_is_estimated_under_2_gb(encoding):
     model = build_model({}, {"name": encoding})  # ModelArgs' defaults are model=tiny
     assert model.inference_memory_bytes(1, 16384) < 2e9

@@ -219,3 +219,26 @@ def test_validation_reads_only_its_windows_of_a_split_larger_than_memory():
     cfg = OmegaConf.create({"seq_len": 16, "batch_size": 4, "val_batches": 2})
     batches = list(validation_batches(corpus, cfg))
     assert [tuple(x.shape) for x, _ in batches] == [(4, 16), (4, 16)]
+
+
+SCALED = [
+    ["model.attention_scaling=ssmax"],
+    # floor_scale 4: the temperature is not 1 within the 16 training tokens
+    ["model.attention_scaling=llama4", "model.attention_floor_scale=4"],
+]
+
+
+@pytest.mark.parametrize("scaling", SCALED, ids=["ssmax", "llama4"])
+def test_training_with_attention_scaling_lowers_the_loss_and_eval_reproduces_it(
+    scaling, tiny, tmp_path, capsys
+):
+    from posbench.commands.eval import run_eval
+
+    results = train(compose_config(["encoding=alibi", *scaling, *tiny]), tmp_path)
+    assert results["train"]["final_loss"] < math.log(256) * 0.75
+    trained = [r["ppl"] for r in results["eval"] if r["length"] == 16]
+    assert len(trained) == 1
+    run_eval(["--run", str(tmp_path), "--length", "16", "--threads", "1"])
+    records = json.loads((tmp_path / "results.json").read_text())["eval"]
+    assert [r["ppl"] for r in records if r["length"] == 16] == pytest.approx(trained, rel=1e-6)
+    assert "alibi trained at 16" in capsys.readouterr().out
