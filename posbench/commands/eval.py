@@ -83,7 +83,9 @@ def eval_parser() -> argparse.ArgumentParser:
         "ntk (base * s^(d/(d-2))), dynamic (HF's dynamic NTK: ntk with s' = s L / L0 - (s - 1) "
         "per length L past the training length L0, s = 1 without --factor), yarn (Peng et al. "
         "2023: per-frequency ramp + attention temperature), "
-        "llama3 (Llama 3.1's smooth band interpolation); results.json records it as "
+        "llama3 (Llama 3.1's smooth band interpolation), longrope (Phi-3's per-frequency "
+        "factors, from the run's encoding.scaling.short_factor/long_factor); results.json "
+        "records it as "
         '"scaling" next to the plain records (default: the run\'s own encoding.scaling)',
     )
     parser.add_argument(
