@@ -331,13 +331,16 @@ def protocol_text(record: Mapping[str, Any]) -> str:
     return ", ".join(parts)
 
 
-def training_length_ppl(records: Iterable[Mapping[str, Any]], train_seq_len: int) -> dict:
-    """Each protocol's (``eval_protocol``) measured perplexity at the training length: what a
-    record's ratio ppl / ppl(training length) divides by."""
+def training_length_ppl(
+    records: Iterable[Mapping[str, Any]], train_seq_len: int, metric: str = "ppl"
+) -> dict:
+    """Each protocol's (``eval_protocol``) measured perplexity (or another ``metric`` of the
+    records: bits_per_byte, word_ppl) at the training length: what a record's ratio
+    ppl / ppl(training length) divides by."""
     return {
-        eval_protocol(r): r["ppl"]
+        eval_protocol(r): r[metric]
         for r in records
-        if r["length"] == train_seq_len and r["status"] == "ok"
+        if r["length"] == train_seq_len and r["status"] == "ok" and r.get(metric) is not None
     }
 
 

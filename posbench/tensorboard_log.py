@@ -85,19 +85,15 @@ def eval_tag(metric: str, record: Mapping[str, Any]) -> str:
 def log_eval_records(
     writer: SummaryWriter, records: Sequence[Mapping[str, Any]], train_seq_len: int
 ) -> None:
-    """One point per evaluated length on ``eval/ppl``, ``eval/bits_per_byte`` and, for a task,
-    ``eval/accuracy``."""
+    """One point per evaluated length on ``eval/ppl``, ``eval/bits_per_byte``, ``eval/word_ppl``
+    (text: the metrics that compare across tokenizers) and, for a task, ``eval/accuracy``."""
     for record in records:
-        if record["status"] == "ok":
-            writer.add_scalar(eval_tag("ppl", record), record["ppl"], global_step=record["length"])
-            writer.add_scalar(
-                eval_tag("bits_per_byte", record),
-                record["bits_per_byte"],
-                global_step=record["length"],
-            )
-            if record.get("accuracy") is not None:  # a task's record
+        if record["status"] != "ok":
+            continue
+        for metric in ("ppl", "bits_per_byte", "word_ppl", "accuracy"):
+            if record.get(metric) is not None:  # word_ppl: text only; accuracy: tasks only
                 writer.add_scalar(
-                    eval_tag("accuracy", record), record["accuracy"], global_step=record["length"]
+                    eval_tag(metric, record), record[metric], global_step=record["length"]
                 )
     log_loss_by_position(writer, records)
     figure = extrapolation_figure(records, train_seq_len)

@@ -115,12 +115,15 @@ def use_threads(setting: int | str, environ: Mapping[str, str] = os.environ) -> 
 
     Only the intra-op pool is set: posbench runs no inter-op parallel work (no torch.jit.fork),
     and that pool can be sized once per process only, which a second run in the same process
-    (tests, notebooks) would trip over.
+    (tests, notebooks) would trip over. Hugging Face ``tokenizers`` (encoding a corpus) sizes
+    its own pool from ``RAYON_NUM_THREADS`` when it first encodes in parallel: set here unless
+    the user set it.
     """
     cores = available_cores()
     jobs = jobs_at_once(hydra_launcher(), environ)
     threads = Threads(resolve_threads(setting, cores, jobs), cores, jobs, setting)
     torch.set_num_threads(threads.threads)
+    os.environ.setdefault("RAYON_NUM_THREADS", str(threads.threads))
     log.info(threads.describe())
     return threads
 

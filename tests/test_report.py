@@ -18,7 +18,7 @@ from posbench.report.figures import (
     FIGURE_INCHES,
     accuracy_figure,
     position_figure,
-    ppl_figure,
+    value_figure,
 )
 from posbench.report.tables import markdown
 
@@ -333,7 +333,7 @@ def test_the_figure_legend_marks_a_row_that_is_not_comparable(tmp_path):
     make_run(tmp_path / "rope", ppls={16: 5.0, 32: 9.0})
     make_run(tmp_path / "none", encoding="none", ppls={16: 8.0, 32: 8.0})
     (group,) = build_report(tmp_path).groups
-    (axes,) = ppl_figure(group).axes
+    (axes,) = value_figure(group).axes
     labels = [text.get_text() for text in axes.get_legend().get_texts()]
     assert labels == ["none (not comparable)", "rope", "train length"]
 
@@ -376,7 +376,7 @@ def test_the_perplexity_axis_labels_a_range_holding_every_curve(tmp_path, ppls):
     make_run(tmp_path / "rope", ppls=ppls)
     make_run(tmp_path / "alibi", encoding="alibi", ppls={16: 8.0, 32: 8.3, 64: 8.6})
     (group,) = build_report(tmp_path).groups
-    (axes,) = ppl_figure(group).axes
+    (axes,) = value_figure(group).axes
     labelled_low, labelled_high = labelled_range(axes)
     low, high = plotted_range(axes)
     assert labelled_low <= low and high <= labelled_high
@@ -388,7 +388,7 @@ def test_the_perplexity_axis_labels_a_range_holding_every_curve(tmp_path, ppls):
 def test_the_perplexity_axis_is_log_scaled_only_where_its_range_is_wide(tmp_path, highest, scale):
     make_run(tmp_path / "rope", ppls={16: 8.0, 32: highest})
     (group,) = build_report(tmp_path).groups
-    (axes,) = ppl_figure(group).axes
+    (axes,) = value_figure(group).axes
     assert axes.get_yscale() == scale
 
 
@@ -528,7 +528,7 @@ def test_every_row_has_its_own_line_style_the_same_in_both_figures(tmp_path):
             if line.get_label() != "train length"
         }
 
-    by_length, by_position = styles(ppl_figure(group)), styles(position_figure(group))
+    by_length, by_position = styles(value_figure(group)), styles(position_figure(group))
     assert len(by_length) == 13 and len(set(by_length.values())) == 13
     assert by_position == by_length
 
@@ -539,7 +539,7 @@ def test_a_long_group_title_is_wrapped_to_fit_the_figures(tmp_path):
     (group,) = build_report(tmp_path).groups
     options = ", ".join(f"data.option{i}=value{i}" for i in range(12))
     group.title = f"copy data, model 2x128; {options}"
-    for figure in (ppl_figure(group), position_figure(group)):
+    for figure in (value_figure(group), position_figure(group)):
         (axes,) = figure.axes
         lines = axes.get_title().splitlines()
         assert len(lines) > 1 and max(map(len, lines)) <= 100
@@ -602,7 +602,7 @@ def test_the_figures_name_a_std_over_seeds_only_where_a_row_has_several_runs(
         add_loss_by_position(run, 40, dict(zip(BUCKETS, [2.0, 1.0, 3.0, 4.0 + seed], strict=True)))
         add_accuracy(run, {16: (1.0, 1.0), 40: (0.5 + 0.1 * seed, 0.25)})
     (group,) = build_report(tmp_path).groups
-    for figure in (ppl_figure(group), position_figure(group), accuracy_figure(group)):
+    for figure in (value_figure(group), position_figure(group), accuracy_figure(group)):
         (axes,) = figure.axes
         assert ("± std over seeds" in axes.get_ylabel()) == says_std, axes.get_ylabel()
 

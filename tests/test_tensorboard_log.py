@@ -160,6 +160,13 @@ def test_rewriting_the_eval_events_replaces_a_reevaluated_point(tmp_path):
     assert len(events.Images("eval/ppl_vs_length")) == 1
 
 
+def test_text_records_log_the_metrics_that_compare_across_tokenizers(tmp_path):
+    text = {**record(16), "word_ppl": 40.0}
+    write_eval_events(tmp_path, [text], 16)
+    scalars = set(eval_events(tmp_path).Tags()["scalars"])
+    assert {"eval/ppl", "eval/bits_per_byte", "eval/word_ppl"} <= scalars
+
+
 def test_the_figure_is_drawn_from_all_records_given(tmp_path):
     everything = [record(16, ppl=2.0), record(32, ppl=3.0), record(2048, ppl=9.0)]
     write_eval_events(tmp_path / "at_once", everything, 16)

@@ -3,6 +3,7 @@
 import importlib
 import json
 import logging
+import os
 
 import joblib
 import pytest
@@ -143,3 +144,12 @@ def test_training_runs_with_the_threads_it_logs_first_and_records(
 def test_the_log_line_says_where_an_automatic_count_came_from():
     assert Threads(1, 2, 2, AUTO).describe() == "threads 1 (auto: 2 cores / 2 jobs at once)"
     assert Threads(4, 4, 1, AUTO).describe() == "threads 4 (auto: 4 cores / 1 job at once)"
+
+
+def test_the_tokenizers_pool_gets_the_runs_threads_unless_the_user_sized_it(monkeypatch):
+    monkeypatch.delenv("RAYON_NUM_THREADS", raising=False)
+    use_threads(1, environ={})
+    assert os.environ["RAYON_NUM_THREADS"] == "1"
+    monkeypatch.setenv("RAYON_NUM_THREADS", "7")
+    use_threads(1, environ={})
+    assert os.environ["RAYON_NUM_THREADS"] == "7"

@@ -29,6 +29,8 @@ from posbench.data.tokenizer import (
 from posbench.errors import PosbenchError
 from posbench.evaluate import evaluate
 from posbench.model import build_model
+from posbench.report import build_report
+from posbench.report.tables import markdown
 from posbench.runs import load_run_config
 from posbench.train import train
 
@@ -312,3 +314,33 @@ def test_a_run_on_bpe_tokens_keeps_its_tokenizer_and_evaluates_with_it(
     assert config.data.tokenizer == str((tmp_path / "run" / "tokenizer.json").resolve())
     record = results["eval"][0]
     assert record["bytes"] > record["tokens"] and record["word_ppl"] > record["ppl"]
+
+
+@pytest.mark.slow
+def test_a_byte_run_and_a_bpe_run_are_rows_of_one_report_compared_by_bits_per_byte(
+    text_files, cache_dir, tmp_path
+):
+    train_file, val_file = text_files
+    data = [
+        "data=text",
+        f"data.path={train_file}",
+        f"data.val_path={val_file}",
+        f"data.cache_dir={cache_dir}",
+    ]
+    for tokenizer in ("bytes", "bpe"):
+        options = [*TINY_RUN, *data, f"data.tokenizer={tokenizer}", "data.vocab_size=512"]
+        train(compose_config(options), tmp_path / "runs" / tokenizer)
+    report = build_report(tmp_path / "runs", metric="bits_per_byte")
+    (group,) = report.groups  # the tokenizer makes rows, not groups
+    assert [row.label for row in group.rows] == ["rope [bpe 512]", "rope [bytes]"]
+    for row, tokenizer in zip(group.rows, ("bpe", "bytes"), strict=True):
+        results = json.loads((tmp_path / "runs" / tokenizer / "results.json").read_text())
+        expected = {r["length"]: r["bits_per_byte"] for r in results["eval"]}
+        assert {c.length: c.value.mean for c in row.cells} == expected
+    assert "Bits per byte" in markdown(report)
+    assert "bits_per_byte / bits_per_byte at 16" in markdown(report)
+
+
+def test_report_metric_must_be_one_of_the_three(tmp_path):
+    with pytest.raises(PosbenchError, match="--metric must be one of ppl, bits_per_byte, word_ppl"):
+        build_report(tmp_path, metric="bleu")

@@ -71,13 +71,17 @@ def test_results_json_has_the_documented_fields_and_types(rope_run):
             "stride",
             "ppl",
             "bits_per_byte",
+            "word_ppl",
             "tokens",
+            "bytes",
+            "words",
             "status",
             "reason",
         }
         assert record["status"] == "ok" and record["reason"] is None and record["stride"] is None
         assert record["bits_per_byte"] == pytest.approx(math.log2(record["ppl"]))
-        assert record["tokens"] == 4096
+        assert record["tokens"] == record["bytes"] == 4096  # a byte run's tokens are bytes
+        assert record["words"] > 0 and record["word_ppl"] > record["ppl"]
 
 
 def test_results_report_the_data_baselines_and_the_model_beats_the_unigram(rope_run):

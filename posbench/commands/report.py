@@ -8,6 +8,7 @@ from pathlib import Path
 
 from posbench.commands.arguments import OneLineParser
 from posbench.report import build_report, write_report
+from posbench.report.groups import METRICS
 from posbench.report.tables import markdown
 
 
@@ -23,13 +24,21 @@ def report_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--out", type=Path, metavar="OUT", help="output directory (default: DIR/report)"
     )
+    parser.add_argument(
+        "--metric",
+        choices=list(METRICS),
+        default="ppl",
+        help="what the tables and the figure show, each with its ratio to the training length: "
+        "ppl (per token, the default), bits_per_byte or word_ppl (per byte and per word of the "
+        "text: these compare runs on different tokenizers)",
+    )
     return parser
 
 
 def run_report(args: Sequence[str]) -> None:
     options = report_parser().parse_args(list(args))
     out = options.out if options.out is not None else options.dir / "report"
-    report = build_report(options.dir, out)
+    report = build_report(options.dir, out, options.metric)
     written = write_report(report, out)
     print(markdown(report))
     print("wrote " + ", ".join(str(path) for path in written))

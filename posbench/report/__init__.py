@@ -16,16 +16,20 @@ Written to DIR/report/ (or --out):
     report.md                    the tables (also printed)
     report.csv, report.json      the same numbers, one row per (group, row, length)
     ppl_vs_length[_<group>].png  perplexity against evaluation length, one line per row
+                                 (--metric bits_per_byte or word_ppl: <metric>_vs_length)
     accuracy_vs_length[_<group>].png  a task's answer accuracy against evaluation length
     loss_by_position[_<group>].png  NLL against position in the window at the longest length
     tensorboard/[<group>/]<row>/ the mean curves as TensorBoard runs that overlay in Scalars
                                  (report/ppl, report/ppl_ratio, report/loss_by_position,
-                                 report/accuracy)
+                                 report/accuracy; report/<metric> with --metric)
 
-A ratio is each run's perplexity over its own at the training length measured the same way
-(runs.eval_protocol). An encoding whose perplexity there is more than groups.COMPARABLE_PPL
-times the best encoding's did not learn comparably: its rows are marked, their ratios saying
-little.
+``--metric`` (groups.METRICS) chooses what the tables and the figure show: ``ppl`` (the
+default), or ``bits_per_byte`` and ``word_ppl``, which compare runs on different tokenizers
+(a run on bytes beside one on BPE tokens: the tokenizer is part of a row's label when the runs
+of a group differ in it, not a setting that splits the group). A ratio is each run's metric
+over its own at the training length measured the same way (runs.eval_protocol). An encoding
+whose perplexity there is more than groups.COMPARABLE_PPL times the best encoding's did not
+learn comparably: its rows are marked, their ratios saying little.
 
 Loss by position is reported at the longest length whose records hold it: the mean NLL per
 position bucket over seeds, and per run "nll after / before" = the token-weighted mean NLL of
@@ -45,7 +49,7 @@ from posbench.report.figures import (
     FIGURE_DPI,
     accuracy_figure,
     position_figure,
-    ppl_figure,
+    value_figure,
     write_tensorboard,
 )
 from posbench.report.groups import Report, build_report, has_accuracy
@@ -62,7 +66,7 @@ def write_report(report: Report, out: Path) -> list[Path]:
     atomic_write(written[1], csv_text(records).encode())
     write_json(written[2], json_content(report, records))
     for group in report.groups:
-        figures = {"ppl_vs_length": ppl_figure(group)}
+        figures = {f"{report.metric}_vs_length": value_figure(group, report.metric)}
         if group.position_length is not None:
             figures["loss_by_position"] = position_figure(group)
         if has_accuracy(group):

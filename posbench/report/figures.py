@@ -88,15 +88,23 @@ def beyond(scale: str, first: float, last: float) -> tuple[float, float]:
     return first - margin, last + margin
 
 
-def ppl_figure(group: Group) -> Figure:
-    """Mean perplexity against evaluation length (log x), ± one std shaded, one line per row;
-    the y axis linear or log (LOG_SCALE_RATIO), its labelled ticks covering every curve and
-    its shading. A fixed FIGURE_INCHES x FIGURE_DPI canvas so every report image has the same
-    size."""
+# The y axis of each metric's figure (posbench.report.groups.METRICS).
+METRIC_AXES = {
+    "ppl": "perplexity",
+    "bits_per_byte": "bits per byte",
+    "word_ppl": "word-level perplexity",
+}
+
+
+def value_figure(group: Group, metric: str = "ppl") -> Figure:
+    """The cells' mean ``metric`` (perplexity by default) against evaluation length (log x),
+    ± one std shaded, one line per row; the y axis linear or log (LOG_SCALE_RATIO), its
+    labelled ticks covering every curve and its shading. A fixed FIGURE_INCHES x FIGURE_DPI
+    canvas so every report image has the same size."""
     from matplotlib.ticker import NullFormatter, StrMethodFormatter  # lazily, as length_figure
 
-    figure, axes = length_figure(group, "ppl")
-    stats = [c.ppl for row in group.rows for c in row.cells if c.ppl.n]
+    figure, axes = length_figure(group, "value")
+    stats = [c.value for row in group.rows for c in row.cells if c.value.n]
     values = [value for stat in stats for value in shaded(stat) if value > 0]  # log: > 0 only
     if values:
         scale, ticks = covering_ticks(min(values), max(values))
@@ -105,7 +113,7 @@ def ppl_figure(group: Group) -> Figure:
         axes.set_ylim(*beyond(scale, ticks[0], ticks[-1]))
         axes.yaxis.set_major_formatter(StrMethodFormatter("{x:g}"))
         axes.yaxis.set_minor_formatter(NullFormatter())  # a log axis's 2..9: grid lines only
-    axes.set_ylabel("perplexity" + spread(stats))
+    axes.set_ylabel(METRIC_AXES[metric] + spread(stats))
     figure.tight_layout()  # arranges the axes inside the fixed canvas; the size stays
     return figure
 
@@ -117,7 +125,7 @@ def shaded(stat: Stat) -> tuple[float, float, float]:
 
 
 def accuracy_figure(group: Group) -> Figure:
-    """A task's mean accuracy on the answer bytes against evaluation length, as ppl_figure."""
+    """A task's mean accuracy on the answer bytes against evaluation length, as value_figure."""
     figure, axes = length_figure(group, "accuracy")
     axes.set_ylim(0, 1)
     stats = [c.accuracy for row in group.rows for c in row.cells]
@@ -156,8 +164,8 @@ def length_figure(group: Group, metric: str) -> tuple[Figure, Any]:
 def position_figure(group: Group) -> Figure:
     """Mean NLL against position in the window at the group's ``position_length`` (log x, each
     bucket at its end position), ± one std shaded, one line per row; the training length
-    marked. The same canvas as ppl_figure."""
-    from matplotlib.figure import Figure  # lazily, as in ppl_figure
+    marked. The same canvas as value_figure."""
+    from matplotlib.figure import Figure  # lazily, as in value_figure
 
     figure = Figure(figsize=FIGURE_INCHES, dpi=FIGURE_DPI)
     axes = figure.add_subplot()
@@ -191,16 +199,18 @@ def slug(label: str) -> str:
 
 
 def write_tensorboard(report: Report, directory: Path) -> None:
-    """One TensorBoard run per row (per group), its mean perplexity at step = length, so the
-    rows overlay in the Scalars tab."""
+    """One TensorBoard run per row (per group), its mean perplexity (the report's metric) at
+    step = length, so the rows overlay in the Scalars tab."""
+    metric = report.metric
     for group in report.groups:
         for row in group.rows:
             with SummaryWriter(log_dir=str(directory / group.name / slug(row.label))) as writer:
                 for c in row.cells:
-                    if c.ppl.n:
-                        writer.add_scalar("report/ppl", c.ppl.mean, global_step=c.length)
+                    if c.value.n:
+                        writer.add_scalar(f"report/{metric}", c.value.mean, global_step=c.length)
                     if c.ratio.n:
-                        writer.add_scalar("report/ppl_ratio", c.ratio.mean, global_step=c.length)
+                        ratio = f"report/{metric}_ratio"
+                        writer.add_scalar(ratio, c.ratio.mean, global_step=c.length)
                     if c.accuracy.n:
                         writer.add_scalar("report/accuracy", c.accuracy.mean, global_step=c.length)
                 if row.by_position is not None:

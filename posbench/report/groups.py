@@ -36,11 +36,22 @@ NOT_A_SETTING = (
     "train.val_batches",
     "train.checkpoint_every",
     "train.resume",
+    # The tokenizer makes rows, not groups: runs on bytes and on BPE tokens side by side,
+    # compared by bits_per_byte or word_ppl (--metric).
+    "data.tokenizer",
+    "data.vocab_size",
 )
 # An encoding whose mean perplexity at the training length is more than this many times the
 # best encoding's did not learn comparably (e.g. under-trained): a flat ratio from a high start
 # says nothing about extrapolating.
 COMPARABLE_PPL = 1.5
+# What a report tabulates and draws (``posbench report --metric``), each with its ratio to the
+# training length: perplexity per token, and the two that compare runs across tokenizers.
+METRICS = {
+    "ppl": "Perplexity",
+    "bits_per_byte": "Bits per byte (total NLL / ln 2 over the UTF-8 bytes scored)",
+    "word_ppl": "Word-level perplexity (exp of the total NLL over the words scored)",
+}
 
 
 @dataclass(frozen=True)
@@ -63,7 +74,8 @@ class Stat:
 class Cell:
     length: int
     ppl: Stat
-    ratio: Stat  # ppl(length) / ppl(train length) of the same protocol, per run
+    value: Stat  # the report's metric (ppl, bits_per_byte or word_ppl), per run
+    ratio: Stat  # value(length) / value(train length) of the same protocol, per run
     unsupported: str | None  # the reason, when no run could measure this length
     accuracy: Stat = Stat(0, None, None)  # a task's answer bytes right, per run
     sequence_accuracy: Stat = Stat(0, None, None)  # a task's examples right in full, per run
@@ -120,6 +132,7 @@ class Report:
     root: Path
     groups: list[Group]
     excluded: list[Excluded]
+    metric: str = "ppl"  # what its cells' value and ratio are (METRICS)
 
 
 def training_setting(run: Run) -> tuple[tuple[str, str], ...]:
@@ -131,9 +144,20 @@ def training_setting(run: Run) -> tuple[tuple[str, str], ...]:
     )
 
 
+def tokenizer_text(run: Run) -> str:
+    """A run's tokenizer in a row label: "bytes", "bpe 8192", or the file or hub name."""
+    tokenizer = run.config.get("data.tokenizer", "bytes")
+    if tokenizer == "bpe":
+        return f"bpe {run.config['data.vocab_size']}"
+    return tokenizer if tokenizer == "bytes" else Path(tokenizer).name or tokenizer
+
+
 def encoding_labels(runs: Sequence[Run]) -> dict[Path, str]:
     """Each run's encoding name, plus the encoding options that differ between runs of that
-    name (so rope with two bases makes two rows instead of one average)."""
+    name (so rope with two bases makes two rows instead of one average), plus its tokenizer
+    when the runs differ in theirs ("rope [bpe 8192]")."""
+    tokenizers = {run.path: tokenizer_text(run) for run in runs}
+    several = len(set(tokenizers.values())) > 1
     options = {
         run.path: {k: v for k, v in run.config.items() if k.startswith("encoding.")} for run in runs
     }
@@ -148,6 +172,8 @@ def encoding_labels(runs: Sequence[Run]) -> dict[Path, str]:
             f"{k.removeprefix('encoding.')}={options[run.path][k]}" for k in differing
         )
         labels[run.path] = f"{name} ({details})" if details else name
+        if several:
+            labels[run.path] += f" [{tokenizers[run.path]}]"
     return labels
 
 
@@ -165,14 +191,16 @@ def other_positions(run: Run, record: dict[str, Any]) -> str | None:
     return None if mode == trained else mode
 
 
-def reference_ppl(run: Run, record: dict[str, Any]) -> float | None:
-    """The run's perplexity at its training length measured as ``record`` was (the same
+def reference_value(run: Run, record: dict[str, Any], metric: str) -> float | None:
+    """The run's ``metric`` at its training length measured as ``record`` was (the same
     ``eval_protocol``): what ``record``'s ratio divides by."""
-    references = training_length_ppl(run.results["eval"], run.config["train.seq_len"])
-    return references.get(eval_protocol(record))
+    records, seq_len = run.results["eval"], run.config["train.seq_len"]
+    return training_length_ppl(records, seq_len, metric).get(eval_protocol(record))
 
 
-def build_group(runs: Sequence[Run], name: str, title: str, setting: dict[str, Any]) -> Group:
+def build_group(
+    runs: Sequence[Run], name: str, title: str, setting: dict[str, Any], metric: str = "ppl"
+) -> Group:
     labels = encoding_labels(runs)
     # (label, scaling name, stride, other positions) -> length -> the runs' records there
     table: dict[tuple, dict[int, list[tuple[Run, dict]]]] = defaultdict(lambda: defaultdict(list))
@@ -195,7 +223,7 @@ def build_group(runs: Sequence[Run], name: str, title: str, setting: dict[str, A
         label, scaling, stride, positions = key
         shown = row_label(label, scaling, stride, positions)
         row = Row(shown, label, scaling, stride, positions, row_runs[key])
-        row.cells = [cell(length, table[key].get(length, [])) for length in lengths]
+        row.cells = [cell(length, table[key].get(length, []), metric) for length in lengths]
         rows.append(row)
     train_seq_len = runs[0].config["train.seq_len"]
     group = Group(name, title, setting, train_seq_len, lengths, rows)
@@ -267,13 +295,19 @@ def position_curve(
     )
 
 
-def cell(length: int, measured: Sequence[tuple[Run, dict]]) -> Cell:
+def cell(length: int, measured: Sequence[tuple[Run, dict]], metric: str = "ppl") -> Cell:
     ok_records = [(run, r) for run, r in measured if r["status"] == "ok"]
     ok = [(run, r["ppl"]) for run, r in ok_records]
-    ratios = [r["ppl"] / ref for run, r in ok_records if (ref := reference_ppl(run, r)) is not None]
+    # Records from before a metric existed (word_ppl) or without it (a task's) have none.
+    valued = [(run, r) for run, r in ok_records if r.get(metric) is not None]
+    ratios = [
+        r[metric] / ref for run, r in valued if (ref := reference_value(run, r, metric)) is not None
+    ]
     missing = {}
-    if ok and not ratios:  # measured, but no run measured the training length that way
-        run, record = ok_records[0]
+    if ok and not valued:
+        missing["value"] = f"its records have no {metric} (written before it existed?)"
+    if valued and not ratios:  # measured, but no run measured the training length that way
+        run, record = valued[0]
         missing["ratio"] = no_reference(run.config["train.seq_len"], protocol_text(record))
     reasons = sorted({r["reason"] for _, r in measured if r["status"] != "ok"})
     unsupported = "; ".join(reasons) if reasons and not ok else None
@@ -282,6 +316,7 @@ def cell(length: int, measured: Sequence[tuple[Run, dict]]) -> Cell:
     return Cell(
         length,
         Stat.of([ppl for _, ppl in ok]),
+        Stat.of([r[metric] for _, r in valued]),
         Stat.of(ratios),
         unsupported,
         Stat.of([r["accuracy"] for r in scored]),
@@ -333,8 +368,11 @@ def group_title(config: dict[str, Any]) -> str:
     )
 
 
-def build_report(root: Path, out: Path | None = None) -> Report:
-    """Read every run below ``root`` and aggregate it; a one-line error if none finished."""
+def build_report(root: Path, out: Path | None = None, metric: str = "ppl") -> Report:
+    """Read every run below ``root`` and aggregate its ``metric`` (METRICS); a one-line error
+    if none finished."""
+    if metric not in METRICS:
+        raise PosbenchError(f"--metric must be one of {', '.join(METRICS)} (got {metric!r})")
     root = Path(root)
     if not root.is_dir():
         raise PosbenchError(f"{root} is not a directory; pass a multirun or outputs directory")
@@ -360,5 +398,5 @@ def build_report(root: Path, out: Path | None = None) -> Report:
         if distinct:
             title += "; " + ", ".join(f"{k}={v}" for k, v in distinct.items())
         name = f"group{number}" if len(settings) > 1 else ""
-        groups.append(build_group(members, name, title, distinct))
-    return Report(root, groups, excluded)
+        groups.append(build_group(members, name, title, distinct, metric))
+    return Report(root, groups, excluded, metric)

@@ -54,9 +54,9 @@ def eval_table(
     return "\n".join(lines)
 
 
-def ratio_title(train_seq_len: int) -> str:
+def ratio_title(train_seq_len: int, metric: str = "ppl") -> str:
     """What a ratio divides by, in the same words in every table that shows one."""
-    return f"ppl / ppl at {train_seq_len} (same protocol: stride, scaling, positions)"
+    return f"{metric} / {metric} at {train_seq_len} (same protocol: stride, scaling, positions)"
 
 
 def no_reference(train_seq_len: int, protocol: str) -> str:

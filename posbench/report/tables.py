@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from posbench.report.groups import Group, Report, Row, Stat, has_accuracy
+from posbench.report.groups import METRICS, Group, Report, Row, Stat, has_accuracy
 from posbench.report.run_table import ratio_title
 
 
@@ -156,11 +156,12 @@ def markdown(report: Report) -> str:
     ]
     footnotes: dict[str, int] = {}
     for group in report.groups:
-        lines += ["", f"## {group.title}", "", "Perplexity:", ""]
-        lines += markdown_table(group, "ppl", footnotes)
+        lines += ["", f"## {group.title}", "", f"{METRICS[report.metric]}:", ""]
+        lines += markdown_table(group, "value", footnotes)
         if note := documents_note(group):
             lines += ["", *note]
-        lines += ["", f"{ratio_title(group.train_seq_len)}, each run against its own:", ""]
+        title = ratio_title(group.train_seq_len, report.metric)
+        lines += ["", f"{title}, each run against its own:", ""]
         lines += markdown_table(group, "ratio", footnotes)
         if has_accuracy(group):
             for metric, what in ACCURACIES.items():
@@ -197,6 +198,10 @@ CSV_FIELDS = [
     "ppl_n",
     "ppl_mean",
     "ppl_std",
+    "metric",
+    "value_n",
+    "value_mean",
+    "value_std",
     "ratio_n",
     "ratio_mean",
     "ratio_std",
@@ -233,6 +238,10 @@ def cell_records(report: Report) -> list[dict[str, Any]]:
             "ppl_n": c.ppl.n,
             "ppl_mean": c.ppl.mean,
             "ppl_std": c.ppl.std,
+            "metric": report.metric,  # what value_* and ratio_* are
+            "value_n": c.value.n,
+            "value_mean": c.value.mean,
+            "value_std": c.value.std,
             "ratio_n": c.ratio.n,
             "ratio_mean": c.ratio.mean,
             "ratio_std": c.ratio.std,
@@ -261,6 +270,7 @@ def csv_text(records: Sequence[dict[str, Any]]) -> str:
 def json_content(report: Report, records: Sequence[dict[str, Any]]) -> dict[str, Any]:
     return {
         "root": str(report.root),
+        "metric": report.metric,
         "std": "sample standard deviation (n - 1) over runs; null for a single run",
         "groups": [
             {
