@@ -22,7 +22,7 @@ from posbench.commands.eval import run_eval
 from posbench.commands.exits import debugging, fail, raise_terminated, report, stop_interrupted
 from posbench.commands.overrides import group_options
 from posbench.commands.report import run_report
-from posbench.commands.train import KEY_OPTIONS, run_train
+from posbench.commands.train import KEY_OPTIONS, LENGTHS_IN_TOKENS, run_train
 from posbench.config import register_schemas
 from posbench.encodings import encoding_names
 from posbench.errors import PosbenchError
@@ -49,6 +49,7 @@ models    (model=...):    {", ".join(group_options("model"))}
 data      (data=...):     {", ".join(group_options("data"))}
 sweeps    (-m +experiment=...): {", ".join(group_options("experiment"))}
 key options: {KEY_OPTIONS}
+{LENGTHS_IN_TOKENS}
 
 examples:
   posbench train encoding=rope

@@ -22,6 +22,8 @@ RUNS = [
     ("throughput.py --rounds 1 --length 256 --batch 2 --seq-len 32", "none"),
     ("long_eval_memory.py --length 256 --threads 1 --encodings none fire", "none"),
     ("diagnose_memory.py --length 256 --threads 1 --encodings none fire", "none"),
+    ("tokenizer.py encode --quick", "encode_split"),
+    ("tokenizer.py train --quick", "vocabulary 8,192"),
 ]
 
 

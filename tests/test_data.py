@@ -1202,20 +1202,18 @@ def peak_rss_of_trains(runs) -> list[tuple[int, str]]:
 
 @pytest.mark.slow
 @pytest.mark.skipif(sys.platform != "linux", reason="ru_maxrss is in KiB on Linux only")
-def test_peak_memory_of_building_and_training_does_not_grow_with_the_corpus(tmp_path):
+@pytest.mark.parametrize("tokenizer", ["bytes", "bpe"])
+def test_peak_memory_of_building_and_training_does_not_grow_with_the_corpus(tmp_path, tokenizer):
     # The 200 MiB corpus is 100 MiB of lines and a 100 MiB line: a reader of lines would hold
-    # that line at once.
+    # that line at once. With bpe, building also trains the tokenizer and encodes the splits.
     runs = []
     for lines, one_line in ((2, 0), (100, 100)):
         workdir = tmp_path / f"{lines + one_line}MiB"
         workdir.mkdir()
         corpus = write_text_corpus(workdir / "corpus.txt", lines, one_line)
-        runs.append(
-            (
-                ["data=text", f"data.path={corpus}", f"data.cache_dir={workdir}/cache", *FEW_STEPS],
-                workdir,
-            )
-        )
+        data = ["data=text", f"data.path={corpus}", f"data.cache_dir={workdir}/cache"]
+        tokens = [f"data.tokenizer={tokenizer}", "data.vocab_size=512"]
+        runs.append(([*data, *tokens, *FEW_STEPS], workdir))
     (small_build, small_log), (large_build, large_log) = peak_rss_of_trains(runs)
     assert "building corpus" in small_log and "building corpus" in large_log
     (small_cached, small_log), (large_cached, large_log) = peak_rss_of_trains(runs)

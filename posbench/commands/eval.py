@@ -35,7 +35,8 @@ def eval_parser() -> argparse.ArgumentParser:
         type=positive_int,
         action="append",
         metavar="N",
-        help="evaluation length in tokens; repeat for several (default: the run's eval.lengths)",
+        help="evaluation length in tokens of the run's tokenizer (bytes unless it trained with "
+        "data.tokenizer); repeat for several (default: the run's eval.lengths)",
     )
     add_run_argument(parser)
     parser.add_argument(

@@ -36,7 +36,13 @@ register_unique_dir_resolver()
 # The keys most runs set, named by `posbench --help` and `posbench train --help`.
 KEY_OPTIONS = (
     "seed, device (auto|cpu|cuda), threads (auto|N), model.n_layer, model.n_head, model.d_model, "
-    "train.seq_len, train.steps, train.batch_size, train.lr, eval.lengths, eval.stride"
+    "train.seq_len, train.steps, train.batch_size, train.lr, eval.lengths, eval.stride, "
+    "data.tokenizer (bytes|bpe|FILE|NAME), data.vocab_size"
+)
+# What every length means, said where lengths are set.
+LENGTHS_IN_TOKENS = (
+    "lengths (train.seq_len, eval.lengths, --length) count tokens of the run's tokenizer: "
+    "bytes by default, BPE tokens with data.tokenizer=bpe"
 )
 
 
@@ -129,6 +135,7 @@ def train_help(overrides: Sequence[str]) -> str:
                       [--cfg job] [--hydra-help]
 
 Train at train.seq_len, evaluate at eval.lengths; writes outputs/<date>/<time>_<encoding>/.
+The {LENGTHS_IN_TOKENS}.
 Sweeps: -m (--multirun) runs one job per combination, e.g. -m encoding=rope,learned seed=0,1.
 Resume: --resume DIR continues DIR from its checkpoint.pt (Ctrl-C/SIGTERM write one and
 print this command); with train.steps=N it extends a finished run.

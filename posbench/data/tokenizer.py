@@ -47,7 +47,7 @@ BYTE_VOCAB = 256  # the vocabulary of data.tokenizer=bytes
 # About this many bytes of text per piece: small enough for many pieces per batch (the
 # parallel unit of encode_batch), large enough that a piece's overhead is small.
 PIECE_BYTES = 1 << 16
-PIECES_PER_BATCH = 64
+PIECES_PER_BATCH = 32  # 2 MiB of text: its Encodings (ids, token strings) are tens of MB
 WHITESPACE = np.zeros(256, dtype=bool)
 WHITESPACE[list(b" \t\n\r\x0b\x0c")] = True
 SPACE = ord(" ")
