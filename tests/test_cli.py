@@ -58,7 +58,7 @@ def test_top_level_help_lists_commands_encodings_and_key_options(tmp_path):
 
 def test_train_help_lists_groups_and_the_composed_config(tmp_path):
     out = posbench("train", "--help", "encoding=learned", cwd=tmp_path).stdout
-    assert "encoding   alibi, fire, kerple, learned, none, rope, sinusoidal, t5" in out
+    assert "encoding   alibi, cope, fire, fox, kerple, learned, none, rope, sinusoidal, t5" in out
     assert "experiment extrapolation, extrapolation_text" in out
     assert "-m +experiment=OPTION" in out
     assert "max_length" in out  # the learned encoding's own option, composed
@@ -366,7 +366,7 @@ def test_installed_wheel_runs_with_its_bundled_configs(tmp_path, cache_dir):
 
 def test_help_lists_the_relative_bias_encodings(tmp_path):
     out = posbench("--help", cwd=tmp_path).stdout
-    assert "alibi, fire, kerple, learned, none, rope, sinusoidal, t5" in out
+    assert "alibi, cope, fire, fox, kerple, learned, none, rope, sinusoidal, t5" in out
 
 
 def test_bias_encoding_options_are_set_from_the_command_line(tmp_path, cache_dir):
