@@ -56,9 +56,12 @@ class ForgetGateBias(PositionalEncoding):
     def log_gate_sums(self, x: torch.Tensor) -> torch.Tensor:
         """c_t = sum_{l<=t} log f_l for each head of the layer input ``x`` (B, T, C)
         -> (B, H, T), in float64 (differentiable in x, w and b)."""
-        with torch.autocast(x.device.type, enabled=False):  # in float64 whatever the autocast
-            logits = F.linear(x.double(), self.gate_weight.double(), self.gate_bias.double())
-        return F.logsigmoid(logits).transpose(1, 2).cumsum(dim=-1)  # (B, H, T)
+        dtype = torch.promote_types(x.dtype, torch.float32)
+        with torch.autocast(x.device.type, enabled=False):  # in float32 whatever the autocast
+            logits = F.linear(x.to(dtype), self.gate_weight.to(dtype), self.gate_bias.to(dtype))
+        # A gate's rounding stays in the differences of the keys it lies between; a running
+        # sum's would reach every later one, so the sum is float64.
+        return F.logsigmoid(logits.double()).transpose(1, 2).cumsum(dim=-1)  # (B, H, T)
 
     def content_state(
         self, x: torch.Tensor, q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor
