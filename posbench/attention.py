@@ -303,7 +303,11 @@ def blocked_bias_attention(
         first = 0 if window is None else max(0, start - window + 1)  # the block's first key
         query_positions, key_positions = positions[..., start:end], positions[..., first:end]
         # ([B|1], H, n, m); a buffer for the bias of a block of queries holds H * block * T.
-        bias = biases.bias(start, query_positions, key_positions, q.dtype, H * block * T)
+        # Only an encoding with a bias of positions is asked for one: the default score_bias reads
+        # the positions' range (a device sync, and a graph break under torch.compile) for None.
+        bias = None
+        if encoding.has_score_bias:
+            bias = biases.bias(start, query_positions, key_positions, q.dtype, H * block * T)
         if content is not None:  # (B, H, n, m)
             extra = encoding.content_bias(content, slice(start, end), slice(first, end))
             bias = extra.to(q.dtype) if bias is None else bias + extra.to(q.dtype)

@@ -1,0 +1,187 @@
+"""FoX, the Forgetting Transformer (Lin et al. 2025): the bias against the sum of log forget
+gates written out and x-transformers' ``DataDependentAlibi``, the gradients through attention,
+gates of 1 (NoPE), training the gates, and the bias's precision at 16,384 tokens.
+
+x-transformers' DataDependentAlibi (a test-only reference) is FoX's bias: c_i - c_j with c the
+cumulative log-sigmoid of one linear map of the layer's input per head. It differs in its
+initialisation only (b = 5 and PyTorch's default weights; the paper's code, which posbench
+follows, starts from b = 0 and w ~ N(0, 0.02)), so the tests copy the weights across.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from test_attention import outputs_and_gradients, use_query_blocks, windowed_masked_attention
+from x_transformers.x_transformers import DataDependentAlibi
+
+import posbench.attention
+from posbench.config import compose_config
+from posbench.data import sample_positions
+from posbench.encodings import build_encoding
+from posbench.model import build_model
+from posbench.train import make_optimizer
+
+F64 = torch.float64
+SMALL = {"n_layer": 2, "n_head": 2, "d_model": 16}
+
+
+def fox(n_head: int = 2, d_model: int = 8, seed: int = 0):
+    """A float64 FoX encoding whose gates vary (weights and biases of std 1)."""
+    torch.manual_seed(seed)
+    encoding = build_encoding({"name": "fox"}, d_model, n_head).double()
+    with torch.no_grad():
+        encoding.gate_weight.normal_()
+        encoding.gate_bias.normal_()
+    return encoding
+
+
+def layer_input(length: int, batch: int = 2, d_model: int = 8) -> torch.Tensor:
+    return torch.randn(
+        batch, length, d_model, dtype=F64, generator=torch.Generator().manual_seed(1)
+    )
+
+
+def x_transformers_bias(encoding, x: torch.Tensor) -> torch.Tensor:
+    """x-transformers' DataDependentAlibi with the encoding's gate parameters (the same ones, so
+    their gradients reach them): its bias (B, H, T, T)."""
+    reference = DataDependentAlibi(x.shape[-1], encoding.n_head, causal=True)
+    linear = reference.to_forget_gates[0]
+    linear.weight, linear.bias = encoding.gate_weight, encoding.gate_bias
+    return reference(x)
+
+
+def past(bias: torch.Tensor) -> torch.Tensor:
+    """``bias`` (..., T, T) with 0 at future keys."""
+    T = bias.shape[-1]
+    return bias.masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), 0.0)
+
+
+def test_the_bias_is_the_sum_of_log_gates_after_the_key_up_to_the_query():
+    encoding, x = fox(), layer_input(9)
+    state = encoding.content_state(x, x[:, None], x[:, None], torch.arange(9))
+    bias = encoding.content_bias(state, slice(0, 9), slice(0, 9))  # (B, H, 9, 9)
+    w, b = encoding.gate_weight.tolist(), encoding.gate_bias.tolist()
+
+    def log_gate(batch: int, head: int, token: int) -> float:
+        logit = sum(wi * xi for wi, xi in zip(w[head], x[batch, token].tolist(), strict=True))
+        return math.log(1 / (1 + math.exp(-(logit + b[head]))))
+
+    for batch in range(2):
+        for head in range(2):
+            for i in range(9):
+                for j in range(i + 1):
+                    expected = sum(log_gate(batch, head, token) for token in range(j + 1, i + 1))
+                    assert bias[batch, head, i, j].item() == pytest.approx(expected, abs=1e-12)
+
+
+@pytest.mark.parametrize(
+    ("queries", "keys"), [((0, 20), (0, 20)), ((8, 16), (0, 16)), ((8, 16), (3, 16))]
+)
+def test_a_block_of_the_bias_equals_x_transformers_data_dependent_alibi(queries, keys):
+    encoding, x = fox(), layer_input(20)
+    state = encoding.content_state(x, x[:, None], x[:, None], torch.arange(20))
+    got = encoding.content_bias(state, slice(*queries), slice(*keys))
+    expected = past(x_transformers_bias(encoding, x))[:, :, slice(*queries), slice(*keys)]
+    future = torch.arange(*keys)[None, :] > torch.arange(*queries)[:, None]
+    torch.testing.assert_close(got.masked_fill(future, 0.0), expected, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("window", [None, 6])
+def test_attention_with_fox_gives_x_transformers_output_and_gradients(window, monkeypatch):
+    use_query_blocks(8, monkeypatch)  # 37 = 4 * 8 + 5 queries
+    encoding = fox()
+    encoding.window = window
+    x = layer_input(37).requires_grad_()
+    q, k, v = (torch.randn(2, 2, 37, 4, dtype=F64).requires_grad_() for _ in range(3))
+    positions = torch.arange(37)
+    leaves = [x, q, k, v, encoding.gate_weight, encoding.gate_bias]
+    out_grad = torch.randn_like(q)
+
+    def attend():
+        content = encoding.content_state(x, q, k, positions)
+        return posbench.attention.causal_attention(q, k, v, positions, encoding, content=content)
+
+    def masked():
+        bias = x_transformers_bias(encoding, x)
+        return windowed_masked_attention(q, k, v, encoding, positions, window or 37, bias)
+
+    got = outputs_and_gradients(attend, leaves, out_grad)
+    expected = outputs_and_gradients(masked, leaves, out_grad)
+    for a, b in zip(got, expected, strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-10)
+
+
+@pytest.mark.parametrize("training", [True, False])  # the explicit path, and evaluation's
+def test_with_every_gate_1_fox_is_nope(training):
+    torch.manual_seed(0)
+    model = build_model(SMALL, {"name": "fox"}).double().train(training)
+    nope = build_model(SMALL, {"name": "none"}).double().train(training)
+    with torch.no_grad():
+        for encoding in model.layer_encodings:  # log sigmoid(50) = -2e-22
+            encoding.gate_weight.zero_()
+            encoding.gate_bias.fill_(50.0)
+    nope.load_state_dict({k: v for k, v in model.state_dict().items() if "encoding" not in k})
+    tokens = torch.randint(0, 256, (2, 40))
+    with torch.set_grad_enabled(training):
+        torch.testing.assert_close(model(tokens), nope(tokens), rtol=0, atol=1e-12)
+
+
+def test_fox_reads_no_positions():
+    torch.manual_seed(0)
+    model = build_model(SMALL, {"name": "fox"}).double().eval()
+    tokens = torch.randint(0, 256, (2, 30))
+    positions = sample_positions(1024, 2, 30, torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        torch.testing.assert_close(model(tokens, positions), model(tokens), rtol=0, atol=1e-12)
+
+
+def test_every_layers_gate_gets_a_gradient_and_an_optimizer_step_moves_it():
+    torch.manual_seed(0)
+    model = build_model(SMALL, {"name": "fox"})
+    optimizer = make_optimizer(model, compose_config(["encoding=fox"]).train)
+    gates = [(e.gate_weight, e.gate_bias) for e in model.layer_encodings]
+    before = [[p.detach().clone() for p in pair] for pair in gates]
+    tokens = torch.randint(0, 256, (4, 33))
+    logits = model(tokens[:, :-1])
+    torch.nn.functional.cross_entropy(logits.flatten(0, 1), tokens[:, 1:].flatten()).backward()
+    for pair in gates:
+        assert all(bool(p.grad.abs().sum() > 0) and bool(p.grad.isfinite().all()) for p in pair)
+    optimizer.step()
+    for pair, old in zip(gates, before, strict=True):
+        assert all(not torch.equal(p, o) for p, o in zip(pair, old, strict=True))
+
+
+def test_every_layer_has_its_own_gate_started_as_the_papers_code_starts_it():
+    torch.manual_seed(0)
+    model = build_model({"n_layer": 3, "n_head": 4, "d_model": 128}, {"name": "fox"})
+    encodings = model.layer_encodings
+    assert len({id(e) for e in encodings}) == 3
+    assert sum("gate_weight" in key for key in model.state_dict()) == 3
+    for encoding in encodings:  # b = 0, w ~ N(0, 0.02) (512 draws: std within 10 %)
+        assert encoding.gate_weight.shape == (4, 128)
+        assert torch.equal(encoding.gate_bias, torch.zeros(4))
+        assert 0.018 < encoding.gate_weight.std().item() < 0.022
+
+
+def test_the_bias_of_the_last_block_at_16384_tokens_is_float32_precise():
+    # Gates near 1/2 (the initial ones): c falls to about -11,000. A float32 cumulative sum
+    # carries errors of its size's rounding (1e-3) into every difference, near the diagonal too.
+    T, block = 16384, 256
+    torch.manual_seed(0)
+    encoding = build_encoding({"name": "fox"}, d_model=8, n_head=2)
+    x = torch.randn(1, T, 8)
+    state = encoding.content_state(x, x[:, None], x[:, None], torch.arange(T))
+    got = encoding.content_bias(state, slice(T - block, T), slice(0, T))  # (1, 2, 256, T)
+    assert got.dtype == torch.float32
+    with torch.no_grad():
+        logits = x.double() @ encoding.gate_weight.double().T + encoding.gate_bias.double()
+        c = torch.nn.functional.logsigmoid(logits).transpose(1, 2).cumsum(-1)  # (1, 2, T)
+    expected = c[..., T - block :, None] - c[..., None, :]
+    assert c[..., -1].max() < -10000
+    error = (got.double() - expected).abs()
+    near = error[..., T - 2 * block :]  # |bias| < 400 there
+    assert near.max() < 1e-4
+    assert bool((error <= 1e-6 * expected.abs() + 1e-4).all())
