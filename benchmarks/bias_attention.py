@@ -12,7 +12,9 @@ of f_theta's 32 switch points inside (0, 1), where an untrained FIRE has none: e
 past L (see switch_inside_the_inputs_range; the 15 trained FIRE models of README's sweeps have
 0-7 there, 32 is the slowest case). ``general`` is KERPLE's bias given only through
 ``score_bias`` (looked up at every (query, key) pair; no ``relative_bias``): the path that any
-bias without exploitable structure takes. Models are configured as trained at ``--seq-len``
+bias without exploitable structure takes. ``hybrid-swa`` is the hybrid with a sliding window of
+128 tokens in its RoPE layers (NoPE layers global), ``ssmax`` RoPE with
+``model.attention_scaling=ssmax`` (VARIANTS). Models are configured as trained at ``--seq-len``
 (default 128, the extrapolation experiments' length), so FIRE's threshold L is 128: past it, its
 bias depends on the query's position too and takes that path. Models are timed in interleaved
 rounds (one forward or training step of each per round; median per model; see
@@ -36,13 +38,34 @@ import torch.nn.functional as F
 from throughput import median_seconds, trained_encoding
 
 import posbench.attention
+from posbench.config import compose_config
 from posbench.encodings import PositionalEncoding, encoding_names
 from posbench.encodings.kerple import KerpleConfig, KerpleRelativeBias
 from posbench.model import ModelArgs, Transformer, build_model
 
-EVAL_ENCODINGS = ("none", "alibi", "t5", "kerple", "fire", "fire-switching", "general")
-# The issue's targets: eval time at most this many times NoPE's; training tokens/s at least
-# 0.91x NoPE's (every encoding).
+# Configurations besides the registered encodings: (encoding overrides, model options).
+VARIANTS = {
+    "hybrid-swa": (["encoding=hybrid", "encoding.window=128"], {}),  # rope windowed, none global
+    "ssmax": (["encoding=rope"], {"attention_scaling": "ssmax"}),
+}
+EVAL_ENCODINGS = (
+    "none",
+    "alibi",
+    "t5",
+    "kerple",
+    "fire",
+    "fire-switching",
+    "general",
+    "xpos",
+    "sandwich",
+    "fox",
+    "cope",
+    "hybrid",
+    "hybrid-swa",
+    "ssmax",
+)
+# The issues' targets: eval time at most this many times NoPE's; training tokens/s at least
+# TRAIN_TARGET times NoPE's (every encoding but those in TRAIN_TARGETS).
 EVAL_TARGETS = {
     "alibi": 2.0,
     "t5": 2.0,
@@ -50,8 +73,14 @@ EVAL_TARGETS = {
     "fire": 3.0,
     "fire-switching": 3.0,
     "general": 3.0,
+    "xpos": 2.0,
+    "sandwich": 2.0,
+    "fox": 2.0,
+    "ssmax": 2.0,
+    "cope": 6.0,
 }
 TRAIN_TARGET = 0.91
+TRAIN_TARGETS = {"xpos": 0.9, "sandwich": 0.9, "ssmax": 0.9, "fox": 0.8, "cope": 0.5}
 
 
 class GeneralKerple(PositionalEncoding):
@@ -90,6 +119,10 @@ def untrained_model(
         args = ModelArgs()
         return Transformer(args, GeneralKerple(KerpleConfig(), args.d_model, args.n_head))
     model_config = MODEL_SIZES[size]
+    if encoding in VARIANTS:
+        overrides, options = VARIANTS[encoding]
+        config = compose_config([*overrides, f"train.seq_len={seq_len}"]).encoding
+        return build_model({**model_config, **options}, config)
     if encoding == "fire-switching":
         model = build_model(model_config, trained_encoding("fire", seq_len, length))
         switch_inside_the_inputs_range(model.encoding.mlp[0], fire_switches)
@@ -222,7 +255,7 @@ def main() -> None:
                 f"{seconds['shared']:.3f} s, per layer {seconds['per layer']:.3f} s ({gain:.2f}x)"
             )
     else:
-        names = ["none", *(n for n in encoding_names() if n != "none"), "general"]
+        names = ["none", *(n for n in encoding_names() if n != "none"), "general", *VARIANTS]
         steps = {
             name: train_step(
                 untrained_model(name, args.seq_len, args.seq_len), args.batch, args.seq_len
@@ -230,7 +263,7 @@ def main() -> None:
             for name in names
         }
         seconds = median_seconds(steps, rounds)
-        targets = dict.fromkeys(names, TRAIN_TARGET)
+        targets = {**dict.fromkeys(names, TRAIN_TARGET), **TRAIN_TARGETS}
         report(f"training tokens/s at {args.batch} x {args.seq_len}", seconds, targets, False)
 
 
