@@ -664,6 +664,18 @@ def outputs_and_gradients(attend, leaves, out_grad):
     return [out, *torch.autograd.grad(out, leaves, out_grad)]
 
 
+def assert_same_attention(attend, masked, gradients: bool, leaves, out_grad) -> None:
+    """``attend()`` gives ``masked()``'s output and, with ``gradients``, its gradients."""
+    with torch.set_grad_enabled(gradients):
+        if not gradients:
+            torch.testing.assert_close(attend(), masked(), rtol=0, atol=1e-10)
+            return
+        got = outputs_and_gradients(attend, leaves, out_grad)
+        expected = outputs_and_gradients(masked, leaves, out_grad)
+    for a, b in zip(got, expected, strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-10)
+
+
 @pytest.mark.parametrize("name", ["none", "alibi", "t5", "pair-bias"])
 @pytest.mark.parametrize("window", [1, 5, 16, 40])
 @pytest.mark.parametrize("gradients", [True, False])
@@ -684,14 +696,7 @@ def test_windowed_attention_equals_the_masked_computation_with_its_gradients(
     def masked():
         return windowed_masked_attention(*inputs, encoding, positions, window)
 
-    with torch.set_grad_enabled(gradients):
-        if not gradients:
-            torch.testing.assert_close(windowed(), masked(), rtol=0, atol=1e-10)
-            return
-        got = outputs_and_gradients(windowed, leaves, out_grad)
-        expected = outputs_and_gradients(masked, leaves, out_grad)
-    for a, b in zip(got, expected, strict=True):
-        torch.testing.assert_close(a, b, rtol=0, atol=1e-10)
+    assert_same_attention(windowed, masked, gradients, leaves, out_grad)
 
 
 def test_a_window_of_the_whole_length_is_full_attention_on_the_fused_path(monkeypatch):
@@ -752,11 +757,4 @@ def test_a_bias_from_the_content_equals_the_masked_computation_with_its_gradient
         bias = encoding.weight[:, None, None] * torch.tanh(q @ k.transpose(-1, -2))
         return windowed_masked_attention(*inputs, encoding, positions, window or 37, bias)
 
-    with torch.set_grad_enabled(gradients):
-        if not gradients:
-            torch.testing.assert_close(attend(), masked(), rtol=0, atol=1e-10)
-            return
-        got = outputs_and_gradients(attend, leaves, out_grad)
-        expected = outputs_and_gradients(masked, leaves, out_grad)
-    for a, b in zip(got, expected, strict=True):
-        torch.testing.assert_close(a, b, rtol=0, atol=1e-10)
+    assert_same_attention(attend, masked, gradients, leaves, out_grad)

@@ -291,21 +291,23 @@ def test_token_runs_count_the_bytes_and_words_of_the_text_their_tokens_cover(tex
 # --- runs on tokens ----------------------------------------------------------------------------
 
 
+def text_overrides(text_files, cache_dir) -> list[str]:
+    """``posbench train`` overrides for a run on the test's text files."""
+    train_file, val_file = text_files
+    return [
+        "data=text",
+        f"data.path={train_file}",
+        f"data.val_path={val_file}",
+        f"data.cache_dir={cache_dir}",
+    ]
+
+
 @pytest.mark.slow
 def test_a_run_on_bpe_tokens_keeps_its_tokenizer_and_evaluates_with_it(
     text_files, cache_dir, tmp_path
 ):
-    train_file, val_file = text_files
-    overrides = [
-        *TINY_RUN,
-        "data=text",
-        f"data.path={train_file}",
-        f"data.val_path={val_file}",
-        "data.tokenizer=bpe",
-        "data.vocab_size=512",
-        f"data.cache_dir={cache_dir}",
-    ]
-    results = train(compose_config(overrides), tmp_path / "run")
+    overrides = [*TINY_RUN, *text_overrides(text_files, cache_dir), "data.tokenizer=bpe"]
+    results = train(compose_config([*overrides, "data.vocab_size=512"]), tmp_path / "run")
     saved = json.loads((tmp_path / "run" / "tokenizer.json").read_text())
     assert len(saved["model"]["vocab"]) == 512
     assert results["data"]["tokenizer"] == "bpe" and results["data"]["vocab_size"] == 512
@@ -320,13 +322,7 @@ def test_a_run_on_bpe_tokens_keeps_its_tokenizer_and_evaluates_with_it(
 def test_a_byte_run_and_a_bpe_run_are_rows_of_one_report_compared_by_bits_per_byte(
     text_files, cache_dir, tmp_path
 ):
-    train_file, val_file = text_files
-    data = [
-        "data=text",
-        f"data.path={train_file}",
-        f"data.val_path={val_file}",
-        f"data.cache_dir={cache_dir}",
-    ]
+    data = text_overrides(text_files, cache_dir)
     for tokenizer in ("bytes", "bpe"):
         options = [*TINY_RUN, *data, f"data.tokenizer={tokenizer}", "data.vocab_size=512"]
         train(compose_config(options), tmp_path / "runs" / tokenizer)
