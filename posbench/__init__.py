@@ -5,6 +5,7 @@ Python API (stable; docs/api.md runs it):
     run_dir = posbench.latest_run()                          # the newest run under ./outputs
     model, cfg = posbench.load_run(run_dir)
     logits = model(tokens)                               # (batch, time) bytes -> (batch, time, 256)
+    tokenizer = posbench.run_tokenizer(run_dir)          # a run on tokens' tokenizer; None: bytes
     records = posbench.evaluate_run(run_dir, [1024, 4096])   # eval records; writes nothing
     records = posbench.evaluate(model, tokens, [1024])       # any model, any byte tensor
     task = posbench.data.load_data({"source": "passkey"})     # a Task: prompts with answers
@@ -18,7 +19,7 @@ Python API (stable; docs/api.md runs it):
 from posbench import data
 from posbench.diagnose import diagnose_run
 from posbench.evaluate import evaluate, evaluate_run, evaluate_task, rope_scaling_overrides
-from posbench.runs import latest_run, load_run
+from posbench.runs import latest_run, load_run, run_tokenizer
 from posbench.train import Diverged, train
 
 __version__ = "0.1.0"
@@ -32,5 +33,6 @@ __all__ = [
     "latest_run",
     "load_run",
     "rope_scaling_overrides",
+    "run_tokenizer",
     "train",
 ]

@@ -19,7 +19,7 @@ import tempfile
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from omegaconf import DictConfig, OmegaConf
@@ -32,6 +32,9 @@ from posbench.checkpoint import CHECKPOINT_FILE, TrainProgress
 from posbench.data import Corpus, Task
 from posbench.errors import PosbenchError
 from posbench.model import Transformer, build_model
+
+if TYPE_CHECKING:
+    from tokenizers import Tokenizer
 
 WEIGHTS_FILE = "model.safetensors"
 CONFIG_FILE = "config.yaml"
@@ -152,6 +155,18 @@ def saved_config(run_dir: Path) -> DictConfig:
     if tokenizer.is_file():
         config.data.tokenizer = str(tokenizer.resolve())
     return config
+
+
+def run_tokenizer(run_dir: str | Path) -> Tokenizer | None:
+    """The Hugging Face tokenizer a run on tokens was trained with (its tokenizer.json), to
+    encode text for its model: ``tokenizer.encode(text).ids``; None for a run on bytes, whose
+    tokens are the text's UTF-8 bytes."""
+    path = check_run_dir(Path(run_dir)) / TOKENIZER_FILE
+    if not path.is_file():
+        return None
+    from tokenizers import Tokenizer  # only runs on tokens need it
+
+    return Tokenizer.from_file(str(path))
 
 
 def save_tokenizer(run_dir: Path, data: Corpus | Task) -> None:

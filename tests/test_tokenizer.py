@@ -340,3 +340,14 @@ def test_a_byte_run_and_a_bpe_run_are_rows_of_one_report_compared_by_bits_per_by
 def test_report_metric_must_be_one_of_the_three(tmp_path):
     with pytest.raises(PosbenchError, match="--metric must be one of ppl, bits_per_byte, word_ppl"):
         build_report(tmp_path, metric="bleu")
+
+
+def test_a_runs_tokenizer_is_none_for_bytes_and_its_own_for_tokens(tmp_path, text_files, cache_dir):
+    from posbench import run_tokenizer
+
+    overrides = [*TINY_RUN, *text_overrides(text_files, cache_dir), "train.steps=2"]
+    train(compose_config(overrides), tmp_path / "bytes")
+    train(compose_config([*overrides, "data.tokenizer=bpe"]), tmp_path / "bpe")
+    assert run_tokenizer(tmp_path / "bytes") is None
+    saved = (tmp_path / "bpe" / "tokenizer.json").read_text()
+    assert run_tokenizer(tmp_path / "bpe").to_str() == load_tokenizer_json(saved).to_str()
