@@ -252,12 +252,18 @@ def assert_same_weights(a: Path, b: Path) -> None:
 
 
 @pytest.mark.slow
-def test_two_ranks_and_two_micro_batches_on_one_process_reach_the_same_weights(tmp_path, cache_dir):
-    code, stderr = finished(torchrun(2, "train", *SHORT, cwd=tmp_path))
+# rope (the default); fox: a bias from each layer's content, with a gate per layer; hybrid:
+# each layer's own encoding.
+@pytest.mark.parametrize("encoding", ["rope", "fox", "hybrid"])
+def test_two_ranks_and_two_micro_batches_on_one_process_reach_the_same_weights(
+    tmp_path, cache_dir, encoding
+):
+    run = [*SHORT, f"encoding={encoding}"]
+    code, stderr = finished(torchrun(2, "train", *run, cwd=tmp_path))
     assert code == 0, stderr
     two = only_run(tmp_path)
     one = tmp_path / "one"
-    train(compose_config([*SHORT, "train.grad_accum=2"]), one)
+    train(compose_config([*run, "train.grad_accum=2"]), one)
     assert_same_weights(two, one)
     results = [json.loads((d / "results.json").read_text()) for d in (two, one)]
     assert [r["world_size"] for r in results] == [2, 1]
