@@ -626,3 +626,14 @@ def test_passkey_accuracy_by_depth_is_averaged_over_seeds_at_the_longest_length(
     assert by_depth["length"] == 32
     assert by_depth["rows"]["rope"]["depth_percent"] == [0, 100]
     assert by_depth["rows"]["rope"]["accuracy_mean"] == pytest.approx([0.8, 0.4])
+
+
+@pytest.mark.slow
+def test_a_run_from_before_a_model_option_existed_groups_with_runs_at_its_default(sweep_copy):
+    old = sorted(sweep_copy.glob("*_none_seed*"))[0] / "config.yaml"
+    config = OmegaConf.load(old)
+    for key in ("attention_scaling", "attention_floor_scale", "attention_scale"):
+        del config.model[key]  # as a config.yaml written before model.attention_scaling
+    OmegaConf.save(config, old)
+    (group,) = build_report(sweep_copy).groups
+    assert {len(row.runs) for row in group.rows} == {2}

@@ -3,6 +3,7 @@ by encoding and evaluation protocol, cells of mean and sample std over the runs 
 
 from __future__ import annotations
 
+import functools
 import json
 import statistics
 from collections import defaultdict
@@ -11,6 +12,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from omegaconf import OmegaConf
+
+from posbench.config import ModelConfig, TrainConfig, flat_config
 from posbench.errors import PosbenchError
 from posbench.report.read import Excluded, Run, find_runs
 from posbench.report.run_table import no_reference
@@ -135,11 +139,24 @@ class Report:
     metric: str = "ppl"  # what its cells' value and ratio are (METRICS)
 
 
+@functools.cache
+def schema_defaults() -> dict[str, Any]:
+    """The model and train keys' defaults, flat ({"model.attention_scaling": "none", ...})."""
+    return {
+        f"{section}.{key}": value
+        for section, schema in (("model", ModelConfig), ("train", TrainConfig))
+        for key, value in flat_config(OmegaConf.structured(schema)).items()
+    }
+
+
 def training_setting(run: Run) -> tuple[tuple[str, str], ...]:
-    """What the trained model depends on besides encoding and seed, hashable."""
+    """What the trained model depends on besides encoding and seed, hashable. A model or train
+    key the run's config.yaml lacks (written before posbench had it) takes its default, which
+    the run trained with: so it groups with newer runs that left the key at that default."""
+    config = {**schema_defaults(), **run.config}
     return tuple(
         (key, json.dumps(value))
-        for key, value in sorted(run.config.items())
+        for key, value in sorted(config.items())
         if not any(key == k or key.startswith(f"{k}.") for k in NOT_A_SETTING)
     )
 
