@@ -22,6 +22,10 @@ hook                   gets                                    returns; who over
                        ``queries_and_keys``, positions         bias from content (FoX, CoPE)
 ``content_bias``       that state, a slice of queries and      (B, H, n, m) for those indices
                        one of keys (indices, not positions)
+``key_bias``           that state                              (B, H, T) when the content bias
+                                                               is a_i + b_j (a_i cancels): b,
+                                                               which attention folds into its
+                                                               fused kernel (FoX)
 ``layer_encodings``    the model's number of layers            the encoding of each layer
                                                                (per-layer FIRE, hybrid)
 =====================  ======================================  ================================
@@ -204,3 +208,11 @@ class PositionalEncoding(nn.Module):
         the causal mask; indices count tokens of the sequence from 0 (not positions). Called
         per block of queries; added to any bias of positions."""
         raise NotImplementedError(f"{type(self).__name__} has a content_state but no content_bias")
+
+    def key_bias(self, state: Any) -> torch.Tensor | None:
+        """When ``content_bias`` of query i and key j is a_i + b_j, with a_i the same for every
+        key the query sees (so it cancels in the softmax): b of every key, (B, H, T), in any
+        float dtype (attention takes it relative to one key's before rounding), which attention
+        can then fold into SDPA's fused causal kernel instead of building the bias per block.
+        ``None`` (the default): the content bias is not of that form."""
+        return None

@@ -69,6 +69,11 @@ class ForgetGateBias(PositionalEncoding):
         # The bias in float32, or in float64 for a float64 model.
         return self.log_gate_sums(x), torch.promote_types(q.dtype, torch.float32)
 
+    def key_bias(self, state: tuple[torch.Tensor, torch.dtype]) -> torch.Tensor:
+        # c_i - c_j: c_i is the same for every key of query i, so the key's bias is -c_j.
+        sums, _ = state
+        return -sums  # (B, H, T) float64
+
     def content_bias(
         self, state: tuple[torch.Tensor, torch.dtype], queries: slice, keys: slice
     ) -> torch.Tensor:
