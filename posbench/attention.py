@@ -104,6 +104,13 @@ KEY_BIAS_LENGTH = 2048
 CONTENT_SCRATCH_PER_SCORE = 10
 
 
+def hiding_window(encoding: PositionalEncoding, length: int) -> int | None:
+    """The encoding's window (in tokens) when it hides keys of a sequence of ``length`` tokens
+    from some query; None when every query sees all its keys (no window, or one that long)."""
+    window = encoding.window
+    return window if window is not None and window < length else None
+
+
 def query_block_size(batch: int, n_head: int, length: int, explicit: bool = False) -> int:
     """Queries per attention call with a bias: at most QUERY_BLOCK (EXPLICIT_QUERY_BLOCK for
     ``explicit`` attention), and few enough that their scores over ``length`` keys fit
@@ -130,7 +137,7 @@ def causal_attention(
     The one entry point: the module's table says which path it takes. flex_attention lacks
     attention dropout, so dropout keeps a bias of the distance alone on the SDPA path.
     """
-    windowed = encoding.window is not None and encoding.window < q.shape[2]
+    windowed = hiding_window(encoding, q.shape[2]) is not None
     fused_key_bias = not (windowed or encoding.has_score_bias) and q.shape[2] <= KEY_BIAS_LENGTH
     if content is not None and fused_key_bias:
         key_bias = encoding.key_bias(content)
@@ -324,7 +331,7 @@ def blocked_bias_attention(
     16,384 tokens: 0.7-1.0 GB added by the forward pass in first-to-last order, 0.4 GB now).
     """
     B, H, T, _ = q.shape
-    window = encoding.window if encoding.window is not None and encoding.window < T else None
+    window = hiding_window(encoding, T)
     # A bias of trained parameters (or of q and k), in training: explicit_attention.
     explicit = torch.is_grad_enabled() and (
         content is not None or any(p.requires_grad for p in encoding.parameters())
@@ -527,14 +534,15 @@ def attention_scratch_elements(
     """
     H, C = encoding.n_head, encoding.d_model
     first = torch.zeros(1, dtype=torch.long, device=device)
-    window = encoding.window is not None and encoding.window < length
+    window = hiding_window(encoding, length)
     content = encoding.has_content_bias
-    if consecutive and not (window or content) and encoding.relative_bias(first) is not None:
+    windowed = window is not None
+    if consecutive and not (windowed or content) and encoding.relative_bias(first) is not None:
         return 3 * batch_size * length * C + 2 * H * (length + QUERY_BLOCK)
     position_bias = encoding.score_bias(first, first) is not None
-    if not (position_bias or window or content):
+    if not (position_bias or windowed or content):
         return 0
-    keys = min(length, QUERY_BLOCK + encoding.window - 1) if window else length
+    keys = length if window is None else min(length, QUERY_BLOCK + window - 1)
     block = query_block_size(batch_size, H, keys)
     per_score = 6 + (CONTENT_SCRATCH_PER_SCORE if content else 0)
     scratch = per_score * batch_size * H * block * keys
