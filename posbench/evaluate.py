@@ -388,10 +388,10 @@ def scored_text(
     """The bytes and word starts of each target of windows ``rows`` (B, T + 1) that start at
     ``starts`` -> (2, B, T): read from ``token_bytes`` and ``word_starts`` for tokens, counted
     from the bytes themselves when they are None (a word starts at a byte that is not
-    whitespace after one that is)."""
+    whitespace after one that is), on ``rows``' device: no copy of the windows back from it."""
     if token_bytes is None or word_starts is None:
-        space = byte_is_whitespace(rows.cpu())  # (B, T + 1)
-        return torch.stack([torch.ones_like(rows[:, 1:]).cpu(), ~space[:, 1:] & space[:, :-1]])
+        space = byte_is_whitespace(rows)  # (B, T + 1)
+        return torch.stack([torch.ones_like(rows[:, 1:]), ~space[:, 1:] & space[:, :-1]])
     targets = [start + 1 for start in starts]
     width = rows.shape[1] - 1
     return torch.stack(

@@ -263,8 +263,9 @@ def decoded(data: np.ndarray, offset: int) -> str:
 
 
 def byte_is_whitespace(data: torch.Tensor) -> torch.Tensor:
-    """Which of the bytes ``data`` (an integer tensor of any shape) are ASCII whitespace."""
-    return torch.from_numpy(WHITESPACE)[data]
+    """Which of the bytes ``data`` (an integer tensor of any shape, on any device) are ASCII
+    whitespace."""
+    return torch.from_numpy(WHITESPACE).to(data.device)[data]
 
 
 def word_start_mask(data: np.ndarray, after_whitespace: bool) -> np.ndarray:
