@@ -18,7 +18,7 @@ from hydra import compose, initialize_config_dir
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
-from posbench.data import DATA_SCHEMAS, TASKS, load_data
+from posbench.data import ALGORITHMIC_TASKS, DATA_SCHEMAS, TASKS, load_data
 from posbench.distributed import check_divisible, world_size
 from posbench.encodings import ENCODINGS
 from posbench.errors import PosbenchError
@@ -100,8 +100,11 @@ class TrainConfig:
 
 @dataclass
 class EvalConfig:
-    # null: 1x, 2x, 4x, 8x and 16x train.seq_len
+    # null: 1x, 2x, 4x, 8x and 16x train.seq_len (windows of a corpus or a passkey/copy/recall task)
     lengths: list[int] | None = None
+    # an algorithmic task's problem lengths; null: its training range at up to 8 lengths, then
+    # every 50 up to 500 (posbench/data/algorithmic/base.py)
+    task_lengths: list[int] | None = None
     # null: non-overlapping windows; S: sliding windows advancing S tokens
     stride: int | None = None
     # windows per forward pass; null: as many as fit in ~64k tokens
@@ -167,10 +170,32 @@ def compose_config(overrides: Sequence[str] = (), with_hydra: bool = False) -> D
 
 
 def eval_lengths(cfg: DictConfig) -> list[int]:
-    """The evaluation lengths: ``eval.lengths`` or the default multiples of ``train.seq_len``."""
+    """The evaluation lengths: an algorithmic task's ``eval.task_lengths`` (or its default
+    problem lengths), else ``eval.lengths`` or the default multiples of ``train.seq_len``."""
+    if cfg.data.source in ALGORITHMIC_TASKS:
+        task_lengths = OmegaConf.select(cfg, "eval.task_lengths")
+        if task_lengths is not None:
+            return list(task_lengths)
+        return load_data(cfg.data).default_eval_lengths()
     if cfg.eval.lengths is not None:
         return list(cfg.eval.lengths)
     return [m * cfg.train.seq_len for m in DEFAULT_LENGTH_MULTIPLES]
+
+
+def check_length_keys(cfg: DictConfig) -> None:
+    """An algorithmic task is evaluated at problem lengths, anything else at window lengths:
+    the other key is a mistake, not a silently ignored setting."""
+    algorithmic = cfg.data.source in ALGORITHMIC_TASKS
+    if algorithmic and cfg.eval.lengths is not None:
+        raise PosbenchError(
+            f"data={cfg.data.source} is evaluated at problem lengths: set eval.task_lengths "
+            "instead of eval.lengths"
+        )
+    if not algorithmic and OmegaConf.select(cfg, "eval.task_lengths") is not None:
+        raise PosbenchError(
+            "eval.task_lengths are problem lengths of an algorithmic task (data=parity_check, "
+            "reverse_string, ...); for this data set eval.lengths"
+        )
 
 
 def validate(cfg: DictConfig) -> None:
@@ -230,11 +255,14 @@ def validate(cfg: DictConfig) -> None:
         )
     if not 0 <= cfg.model.dropout < 1:
         raise PosbenchError(f"model.dropout must be in [0, 1) (got {cfg.model.dropout})")
+    check_length_keys(cfg)
     lengths = eval_lengths(cfg)
     if not lengths or min(lengths) <= 0:
-        raise PosbenchError(f"eval.lengths must be positive integers (got {lengths})")
+        algorithmic = cfg.data.source in ALGORITHMIC_TASKS
+        lengths_key = "eval.task_lengths" if algorithmic else "eval.lengths"
+        raise PosbenchError(f"{lengths_key} must be positive integers (got {lengths})")
     if cfg.data.source in TASKS:
-        load_data(cfg.data).check_length(cfg.train.seq_len, "train.seq_len")
+        load_data(cfg.data).check_training(cfg.train.seq_len)
         if cfg.eval.stride is not None:
             raise PosbenchError(
                 f"data={cfg.data.source} scores whole prompts: eval.stride applies to corpora "

@@ -492,22 +492,24 @@ def evaluate_task_length(
     precision: str = "fp32",
     positions: RandomPositions | None = None,
 ) -> dict[str, Any]:
-    """One results.json eval record of a task at ``length``: the answer bytes' ppl and
-    bits_per_byte, and their ``answer_scores`` under teacher forcing, with forward passes in
-    ``precision``, each example at its randomized ``positions`` (None: 0..L-1)."""
+    """One results.json eval record of a task at ``length`` (a window's tokens, or an
+    algorithmic task's problem length; ``window``: the inputs of its longest example): the
+    answer bytes' ppl and bits_per_byte, and their ``answer_scores`` under teacher forcing,
+    with forward passes in ``precision``, each example at its randomized ``positions`` (None:
+    0..L-1)."""
     model.eval()
-    scaling = model.encoding.scaling_record(length)
-    reason = beyond_max_length(model, length, positions)
-    if reason is None and length < task.min_length():
-        reason = f"data={task.config.source} needs windows of at least {task.min_length()} tokens"
+    reason = task.unscorable(length)
+    examples = task.examples(length) if reason is None else None
+    window = length if examples is None else examples.window()
+    scaling = model.encoding.scaling_record(window)
+    reason = reason or beyond_max_length(model, window, positions)
     if reason is not None:
         return {**unsupported(length, None, reason, scaling, positions), **NOT_SCORED}
-    examples = task.examples(length)
     n = len(examples.tokens)
     device = next(model.parameters()).device
-    batch_size = min(batch_size or max(1, TOKENS_PER_BATCH // length), n)
+    batch_size = min(batch_size or max(1, TOKENS_PER_BATCH // window), n)
     batch_size, shortfall = fitting_batch_size(
-        model, length, batch_size, device, consecutive=positions is None
+        model, window, batch_size, device, consecutive=positions is None
     )
     if shortfall is not None:
         return {**unsupported(length, None, shortfall, scaling, positions), **NOT_SCORED}
@@ -516,6 +518,7 @@ def evaluate_task_length(
     mean_nll = nll / answer_bytes.sum().item()
     return {
         "length": length,
+        "window": window,
         "stride": None,
         "ppl": math.exp(mean_nll),
         "bits_per_byte": mean_nll / math.log(2),

@@ -27,11 +27,15 @@ def default_run(root: Path = Path("outputs")) -> tuple[Path, str]:
 
 
 def record_eval(
-    run_dir: Path, records: Sequence[dict[str, Any]], train_seq_len: int
+    run_dir: Path,
+    records: Sequence[dict[str, Any]],
+    train_seq_len: int,
+    longest_trained: int | None = None,
 ) -> dict[str, Any]:
     """Add ``records`` to the run's results.json (replacing those of the same length, stride
-    and scaling method) and redraw its TensorBoard evaluation from all the records it now
-    holds. Returns the new results."""
-    results = append_eval_results(run_dir, list(records))
+    and scaling method; ``longest_trained``: an algorithmic task's, see append_eval_results)
+    and redraw its TensorBoard evaluation from all the records it now holds. Returns the new
+    results."""
+    results = append_eval_results(run_dir, list(records), longest_trained)
     write_eval_events(run_dir, results["eval"], train_seq_len)
     return results

@@ -382,8 +382,33 @@ def merge_eval_records(results: dict[str, Any], records: Iterable[dict[str, Any]
     return {**results, "eval": merged}
 
 
-def append_eval_results(run_dir: Path, records: list[dict[str, Any]]) -> dict[str, Any]:
-    """Add evaluation records to the run's results.json (atomically) and return the new content."""
+def with_length_generalization(results: dict[str, Any], longest_trained: int) -> dict[str, Any]:
+    """``results`` of a run on an algorithmic task trained at problem lengths up to
+    ``longest_trained``, with Ruoss et al.'s summary of its eval records over the lengths
+    beyond: ``length_generalization``, the mean sequence accuracy (the whole answer right),
+    and ``length_generalization_accuracy``, the mean accuracy per answer byte (what their
+    Table 1 averages, over lengths 41 to 500); None when no such length was measured."""
+    beyond = [r for r in results["eval"] if r["length"] > longest_trained and r["status"] == "ok"]
+    summary: dict[str, Any] = {
+        "length_generalization": None,
+        "length_generalization_accuracy": None,
+    }
+    if beyond:
+        summary = {
+            "length_generalization": sum(r["sequence_accuracy"] for r in beyond) / len(beyond),
+            "length_generalization_accuracy": sum(r["accuracy"] for r in beyond) / len(beyond),
+        }
+    return {**results, **summary}
+
+
+def append_eval_results(
+    run_dir: Path, records: list[dict[str, Any]], longest_trained: int | None = None
+) -> dict[str, Any]:
+    """Add evaluation records to the run's results.json (atomically) and return the new content;
+    with ``longest_trained`` (an algorithmic task's), its ``with_length_generalization``
+    summary is recomputed from all its records."""
     results = merge_eval_records(read_results(run_dir), records)
+    if longest_trained is not None:
+        results = with_length_generalization(results, longest_trained)
     write_results(run_dir, results)
     return results

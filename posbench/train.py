@@ -28,7 +28,7 @@ from tqdm.auto import tqdm
 from posbench import distributed
 from posbench.checkpoint import Checkpointer, TrainProgress, restore_checkpoint
 from posbench.config import choice, eval_lengths, resolve_device, validate
-from posbench.data import IGNORE, Corpus, Task, load_data, sample_positions
+from posbench.data import IGNORE, AlgorithmicTask, Corpus, Task, load_data, sample_positions
 from posbench.errors import PosbenchError
 from posbench.evaluate import RandomPositions, eval_positions, evaluate_data
 from posbench.finetune import fine_tune_config, load_parent_weights
@@ -44,6 +44,7 @@ from posbench.runs import (
     save_tokenizer,
     save_weights,
     train_summary,
+    with_length_generalization,
     write_results,
 )
 from posbench.signals import stop_requests
@@ -195,6 +196,8 @@ def evaluate_and_record(
         eval_positions(cfg),
     )
     results = {**results, "eval": records}
+    if isinstance(data, AlgorithmicTask):
+        results = with_length_generalization(results, data.train_lengths[1])
     write_results(run_dir, results)
     write_eval_events(run_dir, records, cfg.train.seq_len)
     log_hparams(writer, hparams(cfg), headline_metrics(results))
@@ -349,7 +352,7 @@ def train_step(
     # Every rank draws the whole global batch and keeps its own rows: the sampler's state stays
     # the same on all ranks (and in the checkpoint), and the batches depend on the seed alone,
     # not on how many ranks and micro-batches share them.
-    x, y = data.train_batch(cfg.batch_size, cfg.seq_len, sampler)
+    x, y = data.train_batch(cfg.batch_size, cfg.seq_len, sampler, step)
     scored = int((y != IGNORE).sum())  # targets in the global batch: the loss is their mean
     rows, micro_batch = distributed.rows_of_rank(cfg.batch_size, cfg.grad_accum)
     inputs, targets = x[rows].split(micro_batch), y[rows].split(micro_batch)
@@ -420,7 +423,7 @@ def validation_batches(
     validation split, or a task's evaluation examples at the training length (targets
     IGNORE outside the answers)."""
     if isinstance(data, Task):
-        examples = data.examples(cfg.seq_len)
+        examples = data.validation_examples(cfg.seq_len)
         yield from zip(
             examples.inputs().split(cfg.batch_size),
             examples.targets().split(cfg.batch_size),

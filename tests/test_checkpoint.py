@@ -18,7 +18,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 import posbench.checkpoint
 from posbench.checkpoint import CHECKPOINT_FILE, load_checkpoint
 from posbench.config import compose_config
-from posbench.data import Corpus, Task
+from posbench.data import Corpus, WindowTask
 from posbench.errors import PosbenchError
 from posbench.resume import check_resumable
 from posbench.runs import WEIGHTS_FILE, check_run_dir
@@ -59,7 +59,7 @@ def losses(run_dir: Path) -> list[tuple[int, float]]:
 
 def at_batch(monkeypatch, call: int, action, source: type = Corpus) -> None:
     """Run ``action()`` when training draws its ``call``-th batch from a ``source`` (Corpus or
-    Task; a test-only injection)."""
+    WindowTask; a test-only injection)."""
     calls = itertools.count(1)
     train_batch = source.train_batch
 
@@ -134,7 +134,7 @@ def test_a_crashed_task_run_resumed_from_its_checkpoint_equals_an_uninterrupted_
     task = [*(o for o in SHORT if o not in TINY_SYNTHETIC), "data=copy", "data.val_examples=8"]
     reference = tmp_path / "straight"
     train(compose_config(task), reference)
-    at_batch(monkeypatch, 13, crash, source=Task)
+    at_batch(monkeypatch, 13, crash, source=WindowTask)
     with pytest.raises(RuntimeError, match="simulated crash"):
         train(compose_config(task), tmp_path / "run")
     monkeypatch.undo()

@@ -28,6 +28,7 @@ import yaml
 from conftest import TINY_RUN
 
 from posbench.commands.overrides import group_options
+from posbench.data import ALGORITHMIC_TASKS
 from posbench.encodings import encoding_names
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -169,6 +170,12 @@ def markdown_table(text: str, header: str) -> list[list[str]]:
             break
         rows.append([cell.strip() for cell in line.strip("|").split("|")])
     return rows
+
+
+def test_the_tasks_page_lists_exactly_the_algorithmic_tasks():
+    header = "| `data=` | family | prompt → answer | problem length | differs from the reference |"
+    rows = markdown_table((DOCS / "tasks.md").read_text(), header)
+    assert sorted(row[0].strip("`") for row in rows) == sorted(ALGORITHMIC_TASKS)
 
 
 def test_every_page_in_docs_is_in_the_sites_navigation_and_back():

@@ -5,7 +5,7 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 
 from posbench.commands.overrides import expand_sweeps, sweep_overrides
 from posbench.config import compose_config, eval_lengths, validate
-from posbench.data import TASKS
+from posbench.data import WINDOW_TASKS
 from posbench.encodings import encoding_names
 from posbench.errors import PosbenchError
 from posbench.output_dirs import register_unique_dir_resolver
@@ -85,12 +85,12 @@ def test_validating_a_config_with_its_hydra_node_claims_no_directory(tmp_path, m
     assert list(tmp_path.iterdir()) == []
 
 
-def test_the_retrieval_experiment_sweeps_every_encoding_and_task_over_three_seeds():
+def test_the_retrieval_experiment_sweeps_every_encoding_and_window_task_over_three_seeds():
     cfg = compose_config(["+experiment=retrieval"], with_hydra=True)
     assert sorted(swept_values(cfg, "encoding")) == encoding_names()
-    assert sorted(swept_values(cfg, "data")) == sorted(TASKS)
+    assert sorted(swept_values(cfg, "data")) == sorted(WINDOW_TASKS)
     assert swept_values(cfg, "seed") == ["0", "1", "2"]
-    for task in TASKS:
+    for task in WINDOW_TASKS:
         validate(compose_config(["+experiment=retrieval", f"data={task}"]))
 
 

@@ -12,7 +12,7 @@ from conftest import TINY_RUN, posbench
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from posbench.config import compose_config, validate
-from posbench.data import TASKS, load_corpus, load_data
+from posbench.data import WINDOW_TASKS, load_corpus, load_data
 from posbench.data.passkey import QUESTION
 from posbench.data.recall import pairs_in
 from posbench.diagnose import diagnose_run
@@ -53,14 +53,14 @@ def recall_oracle(prompt: bytes, sequence: bytes) -> bytes:
     return b"".join(value[key] for key in queried)
 
 
-@pytest.mark.parametrize("source", sorted(TASKS))
+@pytest.mark.parametrize("source", sorted(WINDOW_TASKS))
 def test_every_task_is_registered_with_a_config_file_and_a_schema(source):
     cfg = compose_config([f"data={source}"])
     assert (cfg.data.name, cfg.data.source) == (source, source)
     validate(cfg)
 
 
-@pytest.mark.parametrize("source", sorted(TASKS))
+@pytest.mark.parametrize("source", sorted(WINDOW_TASKS))
 def test_the_answers_are_recoverable_from_the_prompt_by_an_oracle(source):
     task = load_data({"source": source, "val_examples": 10})
     for length in LENGTHS[source]:
@@ -77,7 +77,7 @@ def test_the_answers_are_recoverable_from_the_prompt_by_an_oracle(source):
                 assert len(answer) == pairs_in(length)
 
 
-@pytest.mark.parametrize("source", sorted(TASKS))
+@pytest.mark.parametrize("source", sorted(WINDOW_TASKS))
 def test_a_predictor_that_never_looks_back_scores_at_chance(source):
     """The best guess from the current byte alone (the most frequent answer after it, fitted
     on training batches) is right about as often as chance on the evaluation examples."""
@@ -86,7 +86,7 @@ def test_a_predictor_that_never_looks_back_scores_at_chance(source):
     counts = defaultdict(Counter)
     generator = torch.Generator().manual_seed(0)
     for _ in range(20):
-        inputs, targets = task.train_batch(50, length, generator)
+        inputs, targets = task.train_batch(50, length, generator, 0)
         for x, y in zip(inputs[targets >= 0].tolist(), targets[targets >= 0].tolist(), strict=True):
             counts[x][y] += 1
     guess = {x: c.most_common(1)[0][0] for x, c in counts.items()}
@@ -98,7 +98,7 @@ def test_a_predictor_that_never_looks_back_scores_at_chance(source):
     assert accuracy == pytest.approx(CHANCE[source], abs=0.03)
 
 
-@pytest.mark.parametrize("source", sorted(TASKS))
+@pytest.mark.parametrize("source", sorted(WINDOW_TASKS))
 def test_evaluation_examples_depend_on_the_seed_and_length_alone(source):
     task = load_data({"source": source})
     assert torch.equal(task.examples(128).tokens, task.examples(128).tokens)
@@ -106,17 +106,17 @@ def test_evaluation_examples_depend_on_the_seed_and_length_alone(source):
     assert not torch.equal(task.examples(128).tokens, other_seed.examples(128).tokens)
 
 
-@pytest.mark.parametrize("source", sorted(TASKS))
+@pytest.mark.parametrize("source", sorted(WINDOW_TASKS))
 def test_training_batches_follow_the_sampler_state_so_a_resumed_run_continues_them(source):
     task = load_data({"source": source})
     sampler = torch.Generator().manual_seed(0)
-    first = task.train_batch(4, 128, sampler)
+    first = task.train_batch(4, 128, sampler, 0)
     state = sampler.get_state()
-    second = task.train_batch(4, 128, sampler)
+    second = task.train_batch(4, 128, sampler, 1)
     resumed = torch.Generator()
     resumed.set_state(state)
     assert all(
-        torch.equal(a, b) for a, b in zip(second, task.train_batch(4, 128, resumed), strict=True)
+        torch.equal(a, b) for a, b in zip(second, task.train_batch(4, 128, resumed, 1), strict=True)
     )
     assert not torch.equal(first[0], second[0])
     assert first[0].shape == first[1].shape == (4, 128)
@@ -124,7 +124,7 @@ def test_training_batches_follow_the_sampler_state_so_a_resumed_run_continues_th
 
 def test_training_targets_are_the_answer_bytes_only():
     task = load_data({"source": "copy"})
-    inputs, targets = task.train_batch(2, 16, torch.Generator().manual_seed(0))
+    inputs, targets = task.train_batch(2, 16, torch.Generator().manual_seed(0), 0)
     scored = targets >= 0
     assert scored.sum(1).tolist() == [8, 8] and scored[:, -8:].all()
     assert torch.equal(targets[:, -8:], inputs[:, :8])  # the string again, after "|"

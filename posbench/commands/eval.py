@@ -6,6 +6,8 @@ from __future__ import annotations
 import argparse
 from collections.abc import Sequence
 
+from omegaconf import DictConfig
+
 from posbench.commands.arguments import (
     OneLineParser,
     add_run_argument,
@@ -16,6 +18,7 @@ from posbench.commands.arguments import (
 )
 from posbench.commands.exits import fail
 from posbench.config import EvalPositions, eval_lengths
+from posbench.data import ALGORITHMIC_TASKS
 from posbench.encodings.rope import SCALING_METHODS
 from posbench.evaluate import evaluate_run, rope_scaling_overrides
 from posbench.reevaluate import record_eval
@@ -36,7 +39,8 @@ def eval_parser() -> argparse.ArgumentParser:
         action="append",
         metavar="N",
         help="evaluation length in tokens of the run's tokenizer (bytes unless it trained with "
-        "data.tokenizer); repeat for several (default: the run's eval.lengths)",
+        "data.tokenizer), or the problem length of an algorithmic task (data=parity_check, "
+        "...); repeat for several (default: the run's eval.lengths or eval.task_lengths)",
     )
     add_run_argument(parser)
     parser.add_argument(
@@ -100,6 +104,14 @@ def eval_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def longest_trained(cfg: DictConfig) -> int | None:
+    """The longest problem length a run on an algorithmic task trained at (None: any other
+    run)."""
+    if cfg.data.source not in ALGORITHMIC_TASKS:
+        return None
+    return cfg.data.train_lengths[1]
+
+
 def run_eval(args: Sequence[str]) -> None:
     options = eval_parser().parse_args(list(args))
     if options.factor is not None and options.rope_scaling is None:
@@ -124,6 +136,6 @@ def run_eval(args: Sequence[str]) -> None:
         precision=options.precision,
         positions=options.positions,
     )
-    results = record_eval(run_dir, records, cfg.train.seq_len)
+    results = record_eval(run_dir, records, cfg.train.seq_len, longest_trained(cfg))
     print(f"{cfg.encoding.name} trained at {cfg.train.seq_len} ({run_dir})")
     print(eval_table(records, cfg.train.seq_len, references=results["eval"]))

@@ -1,5 +1,5 @@
 """Data: corpora as bytes (the synthetic default, local text files, hub corpora) and tasks
-(passkey, copy, recall) that generate prompts with answers.
+that generate prompts with answers (passkey, copy, recall; the algorithmic suites).
 
 Every corpus is a train and a validation stream of bytes (uint8 arrays), cached on disk so a
 second run neither re-generates nor re-reads it and memory-mapped from there, so it may be
@@ -9,7 +9,8 @@ split starts. One module per source:
 ``synthetic`` (the default, see its docstring), ``text`` (local files), ``hub`` (``datasets``
 corpora), each writing its splits as it produces them; ``cache`` stores what they write;
 ``corpus`` holds the ``Corpus`` type, its windows and training batches; ``task`` the ``Task``
-interface that ``passkey``, ``copying`` and ``recall`` implement. ``load_data`` gives either,
+interface that ``passkey``, ``copying`` and ``recall`` implement (``WindowTask``) and the
+package ``algorithmic`` (``AlgorithmicTask``, one module per task). ``load_data`` gives either,
 ``load_corpus`` a corpus.
 """
 
@@ -25,6 +26,12 @@ import numpy as np
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
 
+from posbench.data.algorithmic import (
+    ALGORITHMIC_SCHEMAS,
+    ALGORITHMIC_TASKS,
+    AlgorithmicDataConfig,
+    AlgorithmicTask,
+)
 from posbench.data.cache import build_entry, entry_path, read_entry, verify_entry
 from posbench.data.copying import CopyDataConfig, CopyTask
 from posbench.data.corpus import (
@@ -52,18 +59,21 @@ from posbench.data.synthetic import (
     SyntheticDataConfig,
     _write_synthetic,
 )
-from posbench.data.task import IGNORE, Examples, Task
+from posbench.data.task import IGNORE, Examples, Task, WindowTask
 from posbench.data.text import TextDataConfig, _check_held_out, _text_file_stamps, _write_text
 from posbench.data.tokenizer import BYTES, TokenizerOptions, byte_is_whitespace, tokenized_corpus
 from posbench.errors import PosbenchError
 
 __all__ = [
+    "ALGORITHMIC_TASKS",
     "ALPHABET",
     "DATA_SCHEMAS",
     "IGNORE",
     "MIN_SPLIT_BYTES",
     "SEPARATOR",
     "TASKS",
+    "WINDOW_TASKS",
+    "AlgorithmicTask",
     "Bytes",
     "CopyMarkovProcess",
     "Corpus",
@@ -76,6 +86,7 @@ __all__ = [
     "SyntheticDataConfig",
     "Task",
     "TextDataConfig",
+    "WindowTask",
     "byte_is_whitespace",
     "gather_windows",
     "load_corpus",
@@ -89,7 +100,12 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 # The task sources, each built from its config (a ``data.source`` not here is a corpus).
-TASKS: dict[str, type[Task]] = {"passkey": PasskeyTask, "copy": CopyTask, "recall": RecallTask}
+WINDOW_TASKS: dict[str, type[Task]] = {
+    "passkey": PasskeyTask,
+    "copy": CopyTask,
+    "recall": RecallTask,
+}
+TASKS: dict[str, type[Task]] = {**WINDOW_TASKS, **ALGORITHMIC_TASKS}
 
 DATA_SCHEMAS = {
     "synthetic": SyntheticDataConfig,
@@ -98,6 +114,7 @@ DATA_SCHEMAS = {
     "passkey": PasskeyDataConfig,
     "copy": CopyDataConfig,
     "recall": RecallDataConfig,
+    **ALGORITHMIC_SCHEMAS,
 }
 
 DataConfig = (
@@ -107,6 +124,7 @@ DataConfig = (
     | PasskeyDataConfig
     | CopyDataConfig
     | RecallDataConfig
+    | AlgorithmicDataConfig
 )
 
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from posbench.data.task import Example, Task, check_positive
+from posbench.data.task import Example, WindowTask, check_positive
 
 SYMBOLS = np.frombuffer(string.ascii_lowercase.encode(), dtype=np.uint8)
 SEPARATOR, PAD = ord("|"), ord(" ")
@@ -27,7 +27,7 @@ class CopyDataConfig:
     val_examples: int = 64  # evaluation examples per length
 
 
-class CopyTask(Task):
+class CopyTask(WindowTask):
     def __init__(self, config: CopyDataConfig) -> None:
         check_positive(config, ["val_examples"])
         super().__init__(config)

@@ -46,9 +46,9 @@ class Corpus:
     val_word_starts: np.ndarray | None = None
 
     def train_batch(
-        self, batch_size: int, seq_len: int, generator: torch.Generator
+        self, batch_size: int, seq_len: int, generator: torch.Generator, step: int
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Random windows of the train split (``sample_batch``)."""
+        """Random windows of the train split (``sample_batch``), the same at every ``step``."""
         return sample_batch(self.train, batch_size, seq_len, generator)
 
     def describe(self) -> str:

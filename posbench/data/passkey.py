@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from posbench.data.task import Example, Task, check_positive
+from posbench.data.task import Example, WindowTask, check_positive
 
 FILLER = (
     "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. "
@@ -40,7 +40,7 @@ def needle(key: str) -> str:
     return f"The pass key is {key}. Remember it. {key} is the pass key. "
 
 
-class PasskeyTask(Task):
+class PasskeyTask(WindowTask):
     eval_depths = (0, 25, 50, 75, 100)
 
     def __init__(self, config: PasskeyDataConfig) -> None:

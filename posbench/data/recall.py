@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from posbench.data.task import Example, Task, check_positive
+from posbench.data.task import Example, WindowTask, check_positive
 
 KEY_SYMBOLS = np.frombuffer(string.ascii_lowercase.encode(), dtype=np.uint8)
 VALUE_SYMBOLS = np.frombuffer(string.ascii_uppercase.encode(), dtype=np.uint8)
@@ -41,7 +41,7 @@ def pairs_in(length: int) -> int:
     return (length + 1) // (2 * PAIR_BYTES)
 
 
-class RecallTask(Task):
+class RecallTask(WindowTask):
     def __init__(self, config: RecallDataConfig) -> None:
         check_positive(config, ["val_examples"])
         super().__init__(config)

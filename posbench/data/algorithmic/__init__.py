@@ -1,0 +1,36 @@
+"""Algorithmic length-generalization tasks: problems of a size, generated from a seed.
+
+The suites the field's small-model results come from: Ruoss et al. 2023 ("Randomized
+Positional Encodings Boost Length Generalization of Transformers", the Chomsky-hierarchy
+tasks of google-deepmind/randomized_positional_encodings) and Kazemnejad et al. 2023 ("The
+Impact of Positional Encoding on Length Generalization in Transformers",
+McGill-NLP/length-generalization). ``base`` holds ``AlgorithmicTask`` (the prompt, separator,
+answer format, training by problem length, evaluation by problem length), ``curriculum`` the
+distributions training draws sizes from; every other module is one task, listed in
+``ALGORITHMIC_TASKS`` with its config.
+"""
+
+from __future__ import annotations
+
+from posbench.data.algorithmic.base import AlgorithmicDataConfig, AlgorithmicTask
+from posbench.data.algorithmic.curriculum import Curriculum
+from posbench.data.algorithmic.parity_check import ParityCheck, ParityCheckDataConfig
+from posbench.data.algorithmic.reverse_string import ReverseString, ReverseStringDataConfig
+
+__all__ = [
+    "ALGORITHMIC_SCHEMAS",
+    "ALGORITHMIC_TASKS",
+    "AlgorithmicDataConfig",
+    "AlgorithmicTask",
+    "Curriculum",
+]
+
+# Each task by its ``data.source``, and the schema of its ``data`` config.
+ALGORITHMIC_TASKS: dict[str, type[AlgorithmicTask]] = {
+    "parity_check": ParityCheck,
+    "reverse_string": ReverseString,
+}
+ALGORITHMIC_SCHEMAS: dict[str, type[AlgorithmicDataConfig]] = {
+    "parity_check": ParityCheckDataConfig,
+    "reverse_string": ReverseStringDataConfig,
+}

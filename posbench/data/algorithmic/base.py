@@ -1,0 +1,171 @@
+"""``AlgorithmicTask``: a problem of a given size, its prompt and its answer as bytes.
+
+A task implements ``problem(length, rng)`` (the prompt and the answer as strings of its own
+symbols) and ``max_tokens(length)``; this class turns them into examples
+
+    <prompt>|<answer>
+
+where only the answer's bytes are scored, draws training sizes from ``data.train_lengths``
+with ``data.curriculum`` (posbench/data/algorithmic/curriculum.py), and pads each batch after
+the examples' ends to its longest (a causal model never sees the padding before an answer
+byte). Evaluation scores ``data.val_examples`` problems per length, and a length here is the
+problem's size as the reference defines it (e.g. the input string's length), not the window's:
+``Examples.window`` says how many inputs the model saw.
+"""
+
+from __future__ import annotations
+
+from abc import abstractmethod
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+import numpy as np
+import torch
+
+from posbench.data.algorithmic.curriculum import Curriculum, draw_lengths
+from posbench.data.task import Example, Examples, Task, check_positive, stack_examples
+from posbench.errors import PosbenchError
+
+SEPARATOR = "|"  # between the prompt and the answer: in no task's alphabet
+PAD = 0  # after an example's end, never scored
+MAX_EVAL_LENGTH = 500  # Ruoss et al. evaluate sizes up to 500
+EVAL_STEP = 50  # the default evaluation sizes past the training range, every 50
+# The random stream of validation's examples: evaluation's are [data.seed, length] with
+# length >= 1, so stream 0 is no evaluation length's.
+VALIDATION_STREAM = 0
+
+
+@dataclass
+class AlgorithmicDataConfig:
+    """What every algorithmic task's ``data`` config holds (a task adds its own options)."""
+
+    name: str = ""
+    source: str = ""
+    seed: int = 0
+    val_examples: int = 64  # evaluation examples per problem length
+    # [lo, hi]: the problem lengths training draws from (Ruoss et al.: [1, 40])
+    train_lengths: list[int] = field(default_factory=lambda: [1, 40])
+    # uniform | fixed | regular_increase | reverse_exponential (curriculum.py)
+    curriculum: Curriculum = Curriculum.uniform
+    curriculum_every: int = 1000  # regular_increase: steps between two increases
+    curriculum_increase: int = 1  # regular_increase: the length added at each
+    curriculum_tau: float = 0.95  # reverse_exponential: length n drawn with weight tau ** n
+
+
+class AlgorithmicTask(Task):
+    """A task whose examples are problems of a size: prompt, separator, answer."""
+
+    length_unit = "problem length"
+    alphabet: ClassVar[str]  # the prompt's symbols
+    answer_alphabet: ClassVar[str]  # the answer's symbols
+    min_problem_length: ClassVar[int] = 1  # the smallest size the task defines
+
+    def __init__(self, config: AlgorithmicDataConfig) -> None:
+        check_positive(config, ["val_examples", "curriculum_every", "curriculum_increase"])
+        if len(config.train_lengths) != 2 or not (
+            self.min_problem_length <= config.train_lengths[0] <= config.train_lengths[1]
+        ):
+            raise PosbenchError(
+                f"data.train_lengths must be [lo, hi] with {self.min_problem_length} <= lo <= hi "
+                f"for data={config.source} (got {list(config.train_lengths)})"
+            )
+        if not 0 < config.curriculum_tau:
+            raise PosbenchError(
+                f"data.curriculum_tau must be positive (got {config.curriculum_tau})"
+            )
+        super().__init__(config)
+
+    @abstractmethod
+    def problem(self, length: int, rng: np.random.Generator) -> tuple[str, str]:
+        """A random problem of size ``length``: its prompt and its answer, in the task's
+        symbols."""
+
+    @abstractmethod
+    def max_tokens(self, length: int) -> int:
+        """The most bytes an example of size ``length`` takes: prompt, separator and answer."""
+
+    def chance_accuracy(self) -> float:
+        """A uniform guess over the answer's symbols."""
+        return 1 / len(self.answer_alphabet)
+
+    def describe(self) -> str:
+        lo, hi = self.train_lengths
+        return (
+            f"task {self.config.source}, problem lengths {lo}..{hi} "
+            f"({self.config.curriculum.value}), new examples every step"
+        )
+
+    @property
+    def train_lengths(self) -> tuple[int, int]:
+        lo, hi = self.config.train_lengths
+        return lo, hi
+
+    def example(self, length: int, rng: np.random.Generator) -> Example:
+        prompt, answer = self.problem(length, rng)
+        text = f"{prompt}{SEPARATOR}{answer}"
+        sequence = np.frombuffer(text.encode("ascii"), dtype=np.uint8)
+        is_answer = np.zeros(len(sequence), dtype=bool)
+        is_answer[len(sequence) - len(answer) :] = True
+        return sequence, is_answer
+
+    def batch(self, lengths: np.ndarray, rng: np.random.Generator) -> Examples:
+        """One example of each size in ``lengths``, padded to the longest."""
+        return stack_examples([self.example(int(n), rng) for n in lengths], PAD)
+
+    def check_training(self, seq_len: int) -> None:
+        needed = self.max_tokens(self.train_lengths[1]) - 1  # inputs: all bytes but the last
+        if seq_len < needed:
+            raise PosbenchError(
+                f"data={self.config.source} at problem length {self.train_lengths[1]} needs "
+                f"windows of {needed} tokens; raise train.seq_len to {needed} (got {seq_len}) "
+                "or lower data.train_lengths"
+            )
+
+    def train_batch(
+        self, batch_size: int, seq_len: int, generator: torch.Generator, step: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each example's size from the curriculum at ``step``; the batch is as wide as its
+        longest example (at most ``seq_len``), not ``seq_len``."""
+        self.check_training(seq_len)
+        seed = torch.randint(2**62, (1,), generator=generator).item()
+        rng = np.random.default_rng(seed)
+        config = self.config
+        lengths = draw_lengths(
+            config.curriculum,
+            self.train_lengths,
+            batch_size,
+            step,
+            rng,
+            config.curriculum_every,
+            config.curriculum_increase,
+            config.curriculum_tau,
+        )
+        examples = self.batch(lengths, rng)
+        return examples.inputs(), examples.targets()
+
+    def examples(self, length: int) -> Examples:
+        """``data.val_examples`` problems of size ``length``."""
+        rng = np.random.default_rng([self.config.seed, length])
+        return self.batch(np.full(self.config.val_examples, length), rng)
+
+    def validation_examples(self, seq_len: int) -> Examples:
+        """``data.val_examples`` problems with sizes spread evenly over the training range,
+        from ``data.seed`` alone."""
+        lo, hi = self.train_lengths
+        lengths = np.linspace(lo, hi, self.config.val_examples).round().astype(np.int64)
+        return self.batch(lengths, np.random.default_rng([self.config.seed, VALIDATION_STREAM]))
+
+    def unscorable(self, length: int) -> str | None:
+        if length < self.min_problem_length:
+            return (
+                f"data={self.config.source} defines problem lengths from {self.min_problem_length}"
+            )
+        return None
+
+    def default_eval_lengths(self) -> list[int]:
+        """The training range at up to 8 evenly spaced sizes, then every ``EVAL_STEP`` up to
+        ``MAX_EVAL_LENGTH``."""
+        lo, hi = self.train_lengths
+        inside = np.unique(np.linspace(lo, hi, min(8, hi - lo + 1)).round().astype(int))
+        beyond = range((hi // EVAL_STEP + 1) * EVAL_STEP, MAX_EVAL_LENGTH + 1, EVAL_STEP)
+        return [*map(int, inside), *beyond]

@@ -1,0 +1,37 @@
+"""``data=parity_check`` (regular): is the number of 1s in a binary string odd?
+
+As Ruoss et al. 2023 define it (google-deepmind/randomized_positional_encodings,
+tasks/regular/parity_check.py): the prompt is n random bits, the answer one bit, 1 when the
+prompt holds an odd number of 1s; the problem length is n.
+
+    0110100|1
+
+They score a classifier's output over the whole input; here the one answer byte is predicted
+after the separator.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from posbench.data.algorithmic.base import AlgorithmicDataConfig, AlgorithmicTask
+
+
+@dataclass
+class ParityCheckDataConfig(AlgorithmicDataConfig):
+    name: str = "parity_check"
+    source: str = "parity_check"
+
+
+class ParityCheck(AlgorithmicTask):
+    alphabet = "01"
+    answer_alphabet = "01"
+
+    def problem(self, length: int, rng: np.random.Generator) -> tuple[str, str]:
+        bits = rng.integers(2, size=length)
+        return "".join(map(str, bits)), str(bits.sum() % 2)
+
+    def max_tokens(self, length: int) -> int:
+        return length + 2

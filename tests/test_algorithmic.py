@@ -1,0 +1,243 @@
+"""Algorithmic tasks: every task's examples against an oracle written here, the curricula,
+training and evaluation by problem length, and Ruoss et al.'s length-generalization score."""
+
+import json
+import re
+from collections import Counter
+
+import numpy as np
+import pytest
+import torch
+
+from posbench.config import compose_config, eval_lengths, validate
+from posbench.data import ALGORITHMIC_TASKS, IGNORE, load_data
+from posbench.data.algorithmic.base import SEPARATOR
+from posbench.data.algorithmic.curriculum import Curriculum, draw_lengths
+from posbench.errors import PosbenchError
+from posbench.runs import with_length_generalization
+from posbench.train import train
+from tests.conftest import TINY_RUN, posbench
+
+# Each task's answer, computed from its prompt alone: independent of the task's own code.
+ORACLES = {
+    "parity_check": lambda prompt: str(prompt.count("1") % 2),
+    "reverse_string": lambda prompt: prompt[::-1],
+}
+# Problem lengths each task is checked at: the smallest it defines, a few inside Ruoss et al.'s
+# training range [1, 40], and a long one.
+CHECKED_LENGTHS = [1, 2, 3, 7, 40, 120]
+# TINY_RUN evaluates corpus windows (eval.lengths): a task run sets eval.task_lengths instead.
+TINY_TASK_RUN = [o for o in TINY_RUN if not o.startswith("eval.lengths=")]
+
+
+def problems(source: str, length: int, count: int = 50) -> list[tuple[str, str]]:
+    """(prompt, answer) of the evaluation examples of ``source`` at ``length``, read back
+    from their bytes and answer mask."""
+    examples = load_data({"source": source, "val_examples": count}).examples(length)
+    pairs = []
+    for tokens, answer in zip(examples.tokens, examples.answer, strict=True):
+        scored = torch.cat([torch.tensor([False]), answer])  # the mask is of tokens[1:]
+        text = bytes(tokens[~scored].tolist()).decode().rstrip("\0")
+        assert text.endswith(SEPARATOR), "the answer follows the separator"
+        pairs.append((text[:-1], bytes(tokens[scored].tolist()).decode()))
+    return pairs
+
+
+def test_every_task_has_an_oracle_here():
+    assert sorted(ORACLES) == sorted(ALGORITHMIC_TASKS)
+
+
+@pytest.mark.parametrize("source", sorted(ALGORITHMIC_TASKS))
+def test_every_task_is_registered_with_a_config_file_and_a_schema(source):
+    cfg = compose_config([f"data={source}", "train.seq_len=512"])
+    assert (cfg.data.name, cfg.data.source) == (source, source)
+    validate(cfg)
+
+
+@pytest.mark.parametrize("source", sorted(ALGORITHMIC_TASKS))
+def test_the_answers_are_recoverable_from_the_prompt_by_an_oracle(source):
+    task = load_data({"source": source})
+    for length in CHECKED_LENGTHS:
+        if length < task.min_problem_length:
+            continue
+        for prompt, answer in problems(source, length):
+            assert ORACLES[source](prompt) == answer, (length, prompt)
+
+
+@pytest.mark.parametrize("source", sorted(ALGORITHMIC_TASKS))
+def test_prompts_and_answers_use_only_their_alphabets_and_answers_use_all_of_theirs(source):
+    """The chance level (a uniform guess over the answer's symbols) counts the symbols answers
+    really use."""
+    task = load_data({"source": source})
+    answer_symbols = Counter()
+    for length in CHECKED_LENGTHS[2:]:
+        for prompt, answer in problems(source, length, 200):
+            assert set(prompt) <= set(task.alphabet) and SEPARATOR not in prompt
+            answer_symbols.update(answer)
+    assert set(answer_symbols) == set(task.answer_alphabet)
+    assert task.chance_accuracy() == 1 / len(task.answer_alphabet)
+
+
+@pytest.mark.parametrize("source", sorted(ALGORITHMIC_TASKS))
+def test_no_example_is_longer_than_max_tokens(source):
+    task = load_data({"source": source, "val_examples": 200})
+    for length in CHECKED_LENGTHS:
+        if length >= task.min_problem_length:
+            examples = task.examples(length)
+            assert examples.window() + 1 <= task.max_tokens(length)
+
+
+@pytest.mark.parametrize("source", sorted(ALGORITHMIC_TASKS))
+def test_evaluation_examples_depend_on_the_seed_and_length_alone(source):
+    task = load_data({"source": source})
+    again = load_data({"source": source, "train_lengths": [2, 5]})
+    assert torch.equal(task.examples(30).tokens, again.examples(30).tokens)
+    other_seed = load_data({"source": source, "seed": 1})
+    assert not torch.equal(task.examples(30).tokens, other_seed.examples(30).tokens)
+
+
+def test_training_batches_mix_problem_lengths_padded_to_the_longest_and_score_answers_only():
+    task = load_data({"source": "reverse_string", "train_lengths": [1, 10]})
+    inputs, targets = task.train_batch(64, 30, torch.Generator().manual_seed(0), 0)
+    assert inputs.shape == targets.shape == (64, 20)  # the longest: 10 bits, "|", 10 bits, less 1
+    separators = (inputs == ord(SEPARATOR)).int().argmax(1)  # (B,): where each prompt ends
+    sizes = separators.tolist()
+    assert min(sizes) == 1 and max(sizes) == 10
+    for row, size in enumerate(sizes):
+        scored = (targets[row] != IGNORE).nonzero().flatten().tolist()
+        assert scored == list(range(size, 2 * size))  # the answer bytes, none of the padding
+
+
+def test_training_batches_follow_the_sampler_state_so_a_resumed_run_continues_them():
+    task = load_data({"source": "parity_check"})
+    sampler = torch.Generator().manual_seed(0)
+    task.train_batch(8, 64, sampler, 0)
+    state = sampler.get_state()
+    second = task.train_batch(8, 64, sampler, 1)
+    resumed = torch.Generator()
+    resumed.set_state(state)
+    again = task.train_batch(8, 64, resumed, 1)
+    assert all(torch.equal(a, b) for a, b in zip(second, again, strict=True))
+
+
+def test_a_window_too_short_for_the_longest_training_problem_is_one_line():
+    task = load_data({"source": "reverse_string", "train_lengths": [1, 40]})
+    with pytest.raises(PosbenchError, match=re.escape("raise train.seq_len to 80 (got 64)")):
+        task.train_batch(4, 64, torch.Generator(), 0)
+
+
+@pytest.mark.parametrize(
+    ("settings", "message"),
+    [
+        ({"train_lengths": [5, 2]}, "data.train_lengths must be [lo, hi] with 1 <= lo <= hi"),
+        ({"train_lengths": [0, 2]}, "data.train_lengths must be [lo, hi] with 1 <= lo <= hi"),
+        ({"train_lengths": [3]}, "data.train_lengths must be [lo, hi]"),
+        ({"curriculum_tau": 0}, "data.curriculum_tau must be positive"),
+        ({"curriculum_every": 0}, "data.curriculum_every must be positive"),
+        ({"curriculum": "sometimes"}, "invalid data.curriculum"),
+    ],
+)
+def test_misconfigured_algorithmic_tasks_fail_with_one_line(settings, message):
+    with pytest.raises(PosbenchError, match=re.escape(message)):
+        load_data({"source": "parity_check", **settings})
+
+
+def draws(curriculum: str, step: int = 0, count: int = 20000, **options) -> np.ndarray:
+    rng = np.random.default_rng(0)
+    return draw_lengths(Curriculum(curriculum), (3, 12), count, step, rng, **options)
+
+
+def test_the_uniform_curriculum_draws_every_training_length_alike():
+    counts = np.bincount(draws("uniform"), minlength=13)[3:]
+    assert counts.min() > 0.9 * 20000 / 10 and counts.max() < 1.1 * 20000 / 10
+
+
+def test_the_fixed_curriculum_always_draws_the_longest_training_length():
+    assert set(draws("fixed").tolist()) == {12}
+
+
+def test_the_regular_increase_curriculum_grows_its_longest_length_every_so_many_steps():
+    options = {"every": 100, "increase": 2}
+    assert set(draws("regular_increase", 0, **options).tolist()) == {3}
+    assert set(draws("regular_increase", 250, **options).tolist()) == {3, 4, 5, 6, 7}
+    assert set(draws("regular_increase", 10**6, **options).tolist()) == set(range(3, 13))
+
+
+def test_the_reverse_exponential_curriculum_draws_length_n_with_weight_tau_to_the_n():
+    counts = np.bincount(draws("reverse_exponential", tau=0.7, count=200000), minlength=13)[3:]
+    expected = 0.7 ** np.arange(10) / (0.7 ** np.arange(10)).sum() * 200000
+    assert counts == pytest.approx(expected, rel=0.1)
+
+
+def test_validation_spreads_its_examples_over_the_training_range():
+    task = load_data({"source": "reverse_string", "train_lengths": [2, 9], "val_examples": 8})
+    examples = task.validation_examples(64)
+    sizes = (examples.tokens == ord(SEPARATOR)).int().argmax(1).tolist()
+    assert sizes == list(range(2, 10))
+
+
+def test_the_default_evaluation_lengths_cover_the_training_range_then_every_50_to_500():
+    cfg = compose_config(["data=parity_check", "data.train_lengths=[1,40]"])
+    assert eval_lengths(cfg) == [1, 7, 12, 18, 23, 29, 34, 40, *range(50, 501, 50)]
+
+
+def test_window_lengths_and_problem_lengths_are_set_with_their_own_keys():
+    wrong_key = re.escape("set eval.task_lengths instead of eval.lengths")
+    with pytest.raises(PosbenchError, match=wrong_key):
+        validate(compose_config(["data=parity_check", "eval.lengths=[16]"]))
+    with pytest.raises(PosbenchError, match=re.escape("eval.task_lengths are problem lengths")):
+        validate(compose_config(["eval.task_lengths=[16]"]))
+
+
+def test_length_generalization_averages_the_lengths_past_the_training_range():
+    records = [
+        {"length": n, "status": "ok", "accuracy": acc, "sequence_accuracy": seq}
+        for n, acc, seq in [(10, 1.0, 1.0), (40, 0.9, 0.8), (50, 0.6, 0.2), (100, 0.5, 0.0)]
+    ]
+    records.append({"length": 200, "status": "unsupported", "accuracy": None})
+    results = with_length_generalization({"eval": records}, 40)
+    assert results["length_generalization"] == pytest.approx(0.1)
+    assert results["length_generalization_accuracy"] == pytest.approx(0.55)
+    nothing_beyond = with_length_generalization({"eval": records[:2]}, 40)
+    assert nothing_beyond["length_generalization"] is None
+
+
+def test_a_tiny_run_learns_reverse_string_and_records_accuracy_by_problem_length(tmp_path):
+    overrides = [
+        *TINY_TASK_RUN,
+        "data=reverse_string",
+        "data.train_lengths=[1,6]",
+        "data.val_examples=32",
+        "train.seq_len=12",
+        "train.steps=150",
+        "model.d_model=64",
+        "eval.task_lengths=[3,6,9]",
+    ]
+    results = train(compose_config(overrides), tmp_path / "run")
+    by_length = {r["length"]: r for r in results["eval"]}
+    assert sorted(by_length) == [3, 6, 9]
+    assert [by_length[n]["window"] for n in (3, 6, 9)] == [6, 12, 18]
+    # In distribution it has learned most of the reversal; the summary is of length 9 alone.
+    assert by_length[3]["accuracy"] > 0.8
+    assert results["length_generalization"] == by_length[9]["sequence_accuracy"]
+    assert results["length_generalization_accuracy"] == by_length[9]["accuracy"]
+
+
+@pytest.mark.slow
+def test_posbench_eval_takes_problem_lengths_and_updates_the_score(tmp_path):
+    run = tmp_path / "run"
+    overrides = [
+        *TINY_TASK_RUN,
+        "data=parity_check",
+        "data.train_lengths=[1,8]",
+        "data.val_examples=8",
+        "train.steps=5",
+        "eval.task_lengths=[4,8]",
+    ]
+    posbench("train", *overrides, f"hydra.run.dir={run}", cwd=tmp_path)
+    assert json.loads((run / "results.json").read_text())["length_generalization"] is None
+    posbench("eval", "--run", run, "--length", "30", cwd=tmp_path)
+    results = json.loads((run / "results.json").read_text())
+    (beyond,) = [r for r in results["eval"] if r["length"] == 30]
+    assert beyond["window"] == 31
+    assert results["length_generalization"] == beyond["sequence_accuracy"]
