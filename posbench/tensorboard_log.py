@@ -86,11 +86,12 @@ def log_eval_records(
     writer: SummaryWriter, records: Sequence[Mapping[str, Any]], train_seq_len: int
 ) -> None:
     """One point per evaluated length on ``eval/ppl``, ``eval/bits_per_byte``, ``eval/word_ppl``
-    (text: the metrics that compare across tokenizers) and, for a task, ``eval/accuracy``."""
+    (text: the metrics that compare across tokenizers) and, for a task, ``eval/accuracy`` and
+    ``eval/sequence_accuracy`` (an algorithmic task's at step = problem length)."""
     for record in records:
         if record["status"] != "ok":
             continue
-        for metric in ("ppl", "bits_per_byte", "word_ppl", "accuracy"):
+        for metric in ("ppl", "bits_per_byte", "word_ppl", "accuracy", "sequence_accuracy"):
             if record.get(metric) is not None:  # word_ppl: text only; accuracy: tasks only
                 writer.add_scalar(
                     eval_tag(metric, record), record[metric], global_step=record["length"]
@@ -202,11 +203,15 @@ def hparam_value(value: Any) -> Any:
 
 def headline_metrics(results: Mapping[str, Any]) -> dict[str, float]:
     """The numbers the HParams tab shows beside a run's knobs: its training summary's, and its
-    perplexity (a task's accuracy, too) at each evaluated length."""
+    perplexity (a task's accuracy, too) at each evaluated length; an algorithmic task's
+    length_generalization summaries."""
     metrics = {"final_loss": results["train"]["final_loss"], "val_ppl": results["train"]["val_ppl"]}
     for record in results["eval"]:
         if record["status"] == "ok":
             metrics[f"ppl_at_{record['length']}"] = record["ppl"]
         if record.get("accuracy") is not None:  # a task's
             metrics[f"accuracy_at_{record['length']}"] = record["accuracy"]
+    for summary in ("length_generalization", "length_generalization_accuracy"):
+        if results.get(summary) is not None:  # an algorithmic task's
+            metrics[summary] = results[summary]
     return metrics

@@ -15,6 +15,7 @@ from posbench.data.algorithmic.base import SEPARATOR
 from posbench.data.algorithmic.curriculum import Curriculum, draw_lengths
 from posbench.errors import PosbenchError
 from posbench.runs import with_length_generalization
+from posbench.tensorboard_log import headline_metrics
 from posbench.train import train
 from tests.conftest import TINY_RUN, posbench
 
@@ -221,6 +222,8 @@ def test_a_tiny_run_learns_reverse_string_and_records_accuracy_by_problem_length
     assert by_length[3]["accuracy"] > 0.8
     assert results["length_generalization"] == by_length[9]["sequence_accuracy"]
     assert results["length_generalization_accuracy"] == by_length[9]["accuracy"]
+    # TensorBoard's HParams tab shows it beside the run's knobs.
+    assert headline_metrics(results)["length_generalization"] == results["length_generalization"]
 
 
 @pytest.mark.slow

@@ -637,3 +637,68 @@ def test_a_run_from_before_a_model_option_existed_groups_with_runs_at_its_defaul
     OmegaConf.save(config, old)
     (group,) = build_report(sweep_copy).groups
     assert {len(row.runs) for row in group.rows} == {2}
+
+
+def task_run(path, task, encoding, seed, accuracies, **config):
+    """A run on an algorithmic task trained at problem lengths 1-40: ``accuracies`` maps each
+    problem length to its (accuracy, sequence_accuracy); results.json holds the summary over
+    the lengths past 40, as runs.with_length_generalization writes it."""
+    positions = config.get("train__random_positions")
+    at = {} if positions is None else {"positions": "random", "random_positions": positions}
+    records = [
+        {"length": n, "stride": None, "ppl": 1.5, "status": "ok", "reason": None,
+         "accuracy": acc, "sequence_accuracy": seq, **at}
+        for n, (acc, seq) in accuracies.items()
+    ]  # fmt: skip
+    beyond = [(acc, seq) for n, (acc, seq) in accuracies.items() if n > 40]
+    summary = {
+        "length_generalization": float(np.mean([seq for _, seq in beyond])),
+        "length_generalization_accuracy": float(np.mean([acc for acc, _ in beyond])),
+    }
+    run = make_run(
+        path, encoding, seed, seq_len=128, data__name=task, data__train_lengths=[1, 40], **config
+    )
+    content = json.loads((run / "results.json").read_text())
+    (run / "results.json").write_text(json.dumps({**content, "eval": records, **summary}))
+    return run
+
+
+def test_an_algorithmic_sweep_opens_with_ruoss_et_als_table_of_length_generalization(tmp_path):
+    for seed, spread in ((0, 0.0), (1, 0.2)):
+        for task in ("parity_check", "reverse_string"):
+            task_run(
+                tmp_path / f"{task}-rope-{seed}",
+                task,
+                "rope",
+                seed,
+                {40: (1.0, 1.0), 50: (0.6, 0.1 + spread), 100: (0.5, 0.1 + spread)},
+            )
+            task_run(
+                tmp_path / f"{task}-alibi-{seed}",
+                task,
+                "alibi",
+                seed,
+                {40: (1.0, 1.0), 50: (0.9, 0.6), 100: (0.7, 0.4)},
+            )
+            task_run(tmp_path / f"{task}-random-{seed}", task, "rope", seed,
+                     {40: (1.0, 1.0), 50: (0.8, 0.5), 100: (0.8, 0.5)},
+                     train__random_positions=2048)  # fmt: skip
+    report = build_report(tmp_path)
+    assert [(g.task, g.problem_lengths) for g in report.groups] == [
+        ("parity_check", (1, 40)),
+        ("reverse_string", (1, 40)),
+    ]
+    text = markdown(report)
+    table = text[text.index("| task |") :].splitlines()
+    assert table[0] == "| task | alibi | rope | rope (random_positions=2048) |"
+    assert table[2] == "| parity_check | **0.50** ± 0.00 | 0.20 ± 0.14 | **0.50** ± 0.00 |"
+    # Problem lengths are no multiples of a window, and an algorithmic task's ppl says little.
+    assert "| 50 | 100 |" in text and "(0.39×)" not in text and "Perplexity:" not in text
+    out = tmp_path / "report"
+    written = {path.name for path in write_report(report, out)}
+    assert {"accuracy_vs_length_group1.png", "accuracy_vs_length_group2.png"} <= written
+    assert not any(name.startswith("ppl_vs_length") for name in written)
+    content = json.loads((out / "report.json").read_text())
+    summary = content["groups"][0]["length_generalization"]["rope"]
+    assert summary["length_generalization_n"] == 2
+    assert summary["length_generalization_mean"] == pytest.approx(0.2)

@@ -18,6 +18,7 @@ Written to DIR/report/ (or --out):
     ppl_vs_length[_<group>].png  perplexity against evaluation length, one line per row
                                  (--metric bits_per_byte or word_ppl: <metric>_vs_length)
     accuracy_vs_length[_<group>].png  a task's answer accuracy against evaluation length
+                                 (an algorithmic task's: against problem length, no ppl figure)
     loss_by_position[_<group>].png  NLL against position in the window at the longest length
     tensorboard/[<group>/]<row>/ the mean curves as TensorBoard runs that overlay in Scalars
                                  (report/ppl, report/ppl_ratio, report/loss_by_position,
@@ -34,6 +35,10 @@ learn comparably: its rows are marked, their ratios saying little.
 Loss by position is reported at the longest length whose records hold it: the mean NLL per
 position bucket over seeds, and per run "nll after / before" = the token-weighted mean NLL of
 the buckets at positions >= train.seq_len over that of the buckets below it.
+
+Runs on an algorithmic task (posbench/data/algorithmic/) are evaluated at problem lengths: their
+groups show accuracies only, and the report opens with Ruoss et al.'s Table 1, one line per
+task and one column per encoding, of the runs' length_generalization summaries.
 
 For a corpus with documents, the documents scored at each length are shown under the
 perplexity table (a document shorter than L + 1 bytes is skipped at L, so lengths can score
@@ -66,7 +71,9 @@ def write_report(report: Report, out: Path) -> list[Path]:
     atomic_write(written[1], csv_text(records).encode())
     write_json(written[2], json_content(report, records))
     for group in report.groups:
-        figures = {f"{report.metric}_vs_length": value_figure(group, report.metric)}
+        figures = {}
+        if group.problem_lengths is None:  # an algorithmic task's ppl says little
+            figures[f"{report.metric}_vs_length"] = value_figure(group, report.metric)
         if group.position_length is not None:
             figures["loss_by_position"] = position_figure(group)
         if has_accuracy(group):

@@ -151,10 +151,14 @@ def length_figure(group: Group, metric: str) -> tuple[Figure, Any]:
         style = row_style(index)
         axes.plot(lengths, means, marker="o", label=legend_label(row), **style)
         axes.fill_between(lengths, means - stds, means + stds, color=style["color"], alpha=0.2)
-    axes.axvline(group.train_seq_len, color="grey", linestyle="--", label="train length")
-    axes.set_xscale("log", base=2)
-    axes.set_xticks(group.lengths, labels=[str(length) for length in group.lengths])
-    axes.set_xlabel("evaluation length (tokens)")
+    if group.problem_lengths is not None:  # problem lengths, on a linear axis as Ruoss et al.
+        axes.axvspan(*group.problem_lengths, color="grey", alpha=0.15, label="train lengths")
+        axes.set_xlabel("problem length")
+    else:
+        axes.axvline(group.train_seq_len, color="grey", linestyle="--", label="train length")
+        axes.set_xscale("log", base=2)
+        axes.set_xticks(group.lengths, labels=[str(length) for length in group.lengths])
+        axes.set_xlabel("evaluation length (tokens)")
     axes.set_title(textwrap.fill(group.title, TITLE_CHARACTERS), fontsize="small")
     axes.grid(True, which="both", alpha=0.3)
     axes.legend(fontsize="small")

@@ -44,6 +44,8 @@ NOT_A_SETTING = (
     # compared by bits_per_byte or word_ppl (--metric).
     "data.tokenizer",
     "data.vocab_size",
+    # Randomized positions make rows too: Ruoss et al.'s method beside the encodings.
+    "train.random_positions",
 )
 # An encoding whose mean perplexity at the training length is more than this many times the
 # best encoding's did not learn comparably (e.g. under-trained): a flat ratio from a high start
@@ -117,6 +119,9 @@ class Row:
     by_position: PositionCurve | None = None  # none for sliding windows
     by_depth: dict[int, Stat] | None = None  # passkey: accuracy per needle depth (percent)
     not_comparable: str | None = None  # why its ratios say little (mark_not_comparable)
+    # an algorithmic task's: its runs' length_generalization(_accuracy) (runs.py)
+    generalization: Stat = Stat(0, None, None)
+    generalization_accuracy: Stat = Stat(0, None, None)
 
 
 @dataclass
@@ -129,6 +134,9 @@ class Group:
     rows: list[Row]
     position_length: int | None = None  # the longest length with loss by position
     depth_length: int | None = None  # the longest length with passkey accuracy by depth
+    # an algorithmic task's training range [lo, hi]: its lengths are problem lengths
+    problem_lengths: tuple[int, int] | None = None
+    task: str | None = None  # and that task's data.name
 
 
 @dataclass
@@ -170,14 +178,13 @@ def tokenizer_text(run: Run) -> str:
 
 
 def encoding_labels(runs: Sequence[Run]) -> dict[Path, str]:
-    """Each run's encoding name, plus the encoding options that differ between runs of that
-    name (so rope with two bases makes two rows instead of one average), plus its tokenizer
-    when the runs differ in theirs ("rope [bpe 8192]")."""
+    """Each run's encoding name, plus the encoding options and randomized positions that
+    differ between runs of that name (so rope with two bases makes two rows instead of one
+    average; "rope (random_positions=2048)" beside "rope"), plus its tokenizer when the runs
+    differ in theirs ("rope [bpe 8192]")."""
     tokenizers = {run.path: tokenizer_text(run) for run in runs}
     several = len(set(tokenizers.values())) > 1
-    options = {
-        run.path: {k: v for k, v in run.config.items() if k.startswith("encoding.")} for run in runs
-    }
+    options = {run.path: label_options(run) for run in runs}
     labels = {}
     for run in runs:
         name = run.config["encoding.name"]
@@ -185,13 +192,20 @@ def encoding_labels(runs: Sequence[Run]) -> dict[Path, str]:
         differing = sorted(
             k for k in options[run.path] if len({json.dumps(o.get(k)) for o in same_name}) > 1
         )
-        details = ", ".join(
-            f"{k.removeprefix('encoding.')}={options[run.path][k]}" for k in differing
-        )
+        details = ", ".join(f"{k.split('.', 1)[1]}={options[run.path][k]}" for k in differing)
         labels[run.path] = f"{name} ({details})" if details else name
         if several:
             labels[run.path] += f" [{tokenizers[run.path]}]"
     return labels
+
+
+def label_options(run: Run) -> dict[str, Any]:
+    """What can tell a run's row from others of its encoding: the encoding's options, and
+    train.random_positions where it is set."""
+    options = {k: v for k, v in run.config.items() if k.startswith("encoding.")}
+    if run.config.get("train.random_positions") is not None:
+        options["train.random_positions"] = run.config["train.random_positions"]
+    return options
 
 
 def row_label(encoding: str, scaling: str, stride: int | None, positions: str | None) -> str:
@@ -208,9 +222,18 @@ def other_positions(run: Run, record: dict[str, Any]) -> str | None:
     return None if mode == trained else mode
 
 
+def problem_lengths(run: Run) -> tuple[int, int] | None:
+    """The training range of a run on an algorithmic task (None: any other run)."""
+    lengths = run.config.get("data.train_lengths")
+    return None if lengths is None else (lengths[0], lengths[1])
+
+
 def reference_value(run: Run, record: dict[str, Any], metric: str) -> float | None:
     """The run's ``metric`` at its training length measured as ``record`` was (the same
-    ``eval_protocol``): what ``record``'s ratio divides by."""
+    ``eval_protocol``): what ``record``'s ratio divides by. None for an algorithmic task,
+    whose evaluation lengths are problem lengths, not multiples of a window."""
+    if problem_lengths(run) is not None:
+        return None
     records, seq_len = run.results["eval"], run.config["train.seq_len"]
     return training_length_ppl(records, seq_len, metric).get(eval_protocol(record))
 
@@ -241,10 +264,19 @@ def build_group(
         shown = row_label(label, scaling, stride, positions)
         row = Row(shown, label, scaling, stride, positions, row_runs[key])
         row.cells = [cell(length, table[key].get(length, []), metric) for length in lengths]
+        results = [run.results for run in runs if run.path in row.runs]
+        row.generalization = Stat.of(summary_values(results, "length_generalization"))
+        row.generalization_accuracy = Stat.of(
+            summary_values(results, "length_generalization_accuracy")
+        )
         rows.append(row)
     train_seq_len = runs[0].config["train.seq_len"]
     group = Group(name, title, setting, train_seq_len, lengths, rows)
-    mark_not_comparable(group)
+    group.problem_lengths = problem_lengths(runs[0])
+    if group.problem_lengths is None:
+        mark_not_comparable(group)
+    else:
+        group.task = runs[0].config.get("data.name")
     with_positions = [
         (key, length)
         for key, by_length in table.items()
@@ -267,6 +299,11 @@ def build_group(
         for key, row in zip(sorted_keys, rows, strict=True):
             row.by_depth = depth_accuracy(table[key].get(group.depth_length, []))
     return group
+
+
+def summary_values(results: Sequence[dict[str, Any]], key: str) -> list[float]:
+    """The runs' top-level ``key`` where they have one (an algorithmic task's summary)."""
+    return [r[key] for r in results if r.get(key) is not None]
 
 
 def depth_accuracy(measured: Sequence[tuple[Run, dict]]) -> dict[int, Stat] | None:
@@ -378,10 +415,12 @@ def has_accuracy(group: Group) -> bool:
 
 
 def group_title(config: dict[str, Any]) -> str:
+    trained = f"{config['train.seq_len']} tokens"
+    if (lengths := config.get("data.train_lengths")) is not None:
+        trained = f"problem lengths {lengths[0]}–{lengths[1]}"
     return (
         f"{config.get('data.name', '?')} data, model {config['model.n_layer']}×"
-        f"{config['model.d_model']}, trained at {config['train.seq_len']} tokens for "
-        f"{config['train.steps']} steps"
+        f"{config['model.d_model']}, trained at {trained} for {config['train.steps']} steps"
     )
 
 

@@ -23,6 +23,8 @@ def stat_text(stat: Stat, bold: bool = False) -> str:
 
 
 def length_headers(group: Group) -> list[str]:
+    if group.problem_lengths is not None:  # problem lengths: no multiple of a window
+        return [str(length) for length in group.lengths]
     return [f"{length} ({multiple(length, group.train_seq_len)})" for length in group.lengths]
 
 
@@ -125,6 +127,42 @@ ACCURACIES = {
 }
 
 
+# The summaries of a run on an algorithmic task (runs.with_length_generalization), by the Row
+# attribute that holds them.
+GENERALIZATION = {
+    "generalization": "mean sequence accuracy (whole answer right)",
+    "generalization_accuracy": "mean accuracy per answer byte, what their Table 1 averages",
+}
+
+
+def generalization_table(groups: Sequence[Group], key: str, what: str) -> list[str]:
+    """Ruoss et al.'s Table 1: one line per task (group), one column per encoding (row label),
+    each cell the runs' ``key`` summary over the problem lengths past the training range,
+    the best per task in bold."""
+    labels = list(dict.fromkeys(row.label for group in groups for row in group.rows))
+    names = [group.task or group.title for group in groups]
+    lines = [
+        f"Length generalization (Ruoss et al. 2023): {what}, over the evaluated problem lengths "
+        "past each task's training range:",
+        "",
+        "| task | " + " | ".join(labels) + " |",
+        "| --- |" + " --- |" * len(labels),
+    ]
+    for group, name in zip(groups, names, strict=True):
+        if names.count(name) > 1:  # the same task trained in several settings
+            name = f"{name} ({group.name})"
+        stats = {row.label: getattr(row, key) for row in group.rows}
+        best = max((s.mean for s in stats.values() if s.mean is not None), default=None)
+        texts = [
+            "–"
+            if (stat := stats.get(label)) is None or stat.mean is None
+            else stat_text(stat, bold=stat.mean == best and len(stats) > 1)
+            for label in labels
+        ]
+        lines.append(f"| {name} | " + " | ".join(texts) + " |")
+    return lines
+
+
 def depth_table(group: Group, footnotes: dict[str, int]) -> list[str]:
     """Passkey accuracy per depth of the needle at the group's ``depth_length``."""
     depths = sorted({d for row in group.rows if row.by_depth for d in row.by_depth})
@@ -155,14 +193,20 @@ def markdown(report: Report) -> str:
         "measured. Best mean per column in bold (lowest perplexity, highest accuracy).",
     ]
     footnotes: dict[str, int] = {}
+    tasks = [group for group in report.groups if group.problem_lengths is not None]
+    if tasks:
+        for key, what in GENERALIZATION.items():
+            lines += ["", *generalization_table(tasks, key, what)]
     for group in report.groups:
-        lines += ["", f"## {group.title}", "", f"{METRICS[report.metric]}:", ""]
-        lines += markdown_table(group, "value", footnotes)
-        if note := documents_note(group):
-            lines += ["", *note]
-        title = ratio_title(group.train_seq_len, report.metric)
-        lines += ["", f"{title}, each run against its own:", ""]
-        lines += markdown_table(group, "ratio", footnotes)
+        lines += ["", f"## {group.title}"]
+        if group.problem_lengths is None:  # an algorithmic task's ppl says little
+            lines += ["", f"{METRICS[report.metric]}:", ""]
+            lines += markdown_table(group, "value", footnotes)
+            if note := documents_note(group):
+                lines += ["", *note]
+            title = ratio_title(group.train_seq_len, report.metric)
+            lines += ["", f"{title}, each run against its own:", ""]
+            lines += markdown_table(group, "ratio", footnotes)
         if has_accuracy(group):
             for metric, what in ACCURACIES.items():
                 lines += ["", f"{what}:", ""]
@@ -228,7 +272,7 @@ def cell_records(report: Report) -> list[dict[str, Any]]:
             "runs": len(row.runs),
             "comparable": row.not_comparable is None,
             "length": c.length,
-            "multiple": c.length / group.train_seq_len,
+            "multiple": None if group.problem_lengths else c.length / group.train_seq_len,
             "status": "unsupported"
             if c.unsupported is not None
             else "ok"
@@ -278,6 +322,8 @@ def json_content(report: Report, records: Sequence[dict[str, Any]]) -> dict[str,
                 "title": g.title,
                 "setting": g.setting,
                 "train_seq_len": g.train_seq_len,
+                "problem_lengths": g.problem_lengths,
+                "length_generalization": generalization_content(g),
                 "rows": {row.label: [relative(p, report.root) for p in row.runs] for row in g.rows},
                 "loss_by_position": position_content(g),
                 "accuracy_by_depth": depth_content(g),
@@ -288,6 +334,23 @@ def json_content(report: Report, records: Sequence[dict[str, Any]]) -> dict[str,
         "excluded": [
             {"path": relative(e.path, report.root), "reason": e.reason} for e in report.excluded
         ],
+    }
+
+
+def generalization_content(group: Group) -> dict[str, Any] | None:
+    """An algorithmic task's length_generalization summaries per row, for report.json."""
+    if group.problem_lengths is None:
+        return None
+    return {
+        row.label: {
+            f"{name}_{part}": getattr(getattr(row, attribute), part)
+            for attribute, name in (
+                ("generalization", "length_generalization"),
+                ("generalization_accuracy", "length_generalization_accuracy"),
+            )
+            for part in ("n", "mean", "std")
+        }
+        for row in group.rows
     }
 
 
