@@ -195,12 +195,23 @@ def test_length_generalization_averages_the_lengths_past_the_training_range():
         {"length": n, "status": "ok", "accuracy": acc, "sequence_accuracy": seq}
         for n, acc, seq in [(10, 1.0, 1.0), (40, 0.9, 0.8), (50, 0.6, 0.2), (100, 0.5, 0.0)]
     ]
-    records.append({"length": 200, "status": "unsupported", "accuracy": None})
     results = with_length_generalization({"eval": records}, 40)
     assert results["length_generalization"] == pytest.approx(0.1)
     assert results["length_generalization_accuracy"] == pytest.approx(0.55)
     nothing_beyond = with_length_generalization({"eval": records[:2]}, 40)
     assert nothing_beyond["length_generalization"] is None
+
+
+def test_length_generalization_is_none_when_a_length_past_the_range_could_not_be_measured():
+    """A learned table too short for length 200: a mean over the other lengths would not
+    compare with the other encodings' means over all of them."""
+    records = [
+        {"length": 50, "status": "ok", "accuracy": 0.6, "sequence_accuracy": 0.2},
+        {"length": 200, "status": "unsupported", "accuracy": None, "sequence_accuracy": None},
+    ]
+    results = with_length_generalization({"eval": records}, 40)
+    assert results["length_generalization"] is None
+    assert results["length_generalization_accuracy"] is None
 
 
 def test_a_tiny_run_learns_reverse_string_and_records_accuracy_by_problem_length(tmp_path):
