@@ -22,7 +22,7 @@ from posbench.data import ALGORITHMIC_TASKS
 from posbench.encodings.rope import SCALING_METHODS
 from posbench.evaluate import evaluate_run, rope_scaling_overrides
 from posbench.reevaluate import record_eval
-from posbench.report.run_table import eval_table
+from posbench.report.run_table import run_table, trained_at
 from posbench.runs import load_run_config
 from posbench.threads import AUTO, use_threads
 
@@ -137,5 +137,5 @@ def run_eval(args: Sequence[str]) -> None:
         positions=options.positions,
     )
     results = record_eval(run_dir, records, cfg.train.seq_len, longest_trained(cfg))
-    print(f"{cfg.encoding.name} trained at {cfg.train.seq_len} ({run_dir})")
-    print(eval_table(records, cfg.train.seq_len, references=results["eval"]))
+    print(f"{cfg.encoding.name} trained at {trained_at(cfg)} ({run_dir})")
+    print(run_table(cfg, records, results))

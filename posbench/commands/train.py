@@ -25,7 +25,7 @@ from posbench.commands.overrides import check_overrides, compose_or_fail, group_
 from posbench.config import config_dir
 from posbench.errors import PosbenchError
 from posbench.output_dirs import register_unique_dir_resolver
-from posbench.report.run_table import data_baselines, eval_table
+from posbench.report.run_table import data_baselines, run_table, trained_at
 from posbench.runs import CONFIG_FILE, saved_config
 from posbench.train import TrainingInterrupted, train
 
@@ -77,8 +77,8 @@ def train_job(cfg: DictConfig) -> float | None:
             raise
         report(PosbenchError(f"lost the other ranks ({reason}): one failed or timed out"))
     if distributed.is_main():
-        print(f"\n{cfg.encoding.name} trained at {cfg.train.seq_len} -> {run_dir}")
-        print(eval_table(results["eval"], cfg.train.seq_len))
+        print(f"\n{cfg.encoding.name} trained at {trained_at(cfg)} -> {run_dir}")
+        print(run_table(cfg, results["eval"], results))
         print(data_baselines(results["data"]))
     return results["train"]["val_ppl"]  # for optimising sweepers (e.g. Optuna)
 

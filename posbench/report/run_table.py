@@ -6,7 +6,69 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from omegaconf import DictConfig, OmegaConf
+
 from posbench.runs import eval_protocol, protocol_text, scaling_name, training_length_ppl
+
+
+def trained_at(cfg: DictConfig) -> str:
+    """What a run trained at, in the words its tables use: "128" (tokens), or an algorithmic
+    task's "problem lengths 1-40"."""
+    lengths = OmegaConf.select(cfg, "data.train_lengths")
+    if lengths is None:
+        return str(cfg.train.seq_len)
+    return f"problem lengths {lengths[0]}–{lengths[1]}"
+
+
+def run_table(
+    cfg: DictConfig,
+    records: Sequence[dict[str, Any]],
+    results: dict[str, Any],
+) -> str:
+    """The table ``posbench train`` and ``posbench eval`` print of ``records`` (of the run
+    configured by ``cfg``, whose results.json holds ``results``): ``eval_table``, or for an
+    algorithmic task ``problem_length_table``."""
+    lengths = OmegaConf.select(cfg, "data.train_lengths")
+    if lengths is None:
+        return eval_table(records, cfg.train.seq_len, references=results["eval"])
+    return problem_length_table(records, lengths[1], results)
+
+
+def problem_length_table(
+    records: Sequence[dict[str, Any]], longest_trained: int, results: dict[str, Any]
+) -> str:
+    """An algorithmic task's records by problem length: the window its longest example took,
+    the answers' perplexity, accuracy and sequence accuracy (no ratio: a problem length is
+    no multiple of a window), then the run's length_generalization summary."""
+    header = (
+        f"{'length':>8}  {'window':>8}  {'ppl':>9}  {'accuracy':>8}  {'seq acc':>8}  "
+        f"{'examples':>8}"
+    )
+    lines = [header, "-" * len(header)]
+    for r in records:
+        beyond = "*" if r["length"] > longest_trained else " "
+        measured = f"{r['length']:>7}{beyond}"
+        if r["status"] != "ok":
+            lines.append(f"{measured}  unsupported: {r['reason']}")
+            continue
+        lines.append(
+            f"{measured}  {r['window']:>8,}  {r['ppl']:9.3f}  {r['accuracy']:8.3f}  "
+            f"{r['sequence_accuracy']:8.3f}  {r['examples']:>8,}"
+        )
+    lines.append(f"* past the training range (problem lengths up to {longest_trained})")
+    score = results.get("length_generalization")
+    if score is None:
+        lines.append(
+            "length_generalization: none (no length past the training range, or one of them "
+            "unsupported)"
+        )
+    else:
+        accuracy = results["length_generalization_accuracy"]
+        lines.append(
+            f"length_generalization: {score:.3f} mean sequence accuracy past the training "
+            f"range ({accuracy:.3f} mean accuracy)"
+        )
+    return "\n".join(lines)
 
 
 def eval_table(
