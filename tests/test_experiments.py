@@ -5,7 +5,7 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 
 from posbench.commands.overrides import expand_sweeps, sweep_overrides
 from posbench.config import compose_config, eval_lengths, validate
-from posbench.data import WINDOW_TASKS
+from posbench.data import ALGORITHMIC_TASKS, WINDOW_TASKS
 from posbench.encodings import encoding_names
 from posbench.errors import PosbenchError
 from posbench.output_dirs import register_unique_dir_resolver
@@ -92,6 +92,17 @@ def test_the_retrieval_experiment_sweeps_every_encoding_and_window_task_over_thr
     assert swept_values(cfg, "seed") == ["0", "1", "2"]
     for task in WINDOW_TASKS:
         validate(compose_config(["+experiment=retrieval", f"data={task}"]))
+
+
+def test_the_algorithmic_experiment_sweeps_every_encoding_and_algorithmic_task_over_three_seeds():
+    cfg = compose_config(["+experiment=algorithmic"], with_hydra=True)
+    assert sorted(swept_values(cfg, "encoding")) == encoding_names()
+    assert sorted(swept_values(cfg, "data")) == sorted(ALGORITHMIC_TASKS)
+    assert swept_values(cfg, "seed") == ["0", "1", "2"]
+    for task in ALGORITHMIC_TASKS:
+        validate(compose_config(["+experiment=algorithmic", f"data={task}"]))
+    randomized = ["+experiment=algorithmic", "data=parity_check", "train.random_positions=2048"]
+    validate(compose_config(randomized))
 
 
 def test_a_sweep_takes_values_of_the_groups_the_experiment_sweeps():
