@@ -360,7 +360,8 @@ def train_step(
     if cfg.random_positions is not None:
         # Each sequence at its own sorted subset, drawn for the global batch like the batch
         # itself, from the sampler whose state the checkpoint already holds.
-        drawn = sample_positions(cfg.random_positions, cfg.batch_size, cfg.seq_len, sampler)
+        # As wide as the batch: an algorithmic task's is its longest problem, not seq_len.
+        drawn = sample_positions(cfg.random_positions, cfg.batch_size, x.shape[1], sampler)
         positions = drawn[rows].to(device).split(micro_batch)
     # DDP averages the gradients over the ranks; scaled by their number, the sum over ranks and
     # micro-batches is the gradient of the global batch's mean loss.
@@ -461,7 +462,7 @@ def validation_loss(
         at = None
         if positions is not None:
             keys = range(first * key_step, (first + len(inputs)) * key_step, key_step)
-            at = positions.of_windows(cfg.seq_len, keys).to(device)
+            at = positions.of_windows(inputs.shape[1], keys).to(device)  # (B, T)
         first += len(inputs)
         with autocast(precision, device):
             logits = model(inputs, at).float()  # (B, T, vocab)

@@ -237,6 +237,24 @@ def test_a_tiny_run_learns_reverse_string_and_records_accuracy_by_problem_length
     assert headline_metrics(results)["length_generalization"] == results["length_generalization"]
 
 
+def test_randomized_positions_train_on_batches_as_wide_as_their_longest_problem(tmp_path):
+    """Ruoss et al.'s method: each example at a sorted random subset of [0, N), drawn for the
+    batch's width (its longest problem), not train.seq_len; evaluated at random positions."""
+    overrides = [
+        *TINY_TASK_RUN,
+        "data=reverse_string",
+        "data.train_lengths=[1,5]",
+        "data.val_examples=8",
+        "train.seq_len=32",
+        "train.random_positions=64",
+        "train.steps=3",
+        "eval.task_lengths=[5,20]",
+    ]
+    results = train(compose_config(overrides), tmp_path / "run")
+    assert [r["positions"] for r in results["eval"]] == ["random", "random"]
+    assert all(r["status"] == "ok" for r in results["eval"])
+
+
 @pytest.mark.slow
 def test_posbench_eval_takes_problem_lengths_and_updates_the_score(tmp_path):
     run = tmp_path / "run"
