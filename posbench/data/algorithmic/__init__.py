@@ -13,7 +13,20 @@ distributions training draws sizes from; every other module is one task, listed 
 from __future__ import annotations
 
 from posbench.data.algorithmic.base import AlgorithmicDataConfig, AlgorithmicTask
+from posbench.data.algorithmic.binary_addition import BinaryAddition, BinaryAdditionDataConfig
+from posbench.data.algorithmic.binary_multiplication import (
+    BinaryMultiplication,
+    BinaryMultiplicationDataConfig,
+)
+from posbench.data.algorithmic.bucket_sort import BucketSort, BucketSortDataConfig
+from posbench.data.algorithmic.compute_sqrt import ComputeSqrt, ComputeSqrtDataConfig
 from posbench.data.algorithmic.curriculum import Curriculum
+from posbench.data.algorithmic.duplicate_string import DuplicateString, DuplicateStringDataConfig
+from posbench.data.algorithmic.missing_duplicate_string import (
+    MissingDuplicateString,
+    MissingDuplicateStringDataConfig,
+)
+from posbench.data.algorithmic.odds_first import OddsFirst, OddsFirstDataConfig
 from posbench.data.algorithmic.parity_check import ParityCheck, ParityCheckDataConfig
 from posbench.data.algorithmic.reverse_string import ReverseString, ReverseStringDataConfig
 
@@ -29,8 +42,22 @@ __all__ = [
 ALGORITHMIC_TASKS: dict[str, type[AlgorithmicTask]] = {
     "parity_check": ParityCheck,
     "reverse_string": ReverseString,
+    "binary_addition": BinaryAddition,
+    "binary_multiplication": BinaryMultiplication,
+    "bucket_sort": BucketSort,
+    "compute_sqrt": ComputeSqrt,
+    "duplicate_string": DuplicateString,
+    "missing_duplicate_string": MissingDuplicateString,
+    "odds_first": OddsFirst,
 }
 ALGORITHMIC_SCHEMAS: dict[str, type[AlgorithmicDataConfig]] = {
     "parity_check": ParityCheckDataConfig,
     "reverse_string": ReverseStringDataConfig,
+    "binary_addition": BinaryAdditionDataConfig,
+    "binary_multiplication": BinaryMultiplicationDataConfig,
+    "bucket_sort": BucketSortDataConfig,
+    "compute_sqrt": ComputeSqrtDataConfig,
+    "duplicate_string": DuplicateStringDataConfig,
+    "missing_duplicate_string": MissingDuplicateStringDataConfig,
+    "odds_first": OddsFirstDataConfig,
 }

@@ -35,6 +35,12 @@ EVAL_STEP = 50  # the default evaluation sizes past the training range, every 50
 VALIDATION_STREAM = 0
 
 
+def digits(values: np.ndarray) -> str:
+    """One-digit ``values`` (0 to 9) as a string of digits, in one copy: ``[0, 1, 1]`` ->
+    ``"011"``."""
+    return (values + ord("0")).astype(np.uint8).tobytes().decode("ascii")
+
+
 @dataclass
 class AlgorithmicDataConfig:
     """What every algorithmic task's ``data`` config holds (a task adds its own options)."""

@@ -1,0 +1,39 @@
+"""``data=duplicate_string`` (context-sensitive): the prompt string, written twice.
+
+As Ruoss et al. 2023 define it (google-deepmind/randomized_positional_encodings,
+tasks/cs/duplicate_string.py, with experiments/constants.py's binary alphabet): the prompt is
+n random bits, the answer the same n bits twice, without a separator (2n bits); the problem
+length is n.
+
+    101|101101
+
+They score an encoder's 2n outputs at once; here the answer is predicted byte by byte under
+teacher forcing, each byte given the ones before it (so the second copy can also be read off
+the first).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from posbench.data.algorithmic.base import AlgorithmicDataConfig, AlgorithmicTask, digits
+
+
+@dataclass
+class DuplicateStringDataConfig(AlgorithmicDataConfig):
+    name: str = "duplicate_string"
+    source: str = "duplicate_string"
+
+
+class DuplicateString(AlgorithmicTask):
+    alphabet = "01"
+    answer_alphabet = "01"
+
+    def problem(self, length: int, rng: np.random.Generator) -> tuple[str, str]:
+        prompt = digits(rng.integers(2, size=length))
+        return prompt, prompt * 2
+
+    def max_tokens(self, length: int) -> int:
+        return 3 * length + 1
