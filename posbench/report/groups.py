@@ -16,6 +16,7 @@ from omegaconf import OmegaConf
 
 from posbench.config import ModelConfig, TrainConfig, flat_config
 from posbench.errors import PosbenchError
+from posbench.references import Reference, ReferenceTable
 from posbench.report.read import Excluded, Run, find_runs
 from posbench.report.run_table import no_reference
 from posbench.runs import (
@@ -117,6 +118,13 @@ class Row:
     by_position: PositionCurve | None = None  # none for sliding windows
     by_depth: dict[int, Stat] | None = None  # passkey: accuracy per needle depth (percent)
     not_comparable: str | None = None  # why its ratios say little (mark_not_comparable)
+    name: str = ""  # its runs' encoding.name: "rope" for "rope (base=500)" or "rope [bpe 8192]"
+
+    @property
+    def as_trained(self) -> bool:
+        """Whether its records are measured as its runs were trained: non-overlapping windows,
+        no eval-time scaling, the positions of training."""
+        return self.scaling == "none" and self.stride is None and self.positions is None
 
 
 @dataclass
@@ -129,6 +137,7 @@ class Group:
     rows: list[Row]
     position_length: int | None = None  # the longest length with loss by position
     depth_length: int | None = None  # the longest length with passkey accuracy by depth
+    reference: ReferenceTable | None = None  # the --reference's table of its training length
 
 
 @dataclass
@@ -137,6 +146,7 @@ class Report:
     groups: list[Group]
     excluded: list[Excluded]
     metric: str = "ppl"  # what its cells' value and ratio are (METRICS)
+    reference: Reference | None = None  # published numbers it is read against (--reference)
 
 
 @functools.cache
@@ -219,6 +229,7 @@ def build_group(
     runs: Sequence[Run], name: str, title: str, setting: dict[str, Any], metric: str = "ppl"
 ) -> Group:
     labels = encoding_labels(runs)
+    names = {labels[run.path]: run.config["encoding.name"] for run in runs}
     # (label, scaling name, stride, other positions) -> length -> the runs' records there
     table: dict[tuple, dict[int, list[tuple[Run, dict]]]] = defaultdict(lambda: defaultdict(list))
     row_runs: dict[tuple, list[Path]] = defaultdict(list)
@@ -239,7 +250,7 @@ def build_group(
     for key in sorted_keys:
         label, scaling, stride, positions = key
         shown = row_label(label, scaling, stride, positions)
-        row = Row(shown, label, scaling, stride, positions, row_runs[key])
+        row = Row(shown, label, scaling, stride, positions, row_runs[key], name=names[label])
         row.cells = [cell(length, table[key].get(length, []), metric) for length in lengths]
         rows.append(row)
     train_seq_len = runs[0].config["train.seq_len"]
@@ -354,10 +365,7 @@ def mark_not_comparable(group: Group) -> None:
     trained = {
         row.encoding: row.cells[column].ppl.mean
         for row in group.rows
-        if row.scaling == "none"
-        and row.stride is None
-        and row.positions is None
-        and row.cells[column].ppl.n
+        if row.as_trained and row.cells[column].ppl.n
     }
     if not trained:
         return
@@ -385,11 +393,19 @@ def group_title(config: dict[str, Any]) -> str:
     )
 
 
-def build_report(root: Path, out: Path | None = None, metric: str = "ppl") -> Report:
-    """Read every run below ``root`` and aggregate its ``metric`` (METRICS); a one-line error
-    if none finished."""
+def build_report(
+    root: Path, out: Path | None = None, metric: str = "ppl", reference: Reference | None = None
+) -> Report:
+    """Read every run below ``root`` and aggregate its ``metric`` (METRICS), each group beside
+    ``reference``'s table of its training length if it has one; a one-line error if no run
+    finished."""
     if metric not in METRICS:
         raise PosbenchError(f"--metric must be one of {', '.join(METRICS)} (got {metric!r})")
+    if reference is not None and reference.metric not in METRICS:
+        raise PosbenchError(
+            f"reference {reference.name}'s metric must be one of {', '.join(METRICS)} "
+            f"(got {reference.metric!r})"
+        )
     root = Path(root)
     if not root.is_dir():
         raise PosbenchError(f"{root} is not a directory; pass a multirun or outputs directory")
@@ -415,5 +431,8 @@ def build_report(root: Path, out: Path | None = None, metric: str = "ppl") -> Re
         if distinct:
             title += "; " + ", ".join(f"{k}={v}" for k, v in distinct.items())
         name = f"group{number}" if len(settings) > 1 else ""
-        groups.append(build_group(members, name, title, distinct, metric))
-    return Report(root, groups, excluded, metric)
+        group = build_group(members, name, title, distinct, metric)
+        if reference is not None:
+            group.reference = reference.table(group.train_seq_len)
+        groups.append(group)
+    return Report(root, groups, excluded, metric, reference)
