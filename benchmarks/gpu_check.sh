@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# The GPU check (benchmarks/README.md, "GPU check"), on one CUDA GPU, meant to take under five
-# minutes: posbench's CUDA tests, then every encoding trained for 300 steps and evaluated at
-# 16,384 tokens (benchmarks/gpu_check.py: tokens/s, peak GPU memory, perplexities).
+# The GPU check (benchmarks/README.md, "GPU check"), on one CUDA GPU: posbench's CUDA tests,
+# then every encoding trained for 300 steps and evaluated at 16,384 tokens
+# (benchmarks/gpu_check.py: tokens/s, peak GPU memory, perplexities), then a short run of the
+# ALiBi paper's experiment at its model size (+experiment=alibi_wt103: model=large, trained at
+# 512, evaluated up to 15,512 tokens) and its report beside the paper's numbers.
 #
 #     bash benchmarks/gpu_check.sh
 #
@@ -28,6 +30,30 @@ stage() {  # stage NAME SECONDS COMMAND...: run COMMAND with a time limit, say h
     echo "== $name: $((SECONDS - started)) s"
 }
 
+# The ALiBi paper's four encodings at the paper's model shape, 50 steps each, then the report
+# with the paper's ratio curves. WikiText-103 needs the network, which a lent GPU may lack:
+# the standard library's Python source stands in (8 MB, one stream, its last tenth the
+# validation split), so the numbers are speed and memory, not the paper's perplexities.
+paper_experiment() {
+    local dir="$OUT_DIR/alibi_wt103"
+    rm -rf "$dir" && mkdir -p "$dir"
+    python - "$dir/corpus.txt" <<'PY'
+import pathlib
+import sys
+import sysconfig
+
+sources = sorted(pathlib.Path(sysconfig.get_path("stdlib")).rglob("*.py"))
+text = "".join(path.read_text(errors="replace") for path in sources)
+pathlib.Path(sys.argv[1]).write_text(text[: 8 * 2**20])
+PY
+    python -m posbench train -m +experiment=alibi_wt103 encoding=sinusoidal,rope,t5,alibi \
+        data=text data.path="$dir/corpus.txt" device=cuda train.steps=50 eval.max_tokens=15512 \
+        hydra.sweep.dir="$dir/sweep"
+    python -m posbench report "$dir/sweep" --reference alibi-wt103
+}
+export -f paper_experiment
+export OUT_DIR
+
 check() {
     echo "== posbench GPU check, $(date -u), commit $(git rev-parse --short HEAD 2>/dev/null || echo '?')"
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader \
@@ -44,6 +70,7 @@ print(f"GPU: {torch.cuda.get_device_name()}, bf16 supported: {torch.cuda.is_bf16
 PY
     stage "CUDA tests (pytest -m cuda)" 240 python -m pytest -q -m cuda -p no:cacheprovider tests
     stage "train and evaluate every encoding" 300 python benchmarks/gpu_check.py --out "$OUT_DIR"
+    stage "the ALiBi paper's experiment, short (model=large, 50 steps)" 600 bash -c paper_experiment
     echo "== GPU check passed in $SECONDS s; log: $LOG"
 }
 

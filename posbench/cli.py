@@ -58,6 +58,8 @@ examples:
   posbench train --resume outputs/<date>/<time>_rope/
   posbench train -m +experiment=extrapolation      # every encoding x 3 seeds
   posbench report outputs/multirun/<date>/<time>/
+  posbench train -m +experiment=alibi_wt103 model=small   # the ALiBi paper's WikiText-103 setup
+  posbench report outputs/multirun/<date>/<time>/ --reference alibi-wt103   # beside its tables
   posbench eval --length 2048
   posbench eval --length 1024 --length 4096 --run outputs/<date>/<time>_rope/
   posbench eval --length 8192 --rope-scaling yarn --factor 8

@@ -60,7 +60,7 @@ def test_top_level_help_lists_commands_encodings_and_key_options(tmp_path):
 def test_train_help_lists_groups_and_the_composed_config(tmp_path):
     out = posbench("train", "--help", "encoding=learned", cwd=tmp_path).stdout
     assert "encoding   " + ", ".join(encoding_names()) in out
-    assert "experiment extrapolation, extrapolation_text" in out
+    assert "experiment alibi_wt103, extrapolation, extrapolation_text, retrieval" in out
     assert "-m +experiment=OPTION" in out
     assert "max_length" in out  # the learned encoding's own option, composed
     assert "seq_len: 128" in out
@@ -352,6 +352,13 @@ def test_installed_wheel_runs_with_its_bundled_configs(tmp_path, cache_dir):
         [python, "-c", "import posbench.config as c; print(c.config_dir())"], cwd=tmp_path, env=env
     ).stdout.strip()
     assert where.startswith(str(env_dir)) and where.endswith("posbench/conf")
+    # ... and the published results posbench report --reference reads, inside the package too.
+    shipped = [
+        python,
+        "-c",
+        "import posbench.references as r; print(r.load_reference('alibi-wt103').name)",
+    ]
+    assert checked(shipped, cwd=tmp_path, env=env).stdout.strip() == "alibi-wt103"
     # Its dependencies are those the tests run with (in a venv: the venv's, not the base's).
     torch_there = checked([python, "-c", "import torch; print(torch.__file__)"], env=env)
     assert torch_there.stdout.strip() == torch.__file__

@@ -1,6 +1,7 @@
 """Experiment configs and launchers compose, and sweep what they promise."""
 
 import pytest
+import torch
 from hydra.core.override_parser.overrides_parser import OverridesParser
 
 from posbench.commands.overrides import expand_sweeps, sweep_overrides
@@ -19,7 +20,12 @@ def swept_values(cfg, key: str) -> list[str]:
 
 
 @pytest.mark.parametrize(
-    "overrides", [["+experiment=extrapolation"], ["+experiment=extrapolation_text", "data.path=x"]]
+    "overrides",
+    [
+        ["+experiment=extrapolation"],
+        ["+experiment=extrapolation_text", "data.path=x"],
+        ["+experiment=alibi_wt103"],
+    ],
 )
 def test_the_experiment_sweeps_every_registered_encoding(overrides):
     """A new encoding cannot be silently left out of the experiment."""
@@ -42,6 +48,46 @@ def test_extrapolation_text_reads_local_text_and_requires_its_path():
     assert (cfg.data.name, cfg.data.path, cfg.train.steps) == ("text", "corpus.txt", 600)
     with pytest.raises(PosbenchError, match=r"^data\.path must be set \(data\.path=\.\.\.\)$"):
         validate(compose_config(["+experiment=extrapolation_text"]))
+
+
+def test_alibi_wt103_is_the_papers_setup_on_wikitext103_with_its_lengths_and_one_seed():
+    cfg = compose_config(["+experiment=alibi_wt103"], with_hydra=True)
+    assert (cfg.data.name, cfg.data.hub_name, cfg.data.tokenizer) == (
+        "wikitext103",
+        "wikitext-103-raw-v1",
+        "bpe",
+    )
+    assert cfg.train.seq_len == 512
+    assert eval_lengths(cfg) == [512, 1012, 1512, 2512, 5512, 10512, 15512]
+    assert cfg.eval.stride is None  # non-overlapping windows, as the paper evaluates
+    assert swept_values(cfg, "encoding")[:4] == ["sinusoidal", "rope", "t5", "alibi"]
+    assert "seed" not in cfg.hydra.sweeper.params and cfg.seed == 0  # one run each, as the paper
+    validate(compose_config(["+experiment=alibi_wt103"]))
+
+
+def test_alibi_wt103s_model_has_the_papers_shape_and_model_small_is_its_cpu_variant():
+    large = compose_config(["+experiment=alibi_wt103"]).model
+    assert (large.n_layer, large.d_model, large.n_head, large.d_model * large.mlp_ratio) == (
+        16,
+        1024,
+        8,
+        4096,
+    )
+    small = compose_config(["+experiment=alibi_wt103", "model=small"]).model
+    assert (small.n_layer, small.d_model) == (4, 256)
+
+
+def test_the_large_models_parameter_count_is_the_one_its_config_states():
+    from posbench.config import config_dir
+    from posbench.model import build_model
+
+    cfg = compose_config(["model=large", "encoding=alibi"])
+    stated = (config_dir() / "model" / "large.yaml").read_text()
+    with torch.device("meta"):
+        with_bpe = build_model(cfg.model, cfg.encoding, vocab_size=8192).num_parameters()
+    embedding = 8192 * cfg.model.d_model
+    assert f"{with_bpe / 1e6:.0f}M parameters" in stated
+    assert f"{(with_bpe - embedding) / 1e6:.0f}M" in stated
 
 
 def test_command_line_choices_override_the_experiment():

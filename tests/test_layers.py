@@ -12,7 +12,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "posbench"
 # every module inside it).
 LAYERS = [
     ["errors", "atomic", "signals", "threads", "output_dirs", "precision", "distributed"],
-    ["encodings", "data"],
+    ["encodings", "data", "references"],
     ["attention", "attention_scaling", "explicit_attention", "model"],
     ["config", "memory", "checkpoint", "runs", "resume"],
     ["evaluate", "finetune", "tensorboard_log", "sweep_summary", "reevaluate"],

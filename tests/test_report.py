@@ -278,6 +278,11 @@ def test_the_ratio_table_names_its_reference_in_its_header(tmp_path):
     assert f"\n{title}\n\n| encoding | runs | 16 (1×) | 32 (2×) |\n" in text
 
 
+def test_a_length_that_is_no_multiple_of_the_training_length_shows_two_decimals(tmp_path):
+    make_run(tmp_path / "r", seq_len=512, ppls={512: 5.0, 1012: 5.5, 15512: 6.0})
+    assert "| 512 (1×) | 1012 (1.98×) | 15512 (30.3×) |" in markdown(build_report(tmp_path))
+
+
 def test_a_ratio_without_its_protocol_at_the_training_length_is_a_dash_and_a_footnote(tmp_path):
     add_records(make_run(tmp_path / "r", ppls={16: 5.0, 32: 7.0}), yarn(32, 5.5, setting=4.0))
     text = markdown(build_report(tmp_path))

@@ -7,8 +7,11 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from posbench.commands.arguments import OneLineParser
+from posbench.commands.exits import say
+from posbench.references import load_reference, reference_names
 from posbench.report import build_report, write_report
 from posbench.report.groups import METRICS
+from posbench.report.reference import reference_warnings
 from posbench.report.tables import markdown
 
 
@@ -27,10 +30,17 @@ def report_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--metric",
         choices=list(METRICS),
-        default="ppl",
         help="what the tables and the figure show, each with its ratio to the training length: "
         "ppl (per token, the default), bits_per_byte or word_ppl (per byte and per word of the "
-        "text: these compare runs on different tokenizers)",
+        "text: these compare runs on different tokenizers); with --reference, the reference's",
+    )
+    parser.add_argument(
+        "--reference",
+        metavar="NAME",
+        help="published numbers to read the sweep against: a table with a paper column beside "
+        "each encoding they have and their ratio curves in a figure; "
+        f"{', '.join(reference_names())} (the ALiBi paper's WikiText-103 Tables 2 and 3), or "
+        "the path of a reference JSON file (posbench/references/ describes the format)",
     )
     return parser
 
@@ -38,7 +48,11 @@ def report_parser() -> argparse.ArgumentParser:
 def run_report(args: Sequence[str]) -> None:
     options = report_parser().parse_args(list(args))
     out = options.out if options.out is not None else options.dir / "report"
-    report = build_report(options.dir, out, options.metric)
+    reference = None if options.reference is None else load_reference(options.reference)
+    metric = options.metric or (reference.metric if reference is not None else "ppl")
+    report = build_report(options.dir, out, metric, reference)
+    for warning in reference_warnings(report):
+        say(f"warning: {warning}")
     written = write_report(report, out)
     print(markdown(report))
     print("wrote " + ", ".join(str(path) for path in written))

@@ -7,6 +7,8 @@ groups.py     runs grouped by training setting, rows, cells of mean ± std (buil
 tables.py     Markdown (printed, report.md) and the flat records of report.csv / report.json
 figures.py    the PNG figures and the TensorBoard runs
 run_table.py  one run's records as a terminal table, and the ratio's wording both share
+reference.py  a sweep against published numbers (--reference): the rows that meet them, the
+              warnings where they do not
 
 Every run below DIR (a directory holding results.json, config.yaml or Hydra's .hydra/) is
 read; runs that differ only in their seed are averaged, and runs whose training setting
@@ -19,6 +21,8 @@ Written to DIR/report/ (or --out):
                                  (--metric bits_per_byte or word_ppl: <metric>_vs_length)
     accuracy_vs_length[_<group>].png  a task's answer accuracy against evaluation length
                                  (an algorithmic task's: against problem length, no ppl figure)
+    <metric>_ratio_vs_length[_<group>].png  with --reference: the ratio to the training length
+                                 against evaluation length, the reference's curves beside
     loss_by_position[_<group>].png  NLL against position in the window at the longest length
     tensorboard/[<group>/]<row>/ the mean curves as TensorBoard runs that overlay in Scalars
                                  (report/ppl, report/ppl_ratio, report/loss_by_position,
@@ -40,6 +44,13 @@ Runs on an algorithmic task (posbench/data/algorithmic/) are evaluated at proble
 groups show accuracies only, and the report opens with Ruoss et al.'s Table 1, one line per
 task and one column per encoding, of the runs' length_generalization summaries.
 
+``--reference NAME`` (posbench/references/: ``alibi-wt103``, the ALiBi paper's WikiText-103
+Tables 2 and 3) reads each group against the reference's table of its training length: a
+table with a "paper" column beside each encoding the reference has (ratios to the training
+length, then values), the paper_value and paper_ratio columns of report.csv, the ratio figure;
+the metric defaults to the reference's. Where the sweep and the reference do not match
+(training length, evaluation lengths, metric) the command warns, one line each.
+
 For a corpus with documents, the documents scored at each length are shown under the
 perplexity table (a document shorter than L + 1 bytes is skipped at L, so lengths can score
 different text).
@@ -54,10 +65,12 @@ from posbench.report.figures import (
     FIGURE_DPI,
     accuracy_figure,
     position_figure,
+    ratio_figure,
     value_figure,
     write_tensorboard,
 )
 from posbench.report.groups import Report, build_report, has_accuracy
+from posbench.report.reference import compared_rows
 from posbench.report.tables import cell_records, csv_text, json_content, markdown
 
 __all__ = ["build_report", "write_report"]
@@ -74,6 +87,10 @@ def write_report(report: Report, out: Path) -> list[Path]:
         figures = {}
         if group.problem_lengths is None:  # an algorithmic task's ppl says little
             figures[f"{report.metric}_vs_length"] = value_figure(group, report.metric)
+        if report.reference is not None and compared_rows(group):
+            figures[f"{report.metric}_ratio_vs_length"] = ratio_figure(
+                group, report.metric, report.reference
+            )
         if group.position_length is not None:
             figures["loss_by_position"] = position_figure(group)
         if has_accuracy(group):

@@ -13,7 +13,9 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from torch.utils.tensorboard import SummaryWriter
 
+from posbench.references import Reference
 from posbench.report.groups import Group, Report, Row, Stat
+from posbench.report.reference import compared_rows
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -101,20 +103,55 @@ def value_figure(group: Group, metric: str = "ppl") -> Figure:
     ± one std shaded, one line per row; the y axis linear or log (LOG_SCALE_RATIO), its
     labelled ticks covering every curve and its shading. A fixed FIGURE_INCHES x FIGURE_DPI
     canvas so every report image has the same size."""
-    from matplotlib.ticker import NullFormatter, StrMethodFormatter  # lazily, as length_figure
-
     figure, axes = length_figure(group, "value")
     stats = [c.value for row in group.rows for c in row.cells if c.value.n]
-    values = [value for stat in stats for value in shaded(stat) if value > 0]  # log: > 0 only
-    if values:
-        scale, ticks = covering_ticks(min(values), max(values))
-        axes.set_yscale(scale)
-        axes.set_yticks(ticks)
-        axes.set_ylim(*beyond(scale, ticks[0], ticks[-1]))
-        axes.yaxis.set_major_formatter(StrMethodFormatter("{x:g}"))
-        axes.yaxis.set_minor_formatter(NullFormatter())  # a log axis's 2..9: grid lines only
+    cover_values(axes, [value for stat in stats for value in shaded(stat)])
     axes.set_ylabel(METRIC_AXES[metric] + spread(stats))
     figure.tight_layout()  # arranges the axes inside the fixed canvas; the size stays
+    return figure
+
+
+def cover_values(axes: Any, values: list[float]) -> None:
+    """A y axis, linear or log (LOG_SCALE_RATIO), whose labelled ticks cover ``values`` (the
+    curves and their shading; a log axis shows only those > 0)."""
+    from matplotlib.ticker import NullFormatter, StrMethodFormatter  # lazily, as length_figure
+
+    values = [value for value in values if value > 0]
+    if not values:
+        return
+    scale, ticks = covering_ticks(min(values), max(values))
+    axes.set_yscale(scale)
+    axes.set_yticks(ticks)
+    axes.set_ylim(*beyond(scale, ticks[0], ticks[-1]))
+    axes.yaxis.set_major_formatter(StrMethodFormatter("{x:g}"))
+    axes.yaxis.set_minor_formatter(NullFormatter())  # a log axis's 2..9: grid lines only
+
+
+def ratio_figure(group: Group, metric: str, reference: Reference) -> Figure:
+    """Each row's mean ratio of ``metric`` to the training length against evaluation length, as
+    value_figure draws values, with the ratios of ``reference``'s table for the group (dotted,
+    in the colour of the first row of the same encoding that meets it): the shapes side by
+    side, where the values of another model are not comparable."""
+    figure, axes = length_figure(group, "ratio")
+    table = group.reference
+    assert table is not None, "a group read against a reference has its table"
+    compared = {id(row) for row in compared_rows(group)}
+    first: dict[str, int] = {}  # encoding -> the index of its first compared row: its colour
+    for index, row in enumerate(group.rows):
+        if id(row) in compared:
+            first.setdefault(row.name, index)
+    paper = []
+    for name, index in first.items():
+        points = [(n, r) for n in table.lengths if (r := table.ratio(name, n)) is not None]
+        lengths, ratios = (np.array(v) for v in zip(*points, strict=True))
+        style = {**row_style(index), "linestyle": ":"}
+        axes.plot(lengths, ratios, marker="x", label=f"{name} (paper)", **style)
+        paper += ratios.tolist()
+    stats = [c.ratio for row in group.rows for c in row.cells if c.ratio.n]
+    cover_values(axes, [value for stat in stats for value in shaded(stat)] + paper)
+    axes.set_ylabel(f"{METRIC_AXES[metric]}, ratio to {group.train_seq_len}" + spread(stats))
+    axes.legend(fontsize="small", title=f"paper: {reference.name}, {table.source}")
+    figure.tight_layout()
     return figure
 
 

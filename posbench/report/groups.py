@@ -16,6 +16,7 @@ from omegaconf import OmegaConf
 
 from posbench.config import ModelConfig, TrainConfig, flat_config
 from posbench.errors import PosbenchError
+from posbench.references import Reference, ReferenceTable
 from posbench.report.read import Excluded, Run, find_runs
 from posbench.report.run_table import no_reference
 from posbench.runs import (
@@ -122,6 +123,13 @@ class Row:
     # an algorithmic task's: its runs' length_generalization(_accuracy) (runs.py)
     generalization: Stat = Stat(0, None, None)
     generalization_accuracy: Stat = Stat(0, None, None)
+    name: str = ""  # its runs' encoding.name: "rope" for "rope (base=500)" or "rope [bpe 8192]"
+
+    @property
+    def as_trained(self) -> bool:
+        """Whether its records are measured as its runs were trained: non-overlapping windows,
+        no eval-time scaling, the positions of training."""
+        return self.scaling == "none" and self.stride is None and self.positions is None
 
 
 @dataclass
@@ -137,6 +145,7 @@ class Group:
     # an algorithmic task's training range [lo, hi]: its lengths are problem lengths
     problem_lengths: tuple[int, int] | None = None
     task: str | None = None  # and that task's data.name
+    reference: ReferenceTable | None = None  # the --reference's table of its training length
 
 
 @dataclass
@@ -145,6 +154,7 @@ class Report:
     groups: list[Group]
     excluded: list[Excluded]
     metric: str = "ppl"  # what its cells' value and ratio are (METRICS)
+    reference: Reference | None = None  # published numbers it is read against (--reference)
 
 
 @functools.cache
@@ -242,6 +252,7 @@ def build_group(
     runs: Sequence[Run], name: str, title: str, setting: dict[str, Any], metric: str = "ppl"
 ) -> Group:
     labels = encoding_labels(runs)
+    names = {labels[run.path]: run.config["encoding.name"] for run in runs}
     # (label, scaling name, stride, other positions) -> length -> the runs' records there
     table: dict[tuple, dict[int, list[tuple[Run, dict]]]] = defaultdict(lambda: defaultdict(list))
     row_runs: dict[tuple, list[Path]] = defaultdict(list)
@@ -262,7 +273,7 @@ def build_group(
     for key in sorted_keys:
         label, scaling, stride, positions = key
         shown = row_label(label, scaling, stride, positions)
-        row = Row(shown, label, scaling, stride, positions, row_runs[key])
+        row = Row(shown, label, scaling, stride, positions, row_runs[key], name=names[label])
         row.cells = [cell(length, table[key].get(length, []), metric) for length in lengths]
         results = [run.results for run in runs if run.path in row.runs]
         row.generalization = Stat.of(summary_values(results, "length_generalization"))
@@ -391,10 +402,7 @@ def mark_not_comparable(group: Group) -> None:
     trained = {
         row.encoding: row.cells[column].ppl.mean
         for row in group.rows
-        if row.scaling == "none"
-        and row.stride is None
-        and row.positions is None
-        and row.cells[column].ppl.n
+        if row.as_trained and row.cells[column].ppl.n
     }
     if not trained:
         return
@@ -424,11 +432,19 @@ def group_title(config: dict[str, Any]) -> str:
     )
 
 
-def build_report(root: Path, out: Path | None = None, metric: str = "ppl") -> Report:
-    """Read every run below ``root`` and aggregate its ``metric`` (METRICS); a one-line error
-    if none finished."""
+def build_report(
+    root: Path, out: Path | None = None, metric: str = "ppl", reference: Reference | None = None
+) -> Report:
+    """Read every run below ``root`` and aggregate its ``metric`` (METRICS), each group beside
+    ``reference``'s table of its training length if it has one; a one-line error if no run
+    finished."""
     if metric not in METRICS:
         raise PosbenchError(f"--metric must be one of {', '.join(METRICS)} (got {metric!r})")
+    if reference is not None and reference.metric not in METRICS:
+        raise PosbenchError(
+            f"reference {reference.name}'s metric must be one of {', '.join(METRICS)} "
+            f"(got {reference.metric!r})"
+        )
     root = Path(root)
     if not root.is_dir():
         raise PosbenchError(f"{root} is not a directory; pass a multirun or outputs directory")
@@ -454,5 +470,8 @@ def build_report(root: Path, out: Path | None = None, metric: str = "ppl") -> Re
         if distinct:
             title += "; " + ", ".join(f"{k}={v}" for k, v in distinct.items())
         name = f"group{number}" if len(settings) > 1 else ""
-        groups.append(build_group(members, name, title, distinct, metric))
-    return Report(root, groups, excluded, metric)
+        group = build_group(members, name, title, distinct, metric)
+        if reference is not None:
+            group.reference = reference.table(group.train_seq_len)
+        groups.append(group)
+    return Report(root, groups, excluded, metric, reference)

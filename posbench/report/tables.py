@@ -10,11 +10,13 @@ from pathlib import Path
 from typing import Any
 
 from posbench.report.groups import METRICS, Group, Report, Row, Stat, has_accuracy
+from posbench.report.reference import compared_rows, published
 from posbench.report.run_table import ratio_title
 
 
 def multiple(length: int, train_seq_len: int) -> str:
-    return f"{length / train_seq_len:g}×"
+    """How many training lengths ``length`` is, to two decimals ("2×", "1.98×", "30.3×")."""
+    return f"{round(length / train_seq_len, 2):g}×"
 
 
 def stat_text(stat: Stat, bold: bool = False) -> str:
@@ -183,6 +185,54 @@ def depth_table(group: Group, footnotes: dict[str, int]) -> list[str]:
     return lines
 
 
+def reference_tables(report: Report, group: Group, footnotes: dict[str, int]) -> list[str]:
+    """The group beside its reference table (``--reference``): a line per length, a column for
+    each row the table meets with the table's number beside it (a "paper" column), as ratios
+    to the training length (the shape to compare) and as values."""
+    reference, table = report.reference, group.reference
+    assert reference is not None and table is not None, "a group with compared rows has both"
+    rows = compared_rows(group)
+    header = ["length"]
+    for row in rows:
+        header += [row_name(row, footnotes), f"{row.name} (paper)"]
+    lines = [
+        f"### Beside {reference.title}: {table.source}, trained at {table.train_seq_len}",
+        "",
+        f"{reference.citation} Its numbers are {reference.metric} of {reference.model}; "
+        f"{reference.protocol}. Their values are that model's; their ratios to the training "
+        "length are the shape to compare with this sweep's.",
+    ]
+    shown = (
+        ("ratio", ratio_title(group.train_seq_len, report.metric)),
+        ("value", METRICS[report.metric]),
+    )
+    for part, what in shown:
+        lines += ["", f"{what}, this sweep's and the paper's:", ""]
+        lines += ["| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
+        for i, (length, title) in enumerate(zip(group.lengths, length_headers(group), strict=True)):
+            texts = [title]
+            for row in rows:
+                ours = getattr(row.cells[i], part)
+                texts.append("–" if ours.mean is None else stat_text(ours))
+                texts.append(paper_text(group, row, length, part, footnotes))
+            lines.append("| " + " | ".join(texts) + " |")
+    return lines
+
+
+def paper_text(group: Group, row: Row, length: int, part: str, footnotes: dict[str, int]) -> str:
+    """The reference's ``part`` ("value" or "ratio") for ``row`` at ``length``: a number, a
+    dash pointing to the footnote that says why the publication has none, or a dash where it
+    was not evaluated at that length."""
+    number = published(group, row, length)[part]
+    if number is not None:
+        return f"{number:.2f}"
+    assert group.reference is not None, "only compared rows get a paper column"
+    if length not in group.reference.values[row.name]:
+        return "–"
+    why = group.reference.missing[row.name]
+    return f"– [{footnote(footnotes, f'{row.name} (paper)', why)}]"
+
+
 def markdown(report: Report) -> str:
     n_runs = sum(len({p for row in g.rows for p in row.runs}) for g in report.groups)
     lines = [
@@ -215,6 +265,8 @@ def markdown(report: Report) -> str:
             lines += ["", *depth_table(group, footnotes)]
         if group.position_length is not None:
             lines += ["", *position_table(group, footnotes)]
+        if compared_rows(group):
+            lines += ["", *reference_tables(report, group, footnotes)]
     if footnotes:
         lines += [""] + [f"- [{n}] {text}" for text, n in footnotes.items()]
     if report.excluded:
@@ -249,6 +301,8 @@ CSV_FIELDS = [
     "ratio_n",
     "ratio_mean",
     "ratio_std",
+    "paper_value",
+    "paper_ratio",
     "accuracy_n",
     "accuracy_mean",
     "accuracy_std",
@@ -289,6 +343,8 @@ def cell_records(report: Report) -> list[dict[str, Any]]:
             "ratio_n": c.ratio.n,
             "ratio_mean": c.ratio.mean,
             "ratio_std": c.ratio.std,
+            # --reference's number for the row's encoding at this length, and its ratio
+            **{f"paper_{part}": number for part, number in published(group, row, c.length).items()},
             **{
                 f"{metric}_{part}": getattr(getattr(c, metric), part)
                 for metric in ACCURACIES
@@ -327,6 +383,7 @@ def json_content(report: Report, records: Sequence[dict[str, Any]]) -> dict[str,
                 "rows": {row.label: [relative(p, report.root) for p in row.runs] for row in g.rows},
                 "loss_by_position": position_content(g),
                 "accuracy_by_depth": depth_content(g),
+                "reference": reference_content(report, g),
             }
             for g in report.groups
         ],
@@ -351,6 +408,21 @@ def generalization_content(group: Group) -> dict[str, Any] | None:
             for part in ("n", "mean", "std")
         }
         for row in group.rows
+    }
+
+
+def reference_content(report: Report, group: Group) -> dict[str, Any] | None:
+    """Which published table the group is read against, for report.json (its numbers are in
+    the cells' paper_value and paper_ratio)."""
+    reference, table = report.reference, group.reference
+    if reference is None or table is None:
+        return None
+    return {
+        "name": reference.name,
+        "citation": reference.citation,
+        "source": table.source,
+        "train_seq_len": table.train_seq_len,
+        "metric": reference.metric,
     }
 
 
