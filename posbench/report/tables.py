@@ -154,11 +154,12 @@ def generalization_table(groups: Sequence[Group], key: str, what: str) -> list[s
         if names.count(name) > 1:  # the same task trained in several settings
             name = f"{name} ({group.name})"
         stats = {row.label: getattr(row, key) for row in group.rows}
-        best = max((s.mean for s in stats.values() if s.mean is not None), default=None)
+        means = {s.mean for s in stats.values() if s.mean is not None}
+        best = max(means) if len(means) > 1 else None  # no bold where every encoding ties
         texts = [
             "–"
             if (stat := stats.get(label)) is None or stat.mean is None
-            else stat_text(stat, bold=stat.mean == best and len(stats) > 1)
+            else stat_text(stat, bold=stat.mean == best)
             for label in labels
         ]
         lines.append(f"| {name} | " + " | ".join(texts) + " |")
