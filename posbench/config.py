@@ -103,7 +103,8 @@ class EvalConfig:
     # null: 1x, 2x, 4x, 8x and 16x train.seq_len (windows of a corpus or a passkey/copy/recall task)
     lengths: list[int] | None = None
     # an algorithmic task's problem lengths; null: its training range at up to 8 lengths, then
-    # every 50 up to 500 (posbench/data/algorithmic/base.py)
+    # every 50 up to 500 (posbench/data/algorithmic/base.py), or for Kazemnejad et al.'s tasks
+    # every length up to twice the longest trained (kazemnejad.py)
     task_lengths: list[int] | None = None
     # null: non-overlapping windows; S: sliding windows advancing S tokens
     stride: int | None = None

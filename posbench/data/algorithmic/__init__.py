@@ -6,12 +6,13 @@ tasks of google-deepmind/randomized_positional_encodings) and Kazemnejad et al. 
 Impact of Positional Encoding on Length Generalization in Transformers",
 McGill-NLP/length-generalization). ``base`` holds ``AlgorithmicTask`` (the prompt, separator,
 answer format, training by problem length, evaluation by problem length), ``curriculum`` the
-distributions training draws sizes from; every other module is one task, listed in
-``ALGORITHMIC_TASKS`` with its config.
+distributions training draws sizes from, ``kazemnejad`` what Kazemnejad et al.'s tasks
+share; every other module is one task, listed in ``ALGORITHMIC_TASKS`` with its config.
 """
 
 from __future__ import annotations
 
+from posbench.data.algorithmic.addition import Addition, AdditionDataConfig
 from posbench.data.algorithmic.base import AlgorithmicDataConfig, AlgorithmicTask
 from posbench.data.algorithmic.binary_addition import BinaryAddition, BinaryAdditionDataConfig
 from posbench.data.algorithmic.binary_multiplication import (
@@ -20,15 +21,23 @@ from posbench.data.algorithmic.binary_multiplication import (
 )
 from posbench.data.algorithmic.bucket_sort import BucketSort, BucketSortDataConfig
 from posbench.data.algorithmic.compute_sqrt import ComputeSqrt, ComputeSqrtDataConfig
+from posbench.data.algorithmic.counting import Counting, CountingDataConfig
 from posbench.data.algorithmic.curriculum import Curriculum
 from posbench.data.algorithmic.duplicate_string import DuplicateString, DuplicateStringDataConfig
+from posbench.data.algorithmic.lego import Lego, LegoDataConfig
 from posbench.data.algorithmic.missing_duplicate_string import (
     MissingDuplicateString,
     MissingDuplicateStringDataConfig,
 )
 from posbench.data.algorithmic.odds_first import OddsFirst, OddsFirstDataConfig
 from posbench.data.algorithmic.parity_check import ParityCheck, ParityCheckDataConfig
+from posbench.data.algorithmic.polynomial_evaluation import (
+    PolynomialEvaluation,
+    PolynomialEvaluationDataConfig,
+)
 from posbench.data.algorithmic.reverse_string import ReverseString, ReverseStringDataConfig
+from posbench.data.algorithmic.sorting import Sorting, SortingDataConfig
+from posbench.data.algorithmic.summation import Summation, SummationDataConfig
 
 __all__ = [
     "ALGORITHMIC_SCHEMAS",
@@ -49,6 +58,12 @@ ALGORITHMIC_TASKS: dict[str, type[AlgorithmicTask]] = {
     "duplicate_string": DuplicateString,
     "missing_duplicate_string": MissingDuplicateString,
     "odds_first": OddsFirst,
+    "addition": Addition,
+    "sorting": Sorting,
+    "summation": Summation,
+    "polynomial_evaluation": PolynomialEvaluation,
+    "counting": Counting,
+    "lego": Lego,
 }
 ALGORITHMIC_SCHEMAS: dict[str, type[AlgorithmicDataConfig]] = {
     "parity_check": ParityCheckDataConfig,
@@ -60,4 +75,10 @@ ALGORITHMIC_SCHEMAS: dict[str, type[AlgorithmicDataConfig]] = {
     "duplicate_string": DuplicateStringDataConfig,
     "missing_duplicate_string": MissingDuplicateStringDataConfig,
     "odds_first": OddsFirstDataConfig,
+    "addition": AdditionDataConfig,
+    "sorting": SortingDataConfig,
+    "summation": SummationDataConfig,
+    "polynomial_evaluation": PolynomialEvaluationDataConfig,
+    "counting": CountingDataConfig,
+    "lego": LegoDataConfig,
 }
