@@ -14,8 +14,23 @@ from __future__ import annotations
 
 from posbench.data.algorithmic.base import AlgorithmicDataConfig, AlgorithmicTask
 from posbench.data.algorithmic.curriculum import Curriculum
+from posbench.data.algorithmic.cycle_navigation import CycleNavigation, CycleNavigationDataConfig
+from posbench.data.algorithmic.even_pairs import EvenPairs, EvenPairsDataConfig
+from posbench.data.algorithmic.modular_arithmetic import (
+    ModularArithmetic,
+    ModularArithmeticDataConfig,
+)
+from posbench.data.algorithmic.modular_arithmetic_brackets import (
+    ModularArithmeticBrackets,
+    ModularArithmeticBracketsDataConfig,
+)
 from posbench.data.algorithmic.parity_check import ParityCheck, ParityCheckDataConfig
 from posbench.data.algorithmic.reverse_string import ReverseString, ReverseStringDataConfig
+from posbench.data.algorithmic.solve_equation import SolveEquation, SolveEquationDataConfig
+from posbench.data.algorithmic.stack_manipulation import (
+    StackManipulation,
+    StackManipulationDataConfig,
+)
 
 __all__ = [
     "ALGORITHMIC_SCHEMAS",
@@ -28,9 +43,21 @@ __all__ = [
 # Each task by its ``data.source``, and the schema of its ``data`` config.
 ALGORITHMIC_TASKS: dict[str, type[AlgorithmicTask]] = {
     "parity_check": ParityCheck,
+    "even_pairs": EvenPairs,
+    "modular_arithmetic": ModularArithmetic,
+    "cycle_navigation": CycleNavigation,
     "reverse_string": ReverseString,
+    "stack_manipulation": StackManipulation,
+    "modular_arithmetic_brackets": ModularArithmeticBrackets,
+    "solve_equation": SolveEquation,
 }
 ALGORITHMIC_SCHEMAS: dict[str, type[AlgorithmicDataConfig]] = {
     "parity_check": ParityCheckDataConfig,
+    "even_pairs": EvenPairsDataConfig,
+    "modular_arithmetic": ModularArithmeticDataConfig,
+    "cycle_navigation": CycleNavigationDataConfig,
     "reverse_string": ReverseStringDataConfig,
+    "stack_manipulation": StackManipulationDataConfig,
+    "modular_arithmetic_brackets": ModularArithmeticBracketsDataConfig,
+    "solve_equation": SolveEquationDataConfig,
 }
