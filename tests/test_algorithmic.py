@@ -361,6 +361,28 @@ def test_a_tiny_run_learns_reverse_string_and_records_accuracy_by_problem_length
     assert results["length_generalization_accuracy"] == by_length[9]["accuracy"]
 
 
+def test_a_tiny_run_learns_even_pairs_in_distribution(tmp_path):
+    """The regular family's run: over seeds 0, 1 and 2 its mean accuracy at problem lengths 2
+    to 4 was 1.0, 0.89 and 1.0 (chance: 1/2)."""
+    overrides = [
+        *TINY_TASK_RUN,
+        "data=even_pairs",
+        "data.train_lengths=[1,4]",
+        "train.seq_len=10",
+        "train.steps=300",
+        "train.batch_size=32",
+        "train.lr=3e-3",
+        "model.n_layer=2",
+        "model.d_model=64",
+        "encoding=learned",
+        "eval.task_lengths=[2,3,4]",
+    ]
+    records = train(compose_config(overrides), tmp_path / "run")["eval"]
+    # One answer byte: a problem's accuracy is its sequence accuracy.
+    assert all(r["accuracy"] == r["sequence_accuracy"] for r in records)
+    assert np.mean([r["accuracy"] for r in records]) > 0.8
+
+
 @pytest.mark.slow
 def test_posbench_eval_takes_problem_lengths_and_updates_the_score(tmp_path):
     run = tmp_path / "run"

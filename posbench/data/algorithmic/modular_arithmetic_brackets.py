@@ -53,8 +53,8 @@ def expression(length: int, modulus: int, operators: str, draw: random.Random) -
 
 
 def expression_draws(rng: np.random.Generator) -> random.Random:
-    """The draws of one expression, seeded from ``rng``: it takes one at a time, up to its
-    length, and Python's are a tenth of the cost of numpy's one by one."""
+    """The draws of one expression, seeded from ``rng``: it takes up to ``length`` of them one
+    at a time, which Python's generator does several times faster than numpy's."""
     return random.Random(int(rng.integers(2**63)))
 
 
