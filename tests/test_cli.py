@@ -60,7 +60,9 @@ def test_top_level_help_lists_commands_encodings_and_key_options(tmp_path):
 def test_train_help_lists_groups_and_the_composed_config(tmp_path):
     out = posbench("train", "--help", "encoding=learned", cwd=tmp_path).stdout
     assert "encoding   " + ", ".join(encoding_names()) in out
-    assert "experiment algorithmic, alibi_wt103, extrapolation, extrapolation_text, retrieval" in out
+    assert (
+        "experiment algorithmic, alibi_wt103, extrapolation, extrapolation_text, retrieval" in out
+    )
     assert "-m +experiment=OPTION" in out
     assert "max_length" in out  # the learned encoding's own option, composed
     assert "seq_len: 128" in out

@@ -23,11 +23,21 @@ from posbench.data.algorithmic.bucket_sort import BucketSort, BucketSortDataConf
 from posbench.data.algorithmic.compute_sqrt import ComputeSqrt, ComputeSqrtDataConfig
 from posbench.data.algorithmic.counting import Counting, CountingDataConfig
 from posbench.data.algorithmic.curriculum import Curriculum
+from posbench.data.algorithmic.cycle_navigation import CycleNavigation, CycleNavigationDataConfig
 from posbench.data.algorithmic.duplicate_string import DuplicateString, DuplicateStringDataConfig
+from posbench.data.algorithmic.even_pairs import EvenPairs, EvenPairsDataConfig
 from posbench.data.algorithmic.lego import Lego, LegoDataConfig
 from posbench.data.algorithmic.missing_duplicate_string import (
     MissingDuplicateString,
     MissingDuplicateStringDataConfig,
+)
+from posbench.data.algorithmic.modular_arithmetic import (
+    ModularArithmetic,
+    ModularArithmeticDataConfig,
+)
+from posbench.data.algorithmic.modular_arithmetic_brackets import (
+    ModularArithmeticBrackets,
+    ModularArithmeticBracketsDataConfig,
 )
 from posbench.data.algorithmic.odds_first import OddsFirst, OddsFirstDataConfig
 from posbench.data.algorithmic.parity_check import ParityCheck, ParityCheckDataConfig
@@ -36,7 +46,12 @@ from posbench.data.algorithmic.polynomial_evaluation import (
     PolynomialEvaluationDataConfig,
 )
 from posbench.data.algorithmic.reverse_string import ReverseString, ReverseStringDataConfig
+from posbench.data.algorithmic.solve_equation import SolveEquation, SolveEquationDataConfig
 from posbench.data.algorithmic.sorting import Sorting, SortingDataConfig
+from posbench.data.algorithmic.stack_manipulation import (
+    StackManipulation,
+    StackManipulationDataConfig,
+)
 from posbench.data.algorithmic.summation import Summation, SummationDataConfig
 
 __all__ = [
@@ -50,6 +65,9 @@ __all__ = [
 # Each task by its ``data.source``, and the schema of its ``data`` config.
 ALGORITHMIC_TASKS: dict[str, type[AlgorithmicTask]] = {
     "parity_check": ParityCheck,
+    "even_pairs": EvenPairs,
+    "modular_arithmetic": ModularArithmetic,
+    "cycle_navigation": CycleNavigation,
     "reverse_string": ReverseString,
     "binary_addition": BinaryAddition,
     "binary_multiplication": BinaryMultiplication,
@@ -64,9 +82,15 @@ ALGORITHMIC_TASKS: dict[str, type[AlgorithmicTask]] = {
     "polynomial_evaluation": PolynomialEvaluation,
     "counting": Counting,
     "lego": Lego,
+    "stack_manipulation": StackManipulation,
+    "modular_arithmetic_brackets": ModularArithmeticBrackets,
+    "solve_equation": SolveEquation,
 }
 ALGORITHMIC_SCHEMAS: dict[str, type[AlgorithmicDataConfig]] = {
     "parity_check": ParityCheckDataConfig,
+    "even_pairs": EvenPairsDataConfig,
+    "modular_arithmetic": ModularArithmeticDataConfig,
+    "cycle_navigation": CycleNavigationDataConfig,
     "reverse_string": ReverseStringDataConfig,
     "binary_addition": BinaryAdditionDataConfig,
     "binary_multiplication": BinaryMultiplicationDataConfig,
@@ -81,4 +105,7 @@ ALGORITHMIC_SCHEMAS: dict[str, type[AlgorithmicDataConfig]] = {
     "polynomial_evaluation": PolynomialEvaluationDataConfig,
     "counting": CountingDataConfig,
     "lego": LegoDataConfig,
+    "stack_manipulation": StackManipulationDataConfig,
+    "modular_arithmetic_brackets": ModularArithmeticBracketsDataConfig,
+    "solve_equation": SolveEquationDataConfig,
 }

@@ -175,3 +175,9 @@ class AlgorithmicTask(Task):
         inside = np.unique(np.linspace(lo, hi, min(8, hi - lo + 1)).round().astype(int))
         beyond = range((hi // EVAL_STEP + 1) * EVAL_STEP, MAX_EVAL_LENGTH + 1, EVAL_STEP)
         return [*map(int, inside), *beyond]
+
+
+def spell(alphabet: str, ids: np.ndarray) -> str:
+    """The string of ``alphabet[i]`` for each ``i`` in ``ids``, in one lookup (``str`` of each
+    numpy integer, joined, takes microseconds a symbol)."""
+    return np.frombuffer(alphabet.encode("ascii"), dtype=np.uint8)[ids].tobytes().decode("ascii")

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from posbench.data.algorithmic.base import AlgorithmicDataConfig, AlgorithmicTask
+from posbench.data.algorithmic.base import AlgorithmicDataConfig, AlgorithmicTask, spell
 
 
 @dataclass
@@ -31,7 +31,7 @@ class ParityCheck(AlgorithmicTask):
 
     def problem(self, length: int, rng: np.random.Generator) -> tuple[str, str]:
         bits = rng.integers(2, size=length)
-        return "".join(map(str, bits)), str(bits.sum() % 2)
+        return spell(self.alphabet, bits), str(bits.sum() % 2)
 
     def max_tokens(self, length: int) -> int:
         return length + 2

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from posbench.data.algorithmic.base import AlgorithmicDataConfig, AlgorithmicTask
+from posbench.data.algorithmic.base import AlgorithmicDataConfig, AlgorithmicTask, spell
 
 
 @dataclass
@@ -30,7 +30,7 @@ class ReverseString(AlgorithmicTask):
     answer_alphabet = "01"
 
     def problem(self, length: int, rng: np.random.Generator) -> tuple[str, str]:
-        prompt = "".join(map(str, rng.integers(2, size=length)))
+        prompt = spell(self.alphabet, rng.integers(2, size=length))
         return prompt, prompt[::-1]
 
     def max_tokens(self, length: int) -> int:
