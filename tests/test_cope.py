@@ -18,6 +18,7 @@ from x_transformers.x_transformers import CoPE
 import posbench.attention
 from posbench.config import compose_config
 from posbench.encodings import build_encoding
+from posbench.encodings.cope import block, reversed_gates
 from posbench.errors import PosbenchError
 from posbench.model import build_model
 
@@ -38,6 +39,11 @@ def random_qk(length: int, batch: int = 2, n_head: int = 2) -> list[torch.Tensor
     generator = torch.Generator().manual_seed(1)
     shape = (batch, n_head, length, HEAD_DIM)
     return [torch.randn(shape, dtype=F64, generator=generator) for _ in range(2)]
+
+
+def state(encoding, q: torch.Tensor, k: torch.Tensor):
+    """The encoding's content_state of queries and keys (B, H, T, hs) at positions 0..T-1."""
+    return encoding.content_state(None, q, k, torch.arange(q.shape[2]))
 
 
 def x_transformers_bias(encoding, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
@@ -66,7 +72,7 @@ def test_the_bias_equals_x_transformers_cope_with_the_same_embedding(gradients, 
     q, k = random_qk(40)
     expected = x_transformers_bias(encoding, q, k)[:, :, first_query:]
     with torch.set_grad_enabled(gradients):
-        got = encoding.content_bias((q, k), slice(first_query, 40), slice(0, 40))
+        got = encoding.content_bias(state(encoding, q, k), slice(first_query, 40), slice(0, 40))
     torch.testing.assert_close(
         past(got, first_query), past(expected, first_query), rtol=0, atol=1e-12
     )
@@ -77,7 +83,8 @@ def test_the_far_keys_of_a_late_block_count_past_the_last_position():
     block from 32: evaluation gives those keys q . e[npos - 1] without interpolating them."""
     encoding = cope(npos=6)
     q, k = random_qk(40)
-    counts = encoding.counts(q, k, slice(32, 40), slice(0, 40))  # keys reversed
+    q_block, reversed_keys = block(state(encoding, q, k), slice(32, 40), slice(0, 40))
+    counts = reversed_gates(q_block, reversed_keys, 32, 0).cumsum(-1)  # keys reversed
     assert bool((counts[..., -1] > 5).all()) and bool((counts[..., 0] < 5).all())
 
 
@@ -104,7 +111,7 @@ def test_the_logits_equal_rams_written_out_with_its_embedding_over_sqrt_hs():
     encoding = cope(npos=npos)
     q, k = random_qk(T)
     pos_emb = encoding.position_embedding.T * math.sqrt(HEAD_DIM)  # RAM's (hs, npos)
-    bias = encoding.content_bias((q, k), slice(0, T), slice(0, T))
+    bias = encoding.content_bias(state(encoding, q, k), slice(0, T), slice(0, T))
     logits = q @ k.transpose(-1, -2) / math.sqrt(HEAD_DIM) + bias
     for b in range(2):
         for h in range(2):
@@ -127,18 +134,20 @@ def test_with_every_gate_1_a_key_is_i_minus_j_plus_1_positions_back(npos):
     with torch.no_grad():
         encoding.position_embedding.zero_()
         encoding.position_embedding[:, 0] = torch.arange(npos, dtype=F64)
-    positions = encoding.content_bias((q, k), slice(0, T), slice(0, T)) / 10
+    positions = encoding.content_bias(state(encoding, q, k), slice(0, T), slice(0, T)) / 10
     i, j = torch.arange(T)[:, None], torch.arange(T)[None, :]
     expected = (i - j + 1).clamp(max=npos - 1).to(F64).expand(1, 2, T, T)
     torch.testing.assert_close(past(positions), past(expected), rtol=0, atol=1e-12)
 
 
+# npos 8: most counts clamped; 64: none, and each block's table stops at its largest count.
+@pytest.mark.parametrize("npos", [8, 64])
 @pytest.mark.parametrize("window", [None, 6])
 def test_attention_with_cope_gives_x_transformers_output_and_gradients_of_q_k_v_and_e(
-    window, monkeypatch
+    window, npos, monkeypatch
 ):
     use_query_blocks(8, monkeypatch)  # 37 = 4 * 8 + 5 queries
-    encoding = cope(npos=8)
+    encoding = cope(npos=npos)
     encoding.window = window
     q, k = (t.requires_grad_() for t in random_qk(37))
     v = torch.randn_like(q).requires_grad_()
