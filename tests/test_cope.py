@@ -170,6 +170,30 @@ def test_attention_with_cope_gives_x_transformers_output_and_gradients_of_q_k_v_
     assert all(bool(g.abs().sum() > 0) for g in got[1:])
 
 
+def test_every_blocks_bias_at_once_equals_each_blocks_alone_with_their_gradients():
+    # One autograd node for all the blocks of a layer (training), against one per block.
+    encoding = cope(npos=8)
+    q, k = (t.requires_grad_() for t in random_qk(20))
+    blocks = [
+        (slice(16, 20), slice(9, 20)),
+        (slice(8, 16), slice(0, 16)),
+        (slice(0, 8), slice(0, 8)),
+    ]
+    leaves = [q, k, encoding.position_embedding]
+    out_grads = [torch.randn(2, 2, 4, 11), torch.randn(2, 2, 8, 16), torch.randn(2, 2, 8, 8)]
+
+    def biases_and_gradients(biases):
+        outputs = biases()
+        return [*outputs, *torch.autograd.grad(outputs, leaves, [g.double() for g in out_grads])]
+
+    together = biases_and_gradients(lambda: encoding.content_biases(state(encoding, q, k), blocks))
+    alone = biases_and_gradients(
+        lambda: [encoding.content_bias(state(encoding, q, k), *block) for block in blocks]
+    )
+    for a, b in zip(together, alone, strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-12)
+
+
 def test_at_initialisation_cope_attends_as_nope_does():
     # e starts at zeros (as RAM's), so every bias is q . 0.
     torch.manual_seed(0)

@@ -20,10 +20,8 @@ Future keys get the gate 0 (so a future key's p is 0). The counts are summed fro
 diagonal back (keys reversed), so a short count near the diagonal never comes from the
 difference of two long sums.
 
-In training the bias is one autograd Function (CountedPositionBias) with a hand-written
-backward: autograd's own spent most of a training step in the two gathers' scatter-add
-backward (each into a zeroed table), the reversed cumulative sum's flips and the clamp, for
-each block of queries.
+In training every block of queries of a layer gets its bias from one autograd node
+(CountedPositionBiases, through content_biases) with a hand-written backward.
 """
 
 from __future__ import annotations
@@ -52,11 +50,14 @@ def block(
     state: tuple[torch.Tensor, torch.Tensor], queries: slice, keys: slice
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The queries at indices ``queries`` (B, H, n, hs) and the keys at ``keys``, latest first
-    (B, H, m, hs), of content_state's ``state``, in float32 (or float64): the counts' precision."""
+    (B, H, m, hs), of content_state's ``state``, in float32 (or float64): the counts' precision.
+    The queries are copied once into rows of their own, which every product with them reads
+    (each would copy a strided block of the layer's queries again)."""
     q, reversed_keys = state
     dtype = torch.promote_types(q.dtype, torch.float32)
     T = reversed_keys.shape[2]
-    return q[:, :, queries].to(dtype), reversed_keys[:, :, T - keys.stop : T - keys.start].to(dtype)
+    keys = reversed_keys[:, :, T - keys.stop : T - keys.start].to(dtype)
+    return q[:, :, queries].to(dtype).contiguous(), keys
 
 
 def reversed_gates(
@@ -111,19 +112,83 @@ def interpolated(
     return table.gather(-1, below).addcmul_(stepped, weight), below, weight, stepped
 
 
-class CountedPositionBias(torch.autograd.Function):
-    """The bias q_i . e[p_ij] of a block of queries q (B, H, n, hs) from index ``first_query``
-    over the keys from index ``first_key``, given latest first (B, H, m, hs), with the rows
-    e[:reach + 2] of the embedding (reach: the largest floor(p) of the block) -> (B, H, n, m),
-    keys in order; ``last``: the position the counts are clamped at.
+def largest_count(queries: slice, keys: slice, last: int) -> int:
+    """The largest floor(p) of the queries at indices ``queries`` over the keys at ``keys``,
+    counts clamped at ``last``: the last query's count of the first key, at most its distance
+    + 1."""
+    return min(last, queries.stop - keys.start)
 
-    Forward: the gates with the keys reversed, their running sums turned to key order once,
-    and the interpolation. Backward, in key order: the count's gradient is
-    dp_ij = dbias_ij * (q_i . e step at floor p_ij) (0 where p is clamped: the step there is
-    0), and g_it is in every p_ij with j <= t, so its gradient is the running sum of dp from
-    the first key, computed in key order without a flip; the table's gradient is two
-    scatter-adds of dbias, split into e[floor p] and e[ceil p] by w.
-    """
+
+def block_bias(
+    q: torch.Tensor,
+    reversed_keys: torch.Tensor,
+    embedding: torch.Tensor,
+    queries: slice,
+    keys: slice,
+    last: int,
+) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """The bias q_i . e[p_ij] of the queries at indices ``queries`` over the keys at ``keys`` of
+    content_state's q and keys latest first (B, H, T, hs), with the embedding e (npos, hs),
+    counts clamped at ``last`` -> (B, H, n, m), keys in order, and what block_gradients takes:
+    the block's queries and keys, gates, floor(p), w and the steps at floor(p).
+
+    The gates are summed with the keys reversed, and the sums turned to key order once: there
+    the backward needs no flip (block_gradients)."""
+    q, reversed_keys = block((q, reversed_keys), queries, keys)  # (B, H, n | m, hs)
+    gates = reversed_gates(q, reversed_keys, queries.start, keys.start)  # (B, H, n, m)
+    counts = gates.cumsum(-1).flip(-1)  # (B, H, n, m), keys in order
+    # A key j is at most the last query's distance + 1 = queries.stop - j back: only those
+    # before queries.stop - last can count past the last position.
+    counts[..., : max(0, queries.stop - last - keys.start)].clamp_(max=last)
+    table, steps = position_logits(q, embedding, largest_count(queries, keys, last))
+    bias, below, weight, stepped = interpolated(table, steps, counts)
+    return bias, [q, reversed_keys, gates, below, weight, stepped]
+
+
+def block_gradients(
+    dbias: torch.Tensor, embedding: torch.Tensor, reach: int, saved: list[torch.Tensor]
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The gradients of block_bias's queries (B, H, n, hs), keys latest first (B, H, m, hs)
+    and first rows of the embedding (those of position_logits' product) from the bias's
+    ``dbias`` (B, H, n, m), the block's largest count ``reach`` and ``saved``, what block_bias
+    returned with the bias.
+
+    In key order the count's gradient is dp_ij = dbias_ij * (q_i . e step at floor p_ij), 0
+    where p is clamped (the step there is 0), and g_it is in every p_ij with j <= t: its
+    gradient is the running sum of dp from the block's first key. The table's gradient is two
+    scatter-adds of dbias, split between e[floor p] and e[ceil p] by w."""
+    q, reversed_keys, gates, below, weight, stepped = saved
+    B, H, n, m = gates.shape
+    hs = q.shape[-1]
+    columns = min(reach + 2, len(embedding))  # those of position_logits' product
+    dproduct = dbias.new_zeros(B, H, n, columns)
+    dproduct[..., : reach + 1].scatter_add_(-1, below, dbias)  # through the table
+    dsteps = dbias.new_zeros(B, H, n, reach + 1).scatter_add_(-1, below, dbias * weight)
+    dsteps = dsteps[..., : columns - 1]  # the 0 step after the last position has none
+    dproduct[..., :-1] -= dsteps
+    dproduct[..., 1:] += dsteps
+    dgates = (dbias * stepped).cumsum(-1).flip(-1)  # (B, H, n, m), keys reversed
+    dlogits = torch.ops.aten.sigmoid_backward(dgates, gates).view(B * H, n, m)
+    scale = 1 / math.sqrt(hs)
+    q3, keys3 = q.view(B * H, n, hs), reversed_keys.reshape(B * H, m, hs)
+    dq = (dproduct @ embedding[:columns]).view(B * H, n, hs)
+    dq.baddbmm_(dlogits, keys3, alpha=scale)
+    dkeys = torch.baddbmm(
+        q.new_empty(()).expand(B * H, m, hs), dlogits.transpose(1, 2), q3, beta=0, alpha=scale
+    )
+    dembedding = dproduct.view(-1, columns).T @ q.view(-1, hs)  # (columns, hs)
+    return dq.view(B, H, n, hs), dkeys.view(B, H, m, hs), dembedding
+
+
+class CountedPositionBiases(torch.autograd.Function):
+    """block_bias of each of ``blocks`` ((queries, keys) index slices) of content_state's q and
+    keys latest first (B, H, T, hs), with the embedding e (npos, hs), counts clamped at ``last``
+    -> one bias (B, H, n, m) per block, keys in order; the backward is block_gradients'.
+
+    One node for all the blocks of a layer, with a hand-written backward: autograd's own spent
+    most of CoPE's training step in the gathers' scatter-add backward (each into a zeroed
+    table), the flips around the reversed running sum and the clamp, and, for each block, a
+    zero-filled gradient of the layer's q and keys, added to the others."""
 
     @staticmethod
     def forward(
@@ -131,47 +196,35 @@ class CountedPositionBias(torch.autograd.Function):
         q: torch.Tensor,
         reversed_keys: torch.Tensor,
         embedding: torch.Tensor,
-        first_query: int,
-        first_key: int,
+        blocks: list[tuple[slice, slice]],
         last: int,
-    ) -> torch.Tensor:
-        gates = reversed_gates(q, reversed_keys, first_query, first_key)  # (B, H, n, m)
-        counts = gates.cumsum(-1).flip(-1)  # (B, H, n, m), keys in order
-        # Only a key j before the block's last query by more than `last` can count past it.
-        clamped = max(0, first_query + q.shape[2] - last - first_key)
-        counts[..., :clamped].clamp_(max=last)
-        reach = min(last, first_query + q.shape[2] - first_key)  # the largest count
-        table, steps = position_logits(q, embedding, reach)
-        bias, below, weight, stepped = interpolated(table, steps, counts)
-        ctx.save_for_backward(q, reversed_keys, embedding, gates, below, weight, stepped)
-        ctx.reach = reach
-        return bias
+    ) -> tuple[torch.Tensor, ...]:
+        biases, saved = [], []
+        for queries, keys in blocks:
+            bias, kept = block_bias(q, reversed_keys, embedding, queries, keys, last)
+            biases.append(bias)
+            saved += kept
+        ctx.save_for_backward(q, reversed_keys, embedding, *saved)
+        ctx.blocks, ctx.last = blocks, last
+        return tuple(biases)
 
     @staticmethod
     @once_differentiable  # its gradients are not recorded for a second derivative
-    def backward(ctx: Any, dbias: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
-        q, reversed_keys, embedding, gates, below, weight, stepped = ctx.saved_tensors
-        B, H, n, m = gates.shape
-        hs = q.shape[-1]
-        columns = min(ctx.reach + 2, len(embedding))  # position_logits' product's
-        dextended = dbias.new_zeros(B, H, n, columns)
-        dextended[..., : ctx.reach + 1].scatter_add_(-1, below, dbias)  # through the table
-        dsteps = dbias.new_zeros(B, H, n, ctx.reach + 1).scatter_add_(-1, below, dbias * weight)
-        dsteps = dsteps[..., : columns - 1]  # the 0 step past the last position has none
-        dextended[..., :-1] -= dsteps
-        dextended[..., 1:] += dsteps
-        dgates = (dbias * stepped).cumsum(-1).flip(-1)  # (B, H, n, m), keys reversed
-        dlogits = torch.ops.aten.sigmoid_backward(dgates, gates).view(B * H, n, m)
-        scale = 1 / math.sqrt(hs)
-        q3, keys3 = q.reshape(B * H, n, hs), reversed_keys.reshape(B * H, m, hs)
-        dq = (dextended @ embedding[:columns]).view(B * H, n, hs)
-        dq.baddbmm_(dlogits, keys3, alpha=scale)
-        dkeys = torch.baddbmm(
-            q.new_empty(()).expand(B * H, m, hs), dlogits.transpose(1, 2), q3, beta=0, alpha=scale
-        )
-        dembedding = torch.zeros_like(embedding)
-        dembedding[:columns] = dextended.view(-1, columns).T @ q3.reshape(-1, hs)
-        return dq.view(B, H, n, hs), dkeys.view(B, H, m, hs), dembedding, None, None, None
+    def backward(ctx: Any, *dbiases: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        q, reversed_keys, embedding, *saved = ctx.saved_tensors
+        T = reversed_keys.shape[2]
+        # zeros_like keeps q's layout, that of the projection it comes from, in which
+        # attention's own gradient of q is too: the two add up without a transpose.
+        dq, dkeys, dembedding = (torch.zeros_like(t) for t in (q, reversed_keys, embedding))
+        per_block = len(saved) // len(ctx.blocks)
+        for index, ((queries, keys), dbias) in enumerate(zip(ctx.blocks, dbiases, strict=True)):
+            reach = largest_count(queries, keys, ctx.last)
+            kept = saved[index * per_block : (index + 1) * per_block]
+            dq_block, dkeys_block, drows = block_gradients(dbias, embedding, reach, kept)
+            dq[:, :, queries] += dq_block
+            dkeys[:, :, T - keys.stop : T - keys.start] += dkeys_block
+            dembedding[: len(drows)] += drows
+        return dq, dkeys, dembedding, None, None
 
 
 @register("cope")
@@ -191,21 +244,32 @@ class ContextualPositions(PositionalEncoding):
     def content_state(
         self, x: torch.Tensor, q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        # The keys latest first, the order each query's counts are summed in: one flip per
-        # layer, not one per block of queries.
-        return q, k.flip(2)  # (B, H, T, hs) each
+        # The keys latest first, the order each query's counts are summed in, once per layer
+        # (not per block of queries), in rows of their own: each block's products read a
+        # slice of them in place.
+        return q, k.flip(2).contiguous()  # (B, H, T, hs) each
+
+    def content_biases(
+        self, state: tuple[torch.Tensor, torch.Tensor], blocks: list[tuple[slice, slice]]
+    ) -> list[torch.Tensor]:
+        if not torch.is_grad_enabled():
+            return super().content_biases(state, blocks)
+        q, reversed_keys = state
+        dtype = torch.promote_types(q.dtype, torch.float32)  # counts in float32 (or float64)
+        with torch.autocast(q.device.type, enabled=False):
+            q, reversed_keys = q.to(dtype), reversed_keys.to(dtype)
+            embedding = self.position_embedding.to(dtype)
+            last = self.config.npos - 1
+            return list(CountedPositionBiases.apply(q, reversed_keys, embedding, blocks, last))
 
     def content_bias(
         self, state: tuple[torch.Tensor, torch.Tensor], queries: slice, keys: slice
     ) -> torch.Tensor:
+        if torch.is_grad_enabled():
+            return self.content_biases(state, [(queries, keys)])[0]
         last = self.config.npos - 1  # the largest position
         q, reversed_keys = block(state, queries, keys)
         with torch.autocast(q.device.type, enabled=False):
-            embedding = self.position_embedding.to(q.dtype)
-            if torch.is_grad_enabled():
-                return CountedPositionBias.apply(
-                    q, reversed_keys, embedding, queries.start, keys.start, last
-                )
             # p_ij unclamped, keys reversed: each row a running sum, nondecreasing, 0 over the
             # query's future keys. Summed in place: a fresh tensor of tens of MB per query
             # block has its pages zeroed by the operating system again, which took longer
@@ -219,8 +283,8 @@ class ContextualPositions(PositionalEncoding):
             # each row reaches it).
             reached = torch.searchsorted(counts, counts.new_full((*counts.shape[:-1], 1), last))
             counted = int(reached.max())
-            reach = min(last, queries.stop - keys.start)  # the largest count
-            table, steps = position_logits(q, embedding, reach)
+            embedding = self.position_embedding.to(q.dtype)
+            table, steps = position_logits(q, embedding, largest_count(queries, keys, last))
             near = counts[..., :counted].clamp_(max=last)  # p, interpolated
             bias = interpolated(table, steps, near)[0].flip(-1)
             if counted == m:
