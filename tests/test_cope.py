@@ -88,6 +88,22 @@ def test_the_far_keys_of_a_late_block_count_past_the_last_position():
     assert bool((counts[..., -1] > 5).all()) and bool((counts[..., 0] < 5).all())
 
 
+def test_in_evaluation_a_count_that_takes_many_keys_to_reach_the_last_position_is_exact():
+    """Evaluation sums the gates of the nearest 2 * npos keys first, then twice as many until
+    every query's count reaches npos - 1: query 39's gates of 0.12 take 25 keys to count to 3."""
+    encoding = cope(npos=4)
+    u = torch.zeros(HEAD_DIM, dtype=F64)
+    u[0] = 2.0
+    k = u.expand(1, 2, 40, HEAD_DIM)  # q . k / sqrt(hs) = +-2: gates 0.88 and 0.12
+    q = torch.cat([u.expand(1, 2, 39, HEAD_DIM), -u.expand(1, 2, 1, HEAD_DIM)], dim=2)
+    counts = reversed_gates(*block(state(encoding, q, k), slice(39, 40), slice(0, 40)), 39, 0)
+    assert bool((counts.cumsum(-1)[..., 15] < 3).all())  # past the nearest 8 and 16 keys
+    expected = x_transformers_bias(encoding, q, k)[:, :, 32:]
+    with torch.no_grad():
+        got = encoding.content_bias(state(encoding, q, k), slice(32, 40), slice(0, 40))
+    torch.testing.assert_close(past(got, 32), past(expected, 32), rtol=0, atol=1e-12)
+
+
 def ram_logit(q, k, pos_emb, i: int, j: int, npos: int) -> float:
     """RAM's attention logit of query i and key j <= i (one sequence and head; pos_emb
     (hs, npos)): gates sigmoid(q.k / sqrt(hs)), the position summed from j to i and clamped,

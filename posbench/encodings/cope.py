@@ -86,6 +86,31 @@ def reversed_gates(
     return logits.sigmoid_()
 
 
+def nearest_counts(
+    q: torch.Tensor, reversed_keys: torch.Tensor, first_query: int, first_key: int, last: int
+) -> torch.Tensor:
+    """Without gradients: p_ij unclamped of the queries q (B, H, n, hs) from index
+    ``first_query`` over the s nearest of the keys from index ``first_key``, given latest first
+    (B, H, m, hs) -> (B, H, n, s), keys reversed, in which order each row is a running sum,
+    nondecreasing, 0 over the query's future keys: s keys are enough for every query to count
+    to ``last`` (or they are all m).
+
+    Past the training length the nearest few hundred keys of a query count to the last
+    position, which every farther key is at: their gates would be most of the work. A gate is
+    at most 1, so fewer than ``last`` keys never count to it; each try takes twice as many (a
+    prefix of a running sum is the running sum of the prefix: the counts are those of all
+    keys). Summed in place: a fresh tensor of tens of MB per query block has its pages zeroed
+    by the operating system again, which took longer than the sum."""
+    m = reversed_keys.shape[2]
+    span = min(m, 2 * (last + 1))
+    while True:
+        nearest = reversed_keys[:, :, :span]  # keys first_key + m - span .. first_key + m - 1
+        counts = reversed_gates(q, nearest, first_query, first_key + m - span).cumsum_(-1)
+        if span == m or bool((counts[..., -1] >= last).all()):
+            return counts
+        span = min(m, 2 * span)
+
+
 def position_logits(
     q: torch.Tensor, embedding: torch.Tensor, reach: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -270,13 +295,8 @@ class ContextualPositions(PositionalEncoding):
         last = self.config.npos - 1  # the largest position
         q, reversed_keys = block(state, queries, keys)
         with torch.autocast(q.device.type, enabled=False):
-            # p_ij unclamped, keys reversed: each row a running sum, nondecreasing, 0 over the
-            # query's future keys. Summed in place: a fresh tensor of tens of MB per query
-            # block has its pages zeroed by the operating system again, which took longer
-            # than the sum.
-            gates = reversed_gates(q, reversed_keys, queries.start, keys.start)
-            counts = gates.cumsum_(-1)  # (B, H, n, m)
-            m = counts.shape[-1]
+            counts = nearest_counts(q, reversed_keys, queries.start, keys.start, last)
+            m = reversed_keys.shape[2]
             # In evaluation, past the training length, the far keys of every query count to
             # the last position (the bias is q_i . e[npos - 1] there): interpolate only the
             # nearest `counted` keys, those below it for some query (searchsorted finds where
