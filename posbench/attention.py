@@ -1,8 +1,8 @@
 """Causal self-attention with a positional encoding's score bias: every attention path of the
 model behind one entry point, ``causal_attention(q, k, v, positions, encoding, dropout,
 biases, content)``. It asks the encoding what bias it adds (``has_score_bias``,
-``consecutive_bias``, ``score_bias``, ``content_bias``) and how far back it attends
-(``window``), never its name.
+``consecutive_bias``, ``score_bias``, ``content_bias``, ``content_biases``) and how far back it
+attends (``window``), never its name.
 
 Which path runs when (T tokens, H heads, blocks of n queries):
 
@@ -320,11 +320,12 @@ def blocked_bias_attention(
     content: object | None = None,
 ) -> torch.Tensor:
     """causal_attention for any score bias, from the encoding's score_bias and content_bias
-    (``content``: its content_state): each block of queries [s, e) attends to keys [0, e) only
-    (later keys are all in its future; with a window of w tokens, keys [s - w + 1, e)), with the
-    bias and the causal mask folded into one float mask of (1, H, e - s, e), or (B, H, e - s, e)
-    for positions (B, T) or a bias from the content. The blocks' biases of positions come from
-    ``biases`` (shared by the layers of one forward pass; by default, this call's own).
+    (``content``: its content_state; with gradients content_biases, every block's at once):
+    each block of queries [s, e) attends to keys [0, e) only (later keys are all in its future;
+    with a window of w tokens, keys [s - w + 1, e)), with the bias and the causal mask folded
+    into one float mask of (1, H, e - s, e), or (B, H, e - s, e) for positions (B, T) or a bias
+    from the content. The blocks' biases of positions come from ``biases`` (shared by the
+    layers of one forward pass; by default, this call's own).
 
     Blocks run from the last (the most keys) to the first: each block's temporaries then fit
     in memory the previous block freed, where growing ones made glibc's heap grow (measured at
@@ -343,10 +344,18 @@ def blocked_bias_attention(
     # Past keys need no mask but the bias when every one of them is in view (no window).
     in_parts = window is None and q.device.type == "cpu"
     in_parts = in_parts and not (torch.is_grad_enabled() or dropout)
+    # Each block's queries [start, end) and first key, the last block first.
+    spans = [
+        (start, min(start + block, T), 0 if window is None else max(0, start - window + 1))
+        for start in reversed(range(0, T, block))
+    ]
+    # With gradients every block's bias from the content is kept for the backward: asked at once.
+    from_content = None
+    if explicit and content is not None:
+        blocks = [(slice(start, end), slice(first, end)) for start, end, first in spans]
+        from_content = encoding.content_biases(content, blocks)
     outputs, masks, key_starts = [], [], []
-    for start in reversed(range(0, T, block)):
-        end = min(start + block, T)
-        first = 0 if window is None else max(0, start - window + 1)  # the block's first key
+    for index, (start, end, first) in enumerate(spans):
         query_positions, key_positions = positions[..., start:end], positions[..., first:end]
         # ([B|1], H, n, m); a buffer for the bias of a block of queries holds H * block * T.
         # Only an encoding with a bias of positions is asked for one: the default score_bias reads
@@ -355,7 +364,11 @@ def blocked_bias_attention(
         if encoding.has_score_bias:
             bias = biases.bias(start, query_positions, key_positions, q.dtype, H * block * T)
         if content is not None:  # (B, H, n, m)
-            extra = encoding.content_bias(content, slice(start, end), slice(first, end))
+            extra = (
+                from_content[index]
+                if from_content is not None
+                else encoding.content_bias(content, slice(start, end), slice(first, end))
+            )
             bias = extra.to(q.dtype) if bias is None else bias + extra.to(q.dtype)
         if bias is None and window is None:  # the encoding adds no bias at all: no mask
             return unbiased_causal_attention(q, k, v, dropout)

@@ -758,3 +758,65 @@ def test_a_bias_from_the_content_equals_the_masked_computation_with_its_gradient
         return windowed_masked_attention(*inputs, encoding, positions, window or 37, bias)
 
     assert_same_attention(attend, masked, gradients, leaves, out_grad)
+
+
+class RecordedQueryKeyBias(QueryKeyBias):
+    """QueryKeyBias that records which hook attention asks for the bias of which blocks."""
+
+    def __init__(self, config, d_model, n_head):
+        super().__init__(config, d_model, n_head)
+        self.asked = []
+
+    def content_bias(self, state, queries, keys):
+        self.asked.append(("content_bias", (queries, keys)))
+        return super().content_bias(state, queries, keys)
+
+    def content_biases(self, state, blocks):
+        self.asked.append(("content_biases", list(blocks)))
+        return [QueryKeyBias.content_bias(self, state, *block) for block in blocks]
+
+
+@pytest.mark.parametrize("window", [None, 6])
+def test_with_gradients_attention_asks_for_every_blocks_content_bias_at_once(window, monkeypatch):
+    use_query_blocks(8, monkeypatch)  # 20 = 8 + 8 + 4 queries
+    encoding = RecordedQueryKeyBias(ForTestConfig(), SMALL.d_model, SMALL.n_head)
+    encoding.window = window
+    q, k, v = random_qkv(2, SMALL.n_head, 20, 8)
+    positions = torch.arange(20)
+    content = encoding.content_state(None, q, k, positions)
+    posbench.attention.causal_attention(q, k, v, positions, encoding, content=content)
+    # The blocks from 16, 8 and 0, the last first; a window of 6 shows each query 5 keys back.
+    keys = [(0, 0, 0), (11, 3, 0)][window is not None]
+    blocks = [
+        (slice(start, min(start + 8, 20)), slice(first, min(start + 8, 20)))
+        for start, first in zip((16, 8, 0), keys, strict=True)
+    ]
+    assert encoding.asked == [("content_biases", blocks)]
+
+
+def test_without_gradients_attention_asks_for_each_blocks_content_bias_as_it_attends(
+    monkeypatch,
+):
+    use_query_blocks(8, monkeypatch)
+    encoding = RecordedQueryKeyBias(ForTestConfig(), SMALL.d_model, SMALL.n_head)
+    q, k, v = random_qkv(2, SMALL.n_head, 20, 8)
+    positions = torch.arange(20)
+    with torch.no_grad():
+        content = encoding.content_state(None, q, k, positions)
+        posbench.attention.causal_attention(q, k, v, positions, encoding, content=content)
+    assert encoding.asked == [
+        ("content_bias", (slice(start, min(start + 8, 20)), slice(0, min(start + 8, 20))))
+        for start in (16, 8, 0)
+    ]
+
+
+def test_content_biases_by_default_is_content_bias_of_each_block():
+    encoding = QueryKeyBias(ForTestConfig(), SMALL.d_model, SMALL.n_head)
+    q, k, _ = random_qkv(2, SMALL.n_head, 12, 8)
+    state = encoding.content_state(None, q, k, torch.arange(12))
+    blocks = [(slice(8, 12), slice(2, 12)), (slice(0, 8), slice(0, 8))]
+    got = encoding.content_biases(state, blocks)
+    expected = [encoding.content_bias(state, queries, keys) for queries, keys in blocks]
+    assert len(got) == 2
+    for a, b in zip(got, expected, strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)

@@ -18,6 +18,7 @@ from x_transformers.x_transformers import CoPE
 import posbench.attention
 from posbench.config import compose_config
 from posbench.encodings import build_encoding
+from posbench.encodings.cope import block, reversed_gates
 from posbench.errors import PosbenchError
 from posbench.model import build_model
 
@@ -38,6 +39,11 @@ def random_qk(length: int, batch: int = 2, n_head: int = 2) -> list[torch.Tensor
     generator = torch.Generator().manual_seed(1)
     shape = (batch, n_head, length, HEAD_DIM)
     return [torch.randn(shape, dtype=F64, generator=generator) for _ in range(2)]
+
+
+def state(encoding, q: torch.Tensor, k: torch.Tensor):
+    """The encoding's content_state of queries and keys (B, H, T, hs) at positions 0..T-1."""
+    return encoding.content_state(None, q, k, torch.arange(q.shape[2]))
 
 
 def x_transformers_bias(encoding, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
@@ -66,7 +72,7 @@ def test_the_bias_equals_x_transformers_cope_with_the_same_embedding(gradients, 
     q, k = random_qk(40)
     expected = x_transformers_bias(encoding, q, k)[:, :, first_query:]
     with torch.set_grad_enabled(gradients):
-        got = encoding.content_bias((q, k), slice(first_query, 40), slice(0, 40))
+        got = encoding.content_bias(state(encoding, q, k), slice(first_query, 40), slice(0, 40))
     torch.testing.assert_close(
         past(got, first_query), past(expected, first_query), rtol=0, atol=1e-12
     )
@@ -77,8 +83,25 @@ def test_the_far_keys_of_a_late_block_count_past_the_last_position():
     block from 32: evaluation gives those keys q . e[npos - 1] without interpolating them."""
     encoding = cope(npos=6)
     q, k = random_qk(40)
-    counts = encoding.counts(q, k, slice(32, 40), slice(0, 40))  # keys reversed
+    q_block, reversed_keys = block(state(encoding, q, k), slice(32, 40), slice(0, 40))
+    counts = reversed_gates(q_block, reversed_keys, 32, 0).cumsum(-1)  # keys reversed
     assert bool((counts[..., -1] > 5).all()) and bool((counts[..., 0] < 5).all())
+
+
+def test_in_evaluation_a_count_that_takes_many_keys_to_reach_the_last_position_is_exact():
+    """Evaluation sums the gates of the nearest 2 * npos keys first, then twice as many until
+    every query's count reaches npos - 1: query 39's gates of 0.12 take 25 keys to count to 3."""
+    encoding = cope(npos=4)
+    u = torch.zeros(HEAD_DIM, dtype=F64)
+    u[0] = 2.0
+    k = u.expand(1, 2, 40, HEAD_DIM)  # q . k / sqrt(hs) = +-2: gates 0.88 and 0.12
+    q = torch.cat([u.expand(1, 2, 39, HEAD_DIM), -u.expand(1, 2, 1, HEAD_DIM)], dim=2)
+    counts = reversed_gates(*block(state(encoding, q, k), slice(39, 40), slice(0, 40)), 39, 0)
+    assert bool((counts.cumsum(-1)[..., 15] < 3).all())  # past the nearest 8 and 16 keys
+    expected = x_transformers_bias(encoding, q, k)[:, :, 32:]
+    with torch.no_grad():
+        got = encoding.content_bias(state(encoding, q, k), slice(32, 40), slice(0, 40))
+    torch.testing.assert_close(past(got, 32), past(expected, 32), rtol=0, atol=1e-12)
 
 
 def ram_logit(q, k, pos_emb, i: int, j: int, npos: int) -> float:
@@ -104,7 +127,7 @@ def test_the_logits_equal_rams_written_out_with_its_embedding_over_sqrt_hs():
     encoding = cope(npos=npos)
     q, k = random_qk(T)
     pos_emb = encoding.position_embedding.T * math.sqrt(HEAD_DIM)  # RAM's (hs, npos)
-    bias = encoding.content_bias((q, k), slice(0, T), slice(0, T))
+    bias = encoding.content_bias(state(encoding, q, k), slice(0, T), slice(0, T))
     logits = q @ k.transpose(-1, -2) / math.sqrt(HEAD_DIM) + bias
     for b in range(2):
         for h in range(2):
@@ -127,18 +150,20 @@ def test_with_every_gate_1_a_key_is_i_minus_j_plus_1_positions_back(npos):
     with torch.no_grad():
         encoding.position_embedding.zero_()
         encoding.position_embedding[:, 0] = torch.arange(npos, dtype=F64)
-    positions = encoding.content_bias((q, k), slice(0, T), slice(0, T)) / 10
+    positions = encoding.content_bias(state(encoding, q, k), slice(0, T), slice(0, T)) / 10
     i, j = torch.arange(T)[:, None], torch.arange(T)[None, :]
     expected = (i - j + 1).clamp(max=npos - 1).to(F64).expand(1, 2, T, T)
     torch.testing.assert_close(past(positions), past(expected), rtol=0, atol=1e-12)
 
 
+# npos 8: most counts clamped; 64: none, and each block's table stops at its largest count.
+@pytest.mark.parametrize("npos", [8, 64])
 @pytest.mark.parametrize("window", [None, 6])
 def test_attention_with_cope_gives_x_transformers_output_and_gradients_of_q_k_v_and_e(
-    window, monkeypatch
+    window, npos, monkeypatch
 ):
     use_query_blocks(8, monkeypatch)  # 37 = 4 * 8 + 5 queries
-    encoding = cope(npos=8)
+    encoding = cope(npos=npos)
     encoding.window = window
     q, k = (t.requires_grad_() for t in random_qk(37))
     v = torch.randn_like(q).requires_grad_()
@@ -159,6 +184,30 @@ def test_attention_with_cope_gives_x_transformers_output_and_gradients_of_q_k_v_
     for a, b in zip(got, expected, strict=True):
         torch.testing.assert_close(a, b, rtol=0, atol=1e-10)
     assert all(bool(g.abs().sum() > 0) for g in got[1:])
+
+
+def test_every_blocks_bias_at_once_equals_each_blocks_alone_with_their_gradients():
+    # One autograd node for all the blocks of a layer (training), against one per block.
+    encoding = cope(npos=8)
+    q, k = (t.requires_grad_() for t in random_qk(20))
+    blocks = [
+        (slice(16, 20), slice(9, 20)),
+        (slice(8, 16), slice(0, 16)),
+        (slice(0, 8), slice(0, 8)),
+    ]
+    leaves = [q, k, encoding.position_embedding]
+    out_grads = [torch.randn(2, 2, 4, 11), torch.randn(2, 2, 8, 16), torch.randn(2, 2, 8, 8)]
+
+    def biases_and_gradients(biases):
+        outputs = biases()
+        return [*outputs, *torch.autograd.grad(outputs, leaves, [g.double() for g in out_grads])]
+
+    together = biases_and_gradients(lambda: encoding.content_biases(state(encoding, q, k), blocks))
+    alone = biases_and_gradients(
+        lambda: [encoding.content_bias(state(encoding, q, k), *block) for block in blocks]
+    )
+    for a, b in zip(together, alone, strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-12)
 
 
 def test_at_initialisation_cope_attends_as_nope_does():

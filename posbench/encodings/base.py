@@ -22,6 +22,11 @@ hook                   gets                                    returns; who over
                        ``queries_and_keys``, positions         bias from content (FoX, CoPE)
 ``content_bias``       that state, a slice of queries and      (B, H, n, m) for those indices
                        one of keys (indices, not positions)
+``content_biases``     that state and every block's (queries,  each block's content_bias, asked
+                       keys) slices, in training               at once where all are kept for
+                                                               the backward: one computation
+                                                               may serve them (CoPE); by
+                                                               default content_bias of each
 ``key_bias``           that state                              (B, H, T) when the content bias
                                                                is a_i + b_j (a_i cancels): b,
                                                                which attention folds into its
@@ -208,6 +213,15 @@ class PositionalEncoding(nn.Module):
         the causal mask; indices count tokens of the sequence from 0 (not positions). Called
         per block of queries; added to any bias of positions."""
         raise NotImplementedError(f"{type(self).__name__} has a content_state but no content_bias")
+
+    def content_biases(self, state: Any, blocks: list[tuple[slice, slice]]) -> list[torch.Tensor]:
+        """``content_bias`` of each block of ``blocks``, (queries, keys) index slices, from
+        ``content_state``'s ``state``, asked at once by attention with gradients, which keeps
+        every block's bias for its backward pass anyway: an encoding may compute them in one
+        autograd node, whose backward writes the gradients of its state once, where one node
+        per block gives each block's gradient of the state as a zero-filled tensor of the
+        state's size, all then added up. The default asks ``content_bias`` for each."""
+        return [self.content_bias(state, queries, keys) for queries, keys in blocks]
 
     def key_bias(self, state: Any) -> torch.Tensor | None:
         """When ``content_bias`` of query i and key j is a_i + b_j, with a_i the same for every
