@@ -1,22 +1,24 @@
 """Causal self-attention with a positional encoding's score bias: every attention path of the
 model behind one entry point, ``causal_attention(q, k, v, positions, encoding, dropout,
 biases, content)``. It asks the encoding what bias it adds (``has_score_bias``,
-``consecutive_bias``, ``score_bias``, ``content_bias``, ``content_biases``) and how far back it
-attends (``window``), never its name.
+``consecutive_bias``, ``score_bias``, ``has_key_bias``, ``key_bias``, ``content_bias``,
+``content_biases``) and how far back it attends (``window``), never its name.
 
 Which path runs when (T tokens, H heads, blocks of n queries):
 
     condition                                 path
     ----------------------------------------  ------------------------------------------------
     no score bias, no window shorter than T   unbiased_causal_attention
-    a bias of the key alone from the content  key_bias_attention
-      (key_bias: FoX), T <= KEY_BIAS_LENGTH
+    a bias of the key alone from the content  key_bias_attention up to KEY_BIAS_LENGTH tokens;
+      (key_bias: FoX) and no other, no window   longer, in evaluation on LOG_SUM_EXP_DEVICES
+                                                (CPU), blocked_key_bias_attention
     a bias of the distance alone at           flex_attention_bias on FLEX_ATTENTION_DEVICES
       consecutive positions (consecutive_bias)  (CUDA) without dropout, else
                                               relative_bias_attention
     any other bias (of both positions, or     blocked_bias_attention; in evaluation on a CPU
       at positions with gaps, or of the         without a window its blocks after the first
-      content: FoX, CoPE), or a window          take past_and_diagonal_attention
+      content: CoPE, FoX where the row above    take past_and_diagonal_attention
+      does not take it), or a window
     a bias that needs a gradient (a learned   explicit_attention (posbench/explicit_attention.py),
       one, in training)                         from either of the two paths above
 
@@ -26,7 +28,9 @@ gigabytes at evaluation lengths: 4 GiB for 4 heads at 16,384 tokens):
 * unbiased_causal_attention: SDPA's fused causal kernel, the fastest, never builds a (T, T)
   mask (float32 for bf16 inputs on a CPU, where it is faster). Nothing of (T, T).
 * key_bias_attention: the same kernel with the key's bias as one more q/k dimension. Nothing
-  of (T, T); q and k with that dimension, in float32.
+  of (T, T); q and k with that dimension, in float32. blocked_key_bias_attention: the same per
+  block of KEY_BIAS_BLOCK queries, each relative to its own reference, in two calls merged by
+  their log-sum-exps; q, k, v with that dimension and the blocks' outputs.
 * flex_attention_bias: one compiled kernel adds the (H, T) bias table inside and skips the key
   blocks in the future; a learned table gets its gradient through the lookup. The table only.
 * relative_bias_attention: one SDPA call per block of at most QUERY_BLOCK queries, its mask a
@@ -95,8 +99,17 @@ SHARED_BIAS_ELEMENTS = 2**24
 # A bias of the key alone (key_bias: FoX) takes SDPA's fused causal kernel up to this many
 # tokens, taken relative to the middle key: its values then span at most T/2 tokens' worth of
 # it (FoX: T/2 log-gates, |log f| = 0.69 at f = 1/2: 710 at 2,048 tokens, which float32 rounds
-# by 3e-5). Longer sequences take the blocked path, whose blocks each have their own reference.
+# by 3e-5). Longer sequences take blocks of queries, each relative to its own reference.
 KEY_BIAS_LENGTH = 2048
+# Queries per block of blocked_key_bias_attention: a block's logits are float32 values of the
+# bias relative to its middle query, up to KEY_BIAS_BLOCK / 2 tokens' worth (FoX, gates near
+# 1/2: 44 at 128), whose rounding stays in the output. Measured at 16,384 tokens against
+# float64 (tests/test_fox.py): 1.3e-5 with blocks of 128, 5.4e-5 with 256, 2.0e-4 with 2,048.
+KEY_BIAS_BLOCK = 128
+# The device types whose fused SDPA kernel returns the log-sum-exps of its rows
+# (torch.ops.aten._scaled_dot_product_flash_attention_for_cpu), so that attention can be merged
+# from parts in evaluation (merge_by_log_sum_exp). The one place the choice is made.
+LOG_SUM_EXP_DEVICES = frozenset({"cpu"})
 # What a bias from the content (content_bias: FoX, CoPE) may hold per score of a query block
 # while it is computed, for the memory estimate (attention_scratch_elements): CoPE's gates,
 # positions, their floor and ceiling (int64: two elements each), the two gathered logits and
@@ -137,12 +150,12 @@ def causal_attention(
     The one entry point: the module's table says which path it takes. flex_attention lacks
     attention dropout, so dropout keeps a bias of the distance alone on the SDPA path.
     """
-    windowed = hiding_window(encoding, q.shape[2]) is not None
-    fused_key_bias = not (windowed or encoding.has_score_bias) and q.shape[2] <= KEY_BIAS_LENGTH
-    if content is not None and fused_key_bias:
-        key_bias = encoding.key_bias(content)
-        if key_bias is not None:
-            return key_bias_attention(q, k, v, key_bias, dropout)
+    T = q.shape[2]
+    if content is not None and fuses_key_bias(encoding, T, merges_by_log_sum_exp(q, dropout)):
+        if T <= KEY_BIAS_LENGTH:
+            return key_bias_attention(q, k, v, encoding.key_bias(content), dropout)
+        return blocked_key_bias_attention(q, k, v, encoding.key_bias(content))
+    windowed = hiding_window(encoding, T) is not None
     if windowed or content is not None:
         return blocked_bias_attention(q, k, v, positions, encoding, dropout, biases, content)
     if not encoding.has_score_bias:
@@ -189,18 +202,101 @@ def key_bias_attention(
     width (measured at 2,048 tokens: 15 ms at hs + 1 against 190 ms on the unfused path a
     narrower v takes). Computed in float32 (float64 for float64 inputs), b taken relative to the
     middle key's first (KEY_BIAS_LENGTH says how precise that is)."""
-    B, H, T, hs = q.shape
-    dtype = torch.promote_types(q.dtype, torch.float32)
-    relative = (key_bias - key_bias[..., T // 2, None]).to(dtype)  # (B, H, T)
+    T, hs = q.shape[2:]
     with torch.autocast(q.device.type, enabled=False):  # autocast would round q', k' down
-        q_extra = q.new_full((B, H, T, 1), math.sqrt(hs), dtype=dtype)
-        queries = torch.cat([q.to(dtype), q_extra], dim=-1)  # (B, H, T, hs + 1)
-        keys = torch.cat([k.to(dtype), relative[..., None]], dim=-1)  # (B, H, T, hs + 1)
-        values = F.pad(v.to(dtype), (0, 1))  # (B, H, T, hs + 1), the last dimension 0
+        relative = key_bias - key_bias[..., T // 2, None]  # (B, H, T)
+        queries, keys, values = with_key_bias_dimension(q, k, v, relative)  # (B, H, T, hs + 1)
         y = F.scaled_dot_product_attention(
             queries, keys, values, dropout_p=dropout, is_causal=True, scale=1 / math.sqrt(hs)
         )  # (B, H, T, hs + 1)
     return y[..., :hs].to(q.dtype)
+
+
+def with_key_bias_dimension(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_bias: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """q, k, v (B, H, T, hs) with one more dimension each, in float32 (float64 for float64
+    inputs): sqrt(hs) for q, ``key_bias`` (B, H, T) for k, 0 for v -> (B, H, T, hs + 1) each,
+    so that q'.k' / sqrt(hs) = q.k / sqrt(hs) + the key's bias."""
+    dtype = torch.promote_types(q.dtype, torch.float32)
+    q_extra = q.new_full((*q.shape[:-1], 1), math.sqrt(q.shape[-1]), dtype=dtype)
+    queries = torch.cat([q.to(dtype), q_extra], dim=-1)  # (B, H, T, hs + 1)
+    keys = torch.cat([k.to(dtype), key_bias.to(dtype)[..., None]], dim=-1)  # (B, H, T, hs + 1)
+    values = F.pad(v.to(dtype), (0, 1))  # (B, H, T, hs + 1), the last dimension 0
+    return queries, keys, values
+
+
+def blocked_key_bias_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_bias: torch.Tensor
+) -> torch.Tensor:
+    """key_bias_attention's result past KEY_BIAS_LENGTH, in evaluation on a CPU
+    (merges_by_log_sum_exp): q, k, v (B, H, T, hs) and a bias of each key b (B, H, T)
+    -> (B, H, T, hs).
+
+    One reference key for the whole sequence leaves b's far values too large for float32 (FoX at
+    16,384 tokens: 11,000, rounded by 1e-3). Here each block of KEY_BIAS_BLOCK queries [s, e)
+    takes b relative to its middle query's: small for the keys near the block, which carry its
+    weight, and the far keys' weights underflow to 0 as they should. The block is two calls of
+    SDPA's fused CPU kernel, with b as one more q/k dimension (key_bias_attention): over the keys
+    before it (no mask) and over its diagonal square (causal), merged by their log-sum-exps.
+    No (T, T) tensor is written, nor a mask of the block.
+
+    The keys are in reverse order, so that the kernel reads a block's past keys nearest first:
+    farthest first, each later chunk of keys raises the kernel's running maximum, and its sums
+    rescaled by e^-87 to e^-104 become subnormal floats, whose arithmetic is slow (one layer at
+    16,384 tokens, FoX's initial gates near 1/2: 1.47 s, against 0.92 s with subnormals
+    flushed to zero, or with the keys nearest first, or with a bias of 0).
+    """
+    T, hs = q.shape[2:]
+    scale = 1 / math.sqrt(hs)
+    flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+    reversed_bias = key_bias.flip(-1)  # (B, H, T): key T - 1 - c's at index c
+    with torch.autocast(q.device.type, enabled=False):  # autocast would round q', k' down
+        # Key T - 1 - c at index c; each block writes the bias of its keys [0, e) in k's last
+        # dimension: (B, H, T, hs + 1) each.
+        queries, keys, values = with_key_bias_dimension(q, k.flip(2), v.flip(2), reversed_bias)
+        outputs = []
+        for start in reversed(range(0, T, KEY_BIAS_BLOCK)):
+            end = min(start + KEY_BIAS_BLOCK, T)
+            reference = key_bias[..., (start + end) // 2, None]  # (B, H, 1)
+            keys[:, :, T - end :, hs] = reversed_bias[..., T - end :] - reference
+            block = queries[:, :, start:end]  # (B, H, n, hs + 1)
+            # The diagonal square back in key order, for the causal mask: (B, H, n, hs + 1).
+            diagonal = [t[:, :, T - end : T - start].flip(2) for t in (keys, values)]
+            y, lse = flash(block, *diagonal, is_causal=True, scale=scale)
+            if start:  # the keys before the block, nearest first
+                past = [t[:, :, T - start :] for t in (keys, values)]  # (B, H, s, hs + 1)
+                y = merge_by_log_sum_exp(*flash(block, *past, scale=scale), y, lse)
+            outputs.append(y[..., :hs])
+    return join_blocks(outputs).to(q.dtype)
+
+
+def fuses_key_bias(encoding: PositionalEncoding, length: int, merges: bool) -> bool:
+    """Whether attention over ``length`` tokens folds the encoding's bias into SDPA's fused
+    kernel (key_bias_attention, blocked_key_bias_attention): a bias of the key alone and no
+    other, no window that hides keys, and at most KEY_BIAS_LENGTH tokens unless attention can
+    be merged from parts (``merges``: merges_by_log_sum_exp)."""
+    only_key_bias = encoding.has_key_bias and not encoding.has_score_bias
+    unwindowed = hiding_window(encoding, length) is None
+    return only_key_bias and unwindowed and (length <= KEY_BIAS_LENGTH or merges)
+
+
+def merges_by_log_sum_exp(q: torch.Tensor, dropout: float) -> bool:
+    """Whether attention of q can run as parts merged by their log-sum-exps
+    (merge_by_log_sum_exp): on a LOG_SUM_EXP_DEVICES device, whose fused kernel returns them,
+    without gradients (the log-sum-exp has none) and without dropout."""
+    on_device = q.device.type in LOG_SUM_EXP_DEVICES
+    return on_device and not (torch.is_grad_enabled() or dropout)
+
+
+def merge_by_log_sum_exp(
+    y_a: torch.Tensor, lse_a: torch.Tensor, y_b: torch.Tensor, lse_b: torch.Tensor
+) -> torch.Tensor:
+    """The attention output over two disjoint sets of keys from each one's output y (B, H, n,
+    hs) and log-sum-exp of the scores lse (B, H, n) -> (B, H, n, hs), exactly (as
+    flash-decoding merges its key splits)."""
+    lse = torch.logaddexp(lse_a, lse_b)[..., None]  # (B, H, n, 1)
+    return y_a * (lse_a[..., None] - lse).exp() + y_b * (lse_b[..., None] - lse).exp()
 
 
 def flex_attention_bias(
@@ -342,8 +438,7 @@ def blocked_bias_attention(
     if biases is None:
         biases = QueryBlockBiases(encoding, keep_elements=0)
     # Past keys need no mask but the bias when every one of them is in view (no window).
-    in_parts = window is None and q.device.type == "cpu"
-    in_parts = in_parts and not (torch.is_grad_enabled() or dropout)
+    in_parts = window is None and merges_by_log_sum_exp(q, dropout)
     # Each block's queries [start, end) and first key, the last block first.
     spans = [
         (start, min(start + block, T), 0 if window is None else max(0, start - window + 1))
@@ -471,15 +566,14 @@ def past_and_diagonal_attention(
     (1, H, n, n), the bias with the causal mask -> (B, H, n, hs), without writing that mask.
 
     The past keys (bias only, read in place) and the diagonal square are two SDPA calls whose
-    outputs are merged exactly by their log-sum-exps (as flash-decoding merges key splits).
-    CPU only (SDPA's CPU flash kernel returns the log-sum-exp), without gradients.
+    outputs are merged exactly by their log-sum-exps (merge_by_log_sum_exp). CPU only (SDPA's
+    CPU flash kernel returns the log-sum-exp), without gradients.
     """
     past = k.shape[2] - q.shape[2]
     flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
-    y_past, lse_past = flash(q, k[:, :, :past], v[:, :, :past], attn_mask=bias[..., :past])[:2]
-    y_diag, lse_diag = flash(q, k[:, :, past:], v[:, :, past:], attn_mask=diagonal)[:2]
-    lse = torch.logaddexp(lse_past, lse_diag)[..., None]  # (B, H, n, 1)
-    return y_past * (lse_past[..., None] - lse).exp() + y_diag * (lse_diag[..., None] - lse).exp()
+    y_past, lse_past = flash(q, k[:, :, :past], v[:, :, :past], attn_mask=bias[..., :past])
+    y_diag, lse_diag = flash(q, k[:, :, past:], v[:, :, past:], attn_mask=diagonal)
+    return merge_by_log_sum_exp(y_past, lse_past, y_diag, lse_diag)
 
 
 def causal_bias(
@@ -536,7 +630,10 @@ def attention_scratch_elements(
     q, k, v and its output, for ``batch_size`` sequences of ``length`` tokens with
     ``encoding``'s score bias, at ``consecutive`` positions (else each at its own).
 
-    Without a bias, none: the fused kernel writes nothing of (T, T). A bias of the distance
+    Without a bias, none: the fused kernel writes nothing of (T, T). A bias of the key alone
+    (key_bias_attention, blocked_key_bias_attention) adds q, k, v with its dimension and the
+    blocks' outputs in float32, and k, v reversed and cast while they are made: at most
+    10*(C + H) per token (5 in float32, counted twice for a 16-bit model). A bias of the distance
     alone at consecutive positions (relative_bias_attention) adds the reversed keys and values
     and the query blocks' outputs before they are joined (3*C per token) and its bias row per
     head (twice, with its padded copy). Any other score bias adds the attention scratch of one
@@ -550,6 +647,8 @@ def attention_scratch_elements(
     window = hiding_window(encoding, length)
     content = encoding.has_content_bias
     windowed = window is not None
+    if content and fuses_key_bias(encoding, length, device.type in LOG_SUM_EXP_DEVICES):
+        return 10 * batch_size * length * (C + H)
     if consecutive and not (windowed or content) and encoding.relative_bias(first) is not None:
         return 3 * batch_size * length * C + 2 * H * (length + QUERY_BLOCK)
     position_bias = encoding.score_bias(first, first) is not None

@@ -386,3 +386,11 @@ def test_has_score_bias_says_whether_the_encoding_returns_a_bias(name):
     encoding = build_encoding({"name": name}, d_model=32, n_head=4)
     positions = torch.arange(8)
     assert encoding.has_score_bias == (encoding.score_bias(positions, positions) is not None)
+
+
+@pytest.mark.parametrize("name", encoding_names())
+def test_has_key_bias_says_whether_the_encoding_returns_a_bias_of_the_key(name):
+    encoding = build_encoding({"name": name}, d_model=32, n_head=4)
+    x, q = torch.randn(2, 8, 32), torch.randn(2, 4, 8, 8)
+    state = encoding.content_state(x, q, q, torch.arange(8))
+    assert encoding.has_key_bias == (encoding.key_bias(state) is not None)

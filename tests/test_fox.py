@@ -53,6 +53,16 @@ def x_transformers_bias(encoding, x: torch.Tensor) -> torch.Tensor:
     return reference(x)
 
 
+def record_path(path: str, monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The list to which each call of posbench.attention's ``path`` appends its name."""
+    taken = []
+    original = getattr(posbench.attention, path)
+    monkeypatch.setattr(
+        posbench.attention, path, lambda *a, **kw: taken.append(path) or original(*a, **kw)
+    )
+    return taken
+
+
 def past(bias: torch.Tensor) -> torch.Tensor:
     """``bias`` (..., T, T) with 0 at future keys."""
     T = bias.shape[-1]
@@ -93,7 +103,8 @@ def test_a_block_of_the_bias_equals_x_transformers_data_dependent_alibi(queries,
     ("window", "path"),
     [
         (None, "key_bias_attention"),  # the key's bias in SDPA's fused kernel
-        (None, "blocked_bias_attention"),  # the bias per block (past KEY_BIAS_LENGTH)
+        # The bias per block (past KEY_BIAS_LENGTH, with gradients).
+        (None, "blocked_bias_attention"),
         (6, "blocked_bias_attention"),  # a window: per block
     ],
 )
@@ -101,11 +112,7 @@ def test_attention_with_fox_gives_x_transformers_output_and_gradients(window, pa
     use_query_blocks(8, monkeypatch)  # 37 = 4 * 8 + 5 queries
     if path == "blocked_bias_attention":
         monkeypatch.setattr(posbench.attention, "KEY_BIAS_LENGTH", 36)  # 37 tokens: past it
-    taken = []
-    original = getattr(posbench.attention, path)
-    monkeypatch.setattr(
-        posbench.attention, path, lambda *a, **kw: taken.append(path) or original(*a, **kw)
-    )
+    taken = record_path(path, monkeypatch)
     encoding = fox()
     encoding.window = window
     x = layer_input(37).requires_grad_()
@@ -127,6 +134,69 @@ def test_attention_with_fox_gives_x_transformers_output_and_gradients(window, pa
     assert taken == [path]
     for a, b in zip(got, expected, strict=True):
         torch.testing.assert_close(a, b, rtol=0, atol=1e-10)
+
+
+@pytest.mark.parametrize(
+    ("devices", "path"),
+    [
+        (None, "blocked_key_bias_attention"),  # a CPU: parts merged by their log-sum-exps
+        (frozenset(), "blocked_bias_attention"),  # a device whose kernel returns none
+    ],
+)
+def test_evaluation_past_the_fused_length_gives_x_transformers_output(devices, path, monkeypatch):
+    monkeypatch.setattr(posbench.attention, "KEY_BIAS_LENGTH", 36)  # 37 tokens: past it
+    use_query_blocks(8, monkeypatch)  # 37 = 4 * 8 + 5 queries
+    monkeypatch.setattr(posbench.attention, "KEY_BIAS_BLOCK", 8)
+    if devices is not None:
+        monkeypatch.setattr(posbench.attention, "LOG_SUM_EXP_DEVICES", devices)
+    taken = record_path(path, monkeypatch)
+    encoding, x = fox(), layer_input(37)
+    q, k, v = (torch.randn(2, 2, 37, 4, dtype=F64) for _ in range(3))
+    positions = torch.arange(37)
+    with torch.no_grad():
+        content = encoding.content_state(x, q, k, positions)
+        got = posbench.attention.causal_attention(q, k, v, positions, encoding, content=content)
+        bias = x_transformers_bias(encoding, x)
+        expected = windowed_masked_attention(q, k, v, encoding, positions, 37, bias)
+    assert taken == [path]
+    torch.testing.assert_close(got, expected, rtol=0, atol=1e-10)
+
+
+def float64_fox_attention(q, k, v, sums, block: int = 256) -> torch.Tensor:
+    """softmax(q k^T / sqrt(hs) + c_i - c_j + causal mask) v in float64 from the sums of log
+    gates c (B, H, T), written out per block of queries."""
+    q, k, v = q.double(), k.double(), v.double()
+    T = q.shape[2]
+    outputs = []
+    for start in range(0, T, block):
+        end = start + block
+        scores = q[:, :, start:end] @ k[:, :, :end].transpose(-1, -2) / math.sqrt(q.shape[-1])
+        scores = scores + sums[..., start:end, None] - sums[..., None, :end]  # (B, H, n, end)
+        future = torch.ones(block, end, dtype=torch.bool).triu(start + 1)
+        outputs.append(scores.masked_fill(future, -math.inf).softmax(-1) @ v[:, :, :end])
+    return torch.cat(outputs, dim=2)
+
+
+def test_evaluation_at_16384_tokens_is_float32_precise(monkeypatch):
+    # Gates from weights and biases of std 1: c falls to -10,600 and -15,900 (the two heads), by
+    # up to a few units per token.
+    T = 16384
+    taken = record_path("blocked_key_bias_attention", monkeypatch)
+    encoding = fox().float()
+    x = layer_input(T, batch=1).float()
+    q, k, v = (torch.randn(1, 2, T, 4, generator=torch.Generator().manual_seed(2)) for _ in "qkv")
+    positions = torch.arange(T)
+    with torch.no_grad():
+        content = encoding.content_state(x, q, k, positions)
+        got = posbench.attention.causal_attention(q, k, v, positions, encoding, content=content)
+        sums = encoding.double().log_gate_sums(x.double())
+    assert taken == ["blocked_key_bias_attention"]
+    assert sums[..., -1].max() < -10000
+    # Measured 1.0e-5 (blocks of 128 queries; of 256: 1.5e-5; the blocked path it replaced,
+    # each block's bias written out relative to its first query: 8.8e-6; key_bias_attention's
+    # one reference key for all: 3.9e-4).
+    error = (got.double() - float64_fox_attention(q, k, v, sums)).abs().max().item()
+    assert error < 3e-5
 
 
 def test_the_fused_path_is_float32_precise_at_its_longest_length():

@@ -11,6 +11,7 @@ import logging
 import pytest
 import torch
 
+import posbench.attention
 import posbench.memory
 from posbench.attention import MAX_SCORE_ELEMENTS, SHARED_BIAS_ELEMENTS
 from posbench.encodings import EncodingConfig, PositionalEncoding, build_encoding
@@ -80,6 +81,20 @@ def test_general_bias_attention_scratch_stays_bounded_at_long_lengths():
 def test_distance_bias_attention_scratch_grows_with_the_length_not_its_square(encoding):
     assert 0 < scratch(encoding, 65536) <= 2 * scratch(encoding, 32768)
     assert scratch(encoding, 65536) < scratch("pair-bias", 65536)
+
+
+def test_key_bias_attention_scratch_on_a_cpu_holds_no_scores():
+    # q, k, v with the bias's dimension and the blocks' outputs: nothing of (T, T) at any length.
+    assert 0 < scratch("fox", 16384) < MAX_SCORE_ELEMENTS
+    assert scratch("fox", 65536) <= 4 * scratch("fox", 16384)
+
+
+def test_key_bias_attention_scratch_without_log_sum_exps_is_the_blocked_paths(monkeypatch):
+    # Past KEY_BIAS_LENGTH a device whose kernel returns no log-sum-exps takes the blocked path.
+    fused = scratch("fox", 16384)
+    monkeypatch.setattr(posbench.attention, "LOG_SUM_EXP_DEVICES", frozenset())
+    assert scratch("fox", 16384) > MAX_SCORE_ELEMENTS > fused
+    assert scratch("fox", 2048) < MAX_SCORE_ELEMENTS  # up to it, one fused call on any device
 
 
 @pytest.mark.parametrize("encoding", ["alibi", "t5", "kerple", "sandwich"])

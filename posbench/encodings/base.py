@@ -30,7 +30,8 @@ hook                   gets                                    returns; who over
 ``key_bias``           that state                              (B, H, T) when the content bias
                                                                is a_i + b_j (a_i cancels): b,
                                                                which attention folds into its
-                                                               fused kernel (FoX)
+                                                               fused kernel (FoX); overriding
+                                                               it sets ``has_key_bias``
 ``layer_encodings``    the model's number of layers            the encoding of each layer
                                                                (per-layer FIRE, hybrid)
 =====================  ======================================  ================================
@@ -223,10 +224,17 @@ class PositionalEncoding(nn.Module):
         state's size, all then added up. The default asks ``content_bias`` for each."""
         return [self.content_bias(state, queries, keys) for queries, keys in blocks]
 
+    @property
+    def has_key_bias(self) -> bool:
+        """Whether this encoding's content bias is a bias of the key alone (overrides
+        ``key_bias``), known without a forward pass (for the memory estimate too)."""
+        return type(self).key_bias is not PositionalEncoding.key_bias
+
     def key_bias(self, state: Any) -> torch.Tensor | None:
         """When ``content_bias`` of query i and key j is a_i + b_j, with a_i the same for every
         key the query sees (so it cancels in the softmax): b of every key, (B, H, T), in any
-        float dtype (attention takes it relative to one key's before rounding), which attention
-        can then fold into SDPA's fused causal kernel instead of building the bias per block.
-        ``None`` (the default): the content bias is not of that form."""
+        float dtype (attention takes it relative to a nearby key's before rounding), which
+        attention can then fold into SDPA's fused kernel instead of building the bias per block.
+        An encoding that overrides it returns b for every state; ``None`` (the default): the
+        content bias is not of that form."""
         return None
