@@ -74,10 +74,19 @@ class FakeMachine:
         (self.root / "proc" / str(pid) / "stat").unlink()
         (self.root / "proc" / str(pid)).rmdir()
 
-    def run_job(self, pid: int, threads: int, start_ticks: int = 7000, group: int | None = None):
-        """Another posbench job, running and registered (its group: its own pid by default)."""
+    def run_job(
+        self,
+        pid: int,
+        threads: int,
+        start_ticks: int = 7000,
+        group: int | None = None,
+        cpus: tuple[int, ...] | None = None,
+    ) -> Job:
+        """Another posbench job, running and registered (by default in a group of its own, on
+        this process's mask)."""
         self.start_process(pid, start_ticks)
-        job = Job(pid, threads, start_ticks, 0.0, pid if group is None else group, tuple(self.mask))
+        group = pid if group is None else group
+        job = Job(pid, threads, start_ticks, 0.0, group, tuple(self.mask) if cpus is None else cpus)
         JobRegistry(self.registry_directory, self.root / "proc").write(job)
         return job
 
