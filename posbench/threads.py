@@ -253,7 +253,8 @@ class ThreadController:
         self.available = available
         self.apply = apply
         self.changes: list[ThreadChange] = []
-        self.window: list[float] = []
+        self.window: list[float] = []  # the step times since the last check
+        self.window_seconds = 0.0  # their sum, kept as they come: a step adds, never sums
         self.quiet_step: dict[int, float] = {}  # threads -> median step when not oversubscribed
         self.oversubscribed_checks = 0
         self.roomy_checks = 0
@@ -261,8 +262,9 @@ class ThreadController:
     def after_step(self, step: int, seconds: float) -> None:
         """Record the step that made ``step`` steps done, and check when a window is full."""
         self.window.append(seconds)
-        if len(self.window) >= CHECK_MIN_STEPS and sum(self.window) >= CHECK_SECONDS:
-            median, self.window = statistics.median(self.window), []
+        self.window_seconds += seconds
+        if len(self.window) >= CHECK_MIN_STEPS and self.window_seconds >= CHECK_SECONDS:
+            median, self.window, self.window_seconds = statistics.median(self.window), [], 0.0
             self.check(step, median)
 
     def check(self, step: int, median: float) -> None:
