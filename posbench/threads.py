@@ -174,16 +174,16 @@ def use_threads(
 ) -> Threads:
     """Resolve ``setting`` for this process, apply it with ``torch.set_num_threads`` and log it.
 
-    ``auto`` measures the machine first (``cpu_load.SAMPLE_SECONDS``); a count the user set
-    skips that. Only the intra-op pool is set: posbench runs no inter-op parallel work (no
-    torch.jit.fork), and that pool can be sized once per process only, which a second run in
-    the same process (tests, notebooks) would trip over. Hugging Face ``tokenizers`` (encoding
-    a corpus) sizes its own pool from ``RAYON_NUM_THREADS`` when it first encodes in parallel:
-    set here unless the user set it.
+    ``auto`` measures the machine first (``cpu_load.SAMPLE_SECONDS``), and so does a count
+    above 1 the user set, for the warning only (warn_if_oversubscribed). Only the intra-op pool
+    is set: posbench runs no inter-op parallel work (no torch.jit.fork), and that pool can be
+    sized once per process only, which a second run in the same process (tests, notebooks)
+    would trip over. Hugging Face ``tokenizers`` (encoding a corpus) sizes its own pool from
+    ``RAYON_NUM_THREADS`` when it first encodes in parallel: set here unless the user set it.
     """
     machine = machine or Machine()
     jobs = jobs_at_once(hydra_launcher(), environ)
-    if setting == AUTO:
+    if setting == AUTO or setting > 1:  # one thread set is as few as it gets: nothing to tell
         load = measure_load(machine.root, machine.cpus, machine.sleep)
         free = free_cores(load, machine.other_jobs(job_group(jobs)), machine.cpus, jobs)
     else:

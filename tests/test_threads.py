@@ -106,6 +106,21 @@ def test_a_count_the_user_set_is_kept_on_a_busy_machine(fake):
     assert torch.get_num_threads() == 3
 
 
+def test_a_users_count_above_the_free_cores_warns_with_what_auto_would_take(fake, caplog):
+    fake.others = 1.0
+    threads = use_threads(2, environ={}, machine=fake.machine())
+    assert (threads.threads, threads.free) == (2, 1)
+    assert warnings_of(caplog, threads)[0].endswith("threads=auto would take 1")
+
+
+def test_one_thread_set_by_the_user_takes_no_measurement(fake):
+    slept = []
+    machine = fake.machine()
+    machine.sleep = slept.append
+    assert use_threads(1, environ={}, machine=machine).threads == 1
+    assert slept == []
+
+
 def test_a_count_the_user_set_gets_no_controller_and_never_changes(fake):
     threads = Threads(2, 2, 1, 2, 2)
     assert thread_controller(threads, apply=pytest.fail, machine=fake.machine()) is None
