@@ -203,7 +203,7 @@ def warn_if_oversubscribed(threads: Threads) -> None:
         return
     per_job = f"{threads.threads} thread(s) x {threads.jobs} job(s)"
     if threads.setting == AUTO:
-        decided = f"threads=auto runs {per_job}, the fewest it can"
+        decided = f"threads=auto runs {per_job} (the fewest it can)"
         advice = "; it takes more threads when cores free up"
     else:
         decided = f"threads={threads.setting} (set) runs {per_job}"
@@ -282,7 +282,7 @@ class ThreadController:
         self.quiet_step[self.threads] = median
         self.roomy_checks = self.roomy_checks + 1 if available > self.threads else 0
         if self.roomy_checks >= AGREEING_CHECKS:
-            self.change(step, available, "cores free")
+            self.change(step, available, f"cores free for {AGREEING_CHECKS} checks")
 
     def change(self, step: int, threads: int, reason: str) -> None:
         why = f"{reason}, {threads} thread(s) free"

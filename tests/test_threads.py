@@ -333,7 +333,7 @@ def test_the_count_rises_again_after_two_checks_with_cores_free():
     run.windows(STEP)
     assert run.applied == [2]
     assert run.controller.changes == [
-        ThreadChange(4 * CHECK_MIN_STEPS, 2, "cores free, 2 thread(s) free")
+        ThreadChange(4 * CHECK_MIN_STEPS, 2, "cores free for 2 checks, 2 thread(s) free")
     ]
 
 
