@@ -19,11 +19,12 @@ evaluate at 128..2048), each in a fresh process as a user runs them.
     Its training tokens/s against the same default run on the quiet machine (target >= 0.5x),
     and the other work's rate while it runs against that work alone (target >= 0.8x). The
     contenders: `adaptive` (the default: threads=auto and its controller), `passive` (every core,
-    `threads=N`, with OMP_WAIT_POLICY=PASSIVE: the wait policy alone) and `every core`
+    `threads=N`, with OMP_WAIT_POLICY=PASSIVE: the wait policy alone), `short spin` (the same
+    with GOMP_SPINCOUNT=10000 instead) and `every core`
     (`threads=N`, what threads=auto took before issue 27). The quiet rows: the default run,
-    the same with OMP_WAIT_POLICY=PASSIVE (target >= 0.98x: passive waiting must not slow a
-    quiet machine) and, with `--main PATH`, the default run of the checkout at PATH (this
-    branch's default within 2 %: target >= 0.98x).
+    the same with OMP_WAIT_POLICY=PASSIVE or GOMP_SPINCOUNT=10000 (target >= 0.98x: a wait
+    policy must not slow a quiet machine) and, with `--main PATH`, the default run of the
+    checkout at PATH (this branch's default within 2 %: target >= 0.98x).
 (d) together (issue 27): two default runs (E = none, rope, no `threads=`) started at once by
     hand, against the same two run one after the other. Target: <= 0.9x the serial wall time.
 
@@ -76,6 +77,8 @@ QUICK_JOB = [
 QUIET = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
 CORES = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 PASSIVE = {"OMP_WAIT_POLICY": "PASSIVE"}
+# GNU OpenMP (torch's CPU build) spins 300,000 times at a barrier before it sleeps, unless told
+SHORT_SPIN = {"GOMP_SPINCOUNT": "10000"}
 # (c)'s other work: a posbench job on one thread that outlasts the default run (stopped once
 # it is done), logging often enough to time its steps; or a one-thread matmul loop that prints
 # the time and its count of products every twentieth of a second.
@@ -174,28 +177,34 @@ class Busy:
     load_rate: list[float] = field(default_factory=list)  # steps/s or products/s
 
 
+LOAD_ALONE = {"posbench": "quiet: posbench threads=1 job alone", "matmul": "quiet: matmul loop"}
+
+
 def busy_variants(main: Path | None) -> list[Busy]:
+    """(c): the quiet rows (the default run, its wait policies, main's, each load alone), then
+    each contender beside each load."""
     every_core = [f"threads={CORES}"]
+    default = Busy("quiet: default", [], None)
     quiet = [
-        Busy("quiet: default", [], None),
-        Busy("quiet: default, PASSIVE", [], None, PASSIVE, "quiet: default", ">= 0.98"),
-        Busy("quiet: posbench threads=1 job alone", None, "posbench"),
-        Busy("quiet: matmul loop alone", None, "matmul"),
+        default,
+        Busy("quiet: default, PASSIVE", [], None, PASSIVE, default.name, ">= 0.98"),
+        Busy("quiet: default, short spin", [], None, SHORT_SPIN, default.name, ">= 0.98"),
+        *(Busy(name, None, load) for load, name in LOAD_ALONE.items()),
     ]
     if main is not None:
-        quiet.append(Busy("quiet: default, main", [], None, baseline=None, repo=main))
-        quiet[0] = Busy(
-            "quiet: default", [], None, baseline="quiet: default, main", target=">= 0.98"
-        )
-    busy = []
-    for load, alone in (("posbench", quiet[2].name), ("matmul", quiet[3].name)):
-        for contender, overrides, env in (
-            ("adaptive (default)", [], {}),
-            ("passive, every core", every_core, PASSIVE),
-            ("every core (before)", every_core, {}),
-        ):
-            name = f"beside {load}: {contender}"
-            busy.append(Busy(name, overrides, load, env, "quiet: default", ">= 0.50", alone))
+        quiet.append(Busy("quiet: default, main", [], None, repo=main))
+        default.baseline, default.target = "quiet: default, main", ">= 0.98"
+    contenders = [
+        ("adaptive (default)", [], {}),
+        ("passive, every core", every_core, PASSIVE),
+        ("short spin, every core", every_core, SHORT_SPIN),
+        ("every core (before)", every_core, {}),
+    ]
+    busy = [
+        Busy(f"beside {load}: {name}", job, load, env, default.name, ">= 0.50", alone)
+        for load, alone in LOAD_ALONE.items()
+        for name, job, env in contenders
+    ]
     return quiet + busy
 
 
@@ -338,7 +347,7 @@ def print_busy(chosen: list[Busy]) -> None:
     """Each job's tokens/s and its ratio to the quiet default run, and the load's rate while it
     ran as a ratio to the load alone (the other job's target: >= 0.8x)."""
     by_name = {v.name: v for v in chosen}
-    print(f"{'variant':<38}{'tok/s':>9}{'ratio':>8}{'target':>9}{'other work':>12}{'ratio':>8}")
+    print(f"{'variant':<42}{'tok/s':>9}{'ratio':>8}{'target':>9}{'other work':>12}{'ratio':>8}")
     for v in chosen:
         tokens = ratio = other = other_ratio = ""
         if v.tokens_per_s:
@@ -351,7 +360,7 @@ def print_busy(chosen: list[Busy]) -> None:
             if v.load_baseline:
                 alone = statistics.median(by_name[v.load_baseline].load_rate)
                 other_ratio = f"{statistics.median(v.load_rate) / alone:.2f}"
-        print(f"{v.name:<38}{tokens:>9}{ratio:>8}{v.target:>9}{other:>12}{other_ratio:>8}")
+        print(f"{v.name:<42}{tokens:>9}{ratio:>8}{v.target:>9}{other:>12}{other_ratio:>8}")
     print("other work: a posbench job's steps/s or the matmul loop's products/s; target >= 0.80")
 
 

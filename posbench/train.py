@@ -104,7 +104,7 @@ def train(cfg: DictConfig, run_dir: str | Path) -> dict[str, Any]:
     validate(cfg)
     threads = use_threads(cfg.threads)  # before any work; the run's first log line
     warn_if_oversubscribed(threads)
-    with registered_threads(threads) as controller:  # other posbench jobs count this one's
+    with registered_threads(threads) as controller:  # other posbench jobs count its threads
         return train_with_threads(cfg, run_dir, threads, controller)
 
 
