@@ -44,3 +44,50 @@ def test_the_benchmark_runs(command, printed, tmp_path):
     )
     assert result.returncode == 0, result.stderr
     assert printed in result.stdout  # its table was printed
+
+
+# The interface of nanoGPT's model.py that nanogpt_parity.py uses (nanoGPT is not installed
+# here): GPTConfig's fields, and GPT(config)(idx, targets) -> (logits, loss).
+NANOGPT_STAND_IN = """
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+
+@dataclass
+class GPTConfig:
+    block_size: int
+    vocab_size: int
+    n_layer: int
+    n_head: int
+    n_embd: int
+    dropout: float
+    bias: bool
+
+
+class GPT(torch.nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.embedding = torch.nn.Embedding(config.vocab_size, config.n_embd)
+        self.head = torch.nn.Linear(config.n_embd, config.vocab_size, bias=config.bias)
+
+    def forward(self, idx, targets):
+        logits = self.head(self.embedding(idx))
+        return logits, F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
+"""
+
+
+def test_the_nanogpt_parity_benchmark_runs_against_a_model_py(tmp_path):
+    model_py = tmp_path / "model.py"
+    model_py.write_text(NANOGPT_STAND_IN)
+    command = ["--nanogpt", model_py, "--rounds", "1", "--shapes", "1x32", "--batch", "2"]
+    result = subprocess.run(
+        [sys.executable, BENCHMARKS / "nanogpt_parity.py", *command, "--seq-len", "16"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "1x32    nanogpt" in result.stdout and "1x32    rope" in result.stdout
