@@ -174,12 +174,12 @@ def sdpa_dtype(q: torch.Tensor) -> torch.dtype:
     """The dtype SDPA runs in for inputs like ``q``: float32 for bf16 on a CPU, else q's own.
 
     SDPA's CPU kernels are slower in bf16 than in float32, with or without a mask, the backward
-    most of all (AMD EPYC Zen 4, avx512_bf16, one thread; one layer of the tiny model at
-    (32, 4, 128, 32), forward and backward: NoPE's causal kernel 77.2 ms in bf16 against 28.3 ms
-    on inputs cast up to float32, with ALiBi's mask 83.6 against 35.8 ms; forward only, a block
-    of 256 queries over 2,048 keys with a mask: 11.4 against 8.6 ms). In bf16 training, ALiBi's
-    steps ran at 0.69x NoPE's tokens/s, 0.96x cast up. Casting q, k, v up and the output down
-    costs little next to the (T, T) work, and is as accurate as float32 attention.
+    most of all (benchmarks/precision.py attention, AMD EPYC Zen 4, avx512_bf16, one thread;
+    forward and backward at the tiny model's (32, 4, 128, 32): NoPE's causal kernel 51.9 ms in
+    bf16 against 27.3 ms on inputs cast up to float32, with ALiBi's mask 48.0 against 28.2 ms).
+    In bf16 training ALiBi's steps ran at 0.69x NoPE's tokens/s, cast up at 0.98x
+    (benchmarks/README.md). Casting q, k, v up and the output down costs little next to the
+    (T, T) work, and is as accurate as float32 attention.
     """
     return torch.float32 if q.dtype == torch.bfloat16 and q.device.type == "cpu" else q.dtype
 

@@ -16,6 +16,7 @@ BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 # Each benchmark at small sizes, and a word of the table it must print.
 RUNS = [
     ("precision.py speed --quick --variants fp32", "fp32"),
+    ("precision.py attention --quick", "posbench-bf16-mask"),
     ("bias_attention.py eval --quick", "none"),
     ("bias_attention.py train --quick", "none"),
     ("bias_attention.py layer --quick", "blocks of 32"),
