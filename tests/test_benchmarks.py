@@ -1,5 +1,6 @@
 """Every benchmark command still runs against the code it measures: each at its smallest size
-(``--quick`` or small arguments), in fp32, whose numbers mean nothing. A benchmark that no
+(``--quick`` or small arguments), in fp32 (bf16 too where a command takes ``--precision``),
+whose numbers mean nothing. A benchmark that no
 test runs breaks silently when an interface it calls changes."""
 
 import subprocess
@@ -15,11 +16,14 @@ BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 # Each benchmark at small sizes, and a word of the table it must print.
 RUNS = [
     ("precision.py speed --quick --variants fp32", "fp32"),
+    ("precision.py attention --quick", "posbench-bf16-mask"),
     ("bias_attention.py eval --quick", "none"),
     ("bias_attention.py train --quick", "none"),
     ("bias_attention.py layer --quick", "blocks of 32"),
     ("bias_attention.py shared --quick", "per layer"),
+    ("bias_attention.py train --quick --precision fp32 bf16 --encodings alibi", "same model's"),
     ("throughput.py --rounds 1 --length 256 --batch 2 --seq-len 32", "none"),
+    ("throughput.py --rounds 1 --length 256 --batch 2 --seq-len 32 --precision bf16", "(bf16)"),
     ("long_eval_memory.py --length 256 --threads 1 --encodings none fire", "none"),
     ("diagnose_memory.py --length 256 --threads 1 --encodings none fire", "none"),
     ("tokenizer.py encode --quick", "encode_split"),
