@@ -2,7 +2,8 @@
 ratios to NoPE measured in the same process (model: tiny, untrained).
 
     python benchmarks/bias_attention.py eval [--lengths 2048 16384] [--rounds 5] [--threads 1]
-    python benchmarks/bias_attention.py train [--rounds 15] [--threads 1]
+    python benchmarks/bias_attention.py train [--rounds 15] [--threads 1] [--precision fp32 bf16]
+        [--encodings alibi t5]
     python benchmarks/bias_attention.py layer [--rounds 60]    # explicit attention's blocks
     python benchmarks/bias_attention.py shared [--lengths 2048] [--fire-switches 32]
     python benchmarks/bias_attention.py eval --quick     # a small, fast check that it runs
@@ -19,6 +20,11 @@ bias without exploitable structure takes. ``hybrid-swa`` is the hybrid with a sl
 bias depends on the query's position too and takes that path. Models are timed in interleaved
 rounds (one forward or training step of each per round; median per model; see
 benchmarks/README.md). Peak memory at 16,384 tokens is benchmarks/long_eval_memory.py's figure.
+
+``train --precision`` takes one or more of fp32, bf16 and auto (``train.precision``: auto resolved
+per model as a run resolves it); the models of every precision are timed in the same interleaved
+rounds, each precision's ratios are to NoPE's in that precision, and with fp32 among them each
+model's tokens/s is also given as a ratio to its own in fp32.
 
 Two figures behind design constants of posbench/attention.py: ``layer`` times one attention layer
 with a learned bias (T5's), forward and backward at ``--batch`` x ``--seq-len``, with the
@@ -42,6 +48,7 @@ from posbench.config import compose_config
 from posbench.encodings import PositionalEncoding, encoding_names
 from posbench.encodings.kerple import KerpleConfig, KerpleRelativeBias
 from posbench.model import ModelArgs, Transformer, build_model
+from posbench.precision import autocast, resolve_precision
 
 # Configurations besides the registered encodings: (encoding overrides, model options).
 VARIANTS = {
@@ -151,12 +158,20 @@ def eval_step(model: Transformer, length: int) -> Callable[[], None]:
     return step
 
 
-def train_step(model: Transformer, batch: int, seq_len: int) -> Callable[[], None]:
+def train_step(
+    model: Transformer, batch: int, seq_len: int, precision: str = "fp32"
+) -> Callable[[], None]:
+    """One optimisation step of ``model`` on a random batch, the forward pass and the loss in
+    ``precision`` (fp32, bf16 or auto, which resolves as train.precision does)."""
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     x = torch.randint(0, 256, (batch, seq_len + 1))
+    device = x.device
+    resolved = resolve_precision(precision, device, model.args.d_model)
 
     def step() -> None:
-        loss = F.cross_entropy(model(x[:, :-1]).flatten(0, 1), x[:, 1:].flatten())
+        with autocast(resolved, device):
+            logits = model(x[:, :-1]).float()  # as posbench's training step: fp32 log-softmax
+            loss = F.cross_entropy(logits.flatten(0, 1), x[:, 1:].flatten())
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
@@ -199,6 +214,21 @@ def report(title: str, seconds: dict[str, float], targets: dict[str, float], slo
         print(f"  {name:<15}{value:>9.3f} s{ratio:>7.2f}x{bound}{met}")
 
 
+def report_against_fp32(
+    seconds: dict[tuple[str, str], float], names: list[str], precisions: list[str]
+) -> None:
+    """Each model's training tokens/s in every precision but fp32 as a ratio to its own in
+    fp32 (> 1: faster than fp32)."""
+    others = [precision for precision in precisions if precision != "fp32"]
+    if not others:
+        return
+    print("training tokens/s as a ratio to the same model's in fp32")
+    print(f"  {'':<15}" + "".join(f"{precision:>8}" for precision in others))
+    for name in names:
+        ratios = [seconds[name, "fp32"] / seconds[name, precision] for precision in others]
+        print(f"  {name:<15}" + "".join(f"{ratio:>7.2f}x" for ratio in ratios))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("figure", choices=["eval", "train", "layer", "shared"])
@@ -209,6 +239,16 @@ def main() -> None:
         "--rounds", type=int, default=None, help="default: eval and shared 5, train 15, layer 60"
     )
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument(
+        "--precision",
+        nargs="+",
+        choices=["fp32", "bf16", "auto"],
+        default=["fp32"],
+        help="train: train.precision of the models, one or more (timed in the same rounds)",
+    )
+    parser.add_argument(
+        "--encodings", nargs="+", help="train: these models and none (default: every one)"
+    )
     parser.add_argument(
         "--fire-switches", type=int, default=8, help="of fire-switching's 32 units (default 8)"
     )
@@ -256,15 +296,29 @@ def main() -> None:
             )
     else:
         names = ["none", *(n for n in encoding_names() if n != "none"), "general", *VARIANTS]
+        if args.encodings:  # NoPE is every ratio's baseline
+            names = ["none", *(n for n in args.encodings if n != "none")]
         steps = {
-            name: train_step(
-                untrained_model(name, args.seq_len, args.seq_len), args.batch, args.seq_len
+            (name, precision): train_step(
+                untrained_model(name, args.seq_len, args.seq_len),
+                args.batch,
+                args.seq_len,
+                precision,
             )
+            for precision in args.precision
             for name in names
         }
         seconds = median_seconds(steps, rounds)
         targets = {**dict.fromkeys(names, TRAIN_TARGET), **TRAIN_TARGETS}
-        report(f"training tokens/s at {args.batch} x {args.seq_len}", seconds, targets, False)
+        for precision in args.precision:
+            resolved = resolve_precision(precision, torch.device("cpu"), ModelArgs().d_model)
+            title = f"training tokens/s at {args.batch} x {args.seq_len}, {precision}"
+            if precision == "auto":
+                title += f" ({resolved})"
+            of_precision = {name: seconds[name, precision] for name in names}
+            report(title, of_precision, targets, False)
+        if "fp32" in args.precision:
+            report_against_fp32(seconds, names, args.precision)
 
 
 if __name__ == "__main__":

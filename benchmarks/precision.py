@@ -15,7 +15,9 @@ model FLOPs per token = 6 N + 12 L d T (PaLM's count: N parameters, L layers, wi
 T; the causal half of attention is counted too). Also prints what train.precision=auto picks.
 
 ``attention``: forward + backward of causal attention at each model's shape (32, H, 128, hs):
-SDPA in fp32 and bf16, and posbench's bf16 path, as ratios to SDPA fp32.
+SDPA in fp32 and bf16, and posbench's bf16 path, as ratios to SDPA fp32; then the same with
+ALiBi's causal bias as SDPA's float mask ("-mask": in the inputs' dtype for SDPA, float32 for
+posbench's path, as a bias of the distance takes it).
 
 ``quality``: final validation perplexity of the same seed trained in fp32 and in bf16
 (target: within 2 %).
@@ -32,6 +34,7 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -40,9 +43,10 @@ import torch.nn.functional as F
 from throughput import interleaved_seconds
 
 import posbench.attention
-from posbench.attention import unbiased_causal_attention
+from posbench.attention import fused_attention, unbiased_causal_attention
 from posbench.config import compose_config
 from posbench.data import Corpus
+from posbench.encodings.alibi import alibi_slopes
 from posbench.model import build_model
 from posbench.precision import bf16_hardware, compile_for_training, resolve_precision
 from posbench.train import make_optimizer, train, train_step
@@ -73,6 +77,18 @@ def timed(fn: Callable[[], object]) -> float:
 
 def sdpa_attention(q, k, v, dropout=0.0):
     return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=True)
+
+
+def alibi_causal_mask(n_head: int, length: int) -> torch.Tensor:
+    """ALiBi's bias with the causal mask, float32 -> (1, H, T, T)."""
+    distance = torch.arange(length)[:, None] - torch.arange(length)[None, :]  # (T, T)
+    bias = -alibi_slopes(n_head).float()[:, None, None] * distance  # (H, T, T)
+    return torch.where(distance < 0, float("-inf"), bias)[None]
+
+
+def sdpa_masked(q, k, v, mask):
+    """SDPA with ``mask`` in q's dtype (as SDPA takes a float mask)."""
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask.to(q.dtype))
 
 
 def training_step(model_name: str, variant: str, seq_len: int, batch: int) -> tuple:
@@ -161,8 +177,14 @@ def attention(args: argparse.Namespace) -> None:
     for model_name in args.models:
         m = compose_config([f"model={model_name}"]).model
         shape = (args.batch, m.n_head, args.seq_len, m.d_model // m.n_head)
+        mask = alibi_causal_mask(m.n_head, args.seq_len)
+        masked = {
+            "sdpa-fp32-mask": (partial(sdpa_masked, mask=mask), torch.float32),
+            "sdpa-bf16-mask": (partial(sdpa_masked, mask=mask), torch.bfloat16),
+            "posbench-bf16-mask": (partial(fused_attention, mask=mask), torch.bfloat16),
+        }
         steps = {}
-        for name, (kernel, dtype) in kernels.items():
+        for name, (kernel, dtype) in {**kernels, **masked}.items():
             q, k, v = (torch.randn(shape, dtype=dtype, requires_grad=True) for _ in range(3))
             grad = torch.randn(shape, dtype=dtype)
             steps[name] = lambda kernel=kernel, q=q, k=k, v=v, grad=grad: kernel(q, k, v).backward(
@@ -173,7 +195,7 @@ def attention(args: argparse.Namespace) -> None:
         cells = [
             f"{name} {statistics.median(times[name]) * 1e3:.1f} ms "
             f"({ratio_to(times, 'sdpa-fp32', name):.2f}x)"
-            for name in kernels
+            for name in steps
         ]
         print(f"model={model_name} {shape}: " + ", ".join(cells))
 

@@ -1,6 +1,7 @@
 """Training and evaluation throughput of every encoding, as ratios to NoPE in one process.
 
     python benchmarks/throughput.py [--threads 1] [--length 2048] [--rounds 15] [--device cpu]
+        [--precision fp32]   # fp32, bf16 or auto (train.precision; evaluation stays fp32)
 
 Timings on a shared machine are noisy, so the numbers that matter are the ratios measured in
 the same run with the thread count pinned. Encodings are timed in interleaved rounds (one step
@@ -22,6 +23,7 @@ from omegaconf import DictConfig
 from posbench.config import compose_config
 from posbench.encodings import encoding_names
 from posbench.model import build_model
+from posbench.precision import autocast, resolve_precision
 
 MODEL = {"n_layer": 2, "n_head": 4, "d_model": 128, "mlp_ratio": 4, "dropout": 0.0}
 
@@ -37,17 +39,21 @@ def trained_encoding(encoding: str, seq_len: int, longest: int) -> DictConfig:
 
 
 def steps_for(
-    encoding: str, seq_len: int, batch: int, eval_length: int, device: str
+    encoding: str, seq_len: int, batch: int, eval_length: int, device: str, precision: str = "fp32"
 ) -> tuple[Callable[[], None], Callable[[], None]]:
-    """A training step at ``seq_len`` and an evaluation forward at ``eval_length``."""
+    """A training step at ``seq_len`` in ``precision`` (train.precision: fp32, bf16 or auto) and
+    an evaluation forward at ``eval_length`` (fp32, eval.precision's default)."""
     torch.manual_seed(0)
     model = build_model(MODEL, trained_encoding(encoding, seq_len, eval_length)).to(device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     x = torch.randint(0, 256, (batch, seq_len + 1), device=device)
     long = torch.randint(0, 256, (1, eval_length), device=device)
+    resolved = resolve_precision(precision, x.device, MODEL["d_model"])
 
     def train_step() -> None:
-        loss = F.cross_entropy(model(x[:, :-1]).flatten(0, 1), x[:, 1:].flatten())
+        with autocast(resolved, x.device):  # the loss takes fp32 logits, as posbench's step
+            logits = model(x[:, :-1]).float()
+            loss = F.cross_entropy(logits.flatten(0, 1), x[:, 1:].flatten())
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
@@ -97,16 +103,23 @@ def main() -> None:
     parser.add_argument("--length", type=int, default=2048, help="evaluation length")
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--device", default="cpu")
+    parser.add_argument(
+        "--precision", choices=["fp32", "bf16", "auto"], default="fp32", help="of training"
+    )
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     steps = {
-        name: steps_for(name, args.seq_len, args.batch, args.length, args.device)
+        name: steps_for(name, args.seq_len, args.batch, args.length, args.device, args.precision)
         for name in encoding_names()
     }
     train = median_seconds({name: pair[0] for name, pair in steps.items()}, args.rounds)
     evals = median_seconds({name: pair[1] for name, pair in steps.items()}, args.rounds)
     train_tokens, eval_tokens = args.batch * args.seq_len, args.length
-    print(f"threads={args.threads} train {args.batch}x{args.seq_len}, eval 1x{args.length}")
+    resolved = resolve_precision(args.precision, torch.device(args.device), MODEL["d_model"])
+    print(
+        f"threads={args.threads} train {args.batch}x{args.seq_len} in {args.precision} "
+        f"({resolved}), eval 1x{args.length} in fp32"
+    )
     print(f"{'encoding':<12}{'train tok/s':>12}{'ratio':>7}{'eval tok/s':>12}{'ratio':>7}")
     for name in steps:
         print(

@@ -26,7 +26,8 @@ Why, and what each holds besides q, k, v and the output (a whole (H, T, T) tenso
 gigabytes at evaluation lengths: 4 GiB for 4 heads at 16,384 tokens):
 
 * unbiased_causal_attention: SDPA's fused causal kernel, the fastest, never builds a (T, T)
-  mask (float32 for bf16 inputs on a CPU, where it is faster). Nothing of (T, T).
+  mask. Nothing of (T, T). Every SDPA call takes bf16 inputs on a CPU cast up to float32
+  (sdpa_dtype: its bf16 kernels are slower there), with or without a mask.
 * key_bias_attention: the same kernel with the key's bias as one more q/k dimension. Nothing
   of (T, T); q and k with that dimension, in float32. blocked_key_bias_attention: the same per
   block of KEY_BIAS_BLOCK queries, each relative to its own reference, in two calls merged by
@@ -165,30 +166,60 @@ def causal_attention(
     if bias is not None:
         if q.device.type in FLEX_ATTENTION_DEVICES and not dropout:
             return flex_attention_bias(q, k, v, bias)
-        return relative_bias_attention(q, k, v, bias.to(q.dtype), dropout)
+        return relative_bias_attention(q, k, v, bias, dropout)
     return blocked_bias_attention(q, k, v, positions, encoding, dropout, biases)
+
+
+def sdpa_dtype(q: torch.Tensor) -> torch.dtype:
+    """The dtype SDPA runs in for inputs like ``q``: float32 for bf16 on a CPU, else q's own.
+
+    SDPA's CPU kernels are slower in bf16 than in float32, with or without a mask, the backward
+    most of all (benchmarks/precision.py attention, AMD EPYC Zen 4, avx512_bf16, one thread;
+    forward and backward at the tiny model's (32, 4, 128, 32): NoPE's causal kernel 51.9 ms in
+    bf16 against 27.3 ms on inputs cast up to float32, with ALiBi's mask 48.0 against 28.2 ms).
+    In bf16 training ALiBi's steps ran at 0.69x NoPE's tokens/s, cast up at 0.98x
+    (benchmarks/README.md). Casting q, k, v up and the output down costs little next to the
+    (T, T) work, and is as accurate as float32 attention.
+    """
+    return torch.float32 if q.dtype == torch.bfloat16 and q.device.type == "cpu" else q.dtype
+
+
+def fused_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    mask: torch.Tensor | None = None,
+    dropout: float = 0.0,
+    is_causal: bool = False,
+) -> torch.Tensor:
+    """SDPA of queries q (B, H, n, hs) over keys and values k, v (B, H, m, hs), with a float
+    ``mask`` ([B|1], H, n, m) in sdpa_dtype(q) or ``is_causal``, in sdpa_dtype(q) whether or
+    not autocast is on -> (B, H, n, hs) in q's dtype. Callers that attend in blocks cast q, k
+    and v once before (a cast per block would sum their gradients in bf16)."""
+    dtype = sdpa_dtype(q)
+    with torch.autocast(q.device.type, enabled=False):  # autocast would cast them to bf16
+        y = F.scaled_dot_product_attention(
+            q.to(dtype),
+            k.to(dtype),
+            v.to(dtype),
+            attn_mask=mask,
+            dropout_p=dropout,
+            is_causal=is_causal,
+        )  # (B, H, n, hs)
+    return y.to(q.dtype)
 
 
 def unbiased_causal_attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout: float = 0.0
 ) -> torch.Tensor:
     """softmax(q k^T / sqrt(hs) + causal mask) v for q, k, v of (B, H, T, hs): SDPA's fused
-    causal kernel, run in fp32 for bf16 inputs on a CPU.
+    causal kernel, run in fp32 for bf16 inputs on a CPU (sdpa_dtype).
 
-    SDPA's CPU flash attention is slower in bf16 than in fp32, its backward most of all (the
-    issue measured 22.9 ms bf16 vs 13.3 ms fp32 forward and backward at (32, 4, 128, 64)), and
-    that made bf16 training steps slow. Casting q, k, v up and the output down costs little next
-    to the (T, T) work, keeps the fused kernel's memory bound at any length, and is as accurate
-    as fp32 attention. (Plain bf16 products around an fp32 softmax measured as fast in whole
-    training steps, but rounds the scores to bf16: 5x SDPA's error at peaked attention.)
+    (Plain bf16 products around an fp32 softmax measured as fast in whole training steps as
+    SDPA's fp32 kernel on inputs cast up, but rounds the scores to bf16: 5x SDPA's error at
+    peaked attention.)
     """
-    if q.dtype != torch.bfloat16 or q.device.type != "cpu":
-        return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=True)
-    with torch.autocast("cpu", enabled=False):  # autocast would cast q, k, v back to bf16
-        y = F.scaled_dot_product_attention(
-            q.float(), k.float(), v.float(), dropout_p=dropout, is_causal=True
-        )  # (B, H, T, hs) fp32
-    return y.to(q.dtype)
+    return fused_attention(q, k, v, dropout=dropout, is_causal=True)
 
 
 def key_bias_attention(
@@ -379,6 +410,9 @@ def relative_bias_attention(
     B, H, T, _ = q.shape
     trainable = torch.is_grad_enabled() and bias.requires_grad
     block = query_block_size(B, H, T, explicit=trainable)
+    # explicit_attention computes in float32 (or float64) whatever q's dtype; SDPA in sdpa_dtype.
+    dtype = torch.promote_types(q.dtype, torch.float32) if trainable else sdpa_dtype(q)
+    bias = bias.to(dtype)  # (H, T)
     future = bias.new_full((H, block - 1), float("-inf"))
     padded = torch.cat([future, bias], dim=1)  # (H, block - 1 + T): distances -(block - 1)..T-1
 
@@ -392,17 +426,21 @@ def relative_bias_attention(
     if trainable:  # keys 0 .. end - 1, each block's bias written out: (1, H, n, end)
         masks = [hankel(start, min(start + block, T)).flip(-1) for start in starts]
         return explicit_attention(q, k, v, masks, dropout)
-    k, v = k.flip(2), v.flip(2)  # key T - 1 - c at index c
+    # Key T - 1 - c at index c; q, k, v in sdpa_dtype: (B, H, T, hs) each.
+    queries, keys, values = q.to(dtype), k.flip(2).to(dtype), v.flip(2).to(dtype)
     outputs = []
     for start in reversed(starts):  # the last block first (see blocked_bias_attention)
         end = min(start + block, T)
-        queries, keys, values = q[:, :, start:end], k[:, :, T - end :], v[:, :, T - end :]
         outputs.append(
-            F.scaled_dot_product_attention(
-                queries, keys, values, attn_mask=hankel(start, end), dropout_p=dropout
+            fused_attention(
+                queries[:, :, start:end],
+                keys[:, :, T - end :],
+                values[:, :, T - end :],
+                hankel(start, end),
+                dropout,
             )
         )
-    return join_blocks(outputs)
+    return join_blocks(outputs).to(q.dtype)
 
 
 def blocked_bias_attention(
@@ -433,10 +471,15 @@ def blocked_bias_attention(
     explicit = torch.is_grad_enabled() and (
         content is not None or any(p.requires_grad for p in encoding.parameters())
     )
+    # The dtype of the masks: explicit_attention computes in float32 (or float64), SDPA in
+    # sdpa_dtype.
+    dtype = torch.promote_types(q.dtype, torch.float32) if explicit else sdpa_dtype(q)
     most_keys = T if window is None else min(T, QUERY_BLOCK + window - 1)
     block = query_block_size(B, H, most_keys, explicit)
     if biases is None:
         biases = QueryBlockBiases(encoding, keep_elements=0)
+    # Attended in the masks' dtype (explicit_attention casts them itself): (B, H, T, hs) each.
+    attended = (q, k, v) if explicit else tuple(t.to(dtype) for t in (q, k, v))
     # Past keys need no mask but the bias when every one of them is in view (no window).
     in_parts = window is None and merges_by_log_sum_exp(q, dropout)
     # Each block's queries [start, end) and first key, the last block first.
@@ -457,19 +500,20 @@ def blocked_bias_attention(
         # the positions' range (a device sync, and a graph break under torch.compile) for None.
         bias = None
         if encoding.has_score_bias:
-            bias = biases.bias(start, query_positions, key_positions, q.dtype, H * block * T)
+            bias = biases.bias(start, query_positions, key_positions, dtype, H * block * T)
         if content is not None:  # (B, H, n, m)
             extra = (
                 from_content[index]
                 if from_content is not None
                 else encoding.content_bias(content, slice(start, end), slice(first, end))
             )
-            bias = extra.to(q.dtype) if bias is None else bias + extra.to(q.dtype)
+            bias = extra.to(dtype) if bias is None else bias + extra.to(dtype)
         if bias is None and window is None:  # the encoding adds no bias at all: no mask
             return unbiased_causal_attention(q, k, v, dropout)
         if bias is None:  # only the window's mask
-            bias = q.new_zeros(1, H, end - start, end - first)
-        queries, keys, values = q[:, :, start:end], k[:, :, first:end], v[:, :, first:end]
+            bias = q.new_zeros(1, H, end - start, end - first, dtype=dtype)
+        q_in, k_in, v_in = attended
+        queries, keys, values = q_in[:, :, start:end], k_in[:, :, first:end], v_in[:, :, first:end]
         if in_parts and start:  # only the diagonal square [s, e) needs the causal mask
             diagonal = causal_bias(bias[..., start:], query_positions, key_positions[..., start:])
             outputs.append(past_and_diagonal_attention(queries, keys, values, bias, diagonal))
@@ -481,14 +525,10 @@ def blocked_bias_attention(
             masks.append(mask)
             key_starts.append(first)
         else:
-            outputs.append(
-                F.scaled_dot_product_attention(
-                    queries, keys, values, attn_mask=mask, dropout_p=dropout
-                )
-            )
+            outputs.append(fused_attention(queries, keys, values, mask, dropout))
     if explicit:
         return explicit_attention(q, k, v, masks[::-1], dropout, key_starts[::-1])
-    return join_blocks(outputs)
+    return join_blocks(outputs).to(q.dtype)
 
 
 def outside_window(mask: torch.Tensor, start: int, first: int, window: int) -> torch.Tensor:
@@ -567,7 +607,7 @@ def past_and_diagonal_attention(
 
     The past keys (bias only, read in place) and the diagonal square are two SDPA calls whose
     outputs are merged exactly by their log-sum-exps (merge_by_log_sum_exp). CPU only (SDPA's
-    CPU flash kernel returns the log-sum-exp), without gradients.
+    CPU flash kernel returns the log-sum-exp), without gradients; q, k, v in the masks' dtype.
     """
     past = k.shape[2] - q.shape[2]
     flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
@@ -640,7 +680,9 @@ def attention_scratch_elements(
     query block (the bias, its masked copy, SDPA's scores and probabilities, and the encoding's
     own intermediates: at most 6 per score, and CONTENT_SCRATCH_PER_SCORE more for a bias from
     the content), which query_block_size keeps bounded at any length, and the blocks' biases
-    the layers share (at most SHARED_BIAS_ELEMENTS). A window bounds the keys of a block.
+    the layers share (at most SHARED_BIAS_ELEMENTS). A window bounds the keys of a block. Both
+    of the last two may cast q, k and v up to float32 (bf16 on a CPU: sdpa_dtype), 3*C per
+    token, counted twice for a 16-bit model (the estimate does not know the precision).
     """
     H, C = encoding.n_head, encoding.d_model
     first = torch.zeros(1, dtype=torch.long, device=device)
@@ -650,14 +692,15 @@ def attention_scratch_elements(
     if content and fuses_key_bias(encoding, length, device.type in LOG_SUM_EXP_DEVICES):
         return 10 * batch_size * length * (C + H)
     if consecutive and not (windowed or content) and encoding.relative_bias(first) is not None:
-        return 3 * batch_size * length * C + 2 * H * (length + QUERY_BLOCK)
+        return 9 * batch_size * length * C + 2 * H * (length + QUERY_BLOCK)
     position_bias = encoding.score_bias(first, first) is not None
     if not (position_bias or windowed or content):
         return 0
     keys = length if window is None else min(length, QUERY_BLOCK + window - 1)
     block = query_block_size(batch_size, H, keys)
     per_score = 6 + (CONTENT_SCRATCH_PER_SCORE if content else 0)
-    scratch = per_score * batch_size * H * block * keys
+    cast_up = 6 * batch_size * length * C  # q, k, v in float32
+    scratch = per_score * batch_size * H * block * keys + cast_up
     if position_bias:
         every_block = H * length * (keys + block) // 2  # (H, n, m) for each block
         scratch += min(SHARED_BIAS_ELEMENTS, every_block)

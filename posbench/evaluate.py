@@ -283,7 +283,7 @@ def beyond_max_length(
     if model.max_length is not None and length > model.max_length:
         return (
             f"the {model.encoding.config.name} encoding represents {model.max_length} "
-            f"positions; retrain with encoding.max_length>={length}"
+            f"positions; {model.encoding.beyond_max_length_remedy(length)}"
         )
     return None
 

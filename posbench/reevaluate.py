@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from posbench.runs import WEIGHTS_FILE, append_eval_results, latest_run
-from posbench.tensorboard_log import write_eval_events
+from posbench.tensorboard_log import TrainedLengths, write_eval_events
 
 # Hydra writes this file into every sweep directory, next to the sweep's job directories.
 SWEEP_MARKER = "multirun.yaml"
@@ -27,15 +27,13 @@ def default_run(root: Path = Path("outputs")) -> tuple[Path, str]:
 
 
 def record_eval(
-    run_dir: Path,
-    records: Sequence[dict[str, Any]],
-    train_seq_len: int,
-    longest_trained: int | None = None,
+    run_dir: Path, records: Sequence[dict[str, Any]], trained: TrainedLengths
 ) -> dict[str, Any]:
     """Add ``records`` to the run's results.json (replacing those of the same length, stride
-    and scaling method; ``longest_trained``: an algorithmic task's, see append_eval_results)
-    and redraw its TensorBoard evaluation from all the records it now holds. Returns the new
-    results."""
+    and scaling method; an algorithmic task's summary past its ``trained`` lengths, see
+    append_eval_results) and redraw its TensorBoard evaluation from all the records it now
+    holds. Returns the new results."""
+    longest_trained = trained.hi if trained.problem_lengths else None
     results = append_eval_results(run_dir, list(records), longest_trained)
-    write_eval_events(run_dir, results["eval"], train_seq_len)
+    write_eval_events(run_dir, results["eval"], trained)
     return results

@@ -1,26 +1,66 @@
-"""The last lines of a sweep (``posbench train -m``): where its runs are and what to run next.
+"""The last lines of a sweep (``posbench train -m``): where its runs are, which jobs failed and
+why, and what to run next.
 
 A Hydra callback, so it runs in the process that started the sweep, after every job has
-finished, whichever launcher ran them (jobs of joblib or SLURM run elsewhere).
+finished, whichever launcher ran them (jobs of joblib or SLURM run elsewhere). A job that fails
+on a user's mistake records it in the sweep directory (``record_failed_job``) instead of
+raising: Hydra would print its own three lines and a hint about HYDRA_FULL_ERROR for the first
+failure only, and none for the others. The summary gives each failed job one line and makes
+the sweep exit 2, as a single run's mistake does.
 """
 
 from __future__ import annotations
 
+import json
 import shlex
+import sys
 from pathlib import Path
 from typing import Any
 
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
+from posbench.atomic import write_json
 from posbench.runs import RESULTS_FILE
+
+FAILED_JOB_PREFIX = ".failed_job_"  # hidden: `posbench report` reads only the runs' folders
+
+
+def record_failed_job(sweep_dir: Path, job: int, overrides: list[str], error: str) -> None:
+    """Note that sweep job number ``job`` (Hydra's job.num) with these overrides failed."""
+    record = {"job": job, "overrides": overrides, "error": error}
+    write_json(sweep_dir / f"{FAILED_JOB_PREFIX}{job}.json", record)
+
+
+def failed_jobs(sweep_dir: Path) -> list[dict[str, Any]]:
+    """The records of ``record_failed_job`` in ``sweep_dir``, by job number."""
+    records = [json.loads(p.read_text()) for p in sweep_dir.glob(f"{FAILED_JOB_PREFIX}*.json")]
+    return sorted(records, key=lambda record: record["job"])
+
+
+def failed_job_line(record: dict[str, Any]) -> str:
+    """``error: job 1 (encoding=rope seed=1): <what went wrong and what to do>``."""
+    return f"error: job {record['job']} ({' '.join(record['overrides'])}): {record['error']}"
 
 
 class SweepSummary(Callback):
-    """Prints the sweep directory, how many runs it holds, and the command comparing them."""
+    """Prints the sweep directory, how many runs it holds, each failed job's error, and the
+    command comparing the runs."""
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        # A sweep run again in its directory (train.resume=true) starts with no failures.
+        for old in Path(config.hydra.sweep.dir).glob(f"{FAILED_JOB_PREFIX}*.json"):
+            old.unlink()
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         sweep_dir = Path(config.hydra.sweep.dir)
         runs = len(list(sweep_dir.glob(f"*/{RESULTS_FILE}")))
-        print(f"\nsweep finished: {runs} runs in {sweep_dir}")
-        print(f"compare them: posbench report {shlex.quote(str(sweep_dir))}")
+        failed = failed_jobs(sweep_dir) if sweep_dir.is_dir() else []
+        failures = f", {len(failed)} failed" if failed else ""
+        print(f"\nsweep finished: {runs} runs in {sweep_dir}{failures}")
+        if runs:
+            print(f"compare them: posbench report {shlex.quote(str(sweep_dir))}")
+        if failed:
+            sys.stdout.flush()  # the summary before the errors, where both go to one terminal
+            print("\n".join(failed_job_line(record) for record in failed), file=sys.stderr)
+            raise SystemExit(2)

@@ -7,7 +7,9 @@ scaling such as ``yarn``, with s from each length), ``eval/ppl/<method>_s<factor
 configured factor, e.g. ``yarn_s4``), ``eval/ppl/stride_<S>`` (sliding windows), and
 ``eval/ppl/<method>/stride_<S>`` for both.
 
-A task's records also go to ``eval/accuracy`` (answer bytes right, step = length).
+A task's records also go to ``eval/accuracy`` (answer bytes right, step = length). An
+algorithmic task's figure is ``eval/sequence_accuracy_vs_problem_length`` instead: its lengths
+are problem lengths, trained over a range (``TrainedLengths``), and its measure is accuracy.
 
 Loss by position is one series per evaluated length, ``eval/loss_by_position/L<length>``
 (suffixed with the scaling method when there is one), whose step is each bucket's end position.
@@ -25,7 +27,7 @@ import tempfile
 from collections.abc import Mapping, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from omegaconf import DictConfig
 from torch.utils.tensorboard import SummaryWriter
@@ -36,7 +38,22 @@ from posbench.config import flat_config
 from posbench.runs import scaling_method, scaling_setting
 
 if TYPE_CHECKING:
+    from matplotlib.axes import Axes
     from matplotlib.figure import Figure
+
+
+class TrainedLengths(NamedTuple):
+    """Where a run trained, on the length axis of its evaluation records: ``train.seq_len``
+    tokens (lo = hi), or an algorithmic task's problem lengths lo..hi (``data.train_lengths``)."""
+
+    lo: int
+    hi: int
+    problem_lengths: bool = False
+
+    @classmethod
+    def tokens(cls, seq_len: int) -> TrainedLengths:
+        return cls(seq_len, seq_len)
+
 
 # TensorBoard reads a directory's event files in name order; this name sorts after the
 # timestamped ones SummaryWriter makes (digits < letters), so a resumed run's purge of later
@@ -83,7 +100,7 @@ def eval_tag(metric: str, record: Mapping[str, Any]) -> str:
 
 
 def log_eval_records(
-    writer: SummaryWriter, records: Sequence[Mapping[str, Any]], train_seq_len: int
+    writer: SummaryWriter, records: Sequence[Mapping[str, Any]], trained: TrainedLengths
 ) -> None:
     """One point per evaluated length on ``eval/ppl``, ``eval/bits_per_byte``, ``eval/word_ppl``
     (text: the metrics that compare across tokenizers) and, for a task, ``eval/accuracy`` and
@@ -97,9 +114,13 @@ def log_eval_records(
                     eval_tag(metric, record), record[metric], global_step=record["length"]
                 )
     log_loss_by_position(writer, records)
-    figure = extrapolation_figure(records, train_seq_len)
+    if trained.problem_lengths:
+        figure = problem_length_figure(records, trained)
+        tag = "eval/sequence_accuracy_vs_problem_length"
+    else:
+        figure, tag = extrapolation_figure(records, trained.lo), "eval/ppl_vs_length"
     if figure is not None:
-        writer.add_figure("eval/ppl_vs_length", figure)
+        writer.add_figure(tag, figure)
     writer.flush()
 
 
@@ -119,14 +140,14 @@ def log_loss_by_position(writer: SummaryWriter, records: Sequence[Mapping[str, A
 
 
 def write_eval_events(
-    run_dir: Path, records: Sequence[Mapping[str, Any]], train_seq_len: int
+    run_dir: Path, records: Sequence[Mapping[str, Any]], trained: TrainedLengths
 ) -> Path:
     """(Re)write ``run_dir/EVAL_EVENTS_FILE`` from ``records``, all of the run's eval records,
     atomically: TensorBoard then shows exactly what results.json holds."""
     path = Path(run_dir) / EVAL_EVENTS_FILE
     with tempfile.TemporaryDirectory() as scratch:  # SummaryWriter names its own file
         with SummaryWriter(log_dir=scratch) as writer:
-            log_eval_records(writer, records, train_seq_len)
+            log_eval_records(writer, records, trained)
         (written,) = Path(scratch).iterdir()
         with atomic_path(path) as tmp:
             shutil.copyfile(written, tmp)
@@ -138,28 +159,52 @@ def extrapolation_figure(
 ) -> Figure | None:
     """Perplexity against evaluation length (log x), one line per series (plain, each scaling
     method, each stride), or None when nothing was measured."""
-    series: dict[str, list[tuple[int, float]]] = {}
-    for r in records:
-        if r["status"] == "ok":
-            series.setdefault(series_name(r) or "plain", []).append((r["length"], r["ppl"]))
-    if not series:
+    axes = series_axes(records, "ppl")
+    if axes is None:
         return None
-    # matplotlib takes a second to import: a sweep's launcher process, which never draws,
-    # and runs that fail early do not pay for it
-    from matplotlib.figure import Figure
-
-    figure = Figure(figsize=(5, 3.5), layout="tight")
-    axes = figure.add_subplot()
-    for name, points in sorted(series.items()):
-        axes.plot(*zip(*sorted(points), strict=True), marker="o", label=name)
     if train_seq_len is not None:
         axes.axvline(train_seq_len, color="grey", linestyle="--", label="train length")
     axes.legend()
     axes.set_xscale("log", base=2)
     axes.set_xlabel("evaluation length (tokens)")
     axes.set_ylabel("perplexity")
+    return axes.figure
+
+
+def problem_length_figure(
+    records: Sequence[Mapping[str, Any]], trained: TrainedLengths
+) -> Figure | None:
+    """An algorithmic task's sequence accuracy against problem length, the trained range
+    shaded, or None when nothing was measured."""
+    axes = series_axes(records, "sequence_accuracy")
+    if axes is None:
+        return None
+    axes.axvspan(trained.lo, trained.hi, color="grey", alpha=0.2, label="trained lengths")
+    axes.legend()
+    axes.set_xlabel("problem length")
+    axes.set_ylabel("sequence accuracy")
+    axes.set_ylim(-0.02, 1.02)
+    return axes.figure
+
+
+def series_axes(records: Sequence[Mapping[str, Any]], metric: str) -> Axes | None:
+    """Axes with one line of ``metric`` against length per series of the measured records,
+    or None when none was measured."""
+    series: dict[str, list[tuple[int, float]]] = {}
+    for r in records:
+        if r["status"] == "ok":
+            series.setdefault(series_name(r) or "plain", []).append((r["length"], r[metric]))
+    if not series:
+        return None
+    # matplotlib takes a second to import: a sweep's launcher process, which never draws,
+    # and runs that fail early do not pay for it
+    from matplotlib.figure import Figure
+
+    axes = Figure(figsize=(5, 3.5), layout="tight").add_subplot()
+    for name, points in sorted(series.items()):
+        axes.plot(*zip(*sorted(points), strict=True), marker="o", label=name)
     axes.grid(True, alpha=0.3)
-    return figure
+    return axes
 
 
 def log_hparams(

@@ -50,6 +50,7 @@ from posbench.runs import (
 from posbench.signals import stop_requests
 from posbench.tensorboard_log import (
     NoEvents,
+    TrainedLengths,
     event_writer,
     headline_metrics,
     hparams,
@@ -222,7 +223,10 @@ def evaluate_and_record(
     if isinstance(data, AlgorithmicTask):
         results = with_length_generalization(results, data.train_lengths[1])
     write_results(run_dir, results)
-    write_eval_events(run_dir, records, cfg.train.seq_len)
+    trained = TrainedLengths.tokens(cfg.train.seq_len)
+    if isinstance(data, AlgorithmicTask):
+        trained = TrainedLengths(*data.train_lengths, problem_lengths=True)
+    write_eval_events(run_dir, records, trained)
     log_hparams(writer, hparams(cfg), headline_metrics(results))
     return results
 

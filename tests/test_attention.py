@@ -536,6 +536,43 @@ def test_explicit_attention_computes_bf16_inputs_in_float32_even_under_autocast(
         torch.testing.assert_close(fast.float(), plain, rtol=1e-2, atol=1e-3)
 
 
+@pytest.mark.parametrize(
+    ("name", "positions", "gradients"),
+    [
+        ("alibi", torch.arange(40), True),  # relative_bias_attention on SDPA
+        ("alibi", torch.arange(40), False),  # the same, blocks of 16 queries
+        ("alibi", torch.arange(0, 80, 2), True),  # with gaps: blocked_bias_attention on SDPA
+        ("alibi", torch.arange(0, 80, 2), False),  # past_and_diagonal_attention
+        ("t5", torch.arange(40), True),  # a learned bias: explicit_attention
+    ],
+)
+def test_bf16_bias_attention_on_a_cpu_is_the_float32_attention_of_the_same_inputs_rounded(
+    name, positions, gradients, monkeypatch
+):
+    # What eager fp32 computes, exactly: SDPA's bf16 kernels (and a mask rounded to bf16) are
+    # what a bf16 step must not take on a CPU.
+    use_query_blocks(16, monkeypatch)
+    encoding = random_bias_encoding(name).float()
+    rounded = [t.bfloat16() for t in random_qkv(2, SMALL.n_head, 40, 8, torch.float32)]
+    out_grad = torch.randn(2, SMALL.n_head, 40, 8).bfloat16()
+
+    def outputs_and_gradients(dtype: torch.dtype) -> list[torch.Tensor]:
+        leaves = [t.to(dtype).requires_grad_() for t in rounded]
+        autocast = torch.autocast("cpu", torch.bfloat16, enabled=dtype == torch.bfloat16)
+        with autocast, torch.set_grad_enabled(gradients):
+            out = posbench.attention.causal_attention(*leaves, positions, encoding)
+        if not gradients:
+            return [out]
+        bias_parameters = list(encoding.parameters())
+        return [out, *torch.autograd.grad(out, [*leaves, *bias_parameters], out_grad.to(dtype))]
+
+    fp32 = outputs_and_gradients(torch.float32)
+    bf16 = outputs_and_gradients(torch.bfloat16)
+    assert len(bf16) == len(fp32) and bf16[0].dtype == torch.bfloat16
+    for got, expected in zip(bf16, fp32, strict=True):
+        assert torch.equal(got, expected.to(got.dtype))
+
+
 def test_explicit_attention_applies_dropout_to_the_weights():
     q, k, v = (t.requires_grad_() for t in random_qkv(1, 2, 64, 8))
     mask = torch.zeros(1, 2, 64, 64, dtype=F64)
@@ -599,7 +636,7 @@ def test_encodings_without_a_bias_use_the_fused_causal_kernel_even_at_long_lengt
     with torch.no_grad():
         small_model(name)(torch.zeros(1, 3000, dtype=torch.long))
     assert len(calls) == SMALL.n_layer
-    assert all(call["is_causal"] and "attn_mask" not in call for call in calls)
+    assert all(call["is_causal"] and call.get("attn_mask") is None for call in calls)
 
 
 @pytest.mark.parametrize("name", RELATIVE)

@@ -223,6 +223,23 @@ def test_a_sweep_ends_with_its_directory_and_the_report_command(sweep):
     ]
 
 
+def test_a_failed_sweep_job_is_one_line_the_others_still_run_and_the_sweep_exits_2(tmp_path):
+    corpus, missing = tmp_path / "corpus.txt", tmp_path / "missing.txt"
+    corpus.write_text("the quick brown fox jumps over the lazy dog. " * 500)
+    paths = f"data.path={corpus},{missing}"
+    result = posbench("train", "-m", "data=text", paths, *TINY_RUN, cwd=tmp_path, check=False)
+    assert result.returncode == 2
+    (line,) = result.stderr.strip().splitlines()
+    assert line.startswith(f"error: job 1 (data=text data.path={missing} ")
+    reason = "point data.path at a text file, a directory or a glob"
+    assert line.endswith(f"): data.path '{missing}' matches no file; {reason}")
+    (run,) = run_dirs(tmp_path)
+    assert results_of(run)["data"]["name"] == "text"
+    assert (
+        f"sweep finished: 1 runs in {run.parent.relative_to(tmp_path)}, 1 failed" in result.stdout
+    )
+
+
 def test_eval_without_run_after_a_sweep_says_it_took_the_sweeps_last_job(sweep):
     workdir, _ = sweep
     out = posbench("eval", "--length", "16", cwd=workdir).stdout
@@ -243,6 +260,11 @@ def test_eval_without_run_after_a_sweep_says_it_took_the_sweeps_last_job(sweep):
             "model.attention_scaling must be one of none, ssmax, llama4 (got 'bogus')",
         ),
         (["eval", "--threads", "two"], "expected auto or a positive integer"),
+        (
+            ["train", "--steps", "10"],
+            "posbench train: unrecognized arguments: --steps (see posbench train --help)",
+        ),
+        (["train", "--cfg", "everything"], "argument --cfg/-c: invalid choice: 'everything'"),
         (["train", "train.stpes=10"], "no such key; did you mean train.steps?"),
         (["train", "encoding=t5", "encoding.num_bucket=8"], "did you mean encoding.num_buckets?"),
         (

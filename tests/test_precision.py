@@ -123,8 +123,9 @@ def test_attention_in_fp32_is_sdpas_fused_kernel_itself():
 # --- training and evaluation in bf16 ----------------------------------------------------------
 
 
-def test_a_bf16_training_step_computes_the_fp32_loss_and_gradients_within_bf16_accuracy():
-    cfg = compose_config(TINY)
+@pytest.mark.parametrize("encoding", ["rope", "alibi", "t5", "fire"])  # their attention paths
+def test_a_bf16_training_step_computes_the_fp32_loss_and_gradients_within_bf16_accuracy(encoding):
+    cfg = compose_config([*TINY, f"encoding={encoding}"])
     torch.manual_seed(0)
     tokens = torch.randint(0, 256, (4096,), dtype=torch.uint8)
     corpus = Corpus("random", train=tokens.numpy(), val=tokens.numpy())

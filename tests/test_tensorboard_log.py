@@ -6,13 +6,17 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from posbench.config import compose_config
 from posbench.report.run_table import eval_table
 from posbench.tensorboard_log import (
+    TrainedLengths,
     eval_tag,
     extrapolation_figure,
     hparams,
     log_eval_records,
     loss_by_position_tag,
+    problem_length_figure,
     write_eval_events,
 )
+
+AT_16 = TrainedLengths.tokens(16)  # a run trained at 16 tokens
 
 
 def record(length, ppl=2.0, stride=None, **scaling):
@@ -153,8 +157,8 @@ def eval_events(run_dir):
 
 
 def test_rewriting_the_eval_events_replaces_a_reevaluated_point(tmp_path):
-    write_eval_events(tmp_path, [record(16, ppl=2.0), record(32, ppl=3.0)], 16)
-    write_eval_events(tmp_path, [record(16, ppl=2.0), record(32, ppl=2.5)], 16)
+    write_eval_events(tmp_path, [record(16, ppl=2.0), record(32, ppl=3.0)], AT_16)
+    write_eval_events(tmp_path, [record(16, ppl=2.0), record(32, ppl=2.5)], AT_16)
     events = eval_events(tmp_path)
     assert [(e.step, e.value) for e in events.Scalars("eval/ppl")] == [(16, 2.0), (32, 2.5)]
     assert len(events.Images("eval/ppl_vs_length")) == 1
@@ -162,16 +166,16 @@ def test_rewriting_the_eval_events_replaces_a_reevaluated_point(tmp_path):
 
 def test_text_records_log_the_metrics_that_compare_across_tokenizers(tmp_path):
     text = {**record(16), "word_ppl": 40.0}
-    write_eval_events(tmp_path, [text], 16)
+    write_eval_events(tmp_path, [text], AT_16)
     scalars = set(eval_events(tmp_path).Tags()["scalars"])
     assert {"eval/ppl", "eval/bits_per_byte", "eval/word_ppl"} <= scalars
 
 
 def test_the_figure_is_drawn_from_all_records_given(tmp_path):
     everything = [record(16, ppl=2.0), record(32, ppl=3.0), record(2048, ppl=9.0)]
-    write_eval_events(tmp_path / "at_once", everything, 16)
-    write_eval_events(tmp_path / "in_two_steps", everything[:2], 16)
-    write_eval_events(tmp_path / "in_two_steps", everything, 16)
+    write_eval_events(tmp_path / "at_once", everything, AT_16)
+    write_eval_events(tmp_path / "in_two_steps", everything[:2], AT_16)
+    write_eval_events(tmp_path / "in_two_steps", everything, AT_16)
     (expected,) = eval_events(tmp_path / "at_once").Images("eval/ppl_vs_length")
     (image,) = eval_events(tmp_path / "in_two_steps").Images("eval/ppl_vs_length")
     assert image.encoded_image_string == expected.encoded_image_string
@@ -182,12 +186,13 @@ class Recorder:
 
     def __init__(self):
         self.scalars = []
+        self.figures = {}
 
     def add_scalar(self, tag, value, global_step):
         self.scalars.append((tag, global_step, value))
 
     def add_figure(self, tag, figure):
-        pass
+        self.figures[tag] = figure
 
     def flush(self):
         pass
@@ -196,9 +201,40 @@ class Recorder:
 def test_task_records_plot_accuracy_against_length():
     writer = Recorder()
     records = [record(16, accuracy=0.75), record(32, accuracy=0.25), record(64)]
-    log_eval_records(writer, records, train_seq_len=16)
+    log_eval_records(writer, records, AT_16)
     accuracy = [(step, value) for tag, step, value in writer.scalars if tag == "eval/accuracy"]
     assert accuracy == [(16, 0.75), (32, 0.25)]
+
+
+def test_an_algorithmic_tasks_figure_is_sequence_accuracy_over_the_shaded_trained_lengths():
+    writer = Recorder()
+    records = [
+        record(length, accuracy=a, sequence_accuracy=a)
+        for length, a in [(5, 1.0), (40, 0.9), (80, 0.1)]
+    ]
+    log_eval_records(writer, records, TrainedLengths(1, 40, problem_lengths=True))
+    (tag,) = writer.figures
+    assert tag == "eval/sequence_accuracy_vs_problem_length"
+    (axes,) = writer.figures[tag].axes
+    (line,) = axes.get_lines()
+    assert list(line.get_xdata()) == [5, 40, 80] and list(line.get_ydata()) == [1.0, 0.9, 0.1]
+    (span,) = axes.patches
+    assert span.get_label() == "trained lengths"
+    assert (span.get_x(), span.get_x() + span.get_width()) == pytest.approx((1, 40))
+    assert axes.get_xlabel() == "problem length" and axes.get_ylabel() == "sequence accuracy"
+
+
+def test_a_language_models_figure_is_perplexity_with_the_train_length_marked():
+    writer = Recorder()
+    log_eval_records(writer, [record(16, ppl=2.0), record(64, ppl=3.0)], AT_16)
+    (axes,) = writer.figures["eval/ppl_vs_length"].axes
+    assert axes.get_xlabel() == "evaluation length (tokens)"
+    assert [line.get_label() for line in axes.get_lines()] == ["plain", "train length"]
+
+
+def test_no_measured_record_draws_no_figure():
+    records = [{**record(80, sequence_accuracy=0.5), "status": "unsupported"}]
+    assert problem_length_figure(records, TrainedLengths(1, 40, problem_lengths=True)) is None
 
 
 def test_hparams_write_an_encodings_list_options_as_text_that_tensorboard_takes():

@@ -8,6 +8,8 @@ test_references.py).
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 from hypothesis import given, settings
@@ -16,6 +18,8 @@ from test_encodings import rotation
 
 from posbench.encodings import build_encoding
 from posbench.errors import PosbenchError
+from posbench.evaluate import beyond_max_length
+from posbench.model import ModelArgs, Transformer
 
 F64 = torch.float64
 HEAD_DIM = 8  # d_model 32 / 4 heads
@@ -161,11 +165,13 @@ def test_one_row_of_positions_per_sequence_equals_each_row_alone():
         torch.testing.assert_close(k_x[b : b + 1], k_b, rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("length", [16384, 69478], ids=["16384", "max_length"])
 @pytest.mark.parametrize(("dtype", "rtol"), [(torch.float32, 1e-5), (torch.bfloat16, 3e-2)])
-def test_16384_tokens_stay_finite_and_score_as_in_float64(dtype, rtol):
-    # Uncentred, the last key would be scaled by zeta_0^(-32) = e^40 and the first query's
-    # partner by e^-40; centred, every factor is within e^(+-20).
-    length = 16384
+def test_up_to_max_length_tokens_stay_finite_and_score_as_in_float64(length, dtype, rtol):
+    # Uncentred, the last key at 16,384 would be scaled by zeta_0^(-32) = e^40 and the first
+    # query's partner by e^-40; centred, every factor is within e^(+-20) there, and within
+    # e^(+-85) at max_length (69,478 positions at gamma 512).
+    assert length <= xpos().max_length
     q = random(1, 1, length, HEAD_DIM, seed=11, dtype=dtype)
     k = random(1, 1, length, HEAD_DIM, seed=12, dtype=dtype)
     q_x, k_x = xpos().queries_and_keys(q, k, torch.arange(length))
@@ -173,11 +179,37 @@ def test_16384_tokens_stay_finite_and_score_as_in_float64(dtype, rtol):
     assert torch.isfinite(q_x).all() and torch.isfinite(k_x).all()
     assert (q_x.abs().amax(-1) > 0).all() and (k_x.abs().amax(-1) > 0).all()  # no underflow
     q64, k64 = xpos().queries_and_keys(q.double(), k.double(), torch.arange(length))
-    ends = torch.tensor([0, 1, 8191, 8192, length - 2, length - 1])  # the extremes of the scale
+    middle = length // 2
+    ends = torch.tensor([0, 1, middle - 1, middle, length - 2, length - 1])  # the scale's extremes
     scores = q_x[0, 0, ends].double() @ k_x[0, 0, ends].double().T
     expected = q64[0, 0, ends] @ k64[0, 0, ends].T
     past = torch.ones(len(ends), len(ends), dtype=torch.bool).tril()  # the keys attention sees
     torch.testing.assert_close(scores[past], expected[past], rtol=rtol, atol=rtol)
+
+
+def test_max_length_is_where_the_first_pairs_factor_would_leave_e_to_the_85():
+    assert xpos().max_length == 69478  # 2 * floor(85 * 512 / log 3.5)
+    assert xpos(scale_base=1024.0).max_length == 138956
+    assert xpos().max_length * math.log(3.5) / 2 / 512 == pytest.approx(85, abs=0.01)
+
+
+def test_past_twice_max_length_the_factors_would_overflow_float32():
+    # Why the cap: at 2 * 69,478 positions the first pair's factor is e^(+-170).
+    length = 2 * xpos().max_length
+    q = torch.ones(1, 1, length, HEAD_DIM)
+    _, k_x = xpos().queries_and_keys(q, q, torch.arange(length))
+    assert not torch.isfinite(k_x).all()
+
+
+def test_an_evaluation_past_max_length_is_unsupported_naming_the_scale_base_that_would_fit():
+    model = Transformer(ModelArgs(n_layer=1, n_head=4, d_model=32, vocab_size=16), xpos())
+    assert beyond_max_length(model, 69478) is None
+    assert beyond_max_length(model, 131072) == (
+        "the xpos encoding represents 69478 positions; past them its decay "
+        "zeta^(distance / scale_base) leaves float32's range; retrain with "
+        "encoding.scale_base>=966"
+    )
+    assert xpos(scale_base=966.0).max_length >= 131072
 
 
 @pytest.mark.parametrize("gamma", [0.0, -512.0])
@@ -187,7 +219,6 @@ def test_a_scale_base_that_is_not_positive_is_a_one_line_error(gamma):
     assert "\n" not in str(info.value)
 
 
-def test_xpos_has_no_bias_and_no_length_cap():
+def test_xpos_has_no_bias():
     encoding = xpos()
     assert not encoding.has_score_bias and not encoding.has_content_bias
-    assert encoding.max_length is None

@@ -24,6 +24,7 @@ from posbench.evaluate import evaluate_run, rope_scaling_overrides
 from posbench.reevaluate import record_eval
 from posbench.report.run_table import run_table, trained_at
 from posbench.runs import load_run_config
+from posbench.tensorboard_log import TrainedLengths
 from posbench.threads import AUTO, use_threads
 
 
@@ -104,12 +105,12 @@ def eval_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def longest_trained(cfg: DictConfig) -> int | None:
-    """The longest problem length a run on an algorithmic task trained at (None: any other
-    run)."""
+def trained_lengths(cfg: DictConfig) -> TrainedLengths:
+    """Where the run of ``cfg`` trained: its problem lengths for an algorithmic task, else its
+    sequence length."""
     if cfg.data.source not in ALGORITHMIC_TASKS:
-        return None
-    return cfg.data.train_lengths[1]
+        return TrainedLengths.tokens(cfg.train.seq_len)
+    return TrainedLengths(*cfg.data.train_lengths, problem_lengths=True)
 
 
 def run_eval(args: Sequence[str]) -> None:
@@ -136,6 +137,6 @@ def run_eval(args: Sequence[str]) -> None:
         precision=options.precision,
         positions=options.positions,
     )
-    results = record_eval(run_dir, records, cfg.train.seq_len, longest_trained(cfg))
+    results = record_eval(run_dir, records, trained_lengths(cfg))
     print(f"{cfg.encoding.name} trained at {trained_at(cfg)} ({run_dir})")
     print(run_table(cfg, records, results))

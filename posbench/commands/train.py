@@ -3,9 +3,11 @@ runs posbench.train.train in its output directory and prints its evaluation tabl
 
 from __future__ import annotations
 
+import logging
 import shlex
 import shutil
 import sys
+import traceback
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -13,25 +15,27 @@ import hydra
 from hydra._internal.utils import get_args_parser
 from hydra.core.hydra_config import HydraConfig
 from hydra.core.override_parser.overrides_parser import OverridesParser
-from hydra.errors import CompactHydraException
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 from torch.distributed import DistError
 
 from posbench import distributed
 from posbench.checkpoint import CHECKPOINT_FILE
-from posbench.commands.exits import fail, report, stop, stop_interrupted
+from posbench.commands.arguments import OneLineParser
+from posbench.commands.exits import debugging, fail, report, stop, stop_interrupted
 from posbench.commands.overrides import check_overrides, compose_or_fail, group_options
 from posbench.config import config_dir
 from posbench.errors import PosbenchError
 from posbench.output_dirs import register_unique_dir_resolver
 from posbench.report.run_table import data_baselines, run_table, trained_at
 from posbench.runs import CONFIG_FILE, saved_config
+from posbench.sweep_summary import record_failed_job
 from posbench.train import TrainingInterrupted, train
 
 # Launchers (joblib, submitit) run train_job in fresh processes that import this module but
 # never run main(); conf/config.yaml's ${unique_dir:...} directory names need the resolver there.
 register_unique_dir_resolver()
+log = logging.getLogger(__name__)
 
 # The keys most runs set, named by `posbench --help` and `posbench train --help`.
 KEY_OPTIONS = (
@@ -44,10 +48,6 @@ LENGTHS_IN_TOKENS = (
     "lengths (train.seq_len, eval.lengths, --length) count tokens of the run's tokenizer: "
     "bytes by default, BPE tokens with data.tokenizer=bpe"
 )
-
-
-class JobFailed(CompactHydraException):
-    """A sweep job's user error; Hydra reports it in one line and the other jobs still run."""
 
 
 def train_job(cfg: DictConfig) -> float | None:
@@ -66,9 +66,18 @@ def train_job(cfg: DictConfig) -> float | None:
         stop_interrupted(err, f"; {resume_hint}" if saved else "")
     except (PosbenchError, OSError) as err:  # OSError: the file system (full, not writable)
         remove_if_worthless(run_dir)
-        if HydraConfig.get().mode == RunMode.MULTIRUN:
-            raise JobFailed(str(err)) from None
-        report(err)
+        if HydraConfig.get().mode != RunMode.MULTIRUN:
+            report(err)
+        # The other jobs still run; the sweep's summary names each failed job and exits 2.
+        if debugging():
+            traceback.print_exception(err)
+        hydra_config = HydraConfig.get()
+        error = str(err) or type(err).__name__
+        log.error(f"job {hydra_config.job.num} failed: {error}")
+        if distributed.is_main():
+            overrides = list(hydra_config.overrides.task)
+            record_failed_job(Path(hydra_config.sweep.dir), hydra_config.job.num, overrides, error)
+        return None
     except distributed.PeerFailed:
         raise SystemExit(1) from None  # rank 0 said why
     except (DistError, RuntimeError) as err:
@@ -166,9 +175,14 @@ def resume_arguments(args: Sequence[str]) -> list[str]:
     return [*args[:at], *args[at + 2 :], f"hydra.run.dir='{run_dir}'", "train.resume=true"]
 
 
+def train_arguments_parser() -> OneLineParser:
+    """Hydra's own command-line parser (its flags and overrides), with one-line errors."""
+    return OneLineParser(prog="posbench train", parents=[get_args_parser()], add_help=False)
+
+
 def run_train(args: Sequence[str]) -> None:
     args = resume_arguments(args)
-    parsed = get_args_parser().parse_args(args)
+    parsed = train_arguments_parser().parse_args(args)
     if parsed.help:
         print(train_help(parsed.overrides))
         return

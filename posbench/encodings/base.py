@@ -54,7 +54,8 @@ What an encoding author may assume:
   only to the ``window`` most recent tokens, itself included (counted in tokens, not positions).
 
 ``max_length`` says how long a sequence the encoding can represent (``None``: any length),
-so evaluation can report a length as unsupported instead of silently clamping positions.
+so evaluation can report a length as unsupported instead of silently clamping positions (or
+overflowing), and ``beyond_max_length_remedy`` what a user could change to go further.
 ``scaling_record`` says which eval-time extension (e.g. RoPE's YaRN) the encoding applies at a
 length, so every evaluation record names the method it measured.
 """
@@ -108,6 +109,11 @@ class PositionalEncoding(nn.Module):
     def max_length(self) -> int | None:
         """Longest sequence this encoding represents; ``None`` means unbounded."""
         return None
+
+    def beyond_max_length_remedy(self, length: int) -> str:
+        """What would let a model represent ``length`` > ``max_length`` positions (said when
+        evaluation reports the length unsupported)."""
+        return f"evaluate at lengths <= {self.max_length}"
 
     def scaling_record(self, length: int) -> dict[str, Any]:
         """The eval-time extension applied to a sequence of ``length`` positions, as eval-record

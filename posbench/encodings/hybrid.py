@@ -99,6 +99,10 @@ class HybridEncoding(PositionalEncoding):
         bounds = [m.max_length for m in self.members.values() if m.max_length is not None]
         return min(bounds, default=None)
 
+    def beyond_max_length_remedy(self, length: int) -> str:
+        bounded = [m for m in self.members.values() if m.max_length is not None]
+        return min(bounded, key=lambda m: m.max_length).beyond_max_length_remedy(length)
+
     def scaling_record(self, length: int) -> dict[str, Any]:
         """The record of the first layer encoding that scales at ``length`` (RoPE's YaRN in
         the RoPE layers), else the record of none."""

@@ -36,5 +36,8 @@ class LearnedPositionalEncoding(PositionalEncoding):
     def max_length(self) -> int:
         return self.config.max_length
 
+    def beyond_max_length_remedy(self, length: int) -> str:
+        return f"retrain with encoding.max_length>={length}"
+
     def embed(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         return x + self.table(positions)  # (T, C) broadcasts over the batch, or (B, T, C)

@@ -320,9 +320,25 @@ def rotate_by(x: torch.Tensor, rotation: torch.Tensor, layout: str = "interleave
     One complex product is several times faster (forward and backward) than the four real
     products and the re-interleaving it replaces."""
     precise = x.double() if x.dtype == torch.float64 else x.float()  # no complex bf16/fp16
-    pairs = torch.view_as_complex(to_pairs(precise, layout).contiguous())  # (..., T, d/2)
-    rotated = torch.view_as_real(pairs * rotation.to(pairs.dtype))  # (..., T, d/2, 2)
-    return from_pairs(rotated, layout).type_as(x)
+    pairs = to_pairs(precise, layout)  # (..., T, d/2, 2)
+    # A head's slice of the fused q/k/v projection views as complex as it is (interleaved
+    # pairs are adjacent); copying it first cost a copy forward and one backward per call.
+    if not viewable_as_complex(pairs):
+        pairs = pairs.contiguous()
+    rotated = torch.view_as_real(torch.view_as_complex(pairs) * rotation.to(complex_dtype(x)))
+    return from_pairs(rotated, layout).type_as(x)  # (..., T, d)
+
+
+def viewable_as_complex(pairs: torch.Tensor) -> bool:
+    """Whether torch.view_as_complex takes ``pairs`` (..., 2) without a copy: the pair's two
+    numbers adjacent, every other stride even."""
+    *strides, last = pairs.stride()
+    return last == 1 and all(stride % 2 == 0 for stride in strides)
+
+
+def complex_dtype(x: torch.Tensor) -> torch.dtype:
+    """The complex dtype rotations of ``x`` are computed in (complex64 for bf16/fp16/fp32)."""
+    return torch.complex128 if x.dtype == torch.float64 else torch.complex64
 
 
 def rotate_leading(
@@ -446,3 +462,15 @@ class RotaryPositionalEncoding(PositionalEncoding):
     def rotate(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         rotation, attention_factor = self.rotations(positions)  # ([B, 1,] T, d/2)
         return rotate_leading(x, rotation, self.config.layout, attention_factor)
+
+    def queries_and_keys(
+        self, q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        # rotate()'s work for both, with the rotations computed (and cast) once, not twice.
+        rotation, attention_factor = self.rotations(positions)  # ([B, 1,] T, d/2)
+        rotation = rotation.to(complex_dtype(q))
+        layout = self.config.layout
+        return (
+            rotate_leading(q, rotation, layout, attention_factor),
+            rotate_leading(k, rotation, layout, attention_factor),
+        )

@@ -16,6 +16,7 @@ rotary get none.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -28,6 +29,11 @@ from posbench.encodings.rope import (
     shared_by_heads,
 )
 from posbench.errors import PosbenchError
+
+# The largest |exponent| of e that a factor may reach: float32 and bf16 hold e^+-87.3 as normal
+# numbers, and the margin leaves room for the values of q and k the factors multiply.
+MAX_LOG_FACTOR = 85.0
+LOG_FASTEST_DECAY = math.log(1.4 / 0.4)  # -log zeta_0, the first pair's (the fastest) decay
 
 
 @dataclass
@@ -46,7 +52,8 @@ def xpos_decay(positions: torch.Tensor, dim: int, scale_base: float) -> torch.Te
     tokens and gamma = 512 the factors stay within zeta_0^(+-16) = e^(+-20), far inside the
     range of float32 and bf16 (e^(+-88)). From 0 instead, the keys at the end of a
     sequence of 36k positions (gamma = 512, or randomized positions that far) would be scaled by
-    more than float32 can hold.
+    more than float32 can hold; centred, a span of 2 * 85 * gamma / log(3.5) = 69,478 positions
+    (gamma = 512) reaches e^(+-85), the most ``max_length`` admits.
     """
     zeta = (torch.arange(0, dim, 2, dtype=torch.float64) / dim + 0.4) / 1.4  # (d/2,)
     lowest = positions.amin(dim=-1, keepdim=True)
@@ -66,6 +73,18 @@ class XposEncoding(RotaryPositionalEncoding):
                 f"encoding.scale_base must be positive: the decay is zeta^(distance / "
                 f"scale_base) (got {config.scale_base})"
             )
+
+    @property
+    def max_length(self) -> int:
+        """The longest span of positions whose factors stay within e^(+-MAX_LOG_FACTOR)."""
+        return 2 * math.floor(MAX_LOG_FACTOR * self.config.scale_base / LOG_FASTEST_DECAY)
+
+    def beyond_max_length_remedy(self, length: int) -> str:
+        needed = math.ceil(length / 2 * LOG_FASTEST_DECAY / MAX_LOG_FACTOR)
+        return (
+            f"past them its decay zeta^(distance / scale_base) leaves float32's range; retrain "
+            f"with encoding.scale_base>={needed}"
+        )
 
     def queries_and_keys(
         self, q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor
