@@ -128,7 +128,8 @@ class PosbenchConfig:
     eval: EvalConfig = field(default_factory=EvalConfig)
     seed: int = 0
     device: Device = Device.auto
-    # CPU threads per job: auto (this process's cores / the jobs run at once) or an int
+    # CPU threads per job: auto (the cores free of other work / the jobs run at once, adapted
+    # while training: posbench/threads.py) or an int, kept as given
     threads: Any = AUTO
 
 

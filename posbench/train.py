@@ -14,7 +14,7 @@ import math
 import signal
 import time
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -57,7 +57,13 @@ from posbench.tensorboard_log import (
     log_hparams,
     write_eval_events,
 )
-from posbench.threads import use_threads, warn_if_busy
+from posbench.threads import (
+    ThreadController,
+    Threads,
+    registered_threads,
+    use_threads,
+    warn_if_oversubscribed,
+)
 
 log = logging.getLogger(__name__)
 
@@ -98,7 +104,16 @@ def train(cfg: DictConfig, run_dir: str | Path) -> dict[str, Any]:
     distributed.wait_for_all()
     validate(cfg)
     threads = use_threads(cfg.threads)  # before any work; the run's first log line
-    warn_if_busy(threads)
+    warn_if_oversubscribed(threads)
+    with registered_threads(threads) as controller:  # other posbench jobs count its threads
+        return train_with_threads(cfg, run_dir, threads, controller)
+
+
+def train_with_threads(
+    cfg: DictConfig, run_dir: str | Path, threads: Threads, controller: ThreadController | None
+) -> dict[str, Any]:
+    """``train`` once its threads are set: ``controller`` adapts an ``auto`` count (None: a
+    count the user set)."""
     cfg = fine_tune_config(cfg)
     run_dir = Path(run_dir)
     # Rank 0 goes first where it creates what the other ranks read (the directory, the data
@@ -144,7 +159,15 @@ def train(cfg: DictConfig, run_dir: str | Path) -> dict[str, Any]:
     with event_writer(run_dir, purge_step) as writer:
         try:
             summary = train_steps(
-                model, data, optimizer, sampler, progress, checkpointer, writer, settings
+                model,
+                data,
+                optimizer,
+                sampler,
+                progress,
+                checkpointer,
+                writer,
+                settings,
+                controller,
             )
         except Diverged as err:
             if distributed.is_main():
@@ -228,9 +251,11 @@ def train_steps(
     checkpointer: Checkpointer,
     writer: SummaryWriter | NoEvents,
     settings: LoopSettings,
+    threads: ThreadController | None = None,
 ) -> dict[str, Any]:
     """The optimisation loop, from ``progress`` (a fresh start's, or a checkpoint's) to the last
-    step; returns the training summary (results.json's ``train``).
+    step; returns the training summary (results.json's ``train``), with the thread count's
+    changes made by ``threads`` (an ``auto`` count's controller), if any.
 
     Checkpoints when ``checkpointer`` says it is due, and at the step where the ranks agree on
     a stop signal (then raises TrainingInterrupted, once rank 0's checkpoint is on disk);
@@ -271,9 +296,12 @@ def train_steps(
             stopping = distributed.agree_on_stop(stop.signum)
             if not math.isfinite(loss_value):
                 raise divergence(step + 1, loss_value, progress, checkpointer, tcfg)
-            progress.train_time += time.perf_counter() - started
+            seconds = time.perf_counter() - started
+            progress.train_time += seconds
             progress.tokens_seen += tcfg.batch_size * tcfg.seq_len
             progress.step = step + 1
+            if threads is not None:
+                threads.after_step(progress.step, seconds)
             # The window final_loss averages: the last log_every losses.
             progress.recent_losses = [*progress.recent_losses, loss_value][-tcfg.log_every :]
             if progress.step % tcfg.log_every == 0 or progress.step == tcfg.steps:
@@ -295,7 +323,8 @@ def train_steps(
     bar.close()
     if stopping is not None:
         raise TrainingInterrupted(stopping, progress.step, checkpointer.run_dir)
-    return train_summary(progress)
+    changes = [asdict(change) for change in threads.changes] if threads is not None else []
+    return {**train_summary(progress), "thread_changes": changes}
 
 
 def seed_dropout(seed: int, step: int) -> None:

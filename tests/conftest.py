@@ -21,8 +21,11 @@ if _worker and hasattr(os, "sched_setaffinity"):
 
 
 # One layer, width 32, 16-token training windows: every encoding trains in a few seconds and
-# still ends clearly below the data's unigram baseline.
+# still ends clearly below the data's unigram baseline. One thread: threads=auto would measure
+# the machine, and a busy one would give a test another count than a quiet one (and adapt it
+# while training); tests of auto name it.
 TINY_RUN = [
+    "threads=1",
     "model.n_layer=1",
     "model.n_head=2",
     "model.d_model=32",

@@ -467,6 +467,7 @@ def test_the_joblib_launcher_runs_a_two_job_sweep_into_one_sweep_directory_shari
         "-m",
         "seed=0,1",
         *TINY,
+        "threads=auto",
         "hydra/launcher=joblib",
         "hydra.launcher.n_jobs=2",
         cwd=tmp_path,
@@ -474,7 +475,8 @@ def test_the_joblib_launcher_runs_a_two_job_sweep_into_one_sweep_directory_shari
     runs = run_dirs(tmp_path)
     assert len({d.parent for d in runs}) == 1
     assert sorted(results_of(d)["seed"] for d in runs) == [0, 1]
-    assert [results_of(d)["threads"] for d in runs] == [max(1, available_cores() // 2)] * 2
+    share = max(1, available_cores() // 2)  # less where other work keeps cores busy
+    assert all(1 <= results_of(d)["threads"] <= share for d in runs)
 
 
 def test_a_run_saved_before_the_threads_key_existed_resumes_with_the_default(tmp_path, cache_dir):

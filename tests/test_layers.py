@@ -11,7 +11,18 @@ PACKAGE = Path(__file__).resolve().parents[1] / "posbench"
 # From the bottom up. A name is a module (posbench/<name>.py) or a package (posbench/<name>/,
 # every module inside it).
 LAYERS = [
-    ["errors", "atomic", "signals", "threads", "output_dirs", "precision", "distributed"],
+    [
+        "errors",
+        "atomic",
+        "cache_root",
+        "cpu_load",
+        "job_registry",
+        "signals",
+        "threads",
+        "output_dirs",
+        "precision",
+        "distributed",
+    ],
     ["encodings", "data", "references"],
     ["attention", "attention_scaling", "explicit_attention", "model"],
     ["config", "memory", "checkpoint", "runs", "resume"],

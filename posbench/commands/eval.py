@@ -63,8 +63,8 @@ def eval_parser() -> argparse.ArgumentParser:
         type=threads_setting,
         default=AUTO,
         metavar="N",
-        help="CPU threads: auto (the cores this process may use, divided among the jobs "
-        "torchrun runs at once) or a positive integer, e.g. 1 for evaluations run side by side",
+        help="CPU threads: auto (the cores free of other work and other posbench jobs, divided "
+        "among the jobs torchrun runs at once) or a positive integer, kept as given",
     )
     parser.add_argument(
         "--precision",

@@ -41,6 +41,7 @@ from typing import Any
 import numpy as np
 
 from posbench.atomic import atomic_path, write_json
+from posbench.cache_root import cache_root
 from posbench.errors import PosbenchError
 
 log = logging.getLogger(__name__)
@@ -59,23 +60,10 @@ CHUNK_BYTES = 1 << 20
 def entry_path(cache_dir: str | None, source: str, inputs: Mapping[str, Any]) -> Path:
     """The directory that holds (or will hold) the arrays ``source`` builds from ``inputs``,
     everything that determines their bytes (JSON values): ``<source>-<key>``, the key a hash
-    of ``inputs`` and the cache format, under ``_cache_root(cache_dir)``."""
+    of ``inputs`` and the cache format, under ``cache_root(cache_dir)``."""
     material = json.dumps({"format": _CACHE_FORMAT, **inputs}, sort_keys=True)
     key = hashlib.sha256(material.encode()).hexdigest()[:16]
-    return _cache_root(cache_dir) / f"{source}-{key}"
-
-
-def _cache_root(cache_dir: str | None) -> Path:
-    """``data.cache_dir``, else ``$POSBENCH_CACHE``, else ``$XDG_CACHE_HOME/posbench``."""
-    if cache_dir:
-        return Path(cache_dir).expanduser()
-    if os.environ.get("POSBENCH_CACHE"):
-        return Path(os.environ["POSBENCH_CACHE"]).expanduser()
-    return _xdg_cache_home() / "posbench"
-
-
-def _xdg_cache_home() -> Path:
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return cache_root(cache_dir) / f"{source}-{key}"
 
 
 def _array_path(entry: Path, name: str) -> Path:

@@ -12,7 +12,8 @@ from typing import Any
 
 from omegaconf import MISSING
 
-from posbench.data.cache import CHUNK_BYTES, _xdg_cache_home
+from posbench.cache_root import xdg_cache_home
+from posbench.data.cache import CHUNK_BYTES
 from posbench.data.corpus import SplitWriter
 from posbench.data.tokenizer import TokenizerOptions
 from posbench.errors import PosbenchError
@@ -94,7 +95,7 @@ def _hub_cached(hub_path: str) -> bool:
     """Whether datasets' cache (``<namespace>___<name>``) or the hub's file cache
     (``datasets--<namespace>--<name>``) holds anything of ``hub_path``, which is all that
     offline mode can load."""
-    hf_home = Path(os.environ.get("HF_HOME", _xdg_cache_home() / "huggingface"))
+    hf_home = Path(os.environ.get("HF_HOME", xdg_cache_home() / "huggingface"))
     datasets_cache = Path(os.environ.get("HF_DATASETS_CACHE", hf_home / "datasets"))
     hub_cache = Path(os.environ.get("HF_HUB_CACHE", hf_home / "hub"))
     return (
