@@ -184,6 +184,13 @@ def sdpa_dtype(q: torch.Tensor) -> torch.dtype:
     return torch.float32 if q.dtype == torch.bfloat16 and q.device.type == "cpu" else q.dtype
 
 
+def mask_dtype(q: torch.Tensor, explicit: bool) -> torch.dtype:
+    """The dtype of the bias masks (and of q, k, v on the SDPA path) for queries like ``q``:
+    explicit_attention computes in float32 (float64 for float64 inputs) whatever q's dtype;
+    SDPA runs in sdpa_dtype."""
+    return torch.promote_types(q.dtype, torch.float32) if explicit else sdpa_dtype(q)
+
+
 def fused_attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -410,8 +417,7 @@ def relative_bias_attention(
     B, H, T, _ = q.shape
     trainable = torch.is_grad_enabled() and bias.requires_grad
     block = query_block_size(B, H, T, explicit=trainable)
-    # explicit_attention computes in float32 (or float64) whatever q's dtype; SDPA in sdpa_dtype.
-    dtype = torch.promote_types(q.dtype, torch.float32) if trainable else sdpa_dtype(q)
+    dtype = mask_dtype(q, explicit=trainable)
     bias = bias.to(dtype)  # (H, T)
     future = bias.new_full((H, block - 1), float("-inf"))
     padded = torch.cat([future, bias], dim=1)  # (H, block - 1 + T): distances -(block - 1)..T-1
@@ -471,9 +477,7 @@ def blocked_bias_attention(
     explicit = torch.is_grad_enabled() and (
         content is not None or any(p.requires_grad for p in encoding.parameters())
     )
-    # The dtype of the masks: explicit_attention computes in float32 (or float64), SDPA in
-    # sdpa_dtype.
-    dtype = torch.promote_types(q.dtype, torch.float32) if explicit else sdpa_dtype(q)
+    dtype = mask_dtype(q, explicit)
     most_keys = T if window is None else min(T, QUERY_BLOCK + window - 1)
     block = query_block_size(B, H, most_keys, explicit)
     if biases is None:

@@ -55,7 +55,7 @@ class SweepSummary(Callback):
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         sweep_dir = Path(config.hydra.sweep.dir)
         runs = len(list(sweep_dir.glob(f"*/{RESULTS_FILE}")))
-        failed = failed_jobs(sweep_dir) if sweep_dir.is_dir() else []
+        failed = failed_jobs(sweep_dir)
         failures = f", {len(failed)} failed" if failed else ""
         print(f"\nsweep finished: {runs} runs in {sweep_dir}{failures}")
         if runs:

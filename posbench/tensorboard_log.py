@@ -29,7 +29,7 @@ from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 from torch.utils.tensorboard import SummaryWriter
 
 from posbench import distributed
@@ -53,6 +53,15 @@ class TrainedLengths(NamedTuple):
     @classmethod
     def tokens(cls, seq_len: int) -> TrainedLengths:
         return cls(seq_len, seq_len)
+
+
+def trained_lengths(cfg: DictConfig) -> TrainedLengths:
+    """Where the run of ``cfg`` trained: an algorithmic task's problem lengths (its config has
+    ``data.train_lengths``), else its sequence length."""
+    lengths = OmegaConf.select(cfg, "data.train_lengths")
+    if lengths is None:
+        return TrainedLengths.tokens(cfg.train.seq_len)
+    return TrainedLengths(*lengths, problem_lengths=True)
 
 
 # TensorBoard reads a directory's event files in name order; this name sorts after the

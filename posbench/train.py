@@ -28,7 +28,7 @@ from tqdm.auto import tqdm
 from posbench import distributed
 from posbench.checkpoint import Checkpointer, TrainProgress, restore_checkpoint
 from posbench.config import choice, eval_lengths, resolve_device, validate
-from posbench.data import IGNORE, AlgorithmicTask, Corpus, Task, load_data, sample_positions
+from posbench.data import IGNORE, Corpus, Task, load_data, sample_positions
 from posbench.errors import PosbenchError
 from posbench.evaluate import RandomPositions, eval_positions, evaluate_data
 from posbench.finetune import fine_tune_config, load_parent_weights
@@ -50,11 +50,11 @@ from posbench.runs import (
 from posbench.signals import stop_requests
 from posbench.tensorboard_log import (
     NoEvents,
-    TrainedLengths,
     event_writer,
     headline_metrics,
     hparams,
     log_hparams,
+    trained_lengths,
     write_eval_events,
 )
 from posbench.threads import (
@@ -220,12 +220,10 @@ def evaluate_and_record(
         eval_positions(cfg),
     )
     results = {**results, "eval": records}
-    if isinstance(data, AlgorithmicTask):
-        results = with_length_generalization(results, data.train_lengths[1])
+    trained = trained_lengths(cfg)
+    if trained.problem_lengths:
+        results = with_length_generalization(results, trained.hi)
     write_results(run_dir, results)
-    trained = TrainedLengths.tokens(cfg.train.seq_len)
-    if isinstance(data, AlgorithmicTask):
-        trained = TrainedLengths(*data.train_lengths, problem_lengths=True)
     write_eval_events(run_dir, records, trained)
     log_hparams(writer, hparams(cfg), headline_metrics(results))
     return results

@@ -6,8 +6,6 @@ from __future__ import annotations
 import argparse
 from collections.abc import Sequence
 
-from omegaconf import DictConfig
-
 from posbench.commands.arguments import (
     OneLineParser,
     add_run_argument,
@@ -18,13 +16,12 @@ from posbench.commands.arguments import (
 )
 from posbench.commands.exits import fail
 from posbench.config import EvalPositions, eval_lengths
-from posbench.data import ALGORITHMIC_TASKS
 from posbench.encodings.rope import SCALING_METHODS
 from posbench.evaluate import evaluate_run, rope_scaling_overrides
 from posbench.reevaluate import record_eval
 from posbench.report.run_table import run_table, trained_at
 from posbench.runs import load_run_config
-from posbench.tensorboard_log import TrainedLengths
+from posbench.tensorboard_log import trained_lengths
 from posbench.threads import AUTO, use_threads
 
 
@@ -103,14 +100,6 @@ def eval_parser() -> argparse.ArgumentParser:
         "kept side by side",
     )
     return parser
-
-
-def trained_lengths(cfg: DictConfig) -> TrainedLengths:
-    """Where the run of ``cfg`` trained: its problem lengths for an algorithmic task, else its
-    sequence length."""
-    if cfg.data.source not in ALGORITHMIC_TASKS:
-        return TrainedLengths.tokens(cfg.train.seq_len)
-    return TrainedLengths(*cfg.data.train_lengths, problem_lengths=True)
 
 
 def run_eval(args: Sequence[str]) -> None:

@@ -66,12 +66,12 @@ def train_job(cfg: DictConfig) -> float | None:
         stop_interrupted(err, f"; {resume_hint}" if saved else "")
     except (PosbenchError, OSError) as err:  # OSError: the file system (full, not writable)
         remove_if_worthless(run_dir)
-        if HydraConfig.get().mode != RunMode.MULTIRUN:
+        hydra_config = HydraConfig.get()
+        if hydra_config.mode != RunMode.MULTIRUN:
             report(err)
         # The other jobs still run; the sweep's summary names each failed job and exits 2.
         if debugging():
             traceback.print_exception(err)
-        hydra_config = HydraConfig.get()
         error = str(err) or type(err).__name__
         log.error(f"job {hydra_config.job.num} failed: {error}")
         if distributed.is_main():

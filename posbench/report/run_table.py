@@ -6,18 +6,19 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from posbench.runs import eval_protocol, protocol_text, scaling_name, training_length_ppl
+from posbench.tensorboard_log import trained_lengths
 
 
 def trained_at(cfg: DictConfig) -> str:
     """What a run trained at, in the words its tables use: "128" (tokens), or an algorithmic
     task's "problem lengths 1-40"."""
-    lengths = OmegaConf.select(cfg, "data.train_lengths")
-    if lengths is None:
-        return str(cfg.train.seq_len)
-    return f"problem lengths {lengths[0]}–{lengths[1]}"
+    trained = trained_lengths(cfg)
+    if not trained.problem_lengths:
+        return str(trained.hi)
+    return f"problem lengths {trained.lo}–{trained.hi}"
 
 
 def run_table(
@@ -28,10 +29,10 @@ def run_table(
     """The table ``posbench train`` and ``posbench eval`` print of ``records`` (of the run
     configured by ``cfg``, whose results.json holds ``results``): ``eval_table``, or for an
     algorithmic task ``problem_length_table``."""
-    lengths = OmegaConf.select(cfg, "data.train_lengths")
-    if lengths is None:
-        return eval_table(records, cfg.train.seq_len, references=results["eval"])
-    return problem_length_table(records, lengths[1], results)
+    trained = trained_lengths(cfg)
+    if not trained.problem_lengths:
+        return eval_table(records, trained.hi, references=results["eval"])
+    return problem_length_table(records, trained.hi, results)
 
 
 def problem_length_table(
