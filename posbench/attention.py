@@ -98,14 +98,17 @@ FLEX_ATTENTION_DEVICES = frozenset({"cuda"})
 # the blocks beyond it are computed in each layer: memory stays bounded.
 SHARED_BIAS_ELEMENTS = 2**24
 # A bias of the key alone (key_bias: FoX) takes SDPA's fused causal kernel up to this many
-# tokens, taken relative to the middle key: its values then span at most T/2 tokens' worth of
-# it (FoX: T/2 log-gates, |log f| = 0.69 at f = 1/2: 710 at 2,048 tokens, which float32 rounds
-# by 3e-5). Longer sequences take blocks of queries, each relative to its own reference.
+# tokens, taken relative to the first key's, the one key every query sees (a later reference
+# would let a query's rounding depend on the tokens after it): its values then span T tokens'
+# worth of it (FoX: T log-gates, |log f| = 0.69 at f = 1/2: 1,420 at 2,048 tokens, which
+# float32 rounds by 6e-5; measured against float64 at 2,048 tokens, the initial gates: outputs
+# within 1.6e-4 over three draws, tests/test_fox.py). Longer sequences take blocks of
+# queries, each relative to its own reference.
 KEY_BIAS_LENGTH = 2048
 # Queries per block of blocked_key_bias_attention: a block's logits are float32 values of the
-# bias relative to its middle query, up to KEY_BIAS_BLOCK / 2 tokens' worth (FoX, gates near
-# 1/2: 44 at 128), whose rounding stays in the output. Measured at 16,384 tokens against
-# float64 (tests/test_fox.py): 1.3e-5 with blocks of 128, 5.4e-5 with 256, 2.0e-4 with 2,048.
+# bias relative to its first query, up to KEY_BIAS_BLOCK tokens' worth (FoX, gates near 1/2:
+# 88 at 128), whose rounding stays in the output. Measured at 16,384 tokens against float64
+# (tests/test_fox.py): 9.5e-6 with blocks of 128, 1.3e-5 with 256.
 KEY_BIAS_BLOCK = 128
 # The device types whose fused SDPA kernel returns the log-sum-exps of its rows
 # (torch.ops.aten._scaled_dot_product_flash_attention_for_cpu), so that attention can be merged
@@ -239,10 +242,10 @@ def key_bias_attention(
     through k's). v gets a dimension of zeros too: SDPA's fused CPU kernel takes v only at q's
     width (measured at 2,048 tokens: 15 ms at hs + 1 against 190 ms on the unfused path a
     narrower v takes). Computed in float32 (float64 for float64 inputs), b taken relative to the
-    middle key's first (KEY_BIAS_LENGTH says how precise that is)."""
-    T, hs = q.shape[2:]
+    first key's (KEY_BIAS_LENGTH says why, and how precise that is)."""
+    hs = q.shape[-1]
     with torch.autocast(q.device.type, enabled=False):  # autocast would round q', k' down
-        relative = key_bias - key_bias[..., T // 2, None]  # (B, H, T)
+        relative = key_bias - key_bias[..., :1]  # (B, H, T)
         queries, keys, values = with_key_bias_dimension(q, k, v, relative)  # (B, H, T, hs + 1)
         y = F.scaled_dot_product_attention(
             queries, keys, values, dropout_p=dropout, is_causal=True, scale=1 / math.sqrt(hs)
@@ -273,11 +276,12 @@ def blocked_key_bias_attention(
 
     One reference key for the whole sequence leaves b's far values too large for float32 (FoX at
     16,384 tokens: 11,000, rounded by 1e-3). Here each block of KEY_BIAS_BLOCK queries [s, e)
-    takes b relative to its middle query's: small for the keys near the block, which carry its
-    weight, and the far keys' weights underflow to 0 as they should. The block is two calls of
-    SDPA's fused CPU kernel, with b as one more q/k dimension (key_bias_attention): over the keys
-    before it (no mask) and over its diagonal square (causal), merged by their log-sum-exps.
-    No (T, T) tensor is written, nor a mask of the block.
+    takes b relative to its first query's (a key every query of the block sees): small for the
+    keys near the block, which carry its weight, and the far keys' weights underflow to 0 as
+    they should. The block is two calls of SDPA's fused CPU kernel, with b as one more q/k
+    dimension (key_bias_attention): over the keys before it (no mask) and over its diagonal
+    square (causal), merged by their log-sum-exps. No (T, T) tensor is written, nor a mask of
+    the block.
 
     The keys are in reverse order, so that the kernel reads a block's past keys nearest first:
     farthest first, each later chunk of keys raises the kernel's running maximum, and its sums
@@ -296,7 +300,7 @@ def blocked_key_bias_attention(
         outputs = []
         for start in reversed(range(0, T, KEY_BIAS_BLOCK)):
             end = min(start + KEY_BIAS_BLOCK, T)
-            reference = key_bias[..., (start + end) // 2, None]  # (B, H, 1)
+            reference = key_bias[..., start, None]  # (B, H, 1): the first query's key
             keys[:, :, T - end :, hs] = reversed_bias[..., T - end :] - reference
             block = queries[:, :, start:end]  # (B, H, n, hs + 1)
             # The diagonal square back in key order, for the causal mask: (B, H, n, hs + 1).
