@@ -20,7 +20,7 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 
 from posbench.data import ALGORITHMIC_TASKS, DATA_SCHEMAS, TASKS, load_data
 from posbench.distributed import check_divisible, world_size
-from posbench.encodings import ENCODINGS
+from posbench.encodings import ENCODINGS, build_encoding
 from posbench.errors import PosbenchError
 from posbench.threads import AUTO, is_threads_setting
 
@@ -250,6 +250,7 @@ def validate(cfg: DictConfig) -> None:
             f"train.random_positions ({positions}) must be >= train.seq_len "
             f"({cfg.train.seq_len}): each sequence takes seq_len distinct positions from it"
         )
+    check_trained_positions(cfg)
     if choice(cfg.eval.positions) == "random" and positions is None:
         raise PosbenchError(
             "eval.positions=random draws from [0, train.random_positions): set "
@@ -274,6 +275,24 @@ def validate(cfg: DictConfig) -> None:
         raise PosbenchError(
             f"eval.stride ({cfg.eval.stride}) must not exceed the shortest eval length "
             f"({min(lengths)})"
+        )
+
+
+def check_trained_positions(cfg: DictConfig) -> None:
+    """That the encoding represents every position training reaches (below
+    train.random_positions, else train.seq_len): a learned table's rows and xPos's decay
+    bound them. Checked before the data is built, not at the first step."""
+    if cfg.model.d_model % cfg.model.n_head:
+        return  # the model's own error says so when it is built
+    with torch.device("meta"):  # the encoding's options and bound, no table allocated
+        encoding = build_encoding(cfg.encoding, cfg.model.d_model, cfg.model.n_head)
+    reached = cfg.train.random_positions or cfg.train.seq_len
+    if encoding.max_length is not None and reached > encoding.max_length:
+        key = "train.random_positions" if cfg.train.random_positions else "train.seq_len"
+        raise PosbenchError(
+            f"{key}={reached} trains at positions past the {encoding.max_length} this "
+            f"{cfg.encoding.name} model represents; "
+            f"{encoding.beyond_max_length_remedy(reached)}, or lower {key}"
         )
 
 

@@ -111,6 +111,29 @@ def test_fewer_random_positions_than_the_training_length_is_a_one_line_error():
     assert "\n" not in str(info.value)
 
 
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        # xPos's decay leaves float32 past 69,478 positions (gamma 512).
+        (["encoding=xpos", "train.random_positions=100000"], "scale_base>=737"),
+        (["encoding=learned", "encoding.max_length=1024", "train.random_positions=4096"], "4096"),
+        (["encoding=learned", "encoding.max_length=64"], "max_length>=128"),  # seq_len 128
+    ],
+)
+def test_training_past_the_positions_an_encoding_represents_is_refused_before_it_starts(
+    overrides, message
+):
+    with pytest.raises(PosbenchError, match=message) as info:
+        validate(compose_config(overrides))
+    assert "\n" not in str(info.value)
+    assert "trains at positions past the" in str(info.value)
+
+
+@pytest.mark.parametrize("name", encoding_names())
+def test_every_encodings_default_trains_within_the_positions_it_represents(name):
+    validate(compose_config([f"encoding={name}", "train.random_positions=4096"]))
+
+
 RANDOM = [*SHORT, "encoding=learned", "train.random_positions=64", "eval.lengths=[16,64]"]
 
 
