@@ -58,6 +58,9 @@ SLOWDOWN = 1.5
 # Consecutive checks that must agree before the count changes without a slowdown to show for it
 # (more threads on free cores; fewer on a machine oversubscribed since the count was taken).
 AGREEING_CHECKS = 2
+# Against flapping (a load that comes and goes every few seconds): a rise undone by the next
+# change, a drop, doubles the checks the next rise waits for, up to this many (about a minute).
+MAX_RISE_CHECKS = 32
 
 
 @dataclass(frozen=True)
@@ -241,7 +244,9 @@ class ThreadController:
       available count at once; with no such window to compare with (oversubscribed since the
       count was taken), after ``AGREEING_CHECKS`` oversubscribed checks in a row;
     - more threads available than it runs, and fewer than its share: raise to them after
-      ``AGREEING_CHECKS`` such checks in a row.
+      ``AGREEING_CHECKS`` such checks in a row; each rise that the next change undoes doubles
+      that wait (up to ``MAX_RISE_CHECKS``), so a load that comes and goes makes a few changes,
+      not one every few seconds.
 
     ``apply`` sets a new count (torch.set_num_threads, the registry entry).
     """
@@ -258,6 +263,8 @@ class ThreadController:
         self.quiet_step: dict[int, float] = {}  # threads -> median step when not oversubscribed
         self.oversubscribed_checks = 0
         self.roomy_checks = 0
+        self.rise_checks = AGREEING_CHECKS  # roomy checks in a row before a rise
+        self.last_change_rose = False
 
     def after_step(self, step: int, seconds: float) -> None:
         """Record the step that made ``step`` steps done, and check when a window is full."""
@@ -281,12 +288,16 @@ class ThreadController:
         self.oversubscribed_checks = 0
         self.quiet_step[self.threads] = median
         self.roomy_checks = self.roomy_checks + 1 if available > self.threads else 0
-        if self.roomy_checks >= AGREEING_CHECKS:
-            self.change(step, available, f"cores free for {AGREEING_CHECKS} checks")
+        if self.roomy_checks >= self.rise_checks:
+            self.change(step, available, f"cores free for {self.roomy_checks} checks")
 
     def change(self, step: int, threads: int, reason: str) -> None:
         why = f"{reason}, {threads} thread(s) free"
         log.info("threads %d -> %d at step %d: %s", self.threads, threads, step, why)
+        rising = threads > self.threads
+        if not rising and self.last_change_rose:  # the last rise was too soon: wait longer
+            self.rise_checks = min(2 * self.rise_checks, MAX_RISE_CHECKS)
+        self.last_change_rose = rising
         self.apply(threads)
         self.changes.append(ThreadChange(step, threads, why))
         self.threads = threads

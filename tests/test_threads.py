@@ -23,6 +23,7 @@ from posbench.threads import (
     CHECK_MIN_STEPS,
     CHECK_SECONDS,
     JOBLIB_LAUNCHER,
+    MAX_RISE_CHECKS,
     SLOWDOWN,
     ThreadChange,
     ThreadController,
@@ -342,6 +343,28 @@ def test_a_drop_then_a_rise_are_both_recorded_in_order():
     run.windows(STEP, 2 * STEP, 2 * STEP, 2 * STEP)
     assert run.applied == [1, 2]
     assert [c.threads for c in run.controller.changes] == [1, 2]
+
+
+def test_a_rise_that_a_drop_undoes_doubles_the_wait_for_the_next_rise():
+    run = Run(1, Script(2, 2, 2, 1, 2, 2, 2, 2, 1, *[2] * 8))
+    run.windows(STEP, STEP, STEP, 2 * STEP)  # up after 2 roomy checks, down 2 checks later
+    assert run.applied == [2, 1]
+    run.windows(STEP, STEP)
+    assert run.applied == [2, 1]  # 2 roomy checks no longer raise it
+    run.windows(STEP, STEP)
+    assert run.applied == [2, 1, 2]
+    assert run.controller.changes[-1].why == "cores free for 4 checks, 2 thread(s) free"
+    run.windows(2 * STEP, *[STEP] * 8)  # undone again: the next rise waits 8 checks
+    assert run.applied == [2, 1, 2, 1, 2]
+    assert run.controller.changes[-1].why.startswith("cores free for 8 checks")
+
+
+def test_the_wait_for_a_rise_stops_doubling_at_its_cap():
+    controller = ThreadController(1, Script(2), lambda threads: None)
+    for step in range(1, 20, 2):  # ten rises, each undone
+        controller.change(step, 2, "cores free")
+        controller.change(step + 1, 1, "steps 2.0x slower")
+    assert controller.rise_checks == MAX_RISE_CHECKS
 
 
 def test_the_machine_is_read_once_per_check_not_per_step():
