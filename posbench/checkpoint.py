@@ -41,6 +41,9 @@ class TrainProgress:
     train_time: float = 0.0
     compile_time: float = 0.0  # torch.compile's warm-up (train.compile), apart from train_time
     val_loss: float | None = None  # the latest periodic validation
+    # threads=auto's changes of thread count (posbench.threads.ThreadChange as dicts), those
+    # before a resume included
+    thread_changes: list[dict[str, Any]] = field(default_factory=list)
 
 
 def save_checkpoint(

@@ -287,6 +287,7 @@ def train_summary(progress: TrainProgress) -> dict[str, Any]:
         "tokens_per_s": progress.tokens_seen / progress.train_time,
         "wall_s": progress.train_time,
         "compile_s": progress.compile_time,
+        "thread_changes": progress.thread_changes,
     }
 
 

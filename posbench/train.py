@@ -253,7 +253,8 @@ def train_steps(
 ) -> dict[str, Any]:
     """The optimisation loop, from ``progress`` (a fresh start's, or a checkpoint's) to the last
     step; returns the training summary (results.json's ``train``), with the thread count's
-    changes made by ``threads`` (an ``auto`` count's controller), if any.
+    changes made by ``threads`` (an ``auto`` count's controller), those before a resume
+    included.
 
     Checkpoints when ``checkpointer`` says it is due, and at the step where the ranks agree on
     a stop signal (then raises TrainingInterrupted, once rank 0's checkpoint is on disk);
@@ -299,7 +300,9 @@ def train_steps(
             progress.tokens_seen += tcfg.batch_size * tcfg.seq_len
             progress.step = step + 1
             if threads is not None:
+                known = len(threads.changes)
                 threads.after_step(progress.step, seconds)
+                progress.thread_changes += map(asdict, threads.changes[known:])
             # The window final_loss averages: the last log_every losses.
             progress.recent_losses = [*progress.recent_losses, loss_value][-tcfg.log_every :]
             if progress.step % tcfg.log_every == 0 or progress.step == tcfg.steps:
@@ -321,8 +324,7 @@ def train_steps(
     bar.close()
     if stopping is not None:
         raise TrainingInterrupted(stopping, progress.step, checkpointer.run_dir)
-    changes = [asdict(change) for change in threads.changes] if threads is not None else []
-    return {**train_summary(progress), "thread_changes": changes}
+    return train_summary(progress)
 
 
 def seed_dropout(seed: int, step: int) -> None:

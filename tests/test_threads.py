@@ -2,6 +2,7 @@
 sets is kept; the count is applied, logged and recorded."""
 
 import importlib
+import itertools
 import json
 import logging
 import os
@@ -15,6 +16,7 @@ from fake_machine import FakeMachine
 import posbench.threads
 from posbench.config import compose_config, validate
 from posbench.cpu_load import CpuLoad
+from posbench.data import Corpus
 from posbench.errors import PosbenchError
 from posbench.job_registry import Job
 from posbench.resume import check_resumable
@@ -405,6 +407,31 @@ def test_training_records_the_controllers_changes(tiny, tmp_path, monkeypatch):
     results = train(compose_config([*tiny, "threads=auto", "eval.lengths=[16]"]), tmp_path)
     changes = results["train"]["thread_changes"]
     assert changes == [{"step": 2 * CHECK_MIN_STEPS, "threads": 1, "why": changes[0]["why"]}]
+
+
+def test_a_resumed_run_records_the_changes_made_before_it_stopped(tiny, tmp_path, monkeypatch):
+    @contextmanager
+    def scripted(threads):  # each part drops 2 -> 1 after two checks (10 steps)
+        yield ThreadController(2, Script(1), torch.set_num_threads)
+
+    monkeypatch.setattr(train_module, "registered_threads", scripted)
+    monkeypatch.setattr(posbench.threads, "CHECK_SECONDS", 0.0)
+    overrides = [*tiny, "threads=auto", "eval.lengths=[16]", "train.steps=16"]
+    overrides += ["train.checkpoint_every=12"]
+    draws, train_batch = itertools.count(1), Corpus.train_batch
+
+    def crashing_at_the_14th_batch(self, *args):
+        if next(draws) == 14:
+            raise RuntimeError("simulated crash")
+        return train_batch(self, *args)
+
+    monkeypatch.setattr(Corpus, "train_batch", crashing_at_the_14th_batch)
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        train(compose_config(overrides), tmp_path)
+    monkeypatch.setattr(Corpus, "train_batch", train_batch)
+    results = train(compose_config([*overrides, "train.resume=true"]), tmp_path)
+    # The change at step 10 is in the step-12 checkpoint; the resumed part, 4 steps, made none.
+    assert [c["step"] for c in results["train"]["thread_changes"]] == [2 * CHECK_MIN_STEPS]
 
 
 def test_a_run_with_a_count_the_user_set_records_no_changes(tiny, tmp_path):
