@@ -1,13 +1,20 @@
 """The posbench jobs running on this machine, so that jobs started by hand count each other.
 
-One JSON file per job, ``<pid>.json`` in ``jobs/`` under the cache root (posbench/cache_root.py:
-``$POSBENCH_CACHE``, else ``~/.cache/posbench``, one per user; a run's ``data.cache_dir`` moves
-its corpora, not its entry), written
+One JSON file per job, ``<pid>.json`` in ``jobs/<namespace>/`` under the cache root
+(posbench/cache_root.py: ``$POSBENCH_CACHE``, else ``~/.cache/posbench``, one per user; a run's
+``data.cache_dir`` moves its corpora, not its entry), written
 atomically when a training run sets its threads and again when it changes them, removed when
 it ends. A job killed outright (SIGKILL, a power cut) leaves its file behind: readers drop an
 entry whose process is gone, or whose pid now belongs to another process (the start time in
 ``/proc/<pid>/stat`` differs from the one recorded). The registry is advice, never a reason
 to fail: a registry that cannot be written or read lists no jobs.
+
+A pid means something only on its machine and in its pid namespace, and a cache root may be
+shared beyond them (a home directory on NFS across a cluster's nodes, containers mounting one
+cache). So each namespace (``pid_namespace``: the boot id and the pid namespace's inode) has
+its own directory, and a job reads and cleans only its own: the jobs of another node are not
+on its cores, and those of another container on the same machine are in the busy cores it
+measures (posbench/cpu_load.py), not in its registry.
 """
 
 from __future__ import annotations
@@ -49,6 +56,21 @@ def default_directory() -> Path:
     return cache_root(None) / "jobs"
 
 
+def pid_namespace(proc: Path = PROC) -> str:
+    """Which machine and pid namespace this process's pids belong to, as ``<boot id>-<pid
+    namespace inode>``; ``local`` where ``proc`` tells neither (no /proc)."""
+    try:
+        boot = (proc / "sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        boot = ""
+    try:
+        link = os.readlink(proc / "self/ns/pid")  # "pid:[4026531836]"
+        inode = link[link.index("[") + 1 : link.index("]")]
+    except (OSError, ValueError):
+        inode = ""
+    return f"{boot}-{inode}" if boot or inode else "local"
+
+
 def process_start_ticks(pid: int, proc: Path = PROC) -> int | None:
     """When process ``pid`` started, in clock ticks after boot; None if there is none."""
     try:
@@ -59,10 +81,12 @@ def process_start_ticks(pid: int, proc: Path = PROC) -> int | None:
 
 
 class JobRegistry:
-    """The registry in ``directory``, telling live processes from dead ones through ``proc``."""
+    """The registry in ``directory`` (default: ``jobs/`` under the cache root), of the jobs in
+    the pid namespace that ``proc`` shows, telling live processes from dead ones through it."""
 
     def __init__(self, directory: Path | None = None, proc: Path = PROC) -> None:
-        self.directory = default_directory() if directory is None else directory
+        root = default_directory() if directory is None else directory
+        self.directory = root / pid_namespace(proc)
         self.proc = proc
 
     def path(self, pid: int) -> Path:

@@ -2,11 +2,19 @@
 when read, and never a reason for a run to fail."""
 
 import os
+from pathlib import Path
 
 import pytest
 from fake_machine import THIS_START, FakeMachine
 
-from posbench.job_registry import Job, JobRegistry, process_start_ticks, registered, this_job
+from posbench.job_registry import (
+    Job,
+    JobRegistry,
+    pid_namespace,
+    process_start_ticks,
+    registered,
+    this_job,
+)
 
 
 @pytest.fixture
@@ -69,9 +77,9 @@ def test_the_entry_of_a_pid_reused_by_another_process_is_dropped(fake, registry)
 
 def test_a_file_that_does_not_parse_is_skipped_and_kept(fake, registry):
     fake.run_job(4242, threads=2)
-    (fake.registry_directory / "4243.json").write_text("{not json")
+    registry.path(4243).write_text("{not json")
     assert [j.pid for j in registry.jobs()] == [4242]
-    assert (fake.registry_directory / "4243.json").exists()
+    assert registry.path(4243).exists()
 
 
 def test_a_missing_or_unreadable_registry_lists_no_jobs(tmp_path):
@@ -103,3 +111,37 @@ def test_the_start_time_is_read_from_the_real_proc_where_there_is_one():
     if not os.path.exists("/proc/self/stat"):
         pytest.skip("no /proc")
     assert process_start_ticks(os.getpid()) > 0
+
+
+def in_namespace(proc, boot_id: str, inode: int) -> None:
+    """Give the fake ``proc`` a boot id and a pid namespace."""
+    (proc / "sys/kernel/random").mkdir(parents=True, exist_ok=True)
+    (proc / "sys/kernel/random/boot_id").write_text(boot_id + "\n")
+    (proc / "self").mkdir(exist_ok=True)
+    (proc / "self/ns").mkdir(exist_ok=True)
+    (proc / "self/ns/pid").unlink(missing_ok=True)
+    os.symlink(f"pid:[{inode}]", proc / "self/ns/pid")
+
+
+def test_jobs_of_another_machine_or_pid_namespace_sharing_the_cache_are_neither_counted_nor_removed(
+    fake, tmp_path
+):
+    proc, directory = fake.root / "proc", fake.registry_directory
+    in_namespace(proc, "node-b", 4026531836)
+    node_b = JobRegistry(directory, proc)
+    fake.start_process(4242, 7000)
+    node_b.write(Job(4242, 2, 7000, 0.0, 4242, (0, 1)))
+    assert [j.pid for j in node_b.jobs()] == [4242]
+    fake.end_process(4242)  # no process 4242 where the others look: not a reason to remove it
+    for boot_id, inode in (("node-a", 4026531836), ("node-b", 4026532000)):  # node, container
+        in_namespace(proc, boot_id, inode)
+        assert JobRegistry(directory, proc).jobs() == []
+    assert node_b.path(4242).exists()
+
+
+def test_the_namespace_of_the_real_proc_is_its_boot_id_and_pid_namespace():
+    if not os.path.exists("/proc/self/ns/pid"):
+        pytest.skip("no /proc")
+    boot_id = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    assert pid_namespace() == f"{boot_id}-{os.stat('/proc/self/ns/pid').st_ino}"
+    assert pid_namespace(Path("/nonexistent")) == "local"
