@@ -287,7 +287,7 @@ def train_steps(
         for step in bar:
             started = time.perf_counter()
             seed_dropout(settings.seed, step)
-            share = train_step(stepper, optimizer, data, sampler, step, tcfg, precision)
+            share, positions = train_step(stepper, optimizer, data, sampler, step, tcfg, precision)
             # The global batch's mean loss, and whether any rank was asked to stop: every rank
             # decides alike, so none waits at a step the others never take. A signal arriving
             # after this agreement (during validation or the checkpoint) counts at the next step.
@@ -297,7 +297,7 @@ def train_steps(
                 raise divergence(step + 1, loss_value, progress, checkpointer, tcfg)
             seconds = time.perf_counter() - started
             progress.train_time += seconds
-            progress.tokens_seen += tcfg.batch_size * tcfg.seq_len
+            progress.tokens_seen += positions
             progress.step = step + 1
             if threads is not None:
                 known = len(threads.changes)
@@ -373,10 +373,12 @@ def train_step(
     step: int,
     cfg: DictConfig,
     precision: str = "fp32",
-) -> float:
+) -> tuple[float, int]:
     """One optimisation step at ``lr_at(step)`` in ``precision`` on a global batch of
     ``train.batch_size`` drawn from ``sampler``; returns this rank's share of the batch's mean
-    loss (a task's: on its answer bytes only), which summed over the ranks is that mean.
+    loss (a task's: on its answer bytes only), which summed over the ranks is that mean, and
+    the input positions of the global batch (the tokens tokens/s counts: batch_size x seq_len
+    for a corpus; for a task, as wide as its longest problem, padding included).
     ``model`` is the Transformer, its compiled wrapper (compile_for_training) or either
     wrapped for data parallelism (distributed.data_parallel)."""
     device = next(model.parameters()).device
@@ -412,7 +414,7 @@ def train_step(
     if cfg.grad_clip > 0:
         torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
     optimizer.step()
-    return loss_sum / scored
+    return loss_sum / scored, x.numel()
 
 
 def fused_adamw(devices: Iterable[torch.device]) -> bool:

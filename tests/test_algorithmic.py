@@ -24,9 +24,10 @@ from posbench.data.algorithmic.polynomial_evaluation import value_modulo
 from posbench.data.algorithmic.solve_equation import first_digit_from
 from posbench.data.algorithmic.stack_manipulation import final_stack
 from posbench.errors import PosbenchError
+from posbench.model import build_model
 from posbench.runs import with_length_generalization
 from posbench.tensorboard_log import headline_metrics
-from posbench.train import train
+from posbench.train import make_optimizer, train, train_step
 from tests.conftest import TINY_RUN, posbench
 
 
@@ -511,6 +512,21 @@ def test_training_batches_mix_problem_lengths_padded_to_the_longest_and_score_an
     for row, size in enumerate(sizes):
         scored = (targets[row] != IGNORE).nonzero().flatten().tolist()
         assert scored == list(range(size, 2 * size))  # the answer bytes, none of the padding
+
+
+def test_tokens_per_second_counts_the_positions_of_the_batch_not_of_train_seq_len():
+    """A task's batch is as wide as its longest problem: tokens/s counts those positions (the
+    ones the model computed), not train.seq_len's, which would overstate it."""
+    cfg = compose_config([*TINY_TASK_RUN, "data=reverse_string", "data.train_lengths=[1,10]"])
+    cfg.train.seq_len = 64
+    torch.manual_seed(0)
+    model = build_model(cfg.model, cfg.encoding)
+    task = load_data(cfg.data)
+    inputs, _ = task.train_batch(cfg.train.batch_size, 64, torch.Generator().manual_seed(0), 0)
+    optimizer = make_optimizer(model, cfg.train)
+    sampler = torch.Generator().manual_seed(0)
+    _, positions = train_step(model, optimizer, task, sampler, 0, cfg.train)
+    assert positions == inputs.numel() < cfg.train.batch_size * 64
 
 
 def test_training_batches_follow_the_sampler_state_so_a_resumed_run_continues_them():

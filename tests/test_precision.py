@@ -135,7 +135,7 @@ def test_a_bf16_training_step_computes_the_fp32_loss_and_gradients_within_bf16_a
         model = build_model(cfg.model, cfg.encoding)
         optimizer = torch.optim.SGD(model.parameters(), lr=0.0)  # keeps the gradients
         sampler = torch.Generator().manual_seed(0)
-        loss = train_step(model, optimizer, corpus, sampler, 0, cfg.train, precision)
+        loss, _ = train_step(model, optimizer, corpus, sampler, 0, cfg.train, precision)
         grads = torch.cat([p.grad.flatten() for p in model.parameters()])
         outcomes[precision] = loss, grads
     (loss32, grads32), (loss16, grads16) = outcomes["fp32"], outcomes["bf16"]
