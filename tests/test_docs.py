@@ -47,6 +47,11 @@ TRAIN_OVERRIDES = [
 # (pattern, replacement, why): applied, in order, to each bash block before it runs.
 SUBSTITUTIONS = [
     (
+        r"outputs/multirun/<date>/<time1> outputs/multirun/<date>/<time2>",
+        "$(newest outputs/multirun/*/*/) outputs/multirun",
+        "two sweeps' directories: the newest and the folder of all (its runs counted once)",
+    ),
+    (
         r"outputs/multirun/<date>/<time>/",
         "$(newest outputs/multirun/*/*/)",
         "a sweep directory: the newest one",

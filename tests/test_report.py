@@ -412,6 +412,24 @@ def test_rerunning_the_report_ignores_its_own_output(tmp_path):
     assert not [p for p in (tmp_path / "report").iterdir() if p.name.startswith(".")]
 
 
+def test_several_directories_are_read_as_one_sweep(tmp_path):
+    """The second sweep of +experiment=algorithmic (randomized positions) lands in a directory
+    of its own: both DIRs together give one table, each run once even where DIRs overlap."""
+    make_run(tmp_path / "sweeps" / "a" / "s0", seed=0, ppls={16: 4.0})
+    make_run(tmp_path / "sweeps" / "b" / "s1", seed=1, ppls={16: 6.0})
+    out = tmp_path / "out"
+    result = posbench(
+        "report", "sweeps/a", "sweeps/b", "sweeps/b/s1", "--out", str(out), cwd=tmp_path
+    )
+    assert result.stdout.startswith("# posbench report: sweeps/a, sweeps/b, sweeps/b/s1\n")
+    content = json.loads((out / "report.json").read_text())
+    assert content["dirs"] == ["sweeps/a", "sweeps/b", "sweeps/b/s1"]
+    assert content["root"] == str(tmp_path / "sweeps")
+    (group,) = content["groups"]
+    assert group["rows"] == {"rope": ["a/s0", "b/s1"]}
+    assert report_cells(out)[("rope", 16)]["ppl_mean"] == 5.0
+
+
 def test_a_directory_without_finished_runs_is_a_one_line_error(tmp_path):
     (tmp_path / "job" / ".hydra").mkdir(parents=True)
     with pytest.raises(PosbenchError, match="no finished run") as err:

@@ -1,4 +1,4 @@
-"""``posbench report DIR [--out OUT]``: compare the runs of a sweep (posbench/report/)."""
+"""``posbench report DIR [DIR ...] [--out OUT]``: compare the runs of sweeps (posbench/report/)."""
 
 from __future__ import annotations
 
@@ -18,14 +18,20 @@ from posbench.report.tables import markdown
 def report_parser() -> argparse.ArgumentParser:
     parser = OneLineParser(
         prog="posbench report",
-        description="Compare the runs below DIR (a multirun directory or any folder of runs): "
+        description="Compare the runs below DIR (a multirun directory or any folder of runs; "
+        "several DIRs are read as one sweep, e.g. a sweep and one that added rows to it): "
         "mean ± std perplexity over seeds per encoding and length, as Markdown (printed), "
         "CSV, JSON, a PNG plot and TensorBoard runs. Unfinished and diverged runs are listed, "
         "not averaged.",
     )
-    parser.add_argument("dir", type=Path, metavar="DIR", help="searched recursively for runs")
     parser.add_argument(
-        "--out", type=Path, metavar="OUT", help="output directory (default: DIR/report)"
+        "dirs", type=Path, nargs="+", metavar="DIR", help="searched recursively for runs"
+    )
+    parser.add_argument(
+        "--out",
+        type=Path,
+        metavar="OUT",
+        help="output directory (default: DIR/report; required with several DIRs)",
     )
     parser.add_argument(
         "--metric",
@@ -46,11 +52,14 @@ def report_parser() -> argparse.ArgumentParser:
 
 
 def run_report(args: Sequence[str]) -> None:
-    options = report_parser().parse_args(list(args))
-    out = options.out if options.out is not None else options.dir / "report"
+    parser = report_parser()
+    options = parser.parse_args(list(args))
+    if options.out is None and len(options.dirs) > 1:
+        parser.error("with several DIRs, say where the report goes: --out OUT")
+    out = options.out if options.out is not None else options.dirs[0] / "report"
     reference = None if options.reference is None else load_reference(options.reference)
     metric = options.metric or (reference.metric if reference is not None else "ppl")
-    report = build_report(options.dir, out, metric, reference)
+    report = build_report(options.dirs, out, metric, reference)
     for warning in reference_warnings(report):
         say(f"warning: {warning}")
     written = write_report(report, out)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import statistics
 from collections import defaultdict
 from collections.abc import Sequence
@@ -150,7 +151,8 @@ class Group:
 
 @dataclass
 class Report:
-    root: Path
+    root: Path  # the directory its runs' paths are relative to: the one DIR, or the DIRs' parent
+    dirs: list[Path]  # the directories searched for runs (posbench report DIR [DIR ...])
     groups: list[Group]
     excluded: list[Excluded]
     metric: str = "ppl"  # what its cells' value and ratio are (METRICS)
@@ -433,9 +435,13 @@ def group_title(config: dict[str, Any]) -> str:
 
 
 def build_report(
-    root: Path, out: Path | None = None, metric: str = "ppl", reference: Reference | None = None
+    dirs: Path | Sequence[Path],
+    out: Path | None = None,
+    metric: str = "ppl",
+    reference: Reference | None = None,
 ) -> Report:
-    """Read every run below ``root`` and aggregate its ``metric`` (METRICS), each group beside
+    """Read every run below ``dirs`` (one directory or several: e.g. a sweep and the sweep
+    that added a row to it) and aggregate its ``metric`` (METRICS), each group beside
     ``reference``'s table of its training length if it has one; a one-line error if no run
     finished."""
     if metric not in METRICS:
@@ -445,15 +451,19 @@ def build_report(
             f"reference {reference.name}'s metric must be one of {', '.join(METRICS)} "
             f"(got {reference.metric!r})"
         )
-    root = Path(root)
-    if not root.is_dir():
-        raise PosbenchError(f"{root} is not a directory; pass a multirun or outputs directory")
-    runs, excluded = find_runs(root, skip=out)
+    dirs = [Path(dirs)] if isinstance(dirs, (str, os.PathLike)) else [Path(d) for d in dirs]
+    for directory in dirs:
+        if not directory.is_dir():
+            raise PosbenchError(
+                f"{directory} is not a directory; pass a multirun or outputs directory"
+            )
+    runs, excluded = find_runs(dirs, skip=out)
+    searched = ", ".join(str(d) for d in dirs)
     if not runs:
         found = f"{len(excluded)} unfinished" if excluded else "no"
         raise PosbenchError(
-            f"no finished run under {root} ({found} run directories); point at a directory "
-            "made by `posbench train` once a run has finished"
+            f"no finished run under {searched} ({found} run directories); point at a "
+            "directory made by `posbench train` once a run has finished"
         )
     by_setting: dict[tuple, list[Run]] = defaultdict(list)
     for run in runs:
@@ -474,4 +484,5 @@ def build_report(
         if reference is not None:
             group.reference = reference.table(group.train_seq_len)
         groups.append(group)
-    return Report(root, groups, excluded, metric, reference)
+    root = dirs[0] if len(dirs) == 1 else Path(os.path.commonpath([d.absolute() for d in dirs]))
+    return Report(root, dirs, groups, excluded, metric, reference)

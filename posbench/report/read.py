@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -33,20 +34,25 @@ class Excluded:
     reason: str
 
 
-def find_runs(root: Path, skip: Path | None = None) -> tuple[list[Run], list[Excluded]]:
-    """Every run directory below ``root`` (not descending into runs, hidden directories or
-    ``skip``), split into runs to report and runs excluded with the reason."""
-    runs, excluded = [], []
-    for directory, subdirs, files in os.walk(root):
-        path = Path(directory)
-        if skip is not None and path.resolve() == skip.resolve():
-            subdirs.clear()
-            continue
-        subdirs[:] = sorted(d for d in subdirs if not d.startswith("."))
-        if RESULTS_FILE in files or CONFIG_FILE in files or (path / ".hydra").is_dir():
-            subdirs.clear()
-            run = read_run(path)
-            (runs if isinstance(run, Run) else excluded).append(run)
+def find_runs(roots: Sequence[Path], skip: Path | None = None) -> tuple[list[Run], list[Excluded]]:
+    """Every run directory below each of ``roots`` (not descending into runs, hidden
+    directories or ``skip``; a run below two roots counted once), split into runs to report
+    and runs excluded with the reason."""
+    runs, excluded, seen = [], [], set()
+    for root in roots:
+        for directory, subdirs, files in os.walk(root):
+            path = Path(directory)
+            if skip is not None and path.resolve() == skip.resolve():
+                subdirs.clear()
+                continue
+            subdirs[:] = sorted(d for d in subdirs if not d.startswith("."))
+            if RESULTS_FILE in files or CONFIG_FILE in files or (path / ".hydra").is_dir():
+                subdirs.clear()
+                if path.resolve() in seen:
+                    continue
+                seen.add(path.resolve())
+                run = read_run(path)
+                (runs if isinstance(run, Run) else excluded).append(run)
     return runs, excluded
 
 

@@ -237,7 +237,7 @@ def paper_text(group: Group, row: Row, length: int, part: str, footnotes: dict[s
 def markdown(report: Report) -> str:
     n_runs = sum(len({p for row in g.rows for p in row.runs}) for g in report.groups)
     lines = [
-        f"# posbench report: {report.root}",
+        f"# posbench report: {', '.join(str(d) for d in report.dirs)}",
         "",
         f"{n_runs} runs. Cells: mean ± sample standard deviation (n − 1) over the runs (seeds) "
         "of a row; a single run shows its value alone, (n=k) marks a cell fewer runs "
@@ -277,6 +277,7 @@ def markdown(report: Report) -> str:
 
 
 def relative(path: Path, root: Path) -> str:
+    path, root = path.absolute(), root.absolute()
     return str(path.relative_to(root)) if path != root else "."
 
 
@@ -370,7 +371,8 @@ def csv_text(records: Sequence[dict[str, Any]]) -> str:
 
 def json_content(report: Report, records: Sequence[dict[str, Any]]) -> dict[str, Any]:
     return {
-        "root": str(report.root),
+        "root": str(report.root),  # the runs' and excluded paths below are relative to it
+        "dirs": [str(d) for d in report.dirs],
         "metric": report.metric,
         "std": "sample standard deviation (n - 1) over runs; null for a single run",
         "groups": [
