@@ -119,6 +119,34 @@ def test_partial_rotary_rotates_the_leading_dims_and_leaves_the_rest_untouched(l
     assert torch.equal(out[..., rotated:], x[..., rotated:])
 
 
+@pytest.mark.parametrize("layout", ["interleaved", "half"])
+@pytest.mark.parametrize("fraction", [1.0, 0.5])
+@pytest.mark.parametrize("per_sequence", [False, True])
+def test_head_slices_of_the_fused_projection_rotate_as_their_contiguous_copies(
+    layout, fraction, per_sequence
+):
+    """The model's q and k are (B, nh, T, hs) views of one (B, T, 3C) projection, (B, T, nh,
+    hs) in memory, which rope rotates in that memory order: the same values and gradients as
+    rotating a contiguous copy, for positions shared by the batch or one row per sequence."""
+    B, T, n_head = 2, 5, 4
+    projection = random(B, T, 3 * n_head * HEAD_DIM, seed=11).requires_grad_()
+    q = projection[..., : n_head * HEAD_DIM].view(B, T, n_head, HEAD_DIM).transpose(1, 2)
+    copy = q.detach().contiguous().requires_grad_()
+    positions = torch.tensor([[0, 1, 2, 3, 4], [7, 30, 31, 900, 901]])
+    positions = positions if per_sequence else positions[1]
+    encoding = rope(layout=layout, fraction=fraction)
+    out, expected = encoding.rotate(q, positions), encoding.rotate(copy, positions)
+    torch.testing.assert_close(out, expected, rtol=0, atol=1e-12)
+    if fraction == 1.0:  # kept the projection's order: no copy to (B, nh, T, hs) order
+        assert out.stride(1) < out.stride(2)
+    weights = random(*out.shape, seed=12)
+    (out * weights).sum().backward()
+    (expected * weights).sum().backward()
+    q_grad = projection.grad[..., : n_head * HEAD_DIM].view(B, T, n_head, HEAD_DIM)
+    torch.testing.assert_close(q_grad.transpose(1, 2), copy.grad, rtol=0, atol=1e-12)
+    assert projection.grad[..., n_head * HEAD_DIM :].eq(0).all()
+
+
 @pytest.mark.parametrize("fraction", [0.3, 0.125, 0.0, 1.5])
 def test_a_fraction_that_does_not_rotate_an_even_dim_count_is_a_one_line_error(fraction):
     with pytest.raises(PosbenchError, match=r"encoding\.fraction") as info:

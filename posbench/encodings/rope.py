@@ -320,13 +320,31 @@ def rotate_by(x: torch.Tensor, rotation: torch.Tensor, layout: str = "interleave
     One complex product is several times faster (forward and backward) than the four real
     products and the re-interleaving it replaces."""
     precise = x.double() if x.dtype == torch.float64 else x.float()  # no complex bf16/fp16
-    pairs = to_pairs(precise, layout)  # (..., T, d/2, 2)
+    # The head slices of the fused q/k/v projection, (B, nh, T, hs), are (B, T, nh, hs) in
+    # memory: rotated as (B, T, nh, hs), in their memory's order, the product's loops run over
+    # a position's heads together, and its gradient (which SDPA returns in that order) reaches
+    # view_as_real's backward contiguous. Rotated as (B, nh, T, hs), that backward copied the
+    # gradient into (B, nh, T, hs) order and the projection's view backward copied it back:
+    # two copies per q and per k, about as long as the product itself.
+    rotation = rotation.to(complex_dtype(x))
+    heads_inner = precise.dim() >= 3 and precise.stride(-3) < precise.stride(-2)
+    if heads_inner:
+        precise = precise.transpose(-3, -2)  # (..., T, nh, d)
+        if rotation.dim() == 2:
+            # Copied across the heads (T * nh * d/2 numbers), a position's heads and pairs run
+            # as one loop with the rotation's, not one head's d/2 pairs at a time.
+            heads = precise.shape[-2]
+            rotation = rotation.unsqueeze(-2).expand(-1, heads, -1).contiguous()  # (T, nh, d/2)
+        else:
+            rotation = rotation.transpose(-3, -2)  # (B, T, 1, d/2)
+    pairs = to_pairs(precise, layout)  # (..., d/2, 2)
     # A head's slice of the fused q/k/v projection views as complex as it is (interleaved
     # pairs are adjacent); copying it first cost a copy forward and one backward per call.
     if not viewable_as_complex(pairs):
         pairs = pairs.contiguous()
-    rotated = torch.view_as_real(torch.view_as_complex(pairs) * rotation.to(complex_dtype(x)))
-    return from_pairs(rotated, layout).type_as(x)  # (..., T, d)
+    rotated = torch.view_as_real(torch.view_as_complex(pairs) * rotation)
+    rotated = from_pairs(rotated, layout).type_as(x)
+    return rotated.transpose(-3, -2) if heads_inner else rotated  # (..., T, d)
 
 
 def viewable_as_complex(pairs: torch.Tensor) -> bool:
