@@ -698,7 +698,8 @@ def test_a_tiny_run_learns_one_digit_addition(tmp_path):
     """Kazemnejad et al.'s family: trained on operands of 1 and 2 digits, it adds two digits
     (chance 1/11 per answer byte). At 400 steps seeds 0, 1, 2 got exact sums 0.56 to 0.61 on
     one machine and 0.39 to 0.72 on a Zen 4 VM (2026-12-04: a run this short carries the
-    machines' rounding differences far); at 600 steps there: accuracy 0.92, 0.86, 0.90 and exact sums 0.81, 0.66, 0.75 at length 1."""
+    machines' rounding differences far); at 600 steps there: accuracy 0.92, 0.86, 0.90 and
+    exact sums 0.81, 0.66, 0.75 at length 1."""
     overrides = [
         *TINY_TASK_RUN,
         "data=addition",
