@@ -458,8 +458,8 @@ def build_report(
                 f"{directory} is not a directory; pass a multirun or outputs directory"
             )
     runs, excluded = find_runs(dirs, skip=out)
-    searched = ", ".join(str(d) for d in dirs)
     if not runs:
+        searched = ", ".join(str(d) for d in dirs)
         found = f"{len(excluded)} unfinished" if excluded else "no"
         raise PosbenchError(
             f"no finished run under {searched} ({found} run directories); point at a "

@@ -39,18 +39,20 @@ def find_runs(roots: Sequence[Path], skip: Path | None = None) -> tuple[list[Run
     directories or ``skip``; a run below two roots counted once), split into runs to report
     and runs excluded with the reason."""
     runs, excluded, seen = [], [], set()
+    skipped = None if skip is None else skip.resolve()
     for root in roots:
         for directory, subdirs, files in os.walk(root):
             path = Path(directory)
-            if skip is not None and path.resolve() == skip.resolve():
+            resolved = path.resolve()
+            if resolved == skipped:
                 subdirs.clear()
                 continue
             subdirs[:] = sorted(d for d in subdirs if not d.startswith("."))
             if RESULTS_FILE in files or CONFIG_FILE in files or (path / ".hydra").is_dir():
                 subdirs.clear()
-                if path.resolve() in seen:
+                if resolved in seen:
                     continue
-                seen.add(path.resolve())
+                seen.add(resolved)
                 run = read_run(path)
                 (runs if isinstance(run, Run) else excluded).append(run)
     return runs, excluded
