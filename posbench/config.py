@@ -292,7 +292,7 @@ def check_trained_positions(cfg: DictConfig) -> None:
         raise PosbenchError(
             f"{key}={reached} trains at positions past the {encoding.max_length} this "
             f"{cfg.encoding.name} model represents; "
-            f"{encoding.beyond_max_length_remedy(reached)}, or lower {key}"
+            f"{encoding.beyond_max_length_remedy(reached, trained=False)}, or lower {key}"
         )
 
 

@@ -127,6 +127,7 @@ def test_training_past_the_positions_an_encoding_represents_is_refused_before_it
         validate(compose_config(overrides))
     assert "\n" not in str(info.value)
     assert "trains at positions past the" in str(info.value)
+    assert "; set encoding." in str(info.value)  # nothing trained yet: nothing to retrain
 
 
 @pytest.mark.parametrize("name", encoding_names())

@@ -69,6 +69,12 @@ import torch
 from torch import nn
 
 
+def remedy_verb(trained: bool) -> str:
+    """How a remedy starts: a trained model must be trained again to change a setting, a run
+    not started yet only sets it."""
+    return "retrain with" if trained else "set"
+
+
 @dataclass
 class EncodingConfig:
     """Fields shared by every encoding's config; subclasses add their own parameters."""
@@ -110,9 +116,10 @@ class PositionalEncoding(nn.Module):
         """Longest sequence this encoding represents; ``None`` means unbounded."""
         return None
 
-    def beyond_max_length_remedy(self, length: int) -> str:
-        """What would let a model represent ``length`` > ``max_length`` positions (said when
-        evaluation reports the length unsupported)."""
+    def beyond_max_length_remedy(self, length: int, trained: bool = True) -> str:
+        """What would let a model represent ``length`` > ``max_length`` positions: said when
+        evaluation reports the length unsupported (``trained``: "retrain with ...") and when a
+        run's settings would train past them (not ``trained`` yet: "set ...")."""
         return f"evaluate at lengths <= {self.max_length}"
 
     def scaling_record(self, length: int) -> dict[str, Any]:

@@ -99,9 +99,9 @@ class HybridEncoding(PositionalEncoding):
         bounds = [m.max_length for m in self.members.values() if m.max_length is not None]
         return min(bounds, default=None)
 
-    def beyond_max_length_remedy(self, length: int) -> str:
+    def beyond_max_length_remedy(self, length: int, trained: bool = True) -> str:
         bounded = [m for m in self.members.values() if m.max_length is not None]
-        return min(bounded, key=lambda m: m.max_length).beyond_max_length_remedy(length)
+        return min(bounded, key=lambda m: m.max_length).beyond_max_length_remedy(length, trained)
 
     def scaling_record(self, length: int) -> dict[str, Any]:
         """The record of the first layer encoding that scales at ``length`` (RoPE's YaRN in

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from posbench.encodings.base import EncodingConfig, PositionalEncoding
+from posbench.encodings.base import EncodingConfig, PositionalEncoding, remedy_verb
 from posbench.encodings.registry import register
 from posbench.errors import PosbenchError
 
@@ -36,8 +36,8 @@ class LearnedPositionalEncoding(PositionalEncoding):
     def max_length(self) -> int:
         return self.config.max_length
 
-    def beyond_max_length_remedy(self, length: int) -> str:
-        return f"retrain with encoding.max_length>={length}"
+    def beyond_max_length_remedy(self, length: int, trained: bool = True) -> str:
+        return f"{remedy_verb(trained)} encoding.max_length>={length}"
 
     def embed(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         return x + self.table(positions)  # (T, C) broadcasts over the batch, or (B, T, C)

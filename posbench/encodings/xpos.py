@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
+from posbench.encodings.base import remedy_verb
 from posbench.encodings.registry import register
 from posbench.encodings.rope import (
     RopeConfig,
@@ -79,11 +80,11 @@ class XposEncoding(RotaryPositionalEncoding):
         """The longest span of positions whose factors stay within e^(+-MAX_LOG_FACTOR)."""
         return 2 * math.floor(MAX_LOG_FACTOR * self.config.scale_base / LOG_FASTEST_DECAY)
 
-    def beyond_max_length_remedy(self, length: int) -> str:
+    def beyond_max_length_remedy(self, length: int, trained: bool = True) -> str:
         needed = math.ceil(length / 2 * LOG_FASTEST_DECAY / MAX_LOG_FACTOR)
         return (
-            f"past them its decay zeta^(distance / scale_base) leaves float32's range; retrain "
-            f"with encoding.scale_base>={needed}"
+            f"past them its decay zeta^(distance / scale_base) leaves float32's range; "
+            f"{remedy_verb(trained)} encoding.scale_base>={needed}"
         )
 
     def queries_and_keys(
