@@ -375,17 +375,51 @@ def flex_attention_bias(
     attention = compiled_flex_attention() if fused else flex_attention
     # The mask is built eagerly (and cached) even when called from a compiled model.
     mask = torch.compiler.disable(causal_block_mask)(q.shape[2], q.device)
-    return attention(q, k, v, score_mod=add_bias, block_mask=mask)
+    options = HALF_PRECISION_KERNEL_OPTIONS if q.is_cuda and q.element_size() == 2 else None
+    return attention(q, k, v, score_mod=add_bias, block_mask=mask, kernel_options=options)
+
+
+# flex_attention's CUDA block sizes for bf16 and fp16 inputs (forward: BLOCK_M queries by BLOCK_N
+# keys; backward: BLOCK_M1 x BLOCK_N1 and BLOCK_M2 x BLOCK_N2). torch's default for heads of 64
+# on an H100/H200 (128 x 128, 3 stages) needs 245,760 bytes of shared memory with the score_mod
+# above, more than the chip's 232,448: the kernel failed to compile (torch 2.11, H200,
+# 2026-12-04, model=small). These blocks, 2 stages, fit every head size up to 128. Float32 keeps
+# torch's defaults, already sized for its 4-byte elements.
+HALF_PRECISION_KERNEL_OPTIONS = {
+    "BLOCK_M": 64,
+    "BLOCK_N": 64,
+    "BLOCK_M1": 32,
+    "BLOCK_N1": 64,
+    "BLOCK_M2": 64,
+    "BLOCK_N2": 32,
+    "num_stages": 2,
+    "num_warps": 4,
+}
+
+
+# How many kernels torch.compile may keep for flex_attention (dynamo's default is 8 per function,
+# past which it runs the function uncompiled). A run meets one shape per length, batch size,
+# dtype and grad mode: training, validation, and at each evaluation length its full batches and
+# its last one.
+FLEX_RECOMPILE_LIMIT = 128
 
 
 @functools.cache
 def compiled_flex_attention() -> Callable[..., torch.Tensor]:
     """flex_attention compiled once per process: uncompiled, it writes the whole (B, H, T, T)
     scores. torch.compile caches a kernel per score_mod code and input shapes, so every layer
-    and step reuses it."""
+    and step reuses it.
+
+    Static shapes (``dynamic=False``): a kernel per shape, never one for any length. The
+    dynamic-shape kernel that torch.compile builds once it has seen a second length failed to
+    compile on a CPU (torch 2.13) and did not finish compiling in 100 s on an H200 for float32
+    heads of 128 (torch 2.11, evaluating model=large at 2,512 tokens, 2026-12-04), where each
+    static one took seconds. Raises dynamo's recompile limit to FLEX_RECOMPILE_LIMIT."""
     from torch.nn.attention.flex_attention import flex_attention
 
-    return torch.compile(flex_attention)
+    config = torch._dynamo.config
+    config.recompile_limit = max(config.recompile_limit, FLEX_RECOMPILE_LIMIT)
+    return torch.compile(flex_attention, dynamic=False)
 
 
 def causal(

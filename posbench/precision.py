@@ -33,10 +33,11 @@ log = logging.getLogger(__name__)
 # - amx (Intel, AMX-BF16): the issue measured plain autocast at 0.85x fp32 at d128 and 1.70x at
 #   d256. Our bf16 attention removes the kernel that made autocast slow, but this has not been
 #   measured on AMX yet, so tiny stays fp32 there (the default run must never get slower).
-# - cuda (bf16-capable GPUs): every width, so that device=cuda trains in bf16 (issue 10): it is
-#   what their tensor cores are built for, and it halves the bytes every kernel moves. Not
-#   measured yet: benchmarks/gpu_check.sh times the default tiny model in bf16 against fp32.
-BF16_MIN_D_MODEL = {"avx512_bf16": 128, "amx": 256, "cuda": 0}
+# - cuda (bf16-capable GPUs): on an H200 (torch 2.11, 2026-12-04, benchmarks/gpu_check.py) the
+#   default tiny model (d128) trained RoPE at 0.85x fp32's tokens/s in bf16: at that size a step
+#   is launch-bound, and autocast adds cast kernels. Wider models were not timed in fp32 there;
+#   from small (d256) on, bf16, what tensor cores are built for, with half the bytes to move.
+BF16_MIN_D_MODEL = {"avx512_bf16": 128, "amx": 256, "cuda": 256}
 
 
 def bf16_hardware(device: torch.device) -> str | None:

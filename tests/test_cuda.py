@@ -17,13 +17,15 @@ from posbench.model import Transformer, build_model
 from posbench.train import make_optimizer, train
 
 pytestmark = pytest.mark.cuda
-# a bias of the distance alone: flex_attention on CUDA
-RELATIVE = {"alibi", "t5", "kerple", "sandwich"}
+# a bias of the distance alone: flex_attention on CUDA (FIRE's, while no query is past its
+# learned threshold, which starts at train.seq_len: at least the first step)
+RELATIVE = {"alibi", "t5", "kerple", "sandwich", "fire"}
 # The default model at its training shapes, so that gpu_check.py, run next, finds these kernels
 # compiled; on a small corpus, 30 steps take the loss far below 0.75 ln 256 = 4.16 (to 2.8-3.0
 # for alibi and rope on a CPU in fp32).
 SHORT_RUN = [
     "device=cuda",
+    "train.precision=bf16",
     "train.steps=30",
     "train.warmup_steps=5",
     "train.lr=1e-2",
@@ -43,11 +45,13 @@ def short_run(cache_dir) -> list[str]:
 
 
 @pytest.fixture(autouse=True)
-def never_unfused(monkeypatch):
+def never_unfused():
     """Each test compiles as a fresh `posbench` process would; past torch.compile's recompile
-    limit flex_attention would run unfused, writing (T, T) scores: fail instead."""
+    limit flex_attention would run unfused, writing (T, T) scores: fail instead (torch's own
+    patch: pytest's monkeypatch deletes a dynamo setting when it undoes one)."""
     torch._dynamo.reset()
-    monkeypatch.setattr(torch._dynamo.config, "fail_on_recompile_limit_hit", True)
+    with torch._dynamo.config.patch(fail_on_recompile_limit_hit=True):
+        yield
 
 
 @pytest.fixture
@@ -70,7 +74,7 @@ def test_a_few_training_steps_on_cuda_run_in_bf16_and_lower_the_loss(
 ):
     assert torch.cuda.is_bf16_supported(), "benchmarks/gpu_check.sh expects a bf16 GPU"
     results = train(compose_config([f"encoding={encoding}", *short_run]), tmp_path)
-    assert results["precision"] == "bf16"  # what train.precision=auto picks on a bf16 GPU
+    assert results["precision"] == "bf16"
     assert results["train"]["final_loss"] < 0.75 * math.log(256)
     assert bool(flex_calls) == (encoding in RELATIVE)
 
