@@ -164,8 +164,9 @@ def causal_attention(
         return blocked_bias_attention(q, k, v, positions, encoding, dropout, biases, content)
     if not encoding.has_score_bias:
         return unbiased_causal_attention(q, k, v, dropout)
-    consecutive = bool((positions.diff() == 1).all())
-    bias = encoding.consecutive_bias(positions) if consecutive else None
+    if biases is None:
+        biases = QueryBlockBiases(encoding, keep_elements=0)
+    bias = biases.consecutive_bias(positions)
     if bias is not None:
         if q.device.type in FLEX_ATTENTION_DEVICES and not dropout:
             return flex_attention_bias(q, k, v, bias)
@@ -605,6 +606,17 @@ class QueryBlockBiases:
         self.kept: dict[int, torch.Tensor] = {}  # by the block's first query
         self.kept_elements = 0
         self.workspace: torch.Tensor | None = None
+        self.table: tuple[torch.Tensor | None] | None = None  # consecutive_bias's, once asked
+
+    def consecutive_bias(self, positions: torch.Tensor) -> torch.Tensor | None:
+        """The encoding's bias of the distance alone, (H, T), when ``positions`` (the forward
+        pass's, the same in every layer) are consecutive and it has one; else None. Computed at
+        the first layer's call for all: the check reads the positions back (a device sync per
+        layer on a GPU) and a learned table (T5's buckets, FIRE's MLP) would be recomputed."""
+        if self.table is None:
+            consecutive = bool((positions.diff() == 1).all())
+            self.table = (self.encoding.consecutive_bias(positions) if consecutive else None,)
+        return self.table[0]
 
     def bias(
         self,

@@ -140,6 +140,14 @@ def train_with_threads(
         run_dir, cfg.train.checkpoint_every, cfg.train.steps, precision, progress.step
     )
     settings = LoopSettings(cfg.train, precision, cfg.seed, eval_positions(cfg), cfg.encoding.name)
+    if controller is not None and (cfg.train.compile or device.type == "cuda"):
+        # torch.compile's kernels (the model's, or flex_attention's on a GPU) are specialized to
+        # torch's thread count: each new count compiles them again, and past dynamo's recompile
+        # limit the model would run uncompiled. A GPU's steps hardly use the CPU's threads.
+        log.info(
+            "threads=auto: %d thread(s) kept while training (compiled kernels)", threads.threads
+        )
+        controller = None
 
     if distributed.is_main():
         save_config(run_dir, cfg)

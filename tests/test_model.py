@@ -281,3 +281,23 @@ def test_checking_a_model_config_raises_what_building_the_model_raises(model, en
 
 def test_checking_a_valid_model_config_passes():
     posbench.model.check_model_config({"n_layer": 1, "n_head": 2, "d_model": 16}, {"name": "rope"})
+
+
+@pytest.mark.parametrize("name", ["alibi", "t5", "fire"])
+def test_a_shared_encodings_bias_of_the_distance_is_computed_once_per_forward_pass(
+    name, monkeypatch
+):
+    # Every layer would otherwise check the positions (a device sync on a GPU) and recompute it.
+    model = posbench.model.build_model({"n_layer": 3, "n_head": 2, "d_model": 16}, {"name": name})
+    calls = []
+    computed = type(model.encoding).consecutive_bias
+
+    def counted(self, positions):
+        calls.append(positions.shape[-1])
+        return computed(self, positions)
+
+    monkeypatch.setattr(type(model.encoding), "consecutive_bias", counted)
+    model(torch.zeros(2, 16, dtype=torch.long))  # three layers, one bias for all
+    assert calls == [16]
+    model(torch.zeros(2, 16, dtype=torch.long)).sum().backward()  # and the same with gradients
+    assert calls == [16, 16]

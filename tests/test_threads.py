@@ -397,25 +397,35 @@ def test_a_change_sets_torch_threads_and_the_registry_entry(fake):
     assert machine.registry.jobs() == []
 
 
-def test_training_records_the_controllers_changes(tiny, tmp_path, monkeypatch):
+@pytest.fixture
+def scripted_controller(monkeypatch):
+    """Training's threads=auto controller drops from 2 threads to 1 after two checks (10 steps),
+    whatever the machine."""
+
     @contextmanager
     def scripted(threads):
         yield ThreadController(2, Script(1), torch.set_num_threads)
 
     monkeypatch.setattr(train_module, "registered_threads", scripted)
     monkeypatch.setattr(posbench.threads, "CHECK_SECONDS", 0.0)
+
+
+def test_training_records_the_controllers_changes(tiny, tmp_path, scripted_controller):
     results = train(compose_config([*tiny, "threads=auto", "eval.lengths=[16]"]), tmp_path)
     changes = results["train"]["thread_changes"]
     assert changes == [{"step": 2 * CHECK_MIN_STEPS, "threads": 1, "why": changes[0]["why"]}]
 
 
-def test_a_resumed_run_records_the_changes_made_before_it_stopped(tiny, tmp_path, monkeypatch):
-    @contextmanager
-    def scripted(threads):  # each part drops 2 -> 1 after two checks (10 steps)
-        yield ThreadController(2, Script(1), torch.set_num_threads)
+def test_a_compiled_run_keeps_its_threads(tiny, tmp_path, scripted_controller):
+    # A new thread count would compile the model again (dynamo guards on it).
+    overrides = [*tiny, "threads=auto", "eval.lengths=[16]", "train.compile=true"]
+    results = train(compose_config(overrides), tmp_path)
+    assert results["train"]["thread_changes"] == []
 
-    monkeypatch.setattr(train_module, "registered_threads", scripted)
-    monkeypatch.setattr(posbench.threads, "CHECK_SECONDS", 0.0)
+
+def test_a_resumed_run_records_the_changes_made_before_it_stopped(
+    tiny, tmp_path, monkeypatch, scripted_controller
+):  # each part drops 2 -> 1 after two checks (10 steps)
     overrides = [*tiny, "threads=auto", "eval.lengths=[16]", "train.steps=16"]
     overrides += ["train.checkpoint_every=12"]
     draws, train_batch = itertools.count(1), Corpus.train_batch
