@@ -1,9 +1,9 @@
 """Score-bias attention: evaluation time at long lengths and training tokens/s, per encoding, as
-ratios to NoPE measured in the same process (model: tiny, untrained).
+ratios to NoPE measured in the same process (model: tiny, or --model for train; untrained).
 
     python benchmarks/bias_attention.py eval [--lengths 2048 16384] [--rounds 5] [--threads 1]
     python benchmarks/bias_attention.py train [--rounds 15] [--threads 1] [--precision fp32 bf16]
-        [--encodings alibi t5]
+        [--encodings alibi t5] [--model tiny|small|base]
     python benchmarks/bias_attention.py layer [--rounds 60]    # explicit attention's blocks
     python benchmarks/bias_attention.py shared [--lengths 2048] [--fire-switches 32]
     python benchmarks/bias_attention.py eval --quick     # a small, fast check that it runs
@@ -122,10 +122,10 @@ def untrained_model(
     for training at ``seq_len``, for inputs of ``length`` (``fire-switching``: ``fire_switches``
     switch points inside (0, 1))."""
     torch.manual_seed(0)
-    if encoding == "general":
-        args = ModelArgs()
-        return Transformer(args, GeneralKerple(KerpleConfig(), args.d_model, args.n_head))
     model_config = MODEL_SIZES[size]
+    if encoding == "general":
+        args = ModelArgs(**model_config)
+        return Transformer(args, GeneralKerple(KerpleConfig(), args.d_model, args.n_head))
     if encoding in VARIANTS:
         overrides, options = VARIANTS[encoding]
         config = compose_config([*overrides, f"train.seq_len={seq_len}"]).encoding
@@ -252,13 +252,16 @@ def main() -> None:
     parser.add_argument(
         "--fire-switches", type=int, default=8, help="of fire-switching's 32 units (default 8)"
     )
+    parser.add_argument(
+        "--model", choices=list(MODEL_SIZES), default="tiny", help="train: the models' size"
+    )
     parser.add_argument("--quick", action="store_true", help="small sizes, 1 round")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     rounds = args.rounds or {"train": 15, "layer": 60}.get(args.figure, 5)
     if args.quick:
         args.lengths, args.batch, rounds = [512], 4, 1
-    models = "models tiny, small, base" if args.figure == "shared" else "model tiny"
+    models = "models tiny, small, base" if args.figure == "shared" else f"model {args.model}"
     print(f"threads={args.threads}, rounds={rounds}, {models}")
     if args.figure == "eval":
         for length in args.lengths:
@@ -300,7 +303,7 @@ def main() -> None:
             names = ["none", *(n for n in args.encodings if n != "none")]
         steps = {
             (name, precision): train_step(
-                untrained_model(name, args.seq_len, args.seq_len),
+                untrained_model(name, args.seq_len, args.seq_len, size=args.model),
                 args.batch,
                 args.seq_len,
                 precision,
@@ -311,7 +314,8 @@ def main() -> None:
         seconds = median_seconds(steps, rounds)
         targets = {**dict.fromkeys(names, TRAIN_TARGET), **TRAIN_TARGETS}
         for precision in args.precision:
-            resolved = resolve_precision(precision, torch.device("cpu"), ModelArgs().d_model)
+            d_model = ModelArgs(**MODEL_SIZES[args.model]).d_model
+            resolved = resolve_precision(precision, torch.device("cpu"), d_model)
             title = f"training tokens/s at {args.batch} x {args.seq_len}, {precision}"
             if precision == "auto":
                 title += f" ({resolved})"
