@@ -419,7 +419,9 @@ def compiled_flex_attention() -> Callable[..., torch.Tensor]:
     from torch.nn.attention.flex_attention import flex_attention
 
     config = torch._dynamo.config
-    config.recompile_limit = max(config.recompile_limit, FLEX_RECOMPILE_LIMIT)
+    # recompile_limit since torch 2.7; cache_size_limit before it (an alias of it since).
+    limit = "recompile_limit" if hasattr(config, "recompile_limit") else "cache_size_limit"
+    setattr(config, limit, max(getattr(config, limit), FLEX_RECOMPILE_LIMIT))
     return torch.compile(flex_attention, dynamic=False)
 
 
