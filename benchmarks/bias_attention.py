@@ -313,8 +313,8 @@ def main() -> None:
         }
         seconds = median_seconds(steps, rounds)
         targets = {**dict.fromkeys(names, TRAIN_TARGET), **TRAIN_TARGETS}
+        d_model = ModelArgs(**MODEL_SIZES[args.model]).d_model
         for precision in args.precision:
-            d_model = ModelArgs(**MODEL_SIZES[args.model]).d_model
             resolved = resolve_precision(precision, torch.device("cpu"), d_model)
             title = f"training tokens/s at {args.batch} x {args.seq_len}, {precision}"
             if precision == "auto":
