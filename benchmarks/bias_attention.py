@@ -40,7 +40,6 @@ from collections.abc import Callable
 from unittest import mock
 
 import torch
-import torch.nn.functional as F
 from throughput import median_seconds, trained_encoding
 
 import posbench.attention
@@ -170,8 +169,7 @@ def train_step(
 
     def step() -> None:
         with autocast(resolved, device):
-            logits = model(x[:, :-1]).float()  # as posbench's training step: fp32 log-softmax
-            loss = F.cross_entropy(logits.flatten(0, 1), x[:, 1:].flatten())
+            loss = model(x[:, :-1], targets=x[:, 1:])  # as posbench's training step
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()

@@ -17,7 +17,6 @@ import time
 from collections.abc import Callable
 
 import torch
-import torch.nn.functional as F
 from omegaconf import DictConfig
 
 from posbench.config import compose_config
@@ -51,9 +50,8 @@ def steps_for(
     resolved = resolve_precision(precision, x.device, MODEL["d_model"])
 
     def train_step() -> None:
-        with autocast(resolved, x.device):  # the loss takes fp32 logits, as posbench's step
-            logits = model(x[:, :-1]).float()
-            loss = F.cross_entropy(logits.flatten(0, 1), x[:, 1:].flatten())
+        with autocast(resolved, x.device):  # the loss as posbench's training step computes it
+            loss = model(x[:, :-1], targets=x[:, 1:])
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()

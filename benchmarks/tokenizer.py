@@ -4,6 +4,7 @@ step against bytes' 256 (tokens/s at the same shapes), in one process.
 
     python benchmarks/tokenizer.py encode [--text FILE] [--vocab 8192] [--rounds 3] [--threads 2]
     python benchmarks/tokenizer.py train [--vocab 8192] [--rounds 15] [--threads 1]
+        [--model tiny|small|base] [--precision fp32|bf16] [--batch 32] [--seq-len 128]
     python benchmarks/tokenizer.py encode --quick      # a small, fast check that it runs
 
 ``encode`` trains a BPE of ``--vocab`` tokens on the text (``--text``, default WikiText-2's
@@ -11,27 +12,35 @@ validation file from ../shared/data when present, else generated words; the 2.2 
 WikiText-2's two files are read twice over), then times, in interleaved rounds, posbench's
 ``encode_split`` (pieces, ids, each token's bytes and word starts, written to disk) against
 ``encode_batch`` and ``encode_batch_fast`` of the same text cut into the same pieces (ids only,
-nothing written). ``train`` times a training step of the ``tiny`` model with each vocabulary.
+nothing written). ``train`` times a training step of the model (``--model``, untrained) with
+each vocabulary, its loss as posbench's training computes it (posbench.model.next_token_nll),
+and at ``--vocab`` also from the whole logits then cross-entropy (the path a CUDA device takes,
+and a CPU took before the chunked loss), in peak memory too (one step of each, measured apart).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import multiprocessing
 import os
+import resource
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import torch
-import torch.nn.functional as F
+from bias_attention import MODEL_SIZES
 from throughput import median_seconds
 
+import posbench.model
 from posbench.data.cache import ArrayWriter
 from posbench.data.tokenizer import encode_split, pieces, train_bpe
 from posbench.model import build_model
+from posbench.precision import autocast
 
 WIKITEXT2 = Path(__file__).resolve().parents[2] / "shared" / "data" / "wikitext-2"
-MODEL = {"n_layer": 2, "n_head": 4, "d_model": 128}  # tiny
 
 
 def benchmark_text(path: Path | None, quick: bool) -> bytes:
@@ -70,23 +79,55 @@ def encode_rounds(text: bytes, vocab: int, rounds: int) -> dict[str, float]:
     return median_seconds(steps, rounds)
 
 
-def train_rounds(vocab: int, rounds: int, batch: int, seq_len: int) -> dict[str, float]:
-    """Median seconds of a training step of the tiny model over 256 and ``vocab`` tokens."""
-    steps = {}
-    for size in (256, vocab):
-        torch.manual_seed(0)
-        model = build_model(MODEL, {"name": "rope"}, size)
-        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-        x = torch.randint(0, size, (batch, seq_len + 1))
+LOGITS_WAY = "logits, then cross-entropy"
 
-        def step(model=model, optimizer=optimizer, x=x) -> None:
-            loss = F.cross_entropy(model(x[:, :-1]).flatten(0, 1), x[:, 1:].flatten())
+
+def training_steps(
+    vocab: int, batch: int, seq_len: int, model: str, precision: str
+) -> dict[str, Callable[[], None]]:
+    """A training step of the untrained ``model`` (a MODEL_SIZES name) over 256 tokens, over
+    ``vocab``, and over ``vocab`` with its loss computed the logits way (LOGITS_WAY)."""
+    steps = {}
+    for size, name in ((256, "256"), (vocab, f"{vocab:,}"), (vocab, f"{vocab:,}, {LOGITS_WAY}")):
+        torch.manual_seed(0)
+        network = build_model(MODEL_SIZES[model], {"name": "rope"}, size)
+        optimizer = torch.optim.AdamW(network.parameters(), lr=1e-3)
+        x = torch.randint(0, size, (batch, seq_len + 1))
+        logits_way = name.endswith(LOGITS_WAY)
+
+        def step(network=network, optimizer=optimizer, x=x, logits_way=logits_way) -> None:
+            with contextlib.ExitStack() as stack:
+                if logits_way:  # posbench's loss off its chunked path, for this step only
+                    stack.enter_context(chunked_loss_devices(frozenset()))
+                with autocast(precision, x.device):
+                    loss = network(x[:, :-1], targets=x[:, 1:])  # as posbench's training step
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()
 
-        steps[f"vocabulary {size:,}"] = step
-    return median_seconds(steps, rounds)
+        steps[f"vocabulary {name}"] = step
+    return steps
+
+
+@contextlib.contextmanager
+def chunked_loss_devices(devices: frozenset[str]):
+    """posbench.model.CHUNKED_LOSS_DEVICES set to ``devices`` inside the block."""
+    saved = posbench.model.CHUNKED_LOSS_DEVICES
+    posbench.model.CHUNKED_LOSS_DEVICES = devices
+    try:
+        yield
+    finally:
+        posbench.model.CHUNKED_LOSS_DEVICES = saved
+
+
+def peak_memory_of_step(args: tuple[str, int, int, int, str, str, int]) -> int:
+    """Peak RSS in bytes of a fresh process that runs three of training_steps' step ``name``."""
+    name, vocab, batch, seq_len, model, precision, threads = args
+    torch.set_num_threads(threads)
+    step = training_steps(vocab, batch, seq_len, model, precision)[name]
+    for _ in range(3):
+        step()
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 def main() -> None:
@@ -98,6 +139,8 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=None, help="default: 2 encode, 1 train")
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--seq-len", type=int, default=128)
+    parser.add_argument("--model", choices=list(MODEL_SIZES), default="tiny", help="train")
+    parser.add_argument("--precision", choices=["fp32", "bf16"], default="fp32", help="train")
     parser.add_argument("--quick", action="store_true", help="small sizes: a check that it runs")
     args = parser.parse_args()
     threads = args.threads or (2 if args.what == "encode" else 1)
@@ -116,12 +159,26 @@ def main() -> None:
         return
     rounds = args.rounds or (1 if args.quick else 15)
     batch, seq_len = (2, 16) if args.quick else (args.batch, args.seq_len)
-    seconds = train_rounds(args.vocab, rounds, batch, seq_len)
-    print(f"training step of the tiny model, {batch} x {seq_len} tokens, {threads} threads")
+    steps = training_steps(args.vocab, batch, seq_len, args.model, args.precision)
+    # Each step's peak memory in a process of its own (a process's peak is its largest step's),
+    # before this one's steps run: a child starts from its parent's peak (Linux keeps ru_maxrss
+    # across fork and exec).
+    spawn = multiprocessing.get_context("spawn")
+    peaks = {}
+    for name in steps:
+        with spawn.Pool(1) as pool:
+            case = (name, args.vocab, batch, seq_len, args.model, args.precision, threads)
+            peaks[name] = pool.apply(peak_memory_of_step, (case,))
+    seconds = median_seconds(steps, rounds)
+    print(
+        f"training step of the {args.model} model, {batch} x {seq_len} tokens, "
+        f"{args.precision}, {threads} threads"
+    )
     first = next(iter(seconds.values()))
-    print(f"{'vocabulary':<20}{'tokens/s':>10}{'ratio':>8}")
+    print(f"{'vocabulary':<48}{'tokens/s':>10}{'ratio':>8}{'peak MiB':>10}")
     for name, value in seconds.items():
-        print(f"{name:<20}{batch * seq_len / value:>10,.0f}{first / value:>8.2f}")
+        rate = batch * seq_len / value
+        print(f"{name:<48}{rate:>10,.0f}{first / value:>8.2f}{peaks[name] / 2**20:>10,.0f}")
 
 
 if __name__ == "__main__":

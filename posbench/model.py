@@ -180,10 +180,17 @@ class Transformer(nn.Module):
         """Longest input the model can represent (``None``: any length)."""
         return self.encoding.max_length
 
-    def forward(self, tokens: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self,
+        tokens: torch.Tensor,
+        positions: torch.Tensor | None = None,
+        targets: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         """Logits (B, T, vocab) for ``tokens`` (B, T) at increasing integer ``positions``: (T,),
         shared by the batch (0..T-1 by default), or (B, T), one row per sequence (randomized
-        positions train each sequence at its own)."""
+        positions train each sequence at its own). Given ``targets`` (B, T), instead the summed
+        negative log-likelihood (a float32 scalar) of those that are not -100
+        (``next_token_nll``): what training needs, without the (B, T, vocab) logits."""
         T = tokens.shape[1]
         needed = T  # the largest position + 1 (T by default, known without a device sync)
         if positions is None:
@@ -201,7 +208,10 @@ class Transformer(nn.Module):
         biases = {id(e): QueryBlockBiases(e) for e in unique(self.layer_encodings)}
         for block, encoding in zip(self.blocks, self.layer_encodings, strict=True):
             x = block(x, positions, encoding, biases[id(encoding)])
-        return self.lm_head(self.ln_final(x))  # (B, T, vocab)
+        x = self.ln_final(x)  # (B, T, C)
+        if targets is not None:
+            return next_token_nll(x.flatten(0, 1), self.lm_head.weight, targets.flatten())
+        return self.lm_head(x)  # (B, T, vocab)
 
     def inference_memory_bytes(self, batch_size: int, length: int, consecutive: bool = True) -> int:
         """An upper estimate of the memory one forward pass adds under inference mode (on top
@@ -230,6 +240,52 @@ class Transformer(nn.Module):
     def num_parameters(self) -> int:
         """Parameters counted once (the tied embedding is shared with the output layer)."""
         return sum(p.numel() for p in self.parameters())
+
+
+# Where the loss is computed by F.linear_cross_entropy's chunked path: on these devices, for
+# logits of at least CHUNKED_LOSS_MIN_ELEMENTS. A CPU's logits way writes several (N, vocab)
+# float tensors a step; past glibc's largest mmap threshold (32 MiB) each is fresh memory the
+# kernel faults in, step after step. Measured (benchmarks/README.md, "The loss at a large
+# vocabulary", Zen 4): at a vocabulary of 8,192 the chunked path trained tiny at 1.24x (fp32)
+# and 1.29x (bf16) the logits way's tokens/s, small at 1.07x and 0.98x, with 35-45 % less
+# peak memory; at bytes' 256 and d_model 128 (logits of 4 MiB) it cost about 1 %, so small
+# logits keep the logits way. CUDA keeps it too until it is measured there.
+CHUNKED_LOSS_DEVICES = frozenset({"cpu"})
+CHUNKED_LOSS_MIN_ELEMENTS = 2**23  # 32 MiB of float32 logits
+
+
+def next_token_nll(
+    hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor
+) -> torch.Tensor:
+    """The summed negative log-likelihood (float32 scalar) of ``targets`` (N,) under the logits
+    ``hidden`` (N, C) @ ``weight``.T (vocab, C); a target of -100 is not scored
+    (F.cross_entropy's ignore_index, posbench.data.IGNORE).
+
+    Large logits on CHUNKED_LOSS_DEVICES: F.linear_cross_entropy (torch 2.13) computes it a
+    chunk of rows at a time, with the gradients of ``hidden`` and ``weight`` in the same pass,
+    so the (N, vocab) logits are never held whole. It computes in float32 also under bf16
+    autocast (a custom op, which autocast leaves alone), where the logits way rounds the
+    logits to bf16: gradients as close to float32's (tests/test_model.py).
+    """
+    dtype = torch.promote_types(hidden.dtype, torch.float32)  # float32; float64 stays float64
+    rows, width = hidden.shape
+    vocab = weight.shape[0]
+    if (
+        hidden.device.type in CHUNKED_LOSS_DEVICES
+        and hasattr(F, "linear_cross_entropy")
+        and rows * vocab >= CHUNKED_LOSS_MIN_ELEMENTS
+        # Torch's advice (LinearCrossEntropyOptions): chunks pay only with more rows and classes
+        # than features.
+        and rows >= width
+        and vocab > width
+    ):
+        # Under torch.compile the op needs allow_retain_graph (it warns and sets it otherwise).
+        options = nn.LinearCrossEntropyOptions(allow_retain_graph=torch.compiler.is_compiling())
+        return F.linear_cross_entropy(
+            hidden.to(dtype), weight.to(dtype), targets, reduction="sum", options=options
+        )
+    logits = F.linear(hidden, weight).to(dtype)  # (N, vocab): bf16 under autocast, cast up
+    return F.cross_entropy(logits, targets, reduction="sum")
 
 
 def unique(encodings: list[PositionalEncoding]) -> list[PositionalEncoding]:

@@ -82,16 +82,16 @@ def compile_for_training(
     like ``tokens`` (B, T).
 
     Compilation is lazy (it happens at the first call), so one forward and backward pass on
-    ``tokens`` triggers it here, apart from the timed steps; the gradients it leaves are
-    cleared and the random state (dropout) is restored, so training draws the same numbers as
-    without this warm-up. Evaluation keeps calling ``model`` itself: its changing lengths and
-    eval mode would each compile anew.
+    ``tokens``, with the loss as training computes it, triggers it here, apart from the timed
+    steps; the gradients it leaves are cleared and the random state (dropout) is restored, so
+    training draws the same numbers as without this warm-up. Evaluation keeps calling ``model``
+    itself: its changing lengths and eval mode would each compile anew.
     """
     compiled = torch.compile(model)
     started = time.perf_counter()
     with torch.random.fork_rng(devices=[tokens.device] if tokens.is_cuda else []):
         with autocast(precision, tokens.device):
-            logits = compiled(tokens)
-        logits.float().sum().backward()
+            loss = compiled(tokens, targets=tokens)  # any targets of the training batch's shape
+        loss.backward()
     model.zero_grad(set_to_none=True)
     return compiled, time.perf_counter() - started

@@ -20,7 +20,6 @@ from typing import Any
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from omegaconf import DictConfig
 from torch.utils.tensorboard import SummaryWriter
 from tqdm.auto import tqdm
@@ -414,9 +413,8 @@ def train_step(
     for i, (xs, ys, ps) in enumerate(zip(inputs, targets, positions, strict=True)):
         xs, ys = xs.to(device), ys.to(device)
         with distributed.sync_gradients(model, last=i == len(inputs) - 1):
-            with autocast(precision, device):  # the loss takes fp32 logits: fp32 log-softmax
-                logits = model(xs, ps).float()  # (b, T, vocab)
-                nll = F.cross_entropy(logits.flatten(0, 1), ys.flatten(), reduction="sum")
+            with autocast(precision, device):
+                nll = model(xs, ps, targets=ys)  # summed over ys's scored targets, float32
             (nll * scale).backward()
         loss_sum += nll.item()  # also waits for the device, so the caller's timing is honest
     if cfg.grad_clip > 0:
@@ -508,8 +506,7 @@ def validation_loss(
             at = positions.of_windows(inputs.shape[1], keys).to(device)  # (B, T)
         first += len(inputs)
         with autocast(precision, device):
-            logits = model(inputs, at).float()  # (B, T, vocab)
-        total += F.cross_entropy(logits.flatten(0, 1), targets.flatten(), reduction="sum")
+            total += model(inputs, at, targets=targets)  # summed NLL, float32
         count += (targets != IGNORE).sum().item()
     model.train()
     return float(total) / count

@@ -136,6 +136,140 @@ def test_output_layer_shares_its_weight_with_the_token_embedding():
     assert model.lm_head.weight is model.token_embedding.weight
 
 
+# --- the training loss ---------------------------------------------------------------------------
+
+
+def loss_and_gradients(
+    model: Transformer, tokens: torch.Tensor, targets: torch.Tensor, bf16: bool = False
+) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """The model's summed loss given ``targets`` and the gradient of every parameter."""
+    model.zero_grad(set_to_none=True)
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+        loss = model(tokens, targets=targets)
+    loss.backward()
+    return loss.detach(), [p.grad.clone() for p in model.parameters()]
+
+
+def loss_of_logits(
+    model: Transformer, tokens: torch.Tensor, targets: torch.Tensor
+) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """The same from the logits, by F.cross_entropy: the definition the loss path must meet."""
+    model.zero_grad(set_to_none=True)
+    logits = model(tokens)  # (B, T, vocab)
+    loss = torch.nn.functional.cross_entropy(
+        logits.flatten(0, 1), targets.flatten(), reduction="sum"
+    )
+    loss.backward()
+    return loss.detach(), [p.grad.clone() for p in model.parameters()]
+
+
+def scored_batch(vocab: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Tokens (3, 17) and their targets, a third of them -100 (unscored, as a task's prompt)."""
+    generator = torch.Generator().manual_seed(seed)
+    tokens = torch.randint(0, vocab, (3, 17), generator=generator)
+    targets = torch.randint(0, vocab, (3, 17), generator=generator)
+    targets[:, :6] = -100
+    return tokens, targets
+
+
+def chunked_calls(monkeypatch, min_elements: int = 0) -> list[int]:
+    """One entry per call of F.linear_cross_entropy from now on (its rows), which the loss
+    takes for logits of ``min_elements`` or more (0: these tests' small ones too)."""
+    monkeypatch.setattr(posbench.model, "CHUNKED_LOSS_MIN_ELEMENTS", min_elements)
+    calls = []
+    chunked = torch.nn.functional.linear_cross_entropy
+
+    def counted(hidden, *args, **kwargs):
+        calls.append(len(hidden))
+        return chunked(hidden, *args, **kwargs)
+
+    monkeypatch.setattr(torch.nn.functional, "linear_cross_entropy", counted)
+    return calls
+
+
+@pytest.mark.parametrize("chunked", [True, False], ids=["chunked", "reference"])
+def test_loss_given_targets_is_the_summed_cross_entropy_of_the_logits(chunked, monkeypatch):
+    # Both ways of computing it: F.linear_cross_entropy's chunked path (a CPU's) and logits
+    # then cross-entropy (CUDA's, and any torch without linear_cross_entropy).
+    calls = chunked_calls(monkeypatch)
+    if not chunked:
+        monkeypatch.setattr(posbench.model, "CHUNKED_LOSS_DEVICES", frozenset())
+    torch.manual_seed(0)
+    args = ModelArgs(n_layer=2, n_head=2, d_model=16, vocab_size=300)
+    model = Transformer(args, make_encoding("alibi", args)).double()
+    tokens, targets = scored_batch(300)
+    loss, gradients = loss_and_gradients(model, tokens, targets)
+    assert calls == ([3 * 17] if chunked else [])
+    expected, expected_gradients = loss_of_logits(model, tokens, targets)
+    assert loss.dtype == torch.float64
+    torch.testing.assert_close(loss, expected)
+    for gradient, expected_gradient in zip(gradients, expected_gradients, strict=True):
+        torch.testing.assert_close(gradient, expected_gradient)
+
+
+def test_loss_without_torchs_linear_cross_entropy_takes_the_reference_path(monkeypatch):
+    torch.manual_seed(0)
+    model = Transformer(SMALL, make_encoding("rope", SMALL))
+    tokens, targets = scored_batch(256)
+    calls = chunked_calls(monkeypatch)
+    chunked = model(tokens, targets=targets)
+    assert calls == [3 * 17]
+    monkeypatch.delattr(torch.nn.functional, "linear_cross_entropy")  # torch before 2.13
+    torch.testing.assert_close(model(tokens, targets=targets), chunked)
+
+
+@pytest.mark.parametrize(
+    "d_model, vocab, min_elements",
+    [(64, 256, 0), (16, 16, 0), (16, 256, 51 * 256 + 1)],
+    ids=["fewer-rows", "fewer-classes", "small-logits"],
+)
+def test_loss_takes_the_logits_way_where_chunks_do_not_pay(
+    d_model, vocab, min_elements, monkeypatch
+):
+    # 51 rows against a width of 64, a vocabulary no larger than the width, or logits with
+    # fewer elements than CHUNKED_LOSS_MIN_ELEMENTS.
+    args = ModelArgs(n_layer=1, n_head=2, d_model=d_model, vocab_size=vocab)
+    model = Transformer(args, make_encoding("none", args))
+    tokens, targets = scored_batch(vocab)
+    calls = chunked_calls(monkeypatch, min_elements)
+    loss = model(tokens, targets=targets)
+    assert calls == []
+    torch.testing.assert_close(loss, loss_of_logits(model, tokens, targets)[0])
+
+
+@pytest.mark.skipif(
+    not torch.backends.cpu.get_cpu_capability().startswith("AVX512"),
+    reason="bf16 matmuls are emulated (and slow) without AVX-512",
+)
+def test_loss_under_bf16_autocast_is_as_close_to_float32_as_the_logits_way(monkeypatch):
+    # The chunked loss runs in float32 under autocast, where the logits way rounds them to
+    # bf16: its gradients are as close to float32's as that way's (each within bf16's 1 %,
+    # and over all parameters together no farther).
+    torch.manual_seed(0)
+    args = ModelArgs(n_layer=2, n_head=4, d_model=32, vocab_size=1000)
+    model = Transformer(args, make_encoding("rope", args))
+    tokens, targets = scored_batch(1000)
+    calls = chunked_calls(monkeypatch)
+    exact, exact_gradients = loss_and_gradients(model, tokens, targets)
+    loss, gradients = loss_and_gradients(model, tokens, targets, bf16=True)
+    assert calls == [3 * 17, 3 * 17]
+    model.zero_grad(set_to_none=True)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        logits = model(tokens).float()
+        reference = torch.nn.functional.cross_entropy(
+            logits.flatten(0, 1), targets.flatten(), reduction="sum"
+        )
+    reference.backward()
+    assert loss.dtype == torch.float32
+    torch.testing.assert_close(loss, exact, rtol=1e-3, atol=0)
+    errors = [(mine - truth).norm() for mine, truth in zip(gradients, exact_gradients, strict=True)]
+    for error, truth in zip(errors, exact_gradients, strict=True):
+        assert error <= 0.01 * truth.norm()
+    pairs = zip(model.parameters(), exact_gradients, strict=True)
+    theirs = [(p.grad - truth).norm() for p, truth in pairs]
+    assert torch.stack(errors).norm() <= torch.stack(theirs).norm()
+
+
 def test_num_parameters_counts_the_tied_embedding_once():
     model = Transformer(SMALL, make_encoding("none", SMALL))
     d, layers = SMALL.d_model, SMALL.n_layer

@@ -150,9 +150,9 @@ def recorded_positions(monkeypatch) -> list[tuple[bool, torch.Tensor | None]]:
     used = []
     forward = Transformer.forward
 
-    def recording(self, tokens, positions=None):
+    def recording(self, tokens, positions=None, targets=None):
         used.append((self.training, positions))
-        return forward(self, tokens, positions)
+        return forward(self, tokens, positions, targets)
 
     monkeypatch.setattr(Transformer, "forward", recording)
     return used
