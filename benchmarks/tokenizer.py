@@ -24,14 +24,15 @@ import argparse
 import contextlib
 import multiprocessing
 import os
-import resource
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
+from unittest import mock
 
 import numpy as np
 import torch
 from bias_attention import MODEL_SIZES
+from long_eval_memory import peak_rss_bytes
 from throughput import median_seconds
 
 import posbench.model
@@ -96,28 +97,16 @@ def training_steps(
         logits_way = name.endswith(LOGITS_WAY)
 
         def step(network=network, optimizer=optimizer, x=x, logits_way=logits_way) -> None:
-            with contextlib.ExitStack() as stack:
-                if logits_way:  # posbench's loss off its chunked path, for this step only
-                    stack.enter_context(chunked_loss_devices(frozenset()))
-                with autocast(precision, x.device):
-                    loss = network(x[:, :-1], targets=x[:, 1:])  # as posbench's training step
+            # posbench's loss off its chunked path, for the logits way's step only
+            off = mock.patch.object(posbench.model, "CHUNKED_LOSS_DEVICES", frozenset())
+            with off if logits_way else contextlib.nullcontext(), autocast(precision, x.device):
+                loss = network(x[:, :-1], targets=x[:, 1:])  # as posbench's training step
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()
 
         steps[f"vocabulary {name}"] = step
     return steps
-
-
-@contextlib.contextmanager
-def chunked_loss_devices(devices: frozenset[str]):
-    """posbench.model.CHUNKED_LOSS_DEVICES set to ``devices`` inside the block."""
-    saved = posbench.model.CHUNKED_LOSS_DEVICES
-    posbench.model.CHUNKED_LOSS_DEVICES = devices
-    try:
-        yield
-    finally:
-        posbench.model.CHUNKED_LOSS_DEVICES = saved
 
 
 def peak_memory_of_step(args: tuple[str, int, int, int, str, str, int]) -> int:
@@ -127,7 +116,7 @@ def peak_memory_of_step(args: tuple[str, int, int, int, str, str, int]) -> int:
     step = training_steps(vocab, batch, seq_len, model, precision)[name]
     for _ in range(3):
         step()
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    return peak_rss_bytes()
 
 
 def main() -> None:
