@@ -343,8 +343,8 @@ def evaluate_length(
             rows = gather_windows(tokens, starts, length + 1).to(device)  # (B, T+1)
             at = None if positions is None else positions.of_windows(length, starts).to(device)
             with autocast(precision, device):
-                logits = model(rows[:, :-1], at)  # (B, T, vocab)
-            nll = F.cross_entropy(logits.transpose(1, 2).float(), rows[:, 1:], reduction="none")
+                # (B, T) float32, without the (B, T, vocab) logits where they are large
+                nll = model(rows[:, :-1], at, targets=rows[:, 1:], reduction="none")
             first = torch.tensor([f for _, f in batch], device=device)  # (B,)
             is_scored = torch.arange(length, device=device) >= first[:, None]  # (B, T)
             position_nll += nll.double().masked_fill(~is_scored, 0.0).sum(0)  # (T,)

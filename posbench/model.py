@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
@@ -185,12 +185,15 @@ class Transformer(nn.Module):
         tokens: torch.Tensor,
         positions: torch.Tensor | None = None,
         targets: torch.Tensor | None = None,
+        reduction: Literal["sum", "none"] = "sum",
     ) -> torch.Tensor:
         """Logits (B, T, vocab) for ``tokens`` (B, T) at increasing integer ``positions``: (T,),
         shared by the batch (0..T-1 by default), or (B, T), one row per sequence (randomized
-        positions train each sequence at its own). Given ``targets`` (B, T), instead the summed
-        negative log-likelihood (a float32 scalar) of those that are not -100
-        (``next_token_nll``): what training needs, without the (B, T, vocab) logits."""
+        positions train each sequence at its own). Given ``targets`` (B, T), instead their
+        negative log-likelihood in float32 (``next_token_nll``), without the (B, T, vocab)
+        logits where they are large: summed over those that are not -100 (``reduction="sum"``,
+        what training needs) or one per target (``"none"``, (B, T), 0 where -100: what
+        evaluation needs)."""
         T = tokens.shape[1]
         needed = T  # the largest position + 1 (T by default, known without a device sync)
         if positions is None:
@@ -210,7 +213,8 @@ class Transformer(nn.Module):
             x = block(x, positions, encoding, biases[id(encoding)])
         x = self.ln_final(x)  # (B, T, C)
         if targets is not None:
-            return next_token_nll(x.flatten(0, 1), self.lm_head.weight, targets.flatten())
+            nll = next_token_nll(x.flatten(0, 1), self.lm_head.weight, targets.flatten(), reduction)
+            return nll.view_as(targets) if reduction == "none" else nll
         return self.lm_head(x)  # (B, T, vocab)
 
     def inference_memory_bytes(self, batch_size: int, length: int, consecutive: bool = True) -> int:
@@ -222,15 +226,19 @@ class Transformer(nn.Module):
         Terms, in elements: the live activations of one block (residual, layer-norm output,
         q/k/v and their rotated copies, attention output, the MLP's hidden layer and its GELU:
         at most 8*C + 2*hidden per token), the logits with the log-softmax of the loss (3*V
-        per token), and what attention with the encoding's score bias holds besides
+        per token; 3*C where ``next_token_nll`` takes them a chunk at a time, whose chunks of
+        logits hold at most as many elements as its input), and what attention with the
+        encoding's score bias holds besides
         (posbench.attention.attention_scratch_elements, for the layer whose encoding holds the
         most).
         """
         a = self.args
         tokens = batch_size * length
         hidden = a.mlp_ratio * a.d_model
-        elements = tokens * (8 * a.d_model + 2 * hidden + 3 * a.vocab_size)
         device = self.lm_head.weight.device
+        chunked = chunked_loss(tokens, a.d_model, a.vocab_size, device)
+        logits = a.d_model if chunked else a.vocab_size
+        elements = tokens * (8 * a.d_model + 2 * hidden + 3 * logits)
         elements += max(
             attention_scratch_elements(encoding, batch_size, length, consecutive, device)
             for encoding in unique(self.layer_encodings)
@@ -254,12 +262,30 @@ CHUNKED_LOSS_DEVICES = frozenset({"cpu"})
 CHUNKED_LOSS_MIN_ELEMENTS = 2**23  # 32 MiB of float32 logits
 
 
+def chunked_loss(rows: int, width: int, vocab: int, device: torch.device) -> bool:
+    """Whether ``next_token_nll`` takes the logits of ``rows`` x ``width`` hidden states over
+    ``vocab`` classes a chunk of rows at a time (F.linear_cross_entropy), on ``device``."""
+    return (
+        device.type in CHUNKED_LOSS_DEVICES
+        and hasattr(F, "linear_cross_entropy")
+        and rows * vocab >= CHUNKED_LOSS_MIN_ELEMENTS
+        # Torch's advice (LinearCrossEntropyOptions): chunks pay only with more rows and classes
+        # than features.
+        and rows >= width
+        and vocab > width
+    )
+
+
 def next_token_nll(
-    hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    targets: torch.Tensor,
+    reduction: Literal["sum", "none"] = "sum",
 ) -> torch.Tensor:
-    """The summed negative log-likelihood (float32 scalar) of ``targets`` (N,) under the logits
-    ``hidden`` (N, C) @ ``weight``.T (vocab, C); a target of -100 is not scored
-    (F.cross_entropy's ignore_index, posbench.data.IGNORE).
+    """The negative log-likelihood (float32) of ``targets`` (N,) under the logits ``hidden``
+    (N, C) @ ``weight``.T (vocab, C): summed (``reduction="sum"``, a scalar) or one per target
+    (``"none"``, (N,)); a target of -100 is not scored (F.cross_entropy's ignore_index,
+    posbench.data.IGNORE), its NLL 0.
 
     Large logits on CHUNKED_LOSS_DEVICES: F.linear_cross_entropy (torch 2.13) computes it a
     chunk of rows at a time, with the gradients of ``hidden`` and ``weight`` in the same pass,
@@ -269,23 +295,14 @@ def next_token_nll(
     """
     dtype = torch.promote_types(hidden.dtype, torch.float32)  # float32; float64 stays float64
     rows, width = hidden.shape
-    vocab = weight.shape[0]
-    if (
-        hidden.device.type in CHUNKED_LOSS_DEVICES
-        and hasattr(F, "linear_cross_entropy")
-        and rows * vocab >= CHUNKED_LOSS_MIN_ELEMENTS
-        # Torch's advice (LinearCrossEntropyOptions): chunks pay only with more rows and classes
-        # than features.
-        and rows >= width
-        and vocab > width
-    ):
+    if chunked_loss(rows, width, weight.shape[0], hidden.device):
         # Under torch.compile the op needs allow_retain_graph (it warns and sets it otherwise).
         options = nn.LinearCrossEntropyOptions(allow_retain_graph=torch.compiler.is_compiling())
         return F.linear_cross_entropy(
-            hidden.to(dtype), weight.to(dtype), targets, reduction="sum", options=options
+            hidden.to(dtype), weight.to(dtype), targets, reduction=reduction, options=options
         )
     logits = F.linear(hidden, weight).to(dtype)  # (N, vocab): bf16 under autocast, cast up
-    return F.cross_entropy(logits, targets, reduction="sum")
+    return F.cross_entropy(logits, targets, reduction=reduction)
 
 
 def unique(encodings: list[PositionalEncoding]) -> list[PositionalEncoding]:

@@ -8,6 +8,7 @@ import pytest
 import torch
 from conftest import terabyte_split
 
+import posbench.model
 from posbench.config import compose_config
 from posbench.data import load_data
 from posbench.encodings import build_encoding
@@ -113,10 +114,24 @@ def test_uniform_model_has_perplexity_256_and_8_bits_per_byte():
     assert record["status"] == "ok" and record["reason"] is None
 
 
-def test_perplexity_is_exp_of_mean_nll_against_a_direct_computation():
+@pytest.mark.parametrize("chunked", [True, False], ids=["chunked", "logits"])
+def test_perplexity_is_exp_of_mean_nll_against_a_direct_computation(chunked, monkeypatch):
+    # Both ways of the model's NLL: a chunk of logits at a time (a CPU's, for large logits:
+    # here for all) and the logits whole (CUDA's).
+    monkeypatch.setattr(posbench.model, "CHUNKED_LOSS_MIN_ELEMENTS", 0)
+    if not chunked:
+        monkeypatch.setattr(posbench.model, "CHUNKED_LOSS_DEVICES", frozenset())
+    calls = []
+    linear_cross_entropy = torch.nn.functional.linear_cross_entropy
+    monkeypatch.setattr(
+        torch.nn.functional,
+        "linear_cross_entropy",
+        lambda *args, **kwargs: calls.append(kwargs) or linear_cross_entropy(*args, **kwargs),
+    )
     model = random_rope_model()
     tokens = torch.randint(0, 256, (65,), dtype=torch.uint8)
     record = evaluate_length(model, tokens, length=16)
+    assert len(calls) == chunked  # one batch of four windows
     rows = tokens[:65].long().view(1, -1)
     with torch.no_grad():
         nll = [
@@ -244,9 +259,14 @@ class AlphabetModel(Transformer):
         for i, alphabet in enumerate(ALPHABETS):
             self.alphabet_of[list(alphabet)] = i
 
-    def forward(self, tokens: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(self, tokens, positions=None, targets=None, reduction="sum"):  # as Transformer's
         same = self.alphabet_of[tokens][..., None] == self.alphabet_of  # (B, T, 256)
-        return torch.zeros(same.shape).masked_fill(~same, -30.0)
+        logits = torch.zeros(same.shape).masked_fill(~same, -30.0)
+        if targets is None:
+            return logits
+        return torch.nn.functional.cross_entropy(
+            logits.transpose(1, 2), targets, reduction=reduction
+        )
 
 
 def test_a_text_directory_is_scored_file_by_file(tmp_path):

@@ -207,6 +207,39 @@ def test_loss_given_targets_is_the_summed_cross_entropy_of_the_logits(chunked, m
         torch.testing.assert_close(gradient, expected_gradient)
 
 
+@pytest.mark.parametrize("chunked", [True, False], ids=["chunked", "reference"])
+def test_nll_per_target_is_the_cross_entropy_of_the_logits_unreduced(chunked, monkeypatch):
+    # reduction="none", evaluation's: one NLL per target (B, T), 0 where a target is -100,
+    # by either way, without gradients as evaluation runs it.
+    calls = chunked_calls(monkeypatch)
+    if not chunked:
+        monkeypatch.setattr(posbench.model, "CHUNKED_LOSS_DEVICES", frozenset())
+    torch.manual_seed(0)
+    args = ModelArgs(n_layer=2, n_head=2, d_model=16, vocab_size=300)
+    model = Transformer(args, make_encoding("t5", args)).double().eval()
+    tokens, targets = scored_batch(300)
+    with torch.inference_mode():
+        nll = model(tokens, targets=targets, reduction="none")
+        logits = model(tokens)  # (B, T, vocab)
+    assert calls == ([3 * 17] if chunked else [])
+    expected = torch.nn.functional.cross_entropy(logits.transpose(1, 2), targets, reduction="none")
+    assert nll.shape == targets.shape and nll.dtype == torch.float64
+    torch.testing.assert_close(nll, expected)
+    assert (nll[:, :6] == 0).all()
+
+
+def test_memory_estimate_counts_the_logits_whole_only_where_they_are_formed_whole(monkeypatch):
+    # At a vocabulary of 8,192 a 4,096-token window's logits are 2^25 elements: the chunked
+    # way holds a chunk of them (at most as many elements as the hidden states), the logits way
+    # three (B, T, vocab) tensors; the estimate's difference is those (V - C) * 3 per token.
+    args = ModelArgs(n_layer=1, n_head=2, d_model=64, vocab_size=8192)
+    model = Transformer(args, make_encoding("none", args))
+    chunked = model.inference_memory_bytes(1, 4096)
+    monkeypatch.setattr(posbench.model, "CHUNKED_LOSS_DEVICES", frozenset())
+    whole = model.inference_memory_bytes(1, 4096)
+    assert whole - chunked == 4096 * 3 * (8192 - 64) * 4
+
+
 def test_loss_without_torchs_linear_cross_entropy_takes_the_reference_path(monkeypatch):
     torch.manual_seed(0)
     model = Transformer(SMALL, make_encoding("rope", SMALL))

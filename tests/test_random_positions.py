@@ -150,9 +150,9 @@ def recorded_positions(monkeypatch) -> list[tuple[bool, torch.Tensor | None]]:
     used = []
     forward = Transformer.forward
 
-    def recording(self, tokens, positions=None, targets=None):
+    def recording(self, tokens, positions=None, *args, **kwargs):
         used.append((self.training, positions))
-        return forward(self, tokens, positions, targets)
+        return forward(self, tokens, positions, *args, **kwargs)
 
     monkeypatch.setattr(Transformer, "forward", recording)
     return used
