@@ -2,12 +2,14 @@
 bf16 computes what fp32 does within bf16's accuracy, and what results and resumes record."""
 
 import json
+import warnings
 
 import pytest
 import torch
 import torch.nn.functional as F
 from conftest import TINY
 
+import posbench.model
 from posbench.attention import unbiased_causal_attention
 from posbench.checkpoint import CHECKPOINT_FILE, load_checkpoint
 from posbench.cli import main
@@ -319,6 +321,41 @@ def test_a_compiled_training_forward_and_its_gradients_equal_eagers(encoding, ra
     # eager kernels: a difference is the tracing's, not a code generator's rounding.
     compiled = logits_and_gradients(torch.compile(model, backend="aot_eager"))
     assert len(compiled) == len(eager)
+    for got, expected in zip(compiled, eager, strict=True):
+        torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("chunked", [True, False], ids=["chunked", "logits"])
+def test_a_compiled_training_loss_and_its_gradients_equal_eagers(chunked, monkeypatch):
+    # What a compiled training step computes: the summed NLL given targets, by either way
+    # (F.linear_cross_entropy's chunks, here for these small logits too, or the logits whole).
+    # Compiled, the chunked op warns unless told to allow retaining the graph: an error here.
+    monkeypatch.setattr(posbench.model, "CHUNKED_LOSS_MIN_ELEMENTS", 0 if chunked else 2**62)
+    calls = []
+    linear_cross_entropy = F.linear_cross_entropy
+    monkeypatch.setattr(
+        F,
+        "linear_cross_entropy",
+        lambda *args, **kwargs: calls.append(1) or linear_cross_entropy(*args, **kwargs),
+    )
+    torch.manual_seed(0)
+    model = build_model({"n_layer": 2, "n_head": 2, "d_model": 16}, {"name": "rope"}).train()
+    generator = torch.Generator().manual_seed(1)
+    tokens = torch.randint(256, (2, 16), generator=generator)
+    targets = torch.randint(256, (2, 16), generator=generator)
+    targets[:, :4] = -100
+
+    def loss_and_gradients(forward) -> list[torch.Tensor]:
+        model.zero_grad(set_to_none=True)
+        loss = forward(tokens, targets=targets)
+        loss.backward()
+        return [loss, *(p.grad for p in model.parameters())]
+
+    eager = loss_and_gradients(model)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        compiled = loss_and_gradients(torch.compile(model, backend="aot_eager"))
+    assert bool(calls) == chunked
     for got, expected in zip(compiled, eager, strict=True):
         torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6)
 
