@@ -187,17 +187,27 @@ def chunked_calls(monkeypatch, min_elements: int = 0) -> list[int]:
     return calls
 
 
-@pytest.mark.parametrize("chunked", [True, False], ids=["chunked", "reference"])
-def test_loss_given_targets_is_the_summed_cross_entropy_of_the_logits(chunked, monkeypatch):
-    # Both ways of computing it: F.linear_cross_entropy's chunked path (a CPU's) and logits
-    # then cross-entropy (CUDA's, and any torch without linear_cross_entropy).
+def float64_model_and_batch(
+    monkeypatch, chunked: bool, encoding: str
+) -> tuple[list[int], Transformer, torch.Tensor, torch.Tensor]:
+    """A float64 model (2 layers of 16, vocabulary 300) with ``encoding``, a scored batch, and
+    the calls of F.linear_cross_entropy from now on; its NLL by the chunked way (``chunked``)
+    or the logits way (CUDA's, and any torch without linear_cross_entropy)."""
     calls = chunked_calls(monkeypatch)
     if not chunked:
         monkeypatch.setattr(posbench.model, "CHUNKED_LOSS_DEVICES", frozenset())
     torch.manual_seed(0)
     args = ModelArgs(n_layer=2, n_head=2, d_model=16, vocab_size=300)
-    model = Transformer(args, make_encoding("alibi", args)).double()
+    model = Transformer(args, make_encoding(encoding, args)).double()
     tokens, targets = scored_batch(300)
+    return calls, model, tokens, targets
+
+
+@pytest.mark.parametrize("chunked", [True, False], ids=["chunked", "reference"])
+def test_loss_given_targets_is_the_summed_cross_entropy_of_the_logits(chunked, monkeypatch):
+    # Both ways of computing it: F.linear_cross_entropy's chunked path (a CPU's) and logits
+    # then cross-entropy.
+    calls, model, tokens, targets = float64_model_and_batch(monkeypatch, chunked, "alibi")
     loss, gradients = loss_and_gradients(model, tokens, targets)
     assert calls == ([3 * 17] if chunked else [])
     expected, expected_gradients = loss_of_logits(model, tokens, targets)
@@ -211,13 +221,8 @@ def test_loss_given_targets_is_the_summed_cross_entropy_of_the_logits(chunked, m
 def test_nll_per_target_is_the_cross_entropy_of_the_logits_unreduced(chunked, monkeypatch):
     # reduction="none", evaluation's: one NLL per target (B, T), 0 where a target is -100,
     # by either way, without gradients as evaluation runs it.
-    calls = chunked_calls(monkeypatch)
-    if not chunked:
-        monkeypatch.setattr(posbench.model, "CHUNKED_LOSS_DEVICES", frozenset())
-    torch.manual_seed(0)
-    args = ModelArgs(n_layer=2, n_head=2, d_model=16, vocab_size=300)
-    model = Transformer(args, make_encoding("t5", args)).double().eval()
-    tokens, targets = scored_batch(300)
+    calls, model, tokens, targets = float64_model_and_batch(monkeypatch, chunked, "t5")
+    model.eval()
     with torch.inference_mode():
         nll = model(tokens, targets=targets, reduction="none")
         logits = model(tokens)  # (B, T, vocab)
