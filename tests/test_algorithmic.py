@@ -204,6 +204,25 @@ def test_prompts_and_answers_use_only_their_alphabets_and_answers_use_all_of_the
 
 
 @pytest.mark.parametrize("source", sorted(ALGORITHMIC_TASKS))
+def test_the_constant_answer_is_the_most_common_byte_at_each_answer_position(source):
+    """Counted answer by answer: at least chance (the most common of k symbols has at least a
+    k-th of them), at most every byte."""
+    task = load_data({"source": source, "val_examples": 40})
+    for length in defined_lengths(task, CHECKED_LENGTHS):
+        examples = task.examples(length)
+        answers = [
+            bytes(row[1:][scored].tolist())
+            for row, scored in zip(examples.tokens, examples.answer, strict=True)
+        ]
+        longest = max(map(len, answers))
+        at_position = [Counter(a[i] for a in answers if i < len(a)) for i in range(longest)]
+        best = sum(max(counts.values()) for counts in at_position)
+        expected = best / sum(map(len, answers))
+        assert task.constant_answer_accuracy(length) == pytest.approx(expected)
+        assert task.chance_accuracy() <= expected <= 1
+
+
+@pytest.mark.parametrize("source", sorted(ALGORITHMIC_TASKS))
 def test_no_example_is_longer_than_max_tokens(source):
     task = load_data({"source": source, "val_examples": 200})
     for length in defined_lengths(task, CHECKED_LENGTHS):

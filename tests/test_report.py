@@ -11,6 +11,7 @@ from matplotlib import image
 from omegaconf import OmegaConf
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+from posbench.data import load_data
 from posbench.errors import PosbenchError
 from posbench.report import build_report, write_report
 from posbench.report.figures import (
@@ -684,6 +685,36 @@ def task_run(path, task, encoding, seed, accuracies, **config):
     content = json.loads((run / "results.json").read_text())
     (run / "results.json").write_text(json.dumps({**content, "eval": records, **summary}))
     return run
+
+
+def test_accuracy_per_byte_is_read_against_chance_and_the_constant_answer(tmp_path):
+    run = task_run(
+        tmp_path / "parity",
+        "parity_check",
+        "rope",
+        0,
+        {40: (1.0, 1.0), 50: (0.6, 0.6), 100: (0.5, 0.5)},
+        data__source="parity_check",
+    )
+    results = json.loads((run / "results.json").read_text())
+    results["data"] = {"name": "parity_check", "chance_accuracy": 0.5}
+    (run / "results.json").write_text(json.dumps(results))
+    # A run whose config does not name its task's source (an older posbench's): no baselines.
+    task_run(tmp_path / "reverse", "reverse_string", "rope", 0, {40: (1.0, 1.0), 50: (0.5, 0.0)})
+    task = load_data({"source": "parity_check", "train_lengths": [1, 40]})
+    constant = (task.constant_answer_accuracy(50) + task.constant_answer_accuracy(100)) / 2
+    text = markdown(build_report(tmp_path))
+    per_byte = text[text.index("mean accuracy per answer byte") :]
+    table = per_byte[per_byte.index("| task |") :].splitlines()
+    assert table[0] == "| task | rope | chance | constant answer |"
+    assert table[2] == f"| parity_check | 0.55 | 0.50 | {constant:.2f} |"
+    assert table[3] == "| reverse_string | 0.50 | – | – |"
+    out = tmp_path / "report"
+    write_report(build_report(tmp_path, out), out)
+    groups = json.loads((out / "report.json").read_text())["groups"]
+    assert groups[0]["chance_accuracy"] == 0.5
+    assert groups[0]["constant_answer_accuracy"] == pytest.approx(constant)
+    assert groups[1]["constant_answer_accuracy"] is None
 
 
 def test_an_algorithmic_sweep_opens_with_ruoss_et_als_table_of_length_generalization(tmp_path):

@@ -93,6 +93,19 @@ class Task(ABC):
     def chance_accuracy(self) -> float:
         """The accuracy per answer byte of a model that never looks back at the prompt."""
 
+    def constant_answer_accuracy(self, length: int) -> float:
+        """The accuracy per answer byte, at ``length``, of the best answer that ignores the
+        prompt: at each answer position, the byte most common there among the evaluation
+        examples (for a one-byte answer, the share of the most common answer). Where answers
+        are skewed (a product modulo 5 is 0 more often than not) it lies above
+        chance_accuracy: a model that learned nothing but the answers' skew scores it."""
+        examples = self.examples(length)
+        targets = examples.targets()[examples.answer]  # (answer bytes,), row by row
+        position = (examples.answer.cumsum(1) - 1)[examples.answer]  # (answer bytes,)
+        counts = torch.zeros(int(position.max()) + 1, self.vocab_size, dtype=torch.long)
+        counts.index_put_((position, targets), torch.ones_like(targets), accumulate=True)
+        return counts.max(1).values.sum().item() / len(targets)
+
     @abstractmethod
     def check_training(self, seq_len: int) -> None:
         """Raise PosbenchError when training windows of ``seq_len`` inputs cannot hold the

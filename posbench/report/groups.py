@@ -16,6 +16,7 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from posbench.config import ModelConfig, TrainConfig, flat_config
+from posbench.data import TASKS, load_data
 from posbench.errors import PosbenchError
 from posbench.references import Reference, ReferenceTable
 from posbench.report.read import Excluded, Run, find_runs
@@ -24,6 +25,7 @@ from posbench.runs import (
     eval_protocol,
     positions_mode,
     protocol_text,
+    saved_config,
     scaling_name,
     training_length_ppl,
 )
@@ -146,6 +148,11 @@ class Group:
     # an algorithmic task's training range [lo, hi]: its lengths are problem lengths
     problem_lengths: tuple[int, int] | None = None
     task: str | None = None  # and that task's data.name
+    # what its accuracy past the training range is read against, over the lengths evaluated
+    # there: a uniform guess (data.chance_accuracy) and the best answer that ignores the
+    # prompt (Task.constant_answer_accuracy); None where unknown
+    chance_accuracy: float | None = None
+    constant_answer_accuracy: float | None = None
     reference: ReferenceTable | None = None  # the --reference's table of its training length
 
 
@@ -290,6 +297,8 @@ def build_group(
         mark_not_comparable(group)
     else:
         group.task = runs[0].config.get("data.name")
+        group.chance_accuracy = runs[0].results.get("data", {}).get("chance_accuracy")
+        group.constant_answer_accuracy = constant_answer_past(runs[0], lengths)
     with_positions = [
         (key, length)
         for key, by_length in table.items()
@@ -312,6 +321,21 @@ def build_group(
         for key, row in zip(sorted_keys, rows, strict=True):
             row.by_depth = depth_accuracy(table[key].get(group.depth_length, []))
     return group
+
+
+def constant_answer_past(run: Run, lengths: Sequence[int]) -> float | None:
+    """The mean Task.constant_answer_accuracy of ``run``'s task over ``lengths`` past its
+    training range (None: none of them, or a config that no longer builds the task, such as
+    a run of an older posbench)."""
+    if run.config.get("data.source") not in TASKS:
+        return None
+    try:
+        task = load_data(saved_config(run.path).data)
+    except PosbenchError:
+        return None
+    longest = run.config["data.train_lengths"][1]
+    past = [n for n in lengths if n > longest and task.unscorable(n) is None]
+    return statistics.fmean(map(task.constant_answer_accuracy, past)) if past else None
 
 
 def summary_values(results: Sequence[dict[str, Any]], key: str) -> list[float]:

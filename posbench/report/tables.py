@@ -140,15 +140,24 @@ GENERALIZATION = {
 def generalization_table(groups: Sequence[Group], key: str, what: str) -> list[str]:
     """Ruoss et al.'s Table 1: one line per task (group), one column per encoding (row label),
     each cell the runs' ``key`` summary over the problem lengths past the training range,
-    the best per task in bold."""
+    the best per task in bold; per answer byte, beside the task's baselines over the same
+    lengths."""
     labels = list(dict.fromkeys(row.label for group in groups for row in group.rows))
     names = [group.task or group.title for group in groups]
+    per_byte = key == "generalization_accuracy"
+    baselines = ["chance", "constant answer"] if per_byte else []
     lines = [
         f"Length generalization (Ruoss et al. 2023): {what}, over the evaluated problem lengths "
-        "past each task's training range:",
+        "past each task's training range"
+        + (
+            " (chance: a uniform guess; constant answer: the best answer that ignores the "
+            "prompt, the most common byte at each answer position of the examples scored):"
+            if per_byte
+            else ":"
+        ),
         "",
-        "| task | " + " | ".join(labels) + " |",
-        "| --- |" + " --- |" * len(labels),
+        "| task | " + " | ".join([*labels, *baselines]) + " |",
+        "| --- |" + " --- |" * (len(labels) + len(baselines)),
     ]
     for group, name in zip(groups, names, strict=True):
         if names.count(name) > 1:  # the same task trained in several settings
@@ -162,6 +171,11 @@ def generalization_table(groups: Sequence[Group], key: str, what: str) -> list[s
             else stat_text(stat, bold=stat.mean == best)
             for label in labels
         ]
+        if per_byte:
+            texts += [
+                "–" if value is None else f"{value:.2f}"
+                for value in (group.chance_accuracy, group.constant_answer_accuracy)
+            ]
         lines.append(f"| {name} | " + " | ".join(texts) + " |")
     return lines
 
@@ -383,6 +397,8 @@ def json_content(report: Report, records: Sequence[dict[str, Any]]) -> dict[str,
                 "train_seq_len": g.train_seq_len,
                 "problem_lengths": g.problem_lengths,
                 "length_generalization": generalization_content(g),
+                "chance_accuracy": g.chance_accuracy,
+                "constant_answer_accuracy": g.constant_answer_accuracy,
                 "rows": {row.label: [relative(p, report.root) for p in row.runs] for row in g.rows},
                 "loss_by_position": position_content(g),
                 "accuracy_by_depth": depth_content(g),
