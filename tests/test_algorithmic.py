@@ -205,21 +205,37 @@ def test_prompts_and_answers_use_only_their_alphabets_and_answers_use_all_of_the
 
 @pytest.mark.parametrize("source", sorted(ALGORITHMIC_TASKS))
 def test_the_constant_answer_is_the_most_common_byte_at_each_answer_position(source):
-    """Counted answer by answer: at least chance (the most common of k symbols has at least a
-    k-th of them), at most every byte."""
+    """Counted answer by answer over all the lengths, then scored length by length: at least
+    chance at one length (the most common of k symbols has at least a k-th of them)."""
     task = load_data({"source": source, "val_examples": 40})
-    for length in defined_lengths(task, CHECKED_LENGTHS):
+    lengths = defined_lengths(task, CHECKED_LENGTHS)
+    answers = {}
+    for length in lengths:
         examples = task.examples(length)
-        answers = [
+        answers[length] = [
             bytes(row[1:][scored].tolist())
             for row, scored in zip(examples.tokens, examples.answer, strict=True)
         ]
-        longest = max(map(len, answers))
-        at_position = [Counter(a[i] for a in answers if i < len(a)) for i in range(longest)]
-        best = sum(max(counts.values()) for counts in at_position)
-        expected = best / sum(map(len, answers))
-        assert task.constant_answer_accuracy(length) == pytest.approx(expected)
-        assert task.chance_accuracy() <= expected <= 1
+        one = task.constant_answer_accuracy([length])
+        assert task.chance_accuracy() <= one <= 1
+    pooled = [a for at_length in answers.values() for a in at_length]
+    constant = []
+    for i in range(max(map(len, pooled))):
+        counts = Counter(a[i] for a in pooled if i < len(a))
+        constant.append(max(counts, key=lambda byte: (counts[byte], -byte)))
+    hits = [
+        sum(x == c for a in at_length for x, c in zip(a, constant, strict=False))
+        / sum(map(len, at_length))
+        for at_length in answers.values()
+    ]
+    assert task.constant_answer_accuracy(lengths) == pytest.approx(sum(hits) / len(hits))
+
+
+def test_a_constant_answer_cannot_know_the_length():
+    # counting's answer is the length modulo 10: one answer per length, ten over ten lengths.
+    task = load_data({"source": "counting"})
+    assert task.constant_answer_accuracy([21]) == 1.0
+    assert task.constant_answer_accuracy(range(21, 41)) == pytest.approx(0.1)
 
 
 @pytest.mark.parametrize("source", sorted(ALGORITHMIC_TASKS))

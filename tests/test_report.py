@@ -702,7 +702,7 @@ def test_accuracy_per_byte_is_read_against_chance_and_the_constant_answer(tmp_pa
     # A run whose config does not name its task's source (an older posbench's): no baselines.
     task_run(tmp_path / "reverse", "reverse_string", "rope", 0, {40: (1.0, 1.0), 50: (0.5, 0.0)})
     task = load_data({"source": "parity_check", "train_lengths": [1, 40]})
-    constant = (task.constant_answer_accuracy(50) + task.constant_answer_accuracy(100)) / 2
+    constant = task.constant_answer_accuracy([50, 100])
     text = markdown(build_report(tmp_path))
     per_byte = text[text.index("mean accuracy per answer byte") :]
     table = per_byte[per_byte.index("| task |") :].splitlines()

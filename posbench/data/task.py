@@ -93,18 +93,27 @@ class Task(ABC):
     def chance_accuracy(self) -> float:
         """The accuracy per answer byte of a model that never looks back at the prompt."""
 
-    def constant_answer_accuracy(self, length: int) -> float:
-        """The accuracy per answer byte, at ``length``, of the best answer that ignores the
-        prompt: at each answer position, the byte most common there among the evaluation
-        examples (for a one-byte answer, the share of the most common answer). Where answers
-        are skewed (a product modulo 5 is 0 more often than not) it lies above
-        chance_accuracy: a model that learned nothing but the answers' skew scores it."""
-        examples = self.examples(length)
-        targets = examples.targets()[examples.answer]  # (answer bytes,), row by row
-        position = (examples.answer.cumsum(1) - 1)[examples.answer]  # (answer bytes,)
-        counts = torch.zeros(int(position.max()) + 1, self.vocab_size, dtype=torch.long)
-        counts.index_put_((position, targets), torch.ones_like(targets), accumulate=True)
-        return counts.max(1).values.sum().item() / len(targets)
+    def constant_answer_accuracy(self, lengths: Sequence[int]) -> float:
+        """The accuracy per answer byte, averaged over ``lengths`` as a run's summary is, of
+        one fixed answer: at each answer position, the byte most common there among all the
+        problems scored at those lengths (the lowest byte of a tie). A baseline for a model
+        that ignores its prompt, the prompt's length too: where answers are skewed (a
+        product modulo 5 is 0 more often than not; a sorted answer repeats its neighbour) it
+        lies well above chance_accuracy."""
+        scored = []  # per length: (answer bytes,) and the answer position of each
+        for length in lengths:
+            examples = self.examples(length)
+            position = examples.answer.cumsum(1) - 1  # (N, T): which answer byte each target is
+            scored.append((examples.targets()[examples.answer], position[examples.answer]))
+        longest = max(int(position.max()) for _, position in scored) + 1
+        counts = torch.zeros(longest, self.vocab_size, dtype=torch.long)
+        for targets, position in scored:
+            counts.index_put_((position, targets), torch.ones_like(targets), accumulate=True)
+        answer = counts.argmax(1)  # (longest,): the fixed answer
+        hits = [
+            (answer[position] == targets).double().mean().item() for targets, position in scored
+        ]
+        return sum(hits) / len(hits)
 
     @abstractmethod
     def check_training(self, seq_len: int) -> None:

@@ -335,7 +335,7 @@ def constant_answer_past(run: Run, lengths: Sequence[int]) -> float | None:
         return None
     longest = run.config["data.train_lengths"][1]
     past = [n for n in lengths if n > longest and task.unscorable(n) is None]
-    return statistics.fmean(map(task.constant_answer_accuracy, past)) if past else None
+    return task.constant_answer_accuracy(past) if past else None
 
 
 def summary_values(results: Sequence[dict[str, Any]], key: str) -> list[float]:
