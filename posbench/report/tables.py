@@ -150,8 +150,8 @@ def generalization_table(groups: Sequence[Group], key: str, what: str) -> list[s
         f"Length generalization (Ruoss et al. 2023): {what}, over the evaluated problem lengths "
         "past each task's training range"
         + (
-            " (chance: a uniform guess; constant answer: the best answer that ignores the "
-            "prompt, the most common byte at each answer position of the examples scored):"
+            " (chance: a uniform guess; constant answer: one fixed answer, the most common byte "
+            "at each answer position over all the problems scored there):"
             if per_byte
             else ":"
         ),
