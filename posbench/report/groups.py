@@ -324,9 +324,9 @@ def build_group(
 
 
 def constant_answer_past(run: Run, lengths: Sequence[int]) -> float | None:
-    """The mean Task.constant_answer_accuracy of ``run``'s task over ``lengths`` past its
-    training range (None: none of them, or a config that no longer builds the task, such as
-    a run of an older posbench)."""
+    """Task.constant_answer_accuracy of ``run``'s task over ``lengths`` past its training
+    range (None: none of them, or a config that no longer builds the task, such as a run of
+    an older posbench)."""
     if run.config.get("data.source") not in TASKS:
         return None
     try:
