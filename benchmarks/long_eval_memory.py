@@ -17,6 +17,7 @@ before the chunked NLL), not a chunk at a time (posbench.model.next_token_nll).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import resource
 import subprocess
@@ -49,8 +50,9 @@ def measure_here(
     tokens = torch.randint(0, vocab, (batch_size * length + 1,))
     # A tokenizer's tokens: one byte and one word each (the counts do not change the memory).
     per_token = None if vocab == 256 else torch.ones_like(tokens, dtype=torch.uint8)
-    chunked_devices = frozenset() if logits_way else posbench.model.CHUNKED_LOSS_DEVICES
-    with mock.patch.object(posbench.model, "CHUNKED_LOSS_DEVICES", chunked_devices):
+    # posbench's NLL off its chunked path for the logits way only
+    whole = mock.patch.object(posbench.model, "CHUNKED_LOSS_DEVICES", frozenset())
+    with whole if logits_way else contextlib.nullcontext():
         before = peak_rss_bytes()
         record = evaluate_length(
             model,

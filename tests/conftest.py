@@ -52,6 +52,26 @@ TINY_SYNTHETIC = [
 TINY = [*TINY_RUN, *TINY_SYNTHETIC]
 
 
+def chunked_calls(monkeypatch, min_elements: int = 0) -> list[int]:
+    """One entry per call of F.linear_cross_entropy from now on (its rows), which posbench's
+    NLL (posbench.model.next_token_nll) takes for logits of ``min_elements`` or more (0: the
+    tests' small ones too)."""
+    import torch
+
+    import posbench.model
+
+    monkeypatch.setattr(posbench.model, "CHUNKED_LOSS_MIN_ELEMENTS", min_elements)
+    calls = []
+    chunked = torch.nn.functional.linear_cross_entropy
+
+    def counted(hidden, *args, **kwargs):
+        calls.append(len(hidden))
+        return chunked(hidden, *args, **kwargs)
+
+    monkeypatch.setattr(torch.nn.functional, "linear_cross_entropy", counted)
+    return calls
+
+
 def terabyte_split() -> np.ndarray:
     """A read-only uint8 split of 2**40 bytes (all 7) that takes no memory: code that copies
     the whole split fails with MemoryError, code that reads windows of it passes."""

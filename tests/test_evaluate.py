@@ -6,7 +6,7 @@ from itertools import pairwise
 import numpy as np
 import pytest
 import torch
-from conftest import terabyte_split
+from conftest import chunked_calls, terabyte_split
 
 import posbench.model
 from posbench.config import compose_config
@@ -118,16 +118,9 @@ def test_uniform_model_has_perplexity_256_and_8_bits_per_byte():
 def test_perplexity_is_exp_of_mean_nll_against_a_direct_computation(chunked, monkeypatch):
     # Both ways of the model's NLL: a chunk of logits at a time (a CPU's, for large logits:
     # here for all) and the logits whole (CUDA's).
-    monkeypatch.setattr(posbench.model, "CHUNKED_LOSS_MIN_ELEMENTS", 0)
+    calls = chunked_calls(monkeypatch)
     if not chunked:
         monkeypatch.setattr(posbench.model, "CHUNKED_LOSS_DEVICES", frozenset())
-    calls = []
-    linear_cross_entropy = torch.nn.functional.linear_cross_entropy
-    monkeypatch.setattr(
-        torch.nn.functional,
-        "linear_cross_entropy",
-        lambda *args, **kwargs: calls.append(kwargs) or linear_cross_entropy(*args, **kwargs),
-    )
     model = random_rope_model()
     tokens = torch.randint(0, 256, (65,), dtype=torch.uint8)
     record = evaluate_length(model, tokens, length=16)

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import pytest
 import torch
+from conftest import chunked_calls
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -170,21 +171,6 @@ def scored_batch(vocab: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]
     targets = torch.randint(0, vocab, (3, 17), generator=generator)
     targets[:, :6] = -100
     return tokens, targets
-
-
-def chunked_calls(monkeypatch, min_elements: int = 0) -> list[int]:
-    """One entry per call of F.linear_cross_entropy from now on (its rows), which the loss
-    takes for logits of ``min_elements`` or more (0: these tests' small ones too)."""
-    monkeypatch.setattr(posbench.model, "CHUNKED_LOSS_MIN_ELEMENTS", min_elements)
-    calls = []
-    chunked = torch.nn.functional.linear_cross_entropy
-
-    def counted(hidden, *args, **kwargs):
-        calls.append(len(hidden))
-        return chunked(hidden, *args, **kwargs)
-
-    monkeypatch.setattr(torch.nn.functional, "linear_cross_entropy", counted)
-    return calls
 
 
 def float64_model_and_batch(

@@ -6,7 +6,7 @@ import json
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import TINY
+from conftest import TINY, chunked_calls
 
 import posbench.model
 from posbench.attention import unbiased_causal_attention
@@ -328,14 +328,9 @@ def test_a_compiled_training_forward_and_its_gradients_equal_eagers(encoding, ra
 def test_a_compiled_training_loss_and_its_gradients_equal_eagers(chunked, monkeypatch):
     # What a compiled training step computes: the summed NLL given targets, by either way
     # (F.linear_cross_entropy's chunks, here for these small logits too, or the logits whole).
-    monkeypatch.setattr(posbench.model, "CHUNKED_LOSS_MIN_ELEMENTS", 0 if chunked else 2**62)
-    calls = []
-    linear_cross_entropy = F.linear_cross_entropy
-    monkeypatch.setattr(
-        F,
-        "linear_cross_entropy",
-        lambda *args, **kwargs: calls.append(1) or linear_cross_entropy(*args, **kwargs),
-    )
+    calls = chunked_calls(monkeypatch)
+    if not chunked:
+        monkeypatch.setattr(posbench.model, "CHUNKED_LOSS_DEVICES", frozenset())
     torch.manual_seed(0)
     model = build_model({"n_layer": 2, "n_head": 2, "d_model": 16}, {"name": "rope"}).train()
     generator = torch.Generator().manual_seed(1)
