@@ -385,7 +385,9 @@ def train_step(
     ``train.batch_size`` drawn from ``sampler``; returns this rank's share of the batch's mean
     loss (a task's: on its answer bytes only), which summed over the ranks is that mean, and
     the input positions of the global batch (the tokens tokens/s counts: batch_size x seq_len
-    for a corpus; for a task, as wide as its longest problem, padding included).
+    for a corpus; for a task, as wide as its longest problem, padding included). A task's rows
+    run in slices cut to the width their answers reach (width_slices), with the gradient of
+    the whole batch.
     ``model`` is the Transformer, its compiled wrapper (compile_for_training) or either
     wrapped for data parallelism (distributed.data_parallel)."""
     device = next(model.parameters()).device
@@ -397,22 +399,26 @@ def train_step(
     x, y = data.train_batch(cfg.batch_size, cfg.seq_len, sampler, step)
     scored = int((y != IGNORE).sum())  # targets in the global batch: the loss is their mean
     rows, micro_batch = distributed.rows_of_rank(cfg.batch_size, cfg.grad_accum)
-    inputs, targets = x[rows].split(micro_batch), y[rows].split(micro_batch)
-    positions = [None] * len(inputs)  # 0..seq_len-1
+    drawn = None  # None: every row at positions 0, 1, 2, ...
     if cfg.random_positions is not None:
         # Each sequence at its own sorted subset, drawn for the global batch like the batch
         # itself, from the sampler whose state the checkpoint already holds.
         # As wide as the batch: an algorithmic task's is its longest problem, not seq_len.
         drawn = sample_positions(cfg.random_positions, cfg.batch_size, x.shape[1], sampler)
-        positions = drawn[rows].to(device).split(micro_batch)
+    pieces = []  # (inputs, targets, positions) to run, each as wide as its rows need
+    for micro_rows in torch.arange(x.shape[0])[rows].split(micro_batch):
+        for piece_rows, width in width_slices(y[micro_rows]):
+            kept = micro_rows[piece_rows]
+            ps = None if drawn is None else drawn[kept, :width].to(device)
+            pieces.append((x[kept, :width], y[kept, :width], ps))
     # DDP averages the gradients over the ranks; scaled by their number, the sum over ranks and
     # micro-batches is the gradient of the global batch's mean loss.
     scale = distributed.world_size() / scored
     optimizer.zero_grad(set_to_none=True)
     loss_sum = 0.0
-    for i, (xs, ys, ps) in enumerate(zip(inputs, targets, positions, strict=True)):
+    for i, (xs, ys, ps) in enumerate(pieces):
         xs, ys = xs.to(device), ys.to(device)
-        with distributed.sync_gradients(model, last=i == len(inputs) - 1):
+        with distributed.sync_gradients(model, last=i == len(pieces) - 1):
             with autocast(precision, device):
                 nll = model(xs, ps, targets=ys)  # summed over ys's scored targets, float32
             (nll * scale).backward()
@@ -421,6 +427,32 @@ def train_step(
         torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
     optimizer.step()
     return loss_sum / scored, x.numel()
+
+
+# Rows of a micro-batch run in up to this many slices of similar width. An algorithmic task's
+# batch is as wide as its longest problem, and under causal attention the padding after a
+# row's last answer byte changes none of its losses: cutting it takes a duplicate_string step
+# 1.6-1.7x faster, where eight slices cost more in calls than they save (benchmarks/README.md,
+# "Algorithmic training steps").
+WIDTH_SLICES = 4
+
+
+def width_slices(targets: torch.Tensor) -> list[tuple[torch.Tensor, int]]:
+    """``targets``'s (B, T) rows grouped for running apart: (row indices, width) pairs, the
+    rows sorted by the width they need (up to their last scored target) and cut into at most
+    WIDTH_SLICES groups, each run as wide as its widest row. Neighbouring groups of one width
+    run as one (a corpus's rows, all scored to the end, run whole)."""
+    columns = torch.arange(1, targets.shape[1] + 1, device=targets.device)
+    needed = torch.where(targets != IGNORE, columns, 1).amax(dim=1)  # (B,)
+    order = needed.argsort(stable=True)
+    slices: list[tuple[torch.Tensor, int]] = []
+    for group in order.chunk(WIDTH_SLICES):
+        width = int(needed[group].max())
+        if slices and slices[-1][1] == width:
+            slices[-1] = (torch.cat([slices[-1][0], group]), width)
+        else:
+            slices.append((group, width))
+    return slices
 
 
 def fused_adamw(devices: Iterable[torch.device]) -> bool:

@@ -1,6 +1,7 @@
 """Algorithmic tasks: every task's examples against an oracle written here, the curricula,
 training and evaluation by problem length, and Ruoss et al.'s length-generalization score."""
 
+import importlib
 import json
 import re
 from collections import Counter
@@ -27,8 +28,10 @@ from posbench.errors import PosbenchError
 from posbench.model import build_model
 from posbench.runs import with_length_generalization
 from posbench.tensorboard_log import headline_metrics
-from posbench.train import make_optimizer, train, train_step
+from posbench.train import make_optimizer, train, train_step, width_slices
 from tests.conftest import TINY_RUN, posbench
+
+train_module = importlib.import_module("posbench.train")  # posbench.train is also the function
 
 
 def binary_value(bits: str) -> int:
@@ -562,6 +565,50 @@ def test_tokens_per_second_counts_the_positions_of_the_batch_not_of_train_seq_le
     sampler = torch.Generator().manual_seed(0)
     _, positions = train_step(model, optimizer, task, sampler, 0, cfg.train)
     assert positions == inputs.numel() < cfg.train.batch_size * 64
+
+
+def test_width_slices_group_rows_by_how_far_their_scored_targets_reach():
+    targets = torch.full((8, 10), IGNORE)
+    for row, last in enumerate([9, 2, 5, 2, 7, 0, 9, 4]):
+        targets[row, last] = 1  # the row needs last + 1 positions
+    slices = [(rows.tolist(), width) for rows, width in width_slices(targets)]
+    assert slices == [([5, 1], 3), ([3, 7], 5), ([2, 4], 8), ([0, 6], 10)]
+    # A corpus's rows are scored to the end: they run whole, in their order.
+    (rows, width), *more = width_slices(torch.zeros(8, 10, dtype=torch.long))
+    assert rows.tolist() == list(range(8)) and width == 10 and not more
+
+
+@pytest.mark.parametrize("positions", ["contiguous", "random"])
+def test_a_task_batch_run_in_narrower_slices_gets_the_whole_batchs_gradient(monkeypatch, positions):
+    """The padding cut from each slice came after its rows' last answer byte, which causal
+    attention never lets an earlier position see; randomized positions keep each row's own."""
+    overrides = [
+        *TINY_TASK_RUN,
+        "data=reverse_string",
+        "data.train_lengths=[1,10]",
+        "train.seq_len=32",
+    ]
+    if positions == "random":
+        overrides += ["encoding=rope", "train.random_positions=256"]
+    cfg = compose_config(overrides)
+
+    def one_step(slices: int) -> tuple[list[torch.Tensor], list[int]]:
+        monkeypatch.setattr(train_module, "WIDTH_SLICES", slices)
+        torch.manual_seed(0)
+        model = build_model(cfg.model, cfg.encoding)
+        widths = []
+        model.register_forward_pre_hook(lambda _, args: widths.append(args[0].shape[1]))
+        sampler = torch.Generator().manual_seed(0)
+        train_step(
+            model, make_optimizer(model, cfg.train), load_data(cfg.data), sampler, 0, cfg.train
+        )
+        return [p.grad for p in model.parameters()], widths
+
+    whole, [width] = one_step(1)
+    sliced, widths = one_step(4)
+    assert len(widths) == 4 and max(widths) == width and min(widths) < width
+    for a, b in zip(whole, sliced, strict=True):
+        torch.testing.assert_close(a, b)
 
 
 def test_training_batches_follow_the_sampler_state_so_a_resumed_run_continues_them():

@@ -28,6 +28,7 @@ RUNS = [
     ("diagnose_memory.py --length 256 --threads 1 --encodings none fire", "none"),
     ("tokenizer.py encode --quick", "encode_split"),
     ("tokenizer.py train --quick", "vocabulary 8,192"),
+    ("task_steps.py --rounds 1 --tasks parity_check --encodings rope --slices 1 2", "2 slices"),
 ]
 
 
