@@ -32,6 +32,7 @@ from posbench.checkpoint import CHECKPOINT_FILE, TrainProgress
 from posbench.data import Corpus, Task
 from posbench.errors import PosbenchError
 from posbench.model import Transformer, build_model
+from posbench.versions import code_versions
 
 if TYPE_CHECKING:
     from tokenizers import Tokenizer
@@ -251,7 +252,7 @@ def run_description(
     training length and seed, the ``threads`` and ranks it ran on, its size, the precision it
     trained in (what ``auto`` resolved to), its data (with its tokenizer and vocabulary) and
     the run it started from
-    (``train.init_from``, as an absolute path)."""
+    (``train.init_from``, as an absolute path), and the code that ran it (versions.py)."""
     options = OmegaConf.to_container(cfg.encoding, resolve=True, enum_to_str=True)
     options.pop("name")
     init_from = cfg.train.init_from
@@ -273,6 +274,7 @@ def run_description(
             **data.stats,
         },
         "init_from": None if init_from is None else str(Path(init_from).resolve()),
+        "versions": code_versions(),
     }
 
 

@@ -384,10 +384,10 @@ def train_step(
     """One optimisation step at ``lr_at(step)`` in ``precision`` on a global batch of
     ``train.batch_size`` drawn from ``sampler``; returns this rank's share of the batch's mean
     loss (a task's: on its answer bytes only), which summed over the ranks is that mean, and
-    the input positions of the global batch (the tokens tokens/s counts: batch_size x seq_len
-    for a corpus; for a task, as wide as its longest problem, padding included). A task's rows
-    run in slices cut to the width their answers reach (width_slices), with the gradient of
-    the whole batch.
+    the input positions every rank's forward passes ran (the tokens tokens/s counts:
+    batch_size x seq_len for a corpus). A task's rows run in slices cut to the width their
+    answers reach (width_slices), with the gradient of the whole batch; its positions are the
+    slices', padding included.
     ``model`` is the Transformer, its compiled wrapper (compile_for_training) or either
     wrapped for data parallelism (distributed.data_parallel)."""
     device = next(model.parameters()).device
@@ -406,11 +406,15 @@ def train_step(
         # As wide as the batch: an algorithmic task's is its longest problem, not seq_len.
         drawn = sample_positions(cfg.random_positions, cfg.batch_size, x.shape[1], sampler)
     pieces = []  # (inputs, targets, positions) to run, each as wide as its rows need
-    for micro_rows in torch.arange(x.shape[0])[rows].split(micro_batch):
+    computed = 0  # input positions every rank runs
+    # Every rank's micro-batches, for the positions they run; this rank keeps its own.
+    for micro_rows in torch.arange(cfg.batch_size).split(micro_batch):
         for piece_rows, width in width_slices(y[micro_rows]):
             kept = micro_rows[piece_rows]
-            ps = None if drawn is None else drawn[kept, :width].to(device)
-            pieces.append((x[kept, :width], y[kept, :width], ps))
+            computed += len(kept) * width
+            if rows.start <= kept[0] < rows.stop:
+                ps = None if drawn is None else drawn[kept, :width].to(device)
+                pieces.append((x[kept, :width], y[kept, :width], ps))
     # DDP averages the gradients over the ranks; scaled by their number, the sum over ranks and
     # micro-batches is the gradient of the global batch's mean loss.
     scale = distributed.world_size() / scored
@@ -426,7 +430,7 @@ def train_step(
     if cfg.grad_clip > 0:
         torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
     optimizer.step()
-    return loss_sum / scored, x.numel()
+    return loss_sum / scored, computed
 
 
 # Rows of a micro-batch run in up to this many slices of similar width. An algorithmic task's

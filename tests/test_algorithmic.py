@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 
+from posbench import distributed
 from posbench.config import compose_config, eval_lengths, validate
 from posbench.data import ALGORITHMIC_TASKS, IGNORE, Examples, load_data
 from posbench.data.algorithmic import AlgorithmicTask
@@ -552,19 +553,25 @@ def test_training_batches_mix_problem_lengths_padded_to_the_longest_and_score_an
         assert scored == list(range(size, 2 * size))  # the answer bytes, none of the padding
 
 
-def test_tokens_per_second_counts_the_positions_of_the_batch_not_of_train_seq_len():
-    """A task's batch is as wide as its longest problem: tokens/s counts those positions (the
-    ones the model computed), not train.seq_len's, which would overstate it."""
+def test_tokens_per_second_counts_the_positions_every_rank_computed(monkeypatch):
+    """A task's batch is as wide as its longest problem, and its slices narrower: tokens/s
+    counts the positions the ranks' forward passes ran, not the batch's or train.seq_len's,
+    which would overstate it. Each rank counts every rank's (here two ranks, in turn)."""
     cfg = compose_config([*TINY_TASK_RUN, "data=reverse_string", "data.train_lengths=[1,10]"])
     cfg.train.seq_len = 64
-    torch.manual_seed(0)
-    model = build_model(cfg.model, cfg.encoding)
     task = load_data(cfg.data)
     inputs, _ = task.train_batch(cfg.train.batch_size, 64, torch.Generator().manual_seed(0), 0)
-    optimizer = make_optimizer(model, cfg.train)
-    sampler = torch.Generator().manual_seed(0)
-    _, positions = train_step(model, optimizer, task, sampler, 0, cfg.train)
-    assert positions == inputs.numel() < cfg.train.batch_size * 64
+    monkeypatch.setattr(distributed, "world_size", lambda: 2)
+    counted, ran = [], []  # each rank's count; the positions of every forward pass
+    for rank in (0, 1):
+        monkeypatch.setattr(distributed, "rank", lambda rank=rank: rank)
+        torch.manual_seed(0)
+        model = build_model(cfg.model, cfg.encoding)
+        model.register_forward_pre_hook(lambda _, args: ran.append(args[0].numel()))
+        optimizer = make_optimizer(model, cfg.train)
+        sampler = torch.Generator().manual_seed(0)
+        counted.append(train_step(model, optimizer, task, sampler, 0, cfg.train)[1])
+    assert counted[0] == counted[1] == sum(ran) < inputs.numel() < cfg.train.batch_size * 64
 
 
 def test_width_slices_group_rows_by_how_far_their_scored_targets_reach():

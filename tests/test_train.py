@@ -2,6 +2,8 @@
 
 import json
 import math
+import subprocess
+from importlib import metadata
 from pathlib import Path
 
 import pytest
@@ -16,6 +18,7 @@ from posbench.encodings import encoding_names
 from posbench.evaluate import position_buckets
 from posbench.model import build_model
 from posbench.train import fused_adamw, lr_at, make_optimizer, train, validation_batches
+from posbench.versions import SOURCE_ROOT, code_versions, git_state
 
 
 def scalars(run_dir, tag):
@@ -82,6 +85,42 @@ def test_results_json_has_the_documented_fields_and_types(rope_run):
         assert record["bits_per_byte"] == pytest.approx(math.log2(record["ppl"]))
         assert record["tokens"] == record["bytes"] == 4096  # a byte run's tokens are bytes
         assert record["words"] > 0 and record["word_ppl"] > record["ppl"]
+
+
+def test_results_name_the_code_that_ran(rope_run):
+    """From a git checkout (this one, or CI's clone) the commit and whether it was edited."""
+    _, results = rope_run
+    versions = results["versions"]
+    assert versions == code_versions()
+    assert versions["posbench"] == metadata.version("posbench")
+    assert versions["torch"] == torch.__version__
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=SOURCE_ROOT, capture_output=True)
+    checked_out = head.stdout.decode().strip() if head.returncode == 0 else None  # else a wheel
+    assert versions["git_commit"] == checked_out
+
+
+def test_git_state_is_the_commit_of_a_work_trees_top_and_whether_tracked_files_changed(
+    tmp_path_factory,
+):
+    tree = tmp_path_factory.mktemp("clone")
+
+    def git(*args: str) -> str:
+        ran = subprocess.run(["git", *args], cwd=tree, capture_output=True, text=True, check=True)
+        return ran.stdout.strip()
+
+    git("init", "-q")
+    (tree / "model.py").write_text("width = 64\n")
+    git("add", "model.py")
+    git("-c", "user.name=t", "-c", "user.email=t@example.org", "commit", "-qm", "first")
+    commit = git("rev-parse", "HEAD")
+    assert git_state(tree) == (commit, False)
+    (tree / "notes.txt").write_text("untracked files change no numbers")
+    assert git_state(tree) == (commit, False)
+    (tree / "model.py").write_text("width = 128\n")
+    assert git_state(tree) == (commit, True)
+    (tree / "site-packages").mkdir()  # a package installed inside someone else's repository
+    assert git_state(tree / "site-packages") == (None, None)
+    assert git_state(tmp_path_factory.mktemp("wheel")) == (None, None)
 
 
 def test_results_report_the_data_baselines_and_the_model_beats_the_unigram(rope_run):
