@@ -21,7 +21,8 @@ from posbench.report.figures import (
     position_figure,
     value_figure,
 )
-from posbench.report.tables import markdown
+from posbench.report.groups import Stat
+from posbench.report.tables import best_shown, markdown, stat_text
 
 
 @pytest.fixture(scope="module")
@@ -295,6 +296,16 @@ def test_a_ratio_without_its_protocol_at_the_training_length_is_a_dash_and_a_foo
     ) in text
 
 
+def test_bold_marks_every_mean_that_prints_as_the_best_and_none_where_all_print_alike():
+    assert best_shown([0.004, 0.001]) is None  # both print 0.00: no win to mark
+    assert best_shown([0.004, 0.001, 0.2]) == "0.20"
+    assert best_shown([0.996, 1.0, 0.5]) == "1.00"  # the 0.996 is bold too
+    assert best_shown([5.0, 7.4, None], min) == "5.00"
+    assert best_shown([None, 0.3]) is None
+    assert stat_text(Stat.of([0.991, 0.993]), "0.99") == "**0.99** ± 0.00"
+    assert stat_text(Stat.of([0.5]), "1.00") == "0.50"
+
+
 def test_an_encoding_far_worse_at_the_training_length_is_marked_not_comparable(tmp_path):
     make_run(tmp_path / "rope", ppls={16: 5.0, 32: 9.0})
     make_run(tmp_path / "alibi", encoding="alibi", ppls={16: 7.4, 32: 8.0})  # 1.48x: comparable
@@ -304,7 +315,7 @@ def test_an_encoding_far_worse_at_the_training_length_is_marked_not_comparable(t
     write_report(report, out)
     text = markdown(report)
     ratios = text.split("each run against its own:")[1]
-    assert "| none [1] | 1 | **1.00** | **1.00** |" in ratios
+    assert "| none [1] | 1 | 1.00 | **1.00** |" in ratios  # at 16 every run is 1.00: no bold
     assert "| alibi | 1 |" in ratios and "| rope | 1 |" in ratios
     assert (
         "- [1] none: did not learn comparably at the training length (ppl 7.60 at 16, more "

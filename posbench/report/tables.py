@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import csv
 import io
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -19,9 +19,22 @@ def multiple(length: int, train_seq_len: int) -> str:
     return f"{round(length / train_seq_len, 2):g}×"
 
 
-def stat_text(stat: Stat, bold: bool = False) -> str:
-    mean = f"**{stat.mean:.2f}**" if bold else f"{stat.mean:.2f}"
+def stat_text(stat: Stat, best: str | None = None) -> str:
+    """The mean (± std) to two decimals, in bold where it prints as ``best`` (best_shown)."""
+    mean = f"{stat.mean:.2f}"
+    if mean == best:
+        mean = f"**{mean}**"
     return mean if stat.std is None else f"{mean} ± {stat.std:.2f}"
+
+
+def best_shown(means: Iterable[float | None], best_of: Any = max) -> str | None:
+    """The best of ``means`` as a table prints it, so that every mean printed alike is bold (a
+    0.004 over a 0.001 is no win: both print 0.00); None, no bold, where fewer than two were
+    measured or all print alike."""
+    printed = {f"{m:.2f}": m for m in means if m is not None}
+    if len(printed) < 2:
+        return None
+    return f"{best_of(printed.values()):.2f}"
 
 
 def length_headers(group: Group) -> list[str]:
@@ -63,11 +76,10 @@ def markdown_table(
         "| encoding | runs | " + " | ".join(length_headers(group)) + " |",
         "| --- | --- |" + " --- |" * len(group.lengths),
     ]
-    best = {}
-    for i in range(len(group.lengths)):
-        means = [getattr(row.cells[i], metric).mean for row in group.rows]
-        measured = [m for m in means if m is not None]
-        best[i] = best_of(measured) if len(measured) > 1 else None
+    best = [
+        best_shown((getattr(row.cells[i], metric).mean for row in group.rows), best_of)
+        for i in range(len(group.lengths))
+    ]
     for row in group.rows:
         texts = []
         for i, c in enumerate(row.cells):
@@ -79,7 +91,7 @@ def markdown_table(
             elif stat.mean is None:
                 texts.append("–")
             else:
-                text = stat_text(stat, bold=stat.mean == best[i])
+                text = stat_text(stat, best[i])
                 texts.append(text if stat.n == len(row.runs) else f"{text} (n={stat.n})")
         lines.append(
             f"| {row_name(row, footnotes)} | {len(row.runs)} | " + " | ".join(texts) + " |"
@@ -163,12 +175,11 @@ def generalization_table(groups: Sequence[Group], key: str, what: str) -> list[s
         if names.count(name) > 1:  # the same task trained in several settings
             name = f"{name} ({group.name})"
         stats = {row.label: getattr(row, key) for row in group.rows}
-        means = {s.mean for s in stats.values() if s.mean is not None}
-        best = max(means) if len(means) > 1 else None  # no bold where every encoding ties
+        best = best_shown(s.mean for s in stats.values())
         texts = [
             "–"
             if (stat := stats.get(label)) is None or stat.mean is None
-            else stat_text(stat, bold=stat.mean == best)
+            else stat_text(stat, best)
             for label in labels
         ]
         if per_byte:
@@ -255,7 +266,8 @@ def markdown(report: Report) -> str:
         "",
         f"{n_runs} runs. Cells: mean ± sample standard deviation (n − 1) over the runs (seeds) "
         "of a row; a single run shows its value alone, (n=k) marks a cell fewer runs "
-        "measured. Best mean per column in bold (lowest perplexity, highest accuracy).",
+        "measured. Best mean per column in bold (lowest perplexity, highest accuracy; none where "
+        "every mean prints alike).",
     ]
     footnotes: dict[str, int] = {}
     tasks = [group for group in report.groups if group.problem_lengths is not None]
