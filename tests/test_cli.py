@@ -265,6 +265,8 @@ def test_eval_without_run_after_a_sweep_says_it_took_the_sweeps_last_job(sweep):
             "posbench train: unrecognized arguments: --steps (see posbench train --help)",
         ),
         (["train", "--cfg", "everything"], "argument --cfg/-c: invalid choice: 'everything'"),
+        (["train", "-m", "encoding=none,rope", "--cfg", "job"], "--cfg job prints one job's"),
+        (["train", "--info", "--multirun"], "one of --multirun (-m), --cfg, --info"),
         (["train", "train.stpes=10"], "no such key; did you mean train.steps?"),
         (["train", "encoding=t5", "encoding.num_bucket=8"], "did you mean encoding.num_buckets?"),
         (

@@ -186,6 +186,12 @@ def run_train(args: Sequence[str]) -> None:
     if parsed.help:
         print(train_help(parsed.overrides))
         return
+    modes = [parsed.run, parsed.multirun, parsed.cfg, parsed.info, parsed.shell_completion]
+    if sum(mode not in (None, False) for mode in modes) > 1:  # else Hydra's own traceback
+        fail(
+            "one of --multirun (-m), --cfg, --info, --run and --shell-completion at a time: "
+            "--cfg job prints one job's config (without -m)"
+        )
     informational = parsed.hydra_help or parsed.cfg or parsed.info
     if not informational and not parsed.shell_completion:
         check_overrides(parsed.overrides, parsed.multirun)
