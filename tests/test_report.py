@@ -296,6 +296,30 @@ def test_a_ratio_without_its_protocol_at_the_training_length_is_a_dash_and_a_foo
     ) in text
 
 
+def test_the_report_says_what_code_its_runs_ran(tmp_path):
+    ran = {"posbench": "0.1.0", "git_commit": "a" * 40, "git_dirty": False}
+    ran |= {"torch": "2.13.0+cpu", "python": "3.11.7"}
+    edited = {**ran, "git_commit": "b" * 40, "git_dirty": True}
+    for seed, versions in enumerate([ran, ran, ran, edited, edited, None]):
+        make_run(tmp_path / f"seed{seed}", seed=seed, results=versions and {"versions": versions})
+    report = build_report(tmp_path)
+    assert (
+        "Code: the runs come from 3 versions (results.json's `versions`; one config and seed can "
+        "give other numbers under other code): posbench 0.1.0 at aaaaaaaaaaaa, torch 2.13.0+cpu, "
+        "Python 3.11.7 (3 runs); posbench 0.1.0 at bbbbbbbbbbbb with edits, torch 2.13.0+cpu, "
+        "Python 3.11.7 (2 runs); not recorded (runs written before posbench recorded it) (1 run)."
+    ) in markdown(report)
+    write_report(report, tmp_path / "report")
+    content = json.loads((tmp_path / "report" / "report.json").read_text())
+    assert content["code"] == [
+        {"versions": ran, "runs": 3},
+        {"versions": edited, "runs": 2},
+        {"versions": None, "runs": 1},
+    ]
+    one = markdown(build_report([tmp_path / "seed0", tmp_path / "seed1"]))
+    assert "\nCode: posbench 0.1.0 at aaaaaaaaaaaa, torch 2.13.0+cpu, Python 3.11.7.\n" in one
+
+
 def test_bold_marks_every_mean_that_prints_as_the_best_and_none_where_all_print_alike():
     assert best_shown([0.004, 0.001]) is None  # both print 0.00: no win to mark
     assert best_shown([0.004, 0.001, 0.2]) == "0.20"

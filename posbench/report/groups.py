@@ -7,7 +7,7 @@ import functools
 import json
 import os
 import statistics
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -164,6 +164,9 @@ class Report:
     excluded: list[Excluded]
     metric: str = "ppl"  # what its cells' value and ratio are (METRICS)
     reference: Reference | None = None  # published numbers it is read against (--reference)
+    # The code its runs ran (results.json's versions; None: not recorded), most runs first,
+    # with how many runs each: one config and seed can give other numbers under other code.
+    code: list[tuple[dict[str, Any] | None, int]] = field(default_factory=list)
 
 
 @functools.cache
@@ -509,4 +512,11 @@ def build_report(
             group.reference = reference.table(group.train_seq_len)
         groups.append(group)
     root = dirs[0] if len(dirs) == 1 else Path(os.path.commonpath([d.absolute() for d in dirs]))
-    return Report(root, dirs, groups, excluded, metric, reference)
+    return Report(root, dirs, groups, excluded, metric, reference, code_versions(runs))
+
+
+def code_versions(runs: Sequence[Run]) -> list[tuple[dict[str, Any] | None, int]]:
+    """Each distinct results.json ``versions`` of ``runs`` (None for runs written before
+    posbench recorded it) and how many runs have it, most first."""
+    counts = Counter(json.dumps(run.results.get("versions"), sort_keys=True) for run in runs)
+    return [(json.loads(key), n) for key, n in counts.most_common()]

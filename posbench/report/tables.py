@@ -99,6 +99,30 @@ def markdown_table(
     return lines
 
 
+def code_line(code: Sequence[tuple[dict[str, Any] | None, int]]) -> str:
+    """What code the runs ran (Report.code): one version, or each with its runs."""
+    if len(code) == 1:
+        return f"Code: {code_text(code[0][0])}."
+    versions = "; ".join(f"{code_text(v)} ({n} run{'s' if n > 1 else ''})" for v, n in code)
+    return (
+        f"Code: the runs come from {len(code)} versions (results.json's `versions`; one config "
+        f"and seed can give other numbers under other code): {versions}."
+    )
+
+
+def code_text(versions: dict[str, Any] | None) -> str:
+    if versions is None:
+        return "not recorded (runs written before posbench recorded it)"
+    commit = versions.get("git_commit")
+    at = ""
+    if commit is not None:
+        at = f" at {commit[:12]}" + (" with edits" if versions.get("git_dirty") else "")
+    return (
+        f"posbench {versions.get('posbench')}{at}, torch {versions.get('torch')}, "
+        f"Python {versions.get('python')}"
+    )
+
+
 def footnote(footnotes: dict[str, int], subject: str, why: str) -> int:
     """The number of the footnote "subject: why", a new one the first time it is needed."""
     return footnotes.setdefault(f"{subject}: {why}", len(footnotes) + 1)
@@ -269,6 +293,7 @@ def markdown(report: Report) -> str:
         "measured. Best mean per column in bold (lowest perplexity, highest accuracy; none where "
         "every mean prints alike).",
     ]
+    lines += ["", code_line(report.code)]
     footnotes: dict[str, int] = {}
     tasks = [group for group in report.groups if group.problem_lengths is not None]
     if tasks:
@@ -419,6 +444,7 @@ def json_content(report: Report, records: Sequence[dict[str, Any]]) -> dict[str,
             for g in report.groups
         ],
         "cells": list(records),
+        "code": [{"versions": versions, "runs": n} for versions, n in report.code],
         "excluded": [
             {"path": relative(e.path, report.root), "reason": e.reason} for e in report.excluded
         ],
