@@ -436,8 +436,8 @@ def train_step(
 # Rows of a micro-batch run in up to this many slices of similar width. An algorithmic task's
 # batch is as wide as its longest problem, and under causal attention the padding after a
 # row's last answer byte changes none of its losses: cutting it takes a duplicate_string step
-# 1.6-1.7x faster, where eight slices cost more in calls than they save (benchmarks/README.md,
-# "Algorithmic training steps").
+# 1.6-1.7x faster at one thread, 1.2-1.4x at two (benchmarks/README.md, "Algorithmic training
+# steps"); eight slices cost more in calls than they saved.
 WIDTH_SLICES = 4
 
 
