@@ -22,6 +22,7 @@ LAYERS = [
         "output_dirs",
         "precision",
         "distributed",
+        "versions",
     ],
     ["encodings", "data", "references"],
     ["attention", "attention_scaling", "explicit_attention", "model"],
