@@ -512,10 +512,10 @@ def build_report(
             group.reference = reference.table(group.train_seq_len)
         groups.append(group)
     root = dirs[0] if len(dirs) == 1 else Path(os.path.commonpath([d.absolute() for d in dirs]))
-    return Report(root, dirs, groups, excluded, metric, reference, code_versions(runs))
+    return Report(root, dirs, groups, excluded, metric, reference, runs_by_code(runs))
 
 
-def code_versions(runs: Sequence[Run]) -> list[tuple[dict[str, Any] | None, int]]:
+def runs_by_code(runs: Sequence[Run]) -> list[tuple[dict[str, Any] | None, int]]:
     """Each distinct results.json ``versions`` of ``runs`` (None for runs written before
     posbench recorded it) and how many runs have it, most first."""
     counts = Counter(json.dumps(run.results.get("versions"), sort_keys=True) for run in runs)
