@@ -7,6 +7,11 @@ names in ``${unique_dir:...}``, which *creates* the directory with ``os.mkdir``:
 atomic (also on NFS), so of several processes asking for the same name exactly one gets it
 and the others get ``<name>_2``, ``<name>_3``, ... Unlike pid + microsecond names, this keeps
 names readable and holds across hosts that share a file system.
+
+Within a sweep, each job's subdirectory names what sets it apart: its number, encoding and
+seed, and ``${random_positions_suffix:${train.random_positions}}`` adds the randomized
+positions a job trains at, so that a randomized-positions sweep writes beside the plain one in
+one sweep directory (both number their jobs from 0) instead of into the same directories.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 RESOLVER = "unique_dir"
+SUFFIX_RESOLVER = "random_positions_suffix"
 _claiming = True  # False inside unclaimed()
 
 
@@ -38,8 +44,15 @@ def claim_unique_dir(path: str) -> str:
             candidate = requested.with_name(f"{requested.name}_{n}")
 
 
-def register_unique_dir_resolver() -> None:
-    """Make ``${unique_dir:PATH}`` available to configs (idempotent).
+def random_positions_suffix(random_positions: int | None) -> str:
+    """``_random<N>`` for a job trained at train.random_positions=N, nothing for one trained at
+    consecutive positions."""
+    return "" if random_positions is None else f"_random{random_positions}"
+
+
+def register_output_dir_resolvers() -> None:
+    """Make ``${unique_dir:PATH}`` and ``${random_positions_suffix:N}`` available to configs
+    (idempotent).
 
     ``use_cache``: Hydra reads hydra.run.dir / hydra.sweep.dir several times per job and
     copies the cache into every sweep job's config (also into launcher worker processes), so
@@ -47,6 +60,8 @@ def register_unique_dir_resolver() -> None:
     """
     if not OmegaConf.has_resolver(RESOLVER):
         OmegaConf.register_new_resolver(RESOLVER, claim_unique_dir, use_cache=True)
+    if not OmegaConf.has_resolver(SUFFIX_RESOLVER):
+        OmegaConf.register_new_resolver(SUFFIX_RESOLVER, random_positions_suffix)
 
 
 @contextmanager

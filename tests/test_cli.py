@@ -16,7 +16,7 @@ from posbench.commands.overrides import unknown_key_hint
 from posbench.config import compose_config
 from posbench.encodings import encoding_names
 from posbench.evaluate import position_buckets
-from posbench.runs import save_config
+from posbench.runs import save_config, saved_config
 from posbench.threads import available_cores
 
 pytestmark = pytest.mark.slow
@@ -459,6 +459,19 @@ def test_two_trainings_started_together_never_share_a_directory(tmp_path, cache_
     runs = run_dirs(tmp_path)
     assert [d.name for d in runs] == ["same", "same_2"]
     assert {results_of(d)["seed"] for d in runs} == {0, 1}
+
+
+def test_a_randomized_positions_sweep_writes_beside_the_plain_one_in_one_sweep_directory(
+    tmp_path, cache_dir
+):
+    # Both number their jobs from 0: without the positions in the subdirectory name, the second
+    # sweep's job would find the first's run in its directory.
+    sweep = ["train", "-m", "encoding=rope", *TINY, "train.steps=4", "hydra.sweep.dir=outputs/s"]
+    posbench(*sweep, cwd=tmp_path)
+    posbench(*sweep, "train.random_positions=64", cwd=tmp_path)
+    runs = run_dirs(tmp_path)
+    assert [d.name for d in runs] == ["0_rope_random64_seed0", "0_rope_seed0"]
+    assert [saved_config(d).train.random_positions for d in runs] == [64, None]
 
 
 def test_the_joblib_launcher_runs_a_two_job_sweep_into_one_sweep_directory_sharing_the_cores(

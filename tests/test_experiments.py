@@ -9,7 +9,7 @@ from posbench.config import compose_config, eval_lengths, validate
 from posbench.data import ALGORITHMIC_TASKS, WINDOW_TASKS
 from posbench.encodings import encoding_names
 from posbench.errors import PosbenchError
-from posbench.output_dirs import register_unique_dir_resolver
+from posbench.output_dirs import register_output_dir_resolvers
 
 
 def swept_values(cfg, key: str) -> list[str]:
@@ -125,7 +125,7 @@ def test_a_sweep_is_prechecked_with_the_experiments_values_the_command_line_winn
 
 
 def test_validating_a_config_with_its_hydra_node_claims_no_directory(tmp_path, monkeypatch):
-    register_unique_dir_resolver()
+    register_output_dir_resolvers()
     monkeypatch.chdir(tmp_path)
     validate(compose_config(["+experiment=extrapolation"], with_hydra=True))
     assert list(tmp_path.iterdir()) == []

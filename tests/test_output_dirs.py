@@ -4,7 +4,7 @@ from concurrent.futures import ProcessPoolExecutor
 
 from omegaconf import OmegaConf
 
-from posbench.output_dirs import claim_unique_dir, register_unique_dir_resolver, unclaimed
+from posbench.output_dirs import claim_unique_dir, register_output_dir_resolvers, unclaimed
 
 
 def test_a_free_name_is_created_as_requested(tmp_path):
@@ -30,7 +30,7 @@ def test_processes_claiming_one_name_at_once_all_get_distinct_directories(tmp_pa
 
 
 def test_the_resolver_claims_once_per_config_however_often_it_is_read(tmp_path):
-    register_unique_dir_resolver()
+    register_output_dir_resolvers()
     cfg = OmegaConf.create({"dir": "${unique_dir:" + str(tmp_path / "run") + "}"})
     assert cfg.dir == cfg.dir == str(tmp_path / "run")
     other = OmegaConf.create({"dir": "${unique_dir:" + str(tmp_path / "run") + "}"})
@@ -39,7 +39,7 @@ def test_the_resolver_claims_once_per_config_however_often_it_is_read(tmp_path):
 
 
 def test_inside_unclaimed_the_resolver_names_the_request_and_creates_nothing(tmp_path):
-    register_unique_dir_resolver()
+    register_output_dir_resolvers()
     cfg = OmegaConf.create({"dir": "${unique_dir:" + str(tmp_path / "run") + "}"})
     with unclaimed():
         assert cfg.dir == str(tmp_path / "run")

@@ -26,15 +26,15 @@ from posbench.commands.exits import debugging, fail, report, stop, stop_interrup
 from posbench.commands.overrides import check_overrides, compose_or_fail, group_options
 from posbench.config import config_dir
 from posbench.errors import PosbenchError
-from posbench.output_dirs import register_unique_dir_resolver
+from posbench.output_dirs import register_output_dir_resolvers
 from posbench.report.run_table import data_baselines, run_table, trained_at
 from posbench.runs import CONFIG_FILE, saved_config
 from posbench.sweep_summary import record_failed_job
 from posbench.train import TrainingInterrupted, train
 
 # Launchers (joblib, submitit) run train_job in fresh processes that import this module but
-# never run main(); conf/config.yaml's ${unique_dir:...} directory names need the resolver there.
-register_unique_dir_resolver()
+# never run main(); conf/config.yaml's directory names need its resolvers there.
+register_output_dir_resolvers()
 log = logging.getLogger(__name__)
 
 # The keys most runs set, named by `posbench --help` and `posbench train --help`.
