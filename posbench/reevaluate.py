@@ -9,6 +9,7 @@ from typing import Any
 
 from posbench.runs import WEIGHTS_FILE, append_eval_results, latest_run
 from posbench.tensorboard_log import TrainedLengths, write_eval_events
+from posbench.versions import code_versions
 
 # Hydra writes this file into every sweep directory, next to the sweep's job directories.
 SWEEP_MARKER = "multirun.yaml"
@@ -32,8 +33,12 @@ def record_eval(
     """Add ``records`` to the run's results.json (replacing those of the same length, stride
     and scaling method; an algorithmic task's summary past its ``trained`` lengths, see
     append_eval_results) and redraw its TensorBoard evaluation from all the records it now
-    holds. Returns the new results."""
+    holds. Each record names the code that computed it (``versions``, as results.json names the
+    training's): a re-evaluation may run other code than the training did. Returns the new
+    results."""
     longest_trained = trained.hi if trained.problem_lengths else None
-    results = append_eval_results(run_dir, list(records), longest_trained)
+    versions = code_versions()
+    stamped = [{**record, "versions": versions} for record in records]
+    results = append_eval_results(run_dir, stamped, longest_trained)
     write_eval_events(run_dir, results["eval"], trained)
     return results

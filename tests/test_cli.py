@@ -88,6 +88,9 @@ def test_eval_appends_new_lengths_to_the_newest_run(trained):
     assert [r for r in after if r["length"] != 48] == before
     (new,) = [r for r in after if r["length"] == 48]
     assert new["status"] == "ok" and new["stride"] is None
+    # The re-evaluation names its code; the training's records take results.json's versions.
+    assert new["versions"] == results_of(run_dir)["versions"]
+    assert not any("versions" in r for r in before)
 
 
 def test_eval_keeps_tensorboard_in_step_with_results_json(trained):

@@ -304,10 +304,11 @@ def test_the_report_says_what_code_its_runs_ran(tmp_path):
         make_run(tmp_path / f"seed{seed}", seed=seed, results=versions and {"versions": versions})
     report = build_report(tmp_path)
     assert (
-        "Code: the runs come from 3 versions (results.json's `versions`; one config and seed can "
-        "give other numbers under other code): posbench 0.1.0 at aaaaaaaaaaaa, torch 2.13.0+cpu, "
-        "Python 3.11.7 (3 runs); posbench 0.1.0 at bbbbbbbbbbbb with edits, torch 2.13.0+cpu, "
-        "Python 3.11.7 (2 runs); not recorded (runs written before posbench recorded it) (1 run)."
+        "Code: the results come from 3 versions (results.json's `versions`, re-evaluations' too; "
+        "one config and seed can give other numbers under other code): posbench 0.1.0 at "
+        "aaaaaaaaaaaa, torch 2.13.0+cpu, Python 3.11.7 (3 runs); posbench 0.1.0 at bbbbbbbbbbbb "
+        "with edits, torch 2.13.0+cpu, Python 3.11.7 (2 runs); not recorded (runs written "
+        "before posbench recorded it) (1 run)."
     ) in markdown(report)
     write_report(report, tmp_path / "report")
     content = json.loads((tmp_path / "report" / "report.json").read_text())
@@ -318,6 +319,10 @@ def test_the_report_says_what_code_its_runs_ran(tmp_path):
     ]
     one = markdown(build_report([tmp_path / "seed0", tmp_path / "seed1"]))
     assert "\nCode: posbench 0.1.0 at aaaaaaaaaaaa, torch 2.13.0+cpu, Python 3.11.7.\n" in one
+    # A record `posbench eval` re-evaluated under other code counts that code too.
+    add_records(tmp_path / "seed1", {"length": 64, "ppl": 8.0, "versions": edited})
+    both = build_report([tmp_path / "seed0", tmp_path / "seed1"])
+    assert both.code == [(ran, 2), (edited, 1)]
 
 
 def test_bold_marks_every_mean_that_prints_as_the_best_and_none_where_all_print_alike():

@@ -164,8 +164,9 @@ class Report:
     excluded: list[Excluded]
     metric: str = "ppl"  # what its cells' value and ratio are (METRICS)
     reference: Reference | None = None  # published numbers it is read against (--reference)
-    # The code its runs ran (results.json's versions; None: not recorded), most runs first,
-    # with how many runs each: one config and seed can give other numbers under other code.
+    # The code its runs ran (results.json's versions, and a re-evaluation's; None: not
+    # recorded), most runs first, with how many runs each: one config and seed can give other
+    # numbers under other code.
     code: list[tuple[dict[str, Any] | None, int]] = field(default_factory=list)
 
 
@@ -516,7 +517,12 @@ def build_report(
 
 
 def runs_by_code(runs: Sequence[Run]) -> list[tuple[dict[str, Any] | None, int]]:
-    """Each distinct results.json ``versions`` of ``runs`` (None for runs written before
-    posbench recorded it) and how many runs have it, most first."""
-    counts = Counter(json.dumps(run.results.get("versions"), sort_keys=True) for run in runs)
+    """Each distinct code that computed ``runs``' results: results.json's ``versions`` (the
+    training's; None for runs written before posbench recorded it) and those of the records
+    ``posbench eval`` added, with how many runs hold results of each, most first."""
+    counts: Counter[str] = Counter()
+    for run in runs:
+        records = run.results.get("eval", [])
+        ran = [run.results.get("versions")] + [r["versions"] for r in records if "versions" in r]
+        counts.update({json.dumps(versions, sort_keys=True) for versions in ran})
     return [(json.loads(key), n) for key, n in counts.most_common()]

@@ -105,8 +105,9 @@ def code_line(code: Sequence[tuple[dict[str, Any] | None, int]]) -> str:
         return f"Code: {code_text(code[0][0])}."
     versions = "; ".join(f"{code_text(v)} ({n} run{'s' if n > 1 else ''})" for v, n in code)
     return (
-        f"Code: the runs come from {len(code)} versions (results.json's `versions`; one config "
-        f"and seed can give other numbers under other code): {versions}."
+        f"Code: the results come from {len(code)} versions (results.json's `versions`, "
+        f"re-evaluations' too; one config and seed can give other numbers under other code): "
+        f"{versions}."
     )
 
 
