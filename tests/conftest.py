@@ -1,5 +1,6 @@
 """Shared fixtures: a tiny but real configuration that trains in seconds on a CPU."""
 
+import importlib
 import os
 import subprocess
 
@@ -10,6 +11,10 @@ import pytest
 os.environ["HF_DATASETS_OFFLINE"] = "1"
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["TQDM_DISABLE"] = "1"
+
+# posbench.train is the training function (posbench/__init__.py); tests of the loop's helpers
+# (train_step, make_optimizer, ...) take its module from here.
+train_module = importlib.import_module("posbench.train")
 
 # pytest-xdist runs one worker per core (pyproject's addopts). Each worker keeps to a core of
 # its own, and so do the posbench processes it starts (threads=auto counts the affinity mask):

@@ -1,7 +1,6 @@
 """Algorithmic tasks: every task's examples against an oracle written here, the curricula,
 training and evaluation by problem length, and Ruoss et al.'s length-generalization score."""
 
-import importlib
 import json
 import re
 from collections import Counter
@@ -9,6 +8,7 @@ from collections import Counter
 import numpy as np
 import pytest
 import torch
+from conftest import TINY_RUN, posbench, train_module
 
 from posbench import distributed
 from posbench.config import compose_config, eval_lengths, validate
@@ -30,9 +30,6 @@ from posbench.model import build_model
 from posbench.runs import with_length_generalization
 from posbench.tensorboard_log import headline_metrics
 from posbench.train import make_optimizer, train, train_step, width_slices
-from tests.conftest import TINY_RUN, posbench
-
-train_module = importlib.import_module("posbench.train")  # posbench.train is also the function
 
 
 def binary_value(bits: str) -> int:

@@ -1,7 +1,6 @@
 """Checkpoints and resume: a stopped run continues exactly; faults never corrupt a run."""
 
 import errno
-import importlib
 import itertools
 import json
 import os
@@ -23,8 +22,6 @@ from posbench.errors import PosbenchError
 from posbench.resume import check_resumable
 from posbench.runs import WEIGHTS_FILE, check_run_dir
 from posbench.train import Diverged, TrainingInterrupted, train
-
-train_module = importlib.import_module("posbench.train")  # posbench.train is also the function
 
 # 20 steps, a checkpoint every 5, the loss logged at every step.
 SHORT = [

@@ -1,11 +1,9 @@
 """train.init_from: a run that starts from another run's weights, with RoPE scaling switched
 on while it trains (how position interpolation and YaRN are meant to be used)."""
 
-import importlib
-
 import pytest
 import torch
-from conftest import TINY
+from conftest import TINY, train_module
 from omegaconf import OmegaConf
 from safetensors.torch import load_file
 
@@ -15,8 +13,6 @@ from posbench.finetune import fine_tune_config
 from posbench.model import build_model
 from posbench.runs import WEIGHTS_FILE, load_run, save_config, save_weights
 from posbench.train import train
-
-train_module = importlib.import_module("posbench.train")  # posbench.train is also the function
 
 PARENT = [*TINY, "train.steps=10", "eval.lengths=[16]", "eval.max_tokens=1024"]
 

@@ -1,7 +1,6 @@
 """threads=auto takes what the machine has free and adapts it while training; a count the user
 sets is kept; the count is applied, logged and recorded."""
 
-import importlib
 import itertools
 import json
 import logging
@@ -11,6 +10,7 @@ from contextlib import contextmanager
 import joblib
 import pytest
 import torch
+from conftest import train_module
 from fake_machine import FakeMachine
 
 import posbench.threads
@@ -40,7 +40,6 @@ from posbench.threads import (
 )
 from posbench.train import train
 
-train_module = importlib.import_module("posbench.train")  # posbench.train is also the function
 JOBLIB = {"_target_": JOBLIB_LAUNCHER, "n_jobs": 2}
 BASIC = {"_target_": "hydra._internal.core_plugins.basic_launcher.BasicLauncher"}
 
