@@ -255,14 +255,35 @@ def assert_same_weights(a: Path, b: Path) -> None:
         torch.testing.assert_close(first[key], second[key], msg=key)
 
 
+# An algorithmic task's rows run in width slices, each rank its own number of them, at
+# randomized positions drawn for the global batch.
+TASK_AT_RANDOM_POSITIONS = [
+    *(o for o in SHORT_RUN if not o.startswith("eval.lengths=")),
+    "data=reverse_string",
+    "data.train_lengths=[1,10]",
+    "data.val_examples=8",
+    "train.seq_len=32",
+    "train.random_positions=64",
+    "eval.task_lengths=[10]",
+]
+
+
 @pytest.mark.slow
 # rope (the default); fox: a bias from each layer's content, with a gate per layer; hybrid:
-# each layer's own encoding.
-@pytest.mark.parametrize("encoding", ["rope", "fox", "hybrid"])
+# each layer's own encoding; a task.
+@pytest.mark.parametrize(
+    "run",
+    [
+        [*SHORT, "encoding=rope"],
+        [*SHORT, "encoding=fox"],
+        [*SHORT, "encoding=hybrid"],
+        TASK_AT_RANDOM_POSITIONS,
+    ],
+    ids=["rope", "fox", "hybrid", "reverse_string"],
+)
 def test_two_ranks_and_two_micro_batches_on_one_process_reach_the_same_weights(
-    tmp_path, cache_dir, encoding
+    tmp_path, cache_dir, run
 ):
-    run = [*SHORT, f"encoding={encoding}"]
     code, stderr = finished(torchrun(2, "train", *run, cwd=tmp_path))
     assert code == 0, stderr
     two = only_run(tmp_path)
