@@ -55,6 +55,8 @@ TINY_SYNTHETIC = [
     "data.document_length=512",
 ]
 TINY = [*TINY_RUN, *TINY_SYNTHETIC]
+# TINY_RUN evaluates corpus windows (eval.lengths): a task run sets eval.task_lengths instead.
+TINY_TASK_RUN = [o for o in TINY_RUN if not o.startswith("eval.lengths=")]
 
 
 def chunked_calls(monkeypatch, min_elements: int = 0) -> list[int]:

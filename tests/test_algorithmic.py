@@ -8,7 +8,7 @@ from collections import Counter
 import numpy as np
 import pytest
 import torch
-from conftest import TINY_RUN, posbench, train_module
+from conftest import TINY_TASK_RUN, posbench, train_module
 
 from posbench import distributed
 from posbench.config import compose_config, eval_lengths, validate
@@ -146,8 +146,6 @@ ORACLES = {
 # Problem lengths each task is checked at (those it defines): the smallest, a few inside Ruoss
 # et al.'s training range [1, 40], and a long one.
 CHECKED_LENGTHS = [1, 2, 3, 7, 40, 120]
-# TINY_RUN evaluates corpus windows (eval.lengths): a task run sets eval.task_lengths instead.
-TINY_TASK_RUN = [o for o in TINY_RUN if not o.startswith("eval.lengths=")]
 
 
 def problems(source: str, length: int, count: int = 50) -> list[tuple[str, str]]:

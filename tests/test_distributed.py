@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import TINY, TINY_RUN, TINY_SYNTHETIC
+from conftest import TINY, TINY_RUN, TINY_SYNTHETIC, TINY_TASK_RUN
 from safetensors.torch import load_file
 
 import posbench.checkpoint
@@ -258,7 +258,8 @@ def assert_same_weights(a: Path, b: Path) -> None:
 # An algorithmic task's rows run in width slices, each rank its own number of them, at
 # randomized positions drawn for the global batch.
 TASK_AT_RANDOM_POSITIONS = [
-    *(o for o in SHORT_RUN if not o.startswith("eval.lengths=")),
+    *TINY_TASK_RUN,
+    "train.steps=20",
     "data=reverse_string",
     "data.train_lengths=[1,10]",
     "data.val_examples=8",
