@@ -57,6 +57,15 @@ TINY_SYNTHETIC = [
 TINY = [*TINY_RUN, *TINY_SYNTHETIC]
 # TINY_RUN evaluates corpus windows (eval.lengths): a task run sets eval.task_lengths instead.
 TINY_TASK_RUN = [o for o in TINY_RUN if not o.startswith("eval.lengths=")]
+# A task whose batches vary in width (problems of 1 to 10 bits, answers as long), scored at 10.
+TINY_REVERSE_STRING = [
+    *TINY_TASK_RUN,
+    "data=reverse_string",
+    "data.train_lengths=[1,10]",
+    "data.val_examples=8",
+    "train.seq_len=32",
+    "eval.task_lengths=[10]",
+]
 
 
 def chunked_calls(monkeypatch, min_elements: int = 0) -> list[int]:

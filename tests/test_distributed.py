@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import TINY, TINY_RUN, TINY_SYNTHETIC, TINY_TASK_RUN
+from conftest import TINY, TINY_REVERSE_STRING, TINY_RUN, TINY_SYNTHETIC
 from safetensors.torch import load_file
 
 import posbench.checkpoint
@@ -257,16 +257,7 @@ def assert_same_weights(a: Path, b: Path) -> None:
 
 # An algorithmic task's rows run in width slices, each rank its own number of them, at
 # randomized positions drawn for the global batch.
-TASK_AT_RANDOM_POSITIONS = [
-    *TINY_TASK_RUN,
-    "train.steps=20",
-    "data=reverse_string",
-    "data.train_lengths=[1,10]",
-    "data.val_examples=8",
-    "train.seq_len=32",
-    "train.random_positions=64",
-    "eval.task_lengths=[10]",
-]
+TASK_AT_RANDOM_POSITIONS = [*TINY_REVERSE_STRING, "train.steps=20", "train.random_positions=64"]
 
 
 @pytest.mark.slow

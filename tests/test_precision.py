@@ -6,7 +6,7 @@ import json
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import TINY, TINY_TASK_RUN, chunked_calls
+from conftest import TINY, TINY_REVERSE_STRING, chunked_calls
 
 import posbench.model
 from posbench.attention import unbiased_causal_attention
@@ -266,15 +266,7 @@ def test_a_compiled_run_trains_like_the_eager_one_and_reports_its_compile_time(t
 def test_a_compiled_run_on_a_task_trains_like_the_eager_one(tmp_path):
     """A task's batches run in width slices of many widths: the compiled step recompiles for
     them (dynamic shapes) and must still compute what the eager one does."""
-    short = [
-        *TINY_TASK_RUN,
-        "data=reverse_string",
-        "data.train_lengths=[1,10]",
-        "data.val_examples=8",
-        "train.seq_len=32",
-        "train.steps=3",
-        "eval.task_lengths=[10]",
-    ]
+    short = [*TINY_REVERSE_STRING, "train.steps=3"]
     eager = train(compose_config(short), tmp_path / "eager")
     compiled = train(compose_config([*short, "train.compile=true"]), tmp_path / "compiled")
     assert compiled["train"]["final_loss"] == pytest.approx(eager["train"]["final_loss"], rel=1e-5)
