@@ -13,11 +13,11 @@ from posbench.attention import unbiased_causal_attention
 from posbench.checkpoint import CHECKPOINT_FILE, load_checkpoint
 from posbench.cli import main
 from posbench.config import compose_config
-from posbench.data import Corpus, sample_positions
+from posbench.data import Corpus, load_data, sample_positions
 from posbench.encodings import ENCODINGS
 from posbench.encodings.rope import SCALING_METHODS
 from posbench.errors import PosbenchError
-from posbench.evaluate import evaluate_length, evaluate_run
+from posbench.evaluate import evaluate_length, evaluate_run, evaluate_task_length
 from posbench.model import build_model
 from posbench.precision import BF16_MIN_D_MODEL, autocast, bf16_hardware, resolve_precision
 from posbench.train import train, train_step
@@ -130,18 +130,28 @@ def test_attention_in_fp32_is_sdpas_fused_kernel_itself():
 
 
 @pytest.mark.parametrize("encoding", ["rope", "alibi", "t5", "fire"])  # their attention paths
-def test_a_bf16_training_step_computes_the_fp32_loss_and_gradients_within_bf16_accuracy(encoding):
-    cfg = compose_config([*TINY, f"encoding={encoding}"])
-    torch.manual_seed(0)
-    tokens = torch.randint(0, 256, (4096,), dtype=torch.uint8)
-    corpus = Corpus("random", train=tokens.numpy(), val=tokens.numpy())
+@pytest.mark.parametrize("data", ["corpus", "task"])
+def test_a_bf16_training_step_computes_the_fp32_loss_and_gradients_within_bf16_accuracy(
+    encoding, data
+):
+    """On a corpus's full windows, and on a task's padded rows run in width slices at
+    randomized positions (only the answers scored)."""
+    if data == "corpus":
+        cfg = compose_config([*TINY, f"encoding={encoding}"])
+        torch.manual_seed(0)
+        tokens = torch.randint(0, 256, (4096,), dtype=torch.uint8)
+        source = Corpus("random", train=tokens.numpy(), val=tokens.numpy())
+    else:
+        overrides = [*TINY_REVERSE_STRING, f"encoding={encoding}", "train.random_positions=256"]
+        cfg = compose_config(overrides)
+        source = load_data(cfg.data)
     outcomes = {}
     for precision in ("fp32", "bf16"):
         torch.manual_seed(0)
         model = build_model(cfg.model, cfg.encoding)
         optimizer = torch.optim.SGD(model.parameters(), lr=0.0)  # keeps the gradients
         sampler = torch.Generator().manual_seed(0)
-        loss, _ = train_step(model, optimizer, corpus, sampler, 0, cfg.train, precision)
+        loss, _ = train_step(model, optimizer, source, sampler, 0, cfg.train, precision)
         grads = torch.cat([p.grad.flatten() for p in model.parameters()])
         outcomes[precision] = loss, grads
     (loss32, grads32), (loss16, grads16) = outcomes["fp32"], outcomes["bf16"]
@@ -162,6 +172,20 @@ def test_bf16_evaluation_matches_fp32_perplexity_and_says_it_ran_in_bf16():
     # ppl = exp(mean NLL): its relative error is the mean NLL's absolute error, which averages
     # the logits' rounding errors (a few u of logits of order 1) over the tokens
     assert bf16["ppl"] == pytest.approx(fp32["ppl"], rel=2 * 2**-9)
+
+
+def test_bf16_task_evaluation_matches_fp32_on_the_answers_and_says_it_ran_in_bf16():
+    cfg = compose_config([*TINY_REVERSE_STRING, "encoding=fire", "data.val_examples=64"])
+    task = load_data(cfg.data)
+    torch.manual_seed(0)
+    model = build_model(cfg.model, cfg.encoding)
+    fp32 = evaluate_task_length(model, task, 10)
+    bf16 = evaluate_task_length(model, task, 10, precision="bf16")
+    assert (fp32["precision"], bf16["precision"]) == ("fp32", "bf16")
+    assert bf16["ppl"] != fp32["ppl"]  # it did run in bf16
+    assert bf16["ppl"] == pytest.approx(fp32["ppl"], rel=2 * 2**-9)  # as on a corpus, above
+    # an untrained model's argmax rarely sits within bf16's rounding of the runner-up
+    assert bf16["accuracy"] == pytest.approx(fp32["accuracy"], abs=2 / fp32["tokens"])
 
 
 @pytest.fixture(scope="module")
