@@ -7,13 +7,19 @@ on a user's mistake records it in the sweep directory (``record_failed_job``) in
 raising: Hydra would print its own three lines and a hint about HYDRA_FULL_ERROR for the first
 failure only, and none for the others. The summary gives each failed job one line and makes
 the sweep exit 2, as a single run's mistake does.
+
+Two sweeps may share one directory, even at once (the randomized-positions sweep beside the
+plain one): a record is named after its job's run directory, which differs between them, and
+carries the id of the sweep that ran it, so each summary names its own failures only.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import shlex
 import sys
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -24,18 +30,26 @@ from posbench.atomic import write_json
 from posbench.runs import RESULTS_FILE
 
 FAILED_JOB_PREFIX = ".failed_job_"  # hidden: `posbench report` reads only the runs' folders
+# The running sweep's id, set by SweepSummary in the process that starts the sweep; its jobs
+# inherit the environment (in that process, or a launcher's workers or SLURM jobs).
+SWEEP_ID_VARIABLE = "POSBENCH_SWEEP_ID"
 
 
-def record_failed_job(sweep_dir: Path, job: int, overrides: list[str], error: str) -> None:
-    """Note that sweep job number ``job`` (Hydra's job.num) with these overrides failed."""
-    record = {"job": job, "overrides": overrides, "error": error}
-    write_json(sweep_dir / f"{FAILED_JOB_PREFIX}{job}.json", record)
+def record_failed_job(
+    sweep_dir: Path, run_dir: Path, job: int, overrides: list[str], error: str
+) -> None:
+    """Note that sweep job number ``job`` (Hydra's job.num), writing ``run_dir``, with these
+    overrides failed."""
+    sweep = os.environ.get(SWEEP_ID_VARIABLE)
+    record = {"job": job, "overrides": overrides, "error": error, "sweep": sweep}
+    write_json(sweep_dir / f"{FAILED_JOB_PREFIX}{run_dir.name}.json", record)
 
 
-def failed_jobs(sweep_dir: Path) -> list[dict[str, Any]]:
-    """The records of ``record_failed_job`` in ``sweep_dir``, by job number."""
+def failed_jobs(sweep_dir: Path, sweep: str) -> list[dict[str, Any]]:
+    """The records of ``record_failed_job`` in ``sweep_dir`` by the sweep ``sweep``, by job
+    number."""
     records = [json.loads(p.read_text()) for p in sweep_dir.glob(f"{FAILED_JOB_PREFIX}*.json")]
-    return sorted(records, key=lambda record: record["job"])
+    return sorted((r for r in records if r.get("sweep") == sweep), key=lambda r: r["job"])
 
 
 def failed_job_line(record: dict[str, Any]) -> str:
@@ -48,14 +62,14 @@ class SweepSummary(Callback):
     command comparing the runs."""
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
-        # A sweep run again in its directory (train.resume=true) starts with no failures.
-        for old in Path(config.hydra.sweep.dir).glob(f"{FAILED_JOB_PREFIX}*.json"):
-            old.unlink()
+        # A sweep run again in its directory (train.resume=true) starts with no failures: the
+        # earlier run's records carry another id.
+        os.environ[SWEEP_ID_VARIABLE] = self.sweep = uuid.uuid4().hex
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         sweep_dir = Path(config.hydra.sweep.dir)
         runs = len(list(sweep_dir.glob(f"*/{RESULTS_FILE}")))
-        failed = failed_jobs(sweep_dir)
+        failed = failed_jobs(sweep_dir, self.sweep)
         failures = f", {len(failed)} failed" if failed else ""
         print(f"\nsweep finished: {runs} runs in {sweep_dir}{failures}")
         if runs:

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import TINY, TINY_RUN, posbench
+from omegaconf import OmegaConf
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from posbench.commands.overrides import unknown_key_hint
@@ -17,6 +18,7 @@ from posbench.config import compose_config
 from posbench.encodings import encoding_names
 from posbench.evaluate import position_buckets
 from posbench.runs import save_config, saved_config
+from posbench.sweep_summary import SWEEP_ID_VARIABLE, SweepSummary, record_failed_job
 from posbench.threads import available_cores
 
 pytestmark = pytest.mark.slow
@@ -226,11 +228,21 @@ def test_a_sweep_ends_with_its_directory_and_the_report_command(sweep):
     ]
 
 
-def test_a_failed_sweep_job_is_one_line_the_others_still_run_and_the_sweep_exits_2(tmp_path):
+@pytest.mark.parametrize("launcher", ["basic", "joblib"])
+def test_a_failed_sweep_job_is_one_line_the_others_still_run_and_the_sweep_exits_2(
+    tmp_path, launcher
+):
+    """With joblib the jobs run in worker processes, which must record their failure for the
+    sweep that started them (posbench.sweep_summary.SWEEP_ID_VARIABLE)."""
+    if launcher == "joblib":
+        pytest.importorskip(
+            "hydra_plugins.hydra_joblib_launcher", reason="pip install .[launchers]"
+        )
     corpus, missing = tmp_path / "corpus.txt", tmp_path / "missing.txt"
     corpus.write_text("the quick brown fox jumps over the lazy dog. " * 500)
     paths = f"data.path={corpus},{missing}"
-    result = posbench("train", "-m", "data=text", paths, *TINY_RUN, cwd=tmp_path, check=False)
+    overrides = ["data=text", paths, *TINY_RUN, f"hydra/launcher={launcher}"]
+    result = posbench("train", "-m", *overrides, cwd=tmp_path, check=False)
     assert result.returncode == 2
     (line,) = result.stderr.strip().splitlines()
     assert line.startswith(f"error: job 1 (data=text data.path={missing} ")
@@ -241,6 +253,31 @@ def test_a_failed_sweep_job_is_one_line_the_others_still_run_and_the_sweep_exits
     assert (
         f"sweep finished: 1 runs in {run.parent.relative_to(tmp_path)}, 1 failed" in result.stdout
     )
+
+
+def test_sweeps_sharing_a_directory_at_once_each_name_only_their_own_failed_jobs(
+    tmp_path, monkeypatch, capsys
+):
+    """The plain sweep and the one at randomized positions in one hydra.sweep.dir, the second
+    started while the first runs (each its own process in use: the id is set per process)."""
+    monkeypatch.setenv(SWEEP_ID_VARIABLE, "restored after the test")
+    config = OmegaConf.create({"hydra": {"sweep": {"dir": str(tmp_path)}}})
+    plain, randomized, again = SweepSummary(), SweepSummary(), SweepSummary()
+    plain.on_multirun_start(config)
+    record_failed_job(tmp_path, tmp_path / "0_rope_seed0", 0, ["encoding=rope"], "plain's error")
+    randomized.on_multirun_start(config)
+    overrides = ["encoding=rope", "train.random_positions=2048"]
+    record_failed_job(tmp_path, tmp_path / "0_rope_random2048_seed0", 0, overrides, "its error")
+    for summary, error in ((plain, "plain's error"), (randomized, "its error")):
+        with pytest.raises(SystemExit) as exited:
+            summary.on_multirun_end(config)
+        assert exited.value.code == 2
+        (line,) = capsys.readouterr().err.strip().splitlines()
+        assert line.startswith("error: job 0 (encoding=rope") and line.endswith(error)
+    # Run again in the directory (train.resume=true), a sweep starts with no failures.
+    again.on_multirun_start(config)
+    again.on_multirun_end(config)
+    assert "failed" not in capsys.readouterr().out
 
 
 def test_eval_without_run_after_a_sweep_says_it_took_the_sweeps_last_job(sweep):

@@ -76,7 +76,8 @@ def train_job(cfg: DictConfig) -> float | None:
         log.error(f"job {hydra_config.job.num} failed: {error}")
         if distributed.is_main():
             overrides = list(hydra_config.overrides.task)
-            record_failed_job(Path(hydra_config.sweep.dir), hydra_config.job.num, overrides, error)
+            sweep_dir = Path(hydra_config.sweep.dir)
+            record_failed_job(sweep_dir, run_dir, hydra_config.job.num, overrides, error)
         return None
     except distributed.PeerFailed:
         raise SystemExit(1) from None  # rank 0 said why
