@@ -259,7 +259,8 @@ def test_sweeps_sharing_a_directory_at_once_each_name_only_their_own_failed_jobs
     tmp_path, monkeypatch, capsys
 ):
     """The plain sweep and the one at randomized positions in one hydra.sweep.dir, the second
-    started while the first runs (each its own process in use: the id is set per process)."""
+    started while the first runs. In use each sweep is its own process with its own id in the
+    environment; here both share this one, so the last start's id stands for the jobs'."""
     monkeypatch.setenv(SWEEP_ID_VARIABLE, "restored after the test")
     config = OmegaConf.create({"hydra": {"sweep": {"dir": str(tmp_path)}}})
     plain, randomized, again = SweepSummary(), SweepSummary(), SweepSummary()

@@ -29,6 +29,9 @@ CPU, CUDA = torch.device("cpu"), torch.device("cuda")
 # 0.4 % in norm for the test model, 0.7 % for model=tiny). The loss averages its tokens' errors.
 GRAD_TOLERANCE = 8 * 2**-9  # relative error of the gradients in norm: 8 u, about 1.6 %
 LOSS_TOLERANCE = 2 * 2**-9  # relative error of the loss (measured: 2e-6 and 4e-5)
+# An evaluation's ppl = exp(mean NLL): its relative error is the mean NLL's absolute error, which
+# averages the logits' rounding errors (a few u of logits of order 1) over the tokens.
+PPL_TOLERANCE = 2 * 2**-9
 
 
 def fake_cpu(monkeypatch, **flags: bool) -> None:
@@ -169,9 +172,7 @@ def test_bf16_evaluation_matches_fp32_perplexity_and_says_it_ran_in_bf16():
     bf16 = evaluate_length(model, tokens, 64, precision="bf16")
     assert (fp32["precision"], bf16["precision"]) == ("fp32", "bf16")
     assert bf16["ppl"] != fp32["ppl"]  # it did run in bf16
-    # ppl = exp(mean NLL): its relative error is the mean NLL's absolute error, which averages
-    # the logits' rounding errors (a few u of logits of order 1) over the tokens
-    assert bf16["ppl"] == pytest.approx(fp32["ppl"], rel=2 * 2**-9)
+    assert bf16["ppl"] == pytest.approx(fp32["ppl"], rel=PPL_TOLERANCE)
 
 
 def test_bf16_task_evaluation_matches_fp32_on_the_answers_and_says_it_ran_in_bf16():
@@ -183,7 +184,7 @@ def test_bf16_task_evaluation_matches_fp32_on_the_answers_and_says_it_ran_in_bf1
     bf16 = evaluate_task_length(model, task, 10, precision="bf16")
     assert (fp32["precision"], bf16["precision"]) == ("fp32", "bf16")
     assert bf16["ppl"] != fp32["ppl"]  # it did run in bf16
-    assert bf16["ppl"] == pytest.approx(fp32["ppl"], rel=2 * 2**-9)  # as on a corpus, above
+    assert bf16["ppl"] == pytest.approx(fp32["ppl"], rel=PPL_TOLERANCE)
     # an untrained model's argmax rarely sits within bf16's rounding of the runner-up
     assert bf16["accuracy"] == pytest.approx(fp32["accuracy"], abs=2 / fp32["tokens"])
 
