@@ -825,6 +825,28 @@ def test_a_tiny_run_learns_even_pairs_in_distribution(tmp_path):
     assert np.mean([r["accuracy"] for r in records]) > 0.8
 
 
+def test_a_tiny_run_counts_the_letters_in_distribution_and_not_past_it(tmp_path):
+    """The counting family (Kazemnejad et al.'s counting, docs/tasks.md): n letters, the answer
+    n modulo 10. Trained on 1 to 6 letters, seeds 0, 1 and 2 answer every problem of 2, 4 and 6
+    right and none of 8 (2026-12-05, a Zen 3 VM): 8 was never an answer in training."""
+    overrides = [
+        *TINY_TASK_RUN,
+        "data=counting",
+        "data.train_lengths=[1,6]",
+        "data.val_examples=64",
+        "train.seq_len=8",
+        "train.steps=200",
+        "train.lr=3e-3",
+        "model.n_layer=2",
+        "model.d_model=64",
+        "eval.task_lengths=[2,4,6,8]",
+    ]
+    results = train(compose_config(overrides), tmp_path / "run")
+    accuracy = {r["length"]: r["accuracy"] for r in results["eval"]}
+    assert min(accuracy[2], accuracy[4], accuracy[6]) > 0.9, accuracy
+    assert results["length_generalization"] == results["eval"][-1]["sequence_accuracy"] < 0.5
+
+
 @pytest.mark.slow
 def test_posbench_eval_takes_problem_lengths_and_updates_the_score(tmp_path):
     run = tmp_path / "run"
