@@ -1,9 +1,11 @@
 """Attention scaling for any encoding: a factor on each query before its dot products with the
 keys, chosen with ``model.attention_scaling`` (``none``, the default, ``ssmax`` or ``llama4``).
 
-``CausalSelfAttention`` applies it after the encoding's ``queries_and_keys`` and before
-attention, so it multiplies the q.k term of the logits only: a bias of positions or content
-(ALiBi, T5, FoX, ...) is added afterwards, unscaled. Each layer has its own instance.
+``CausalSelfAttention`` applies it after the encoding's ``queries_and_keys`` and
+``content_state`` and before attention, so it multiplies the q.k term of the logits only: a
+bias of positions or content (ALiBi, T5, FoX, CoPE, ...) is added afterwards, unscaled, and
+CoPE's gates and counts read the query before scaling. Both scalings count tokens of the
+sequence, not positions. Each layer has its own instance.
 
     ssmax   q_i * s_h * log n_i     Scalable-Softmax (Nakanishi 2025,
                                     https://arxiv.org/abs/2501.19399): softmax of
@@ -11,13 +13,16 @@ attention, so it multiplies the q.k term of the logits only: a bias of positions
                                     number of keys query i sees: i + 1 for the token at index i
                                     of the sequence (tokens, not positions), at most the
                                     encoding's ``window``. s is learned, one per head and layer.
-    llama4  q_m * (log(floor((m + 1) / floor_scale) + 1) * scale + 1)
+    llama4  q_i * (log(floor((i + 1) / floor_scale) + 1) * scale + 1)
                                     Llama 4's attention temperature tuning, as HF transformers'
                                     Llama4TextAttention computes it (its config's
                                     ``floor_scale``, 8192, and ``attn_scale``, 0.1: here
                                     ``model.attention_floor_scale`` and ``model.attention_scale``)
-                                    at position m. Llama 4 tunes only its layers without RoPE;
-                                    here every layer, whatever its encoding. It ignores windows.
+                                    for the token at index i: HF counts tokens
+                                    (arange(T) + past_seen_tokens), never position_ids, so
+                                    randomized positions leave it as it is. Llama 4 tunes only
+                                    its layers without RoPE; here every layer, whatever its
+                                    encoding. It ignores windows.
 
 SSMax's s starts at 1 in every head (SSMAX_INIT): the paper learns s from the start of
 pre-training; the value it starts from is this module's choice. At the first query, log 1 = 0
@@ -38,17 +43,16 @@ class AttentionScaling(nn.Module):
     give each query a ``factor``; the module holds no parameters, so a model without scaling
     saves exactly the weights it did before the option existed."""
 
-    def factor(
-        self, positions: torch.Tensor, length: int, window: int | None
-    ) -> torch.Tensor | None:
-        """Each query's factor, broadcastable against queries (B, H, T, hs) of a sequence of
-        ``length`` tokens at ``positions`` (T,) or (B, T), attending to at most ``window``
-        recent tokens (None: all); ``None``: no scaling."""
+    def factor(self, indices: torch.Tensor, window: int | None) -> torch.Tensor | None:
+        """The factor of the queries at token ``indices`` (T,) of their sequence (0 for its first
+        token), attending to at most ``window`` recent tokens (None: all), broadcastable against
+        their queries (B, H, T, hs); ``None``: no scaling."""
         return None
 
-    def forward(self, q: torch.Tensor, positions: torch.Tensor, window: int | None) -> torch.Tensor:
-        """Queries (B, H, T, hs) -> (B, H, T, hs), each times its ``factor``."""
-        factor = self.factor(positions, q.shape[2], window)
+    def forward(self, q: torch.Tensor, window: int | None) -> torch.Tensor:
+        """The queries (B, H, T, hs) of a sequence's tokens 0..T-1 -> (B, H, T, hs), each times
+        its ``factor``."""
+        factor = self.factor(torch.arange(q.shape[2], device=q.device), window)
         if factor is None:
             return q
         # In q's dtype: a float32 factor would promote bf16 queries past their keys' dtype.
@@ -62,33 +66,33 @@ class ScalableSoftmax(AttentionScaling):
         super().__init__()
         self.s = nn.Parameter(torch.full((n_head,), SSMAX_INIT))  # (H,)
 
-    def log_keys_seen(self, length: int, window: int | None, device: torch.device) -> torch.Tensor:
-        """log n_i of the queries i = 0..length-1 -> (T,) float32: n_i = i + 1 tokens, at most
-        ``window``."""
-        seen = torch.arange(1, length + 1, device=device, dtype=torch.float32)  # (T,)
+    def log_keys_seen(self, indices: torch.Tensor, window: int | None) -> torch.Tensor:
+        """log n_i of the queries at token ``indices`` i (T,) -> (T,) float32: n_i = i + 1
+        tokens, at most ``window``."""
+        seen = indices.to(torch.float32) + 1.0  # (T,)
         if window is not None:
             seen = seen.clamp(max=window)
         return seen.log()
 
-    def factor(self, positions: torch.Tensor, length: int, window: int | None) -> torch.Tensor:
-        log_n = self.log_keys_seen(length, window, positions.device)  # (T,)
+    def factor(self, indices: torch.Tensor, window: int | None) -> torch.Tensor:
+        log_n = self.log_keys_seen(indices, window)  # (T,)
         return (self.s[:, None] * log_n)[:, :, None]  # (H, T, 1)
 
 
 class Llama4Temperature(AttentionScaling):
-    """Llama 4's temperature tuning: the query at position m times
-    log(floor((m + 1) / floor_scale) + 1) * scale + 1, fixed (no parameters)."""
+    """Llama 4's temperature tuning: the query of the token at index i times
+    log(floor((i + 1) / floor_scale) + 1) * scale + 1, fixed (no parameters)."""
 
     def __init__(self, floor_scale: int, scale: float) -> None:
         super().__init__()
         self.floor_scale = floor_scale
         self.scale = scale
 
-    def factor(self, positions: torch.Tensor, length: int, window: int | None) -> torch.Tensor:
-        # float32 as HF's positions.float(): exact for positions below 2^24.
-        m = positions.to(torch.float32)  # (T,) or (B, T)
-        factor = torch.log1p(torch.floor((m + 1.0) / self.floor_scale)) * self.scale + 1.0
-        return factor.view(-1, 1, length, 1)  # (1 or B, 1, T, 1)
+    def factor(self, indices: torch.Tensor, window: int | None) -> torch.Tensor:
+        # float32 as HF's positions.float(): exact for indices below 2^24.
+        i = indices.to(torch.float32)  # (T,)
+        factor = torch.log1p(torch.floor((i + 1.0) / self.floor_scale)) * self.scale + 1.0
+        return factor[:, None]  # (T, 1)
 
 
 def build_attention_scaling(

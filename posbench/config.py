@@ -144,6 +144,9 @@ def register_schemas() -> None:
         OmegaConf.register_new_resolver(
             "coalesce", lambda *values: next((v for v in values if v is not None), None)
         )
+    if not OmegaConf.has_resolver("add"):
+        # ${add:a,b,...}: the sum (e.g. CoPE's npos, one more than the training length)
+        OmegaConf.register_new_resolver("add", lambda *values: sum(values))
     store = ConfigStore.instance()
     store.store(name="posbench_schema", node=PosbenchConfig)
     store.store(group="schema/model", name="model", node=ModelConfig)

@@ -47,7 +47,7 @@ from posbench.encodings import PositionalEncoding
 from posbench.errors import PosbenchError
 from posbench.evaluate import document_bounds, document_windows, position_buckets, too_short
 from posbench.memory import available_memory
-from posbench.model import CausalSelfAttention, Transformer
+from posbench.model import Transformer
 from posbench.runs import load_run
 
 if TYPE_CHECKING:
@@ -93,18 +93,6 @@ def attention_inputs(
         for hook in hooks:
             hook.remove()
     return recorded
-
-
-def queries_keys(
-    attn: CausalSelfAttention,
-    encoding: PositionalEncoding,
-    x: torch.Tensor,
-    positions: torch.Tensor,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """The queries and keys (B, H, T, hs) that ``attn`` computes from its input ``x``, after the
-    encoding's ``queries_and_keys`` (RoPE's rotation) and the layer's attention scaling."""
-    q, k, _ = attn.queries_keys_values(x, positions, encoding)
-    return q, k
 
 
 def query_statistics(
@@ -173,8 +161,8 @@ def diagnose(
         inputs = attention_inputs(model, window[None])
         layers = zip(model.blocks, inputs, strict=True)
         for layer, (block, (x, positions, encoding)) in enumerate(layers):
-            q, k = queries_keys(block.attn, encoding, x, positions)
-            content = encoding.content_state(x, q, k, positions)
+            # After the encoding's queries_and_keys (RoPE's rotation) and the layer's scaling.
+            q, k, _, content = block.attn.queries_keys_values(x, positions, encoding)
             sums[:, layer] += layer_statistics(
                 q, k, positions, encoding, content, train_seq_len, bucket_of, len(buckets)
             ).cpu()

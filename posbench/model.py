@@ -43,16 +43,19 @@ class CausalSelfAttention(nn.Module):
 
     def queries_keys_values(
         self, x: torch.Tensor, positions: torch.Tensor, encoding: PositionalEncoding
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """The q, k, v (B, nh, T, hs) this layer attends with, from its input ``x`` (B, T, C)."""
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, Any]:
+        """The q, k, v (B, nh, T, hs) this layer attends with, from its input ``x`` (B, T, C),
+        and the encoding's content_state (None: no bias from the content)."""
         B, T, C = x.shape
         q, k, v = self.qkv(x).split(C, dim=2)  # (B, T, C) each
         # (B, nh, T, hs) each
         q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))
         # The encoding acts on the scores: it transforms queries and keys, never values.
         q, k = encoding.queries_and_keys(q, k, positions)  # (B, nh, T, hs) each
+        # Before the scaling: a bias from the content (CoPE's gates and counts) reads q as is.
+        content = encoding.content_state(x, q, k, positions)
         # Scaling the query scales q.k alone: the biases attention adds stay as they are.
-        return self.scaling(q, positions, encoding.window), k, v  # (B, nh, T, hs) each
+        return self.scaling(q, encoding.window), k, v, content  # (B, nh, T, hs) each
 
     def forward(
         self,
@@ -62,8 +65,7 @@ class CausalSelfAttention(nn.Module):
         biases: QueryBlockBiases | None = None,
     ) -> torch.Tensor:
         B, T, C = x.shape
-        q, k, v = self.queries_keys_values(x, positions, encoding)  # (B, nh, T, hs) each
-        content = encoding.content_state(x, q, k, positions)  # None: no bias from content
+        q, k, v, content = self.queries_keys_values(x, positions, encoding)  # (B, nh, T, hs)
         dropout = self.dropout if self.training else 0.0
         y = causal_attention(q, k, v, positions, encoding, dropout, biases, content)
         y = y.transpose(1, 2).reshape(B, T, C)  # (B, T, C)

@@ -42,14 +42,14 @@ def every_query_sees(monkeypatch: pytest.MonkeyPatch, log_n: float) -> None:
     monkeypatch.setattr(
         ScalableSoftmax,
         "log_keys_seen",
-        lambda self, length, window, device: torch.full((length,), log_n),
+        lambda self, indices, window: torch.full(indices.shape, log_n),
     )
 
 
 def test_ssmax_multiplies_each_query_by_s_times_the_log_of_the_keys_it_sees():
     s = [0.3, 1.0, 2.5]
     q = random_queries()
-    scaled = ssmax(s)(q, torch.arange(T), None)
+    scaled = ssmax(s)(q, None)
     expected = q.clone()
     for h in range(H):
         for i in range(T):
@@ -59,16 +59,9 @@ def test_ssmax_multiplies_each_query_by_s_times_the_log_of_the_keys_it_sees():
 
 def test_ssmax_counts_at_most_the_encodings_window():
     q = random_queries()
-    scaled = ssmax([1.0, 1.0, 1.0])(q, torch.arange(T), 5)
+    scaled = ssmax([1.0, 1.0, 1.0])(q, 5)
     factors = torch.tensor([math.log(min(i + 1, 5)) for i in range(T)], dtype=F64)
     torch.testing.assert_close(scaled, q * factors[:, None], rtol=1e-6, atol=1e-12)
-
-
-def test_ssmax_counts_tokens_of_the_sequence_not_positions():
-    q, scaling = random_queries(), ssmax([0.5, 1.0, 1.5])
-    gaps = torch.randint(1, 50, (B, T), generator=torch.Generator().manual_seed(1))
-    random_positions = gaps.cumsum(-1)  # (B, T): each sequence at its own sorted positions
-    assert torch.equal(scaling(q, random_positions, None), scaling(q, torch.arange(T), None))
 
 
 def test_ssmax_s_starts_at_one_in_every_head():
@@ -127,30 +120,18 @@ def test_ssmax_scales_q_dot_k_and_leaves_the_encodings_bias_unscaled(monkeypatch
 # --- llama4 ------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("positions", [torch.arange(T), torch.arange(T) * 3 + 7])
-def test_llama4_multiplies_the_query_at_position_m_by_its_temperature(positions):
+def test_llama4_multiplies_the_query_of_token_i_by_its_temperature():
     floor_scale, scale = 4, 0.3
     q = random_queries()
-    scaled = Llama4Temperature(floor_scale, scale)(q, positions, None)
-    factors = [
-        math.log(math.floor((m + 1) / floor_scale) + 1) * scale + 1 for m in positions.tolist()
-    ]
+    scaled = Llama4Temperature(floor_scale, scale)(q, None)
+    factors = [math.log(math.floor((i + 1) / floor_scale) + 1) * scale + 1 for i in range(T)]
     expected = q * torch.tensor(factors, dtype=F64)[:, None]
     torch.testing.assert_close(scaled, expected, rtol=1e-6, atol=1e-12)
 
 
-def test_llama4_scales_each_sequence_at_its_own_positions():
-    q = random_queries()
-    positions = torch.stack([torch.arange(T), torch.arange(T) + 100])  # (B, T)
-    scaling = Llama4Temperature(8, 0.1)
-    scaled = scaling(q, positions, None)
-    for b in range(B):
-        torch.testing.assert_close(scaled[b], scaling(q[b : b + 1], positions[b], None)[0])
-
-
 def test_llama4_is_one_below_floor_scale_minus_one():
     q = random_queries()
-    assert torch.equal(Llama4Temperature(8192, 0.1)(q, torch.arange(T), None), q)
+    assert torch.equal(Llama4Temperature(8192, 0.1)(q, None), q)
 
 
 def test_llama4_matches_hf_transformers_llama4_text_attention(monkeypatch):
@@ -183,7 +164,7 @@ def test_llama4_matches_hf_transformers_llama4_text_attention(monkeypatch):
     x = torch.randn(1, length, H * HS, dtype=F64, generator=torch.Generator().manual_seed(2))
     hf(x, position_embeddings=None, attention_mask=None)
     q = x.view(1, length, H, HS).transpose(1, 2)  # what the identity q_proj gives, (B, H, T, hs)
-    ours = Llama4Temperature(floor_scale, scale)(q, torch.arange(length), None)
+    ours = Llama4Temperature(floor_scale, scale)(q, None)
     torch.testing.assert_close(ours, seen["query"], rtol=1e-6, atol=1e-12)
 
 
@@ -193,6 +174,49 @@ def test_llama4_defaults_are_hf_llama4s():
     hf = Llama4TextConfig()
     args = ModelArgs()
     assert (args.attention_floor_scale, args.attention_scale) == (hf.floor_scale, hf.attn_scale)
+
+
+# --- with the model's encodings -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("scaling", ["ssmax", "llama4"])
+def test_scalings_count_tokens_of_the_sequence_not_their_positions(scaling):
+    # NoPE reads no position: only a scaling that read them could tell these positions apart.
+    # HF's Llama 4 counts arange(T) + past_seen_tokens, never position_ids; SSMax the keys seen.
+    torch.manual_seed(0)
+    args = {"n_layer": 2, "attention_scaling": scaling, "attention_floor_scale": 4}
+    model = build_model(args, {"name": "none"})
+    tokens = torch.randint(0, 256, (2, 6))
+    # The review's example: tokens 0..5 at these positions, where a factor of positions would be
+    # 1.069 to 1.593 and one of token indices is 1, 1, 1, 1.069, 1.069, 1.069.
+    random_positions = torch.tensor([[3, 90, 400, 511, 700, 1500], [0, 1, 2, 3, 4, 5000]])
+    torch.testing.assert_close(model(tokens, random_positions), model(tokens), rtol=0, atol=0)
+
+
+def test_copes_gates_and_counts_read_the_query_before_ssmax_scales_it(monkeypatch):
+    # The documented semantics: SSMax multiplies q.k alone (here by 3); CoPE's bias, its gates
+    # sigmoid(q.k / sqrt(hs)) and q . e[p] included, is computed from the unscaled query and
+    # added unscaled. Scaling q before CoPE read it changed the output by up to 3.07 (review,
+    # finding 4).
+    every_query_sees(monkeypatch, log_n=3.0)
+    torch.manual_seed(2)
+    args = {"n_layer": 1, "attention_scaling": "ssmax"}
+    model = build_model(args, {"name": "cope", "npos": 24}).double()
+    attn, encoding = model.blocks[0].attn, model.encoding
+    with torch.no_grad():  # e starts at zeros, which would give no bias at all
+        encoding.position_embedding.normal_()
+    n, C = 20, model.args.d_model
+    hs = C // model.args.n_head
+    x = torch.randn(1, n, C, dtype=F64)
+    positions = torch.arange(n)
+    q, k, v = (t.view(1, n, model.args.n_head, hs).transpose(1, 2) for t in attn.qkv(x).split(C, 2))
+    state = encoding.content_state(x, q, k, positions)  # of the unscaled query
+    bias = encoding.content_bias(state, slice(0, n), slice(0, n))  # (1, H, n, n)
+    scores = 3 * q @ k.transpose(-1, -2) / math.sqrt(hs) + bias
+    scores = scores.masked_fill(torch.ones(n, n, dtype=torch.bool).triu(1), float("-inf"))
+    expected = attn.proj((scores.softmax(-1) @ v).transpose(1, 2).reshape(1, n, C))
+    with torch.no_grad():
+        torch.testing.assert_close(attn(x, positions, encoding), expected, rtol=1e-9, atol=1e-11)
 
 
 # --- the model option ---------------------------------------------------------------------------

@@ -19,7 +19,6 @@ from posbench.diagnose import (
     diagnose,
     diagnose_run,
     diagnosis_memory_bytes,
-    queries_keys,
     validation_windows,
 )
 from posbench.encodings import build_encoding, encoding_names
@@ -138,10 +137,8 @@ def test_the_recomputed_probabilities_reproduce_each_layers_attention_output(enc
     for hook in hooks:
         hook.remove()
     for block, (x, positions, encoding), output in zip(model.blocks, inputs, outputs, strict=True):
-        q, k = queries_keys(block.attn, encoding, x, positions)
-        content = encoding.content_state(x, q, k, positions)
+        q, k, v, content = block.attn.queries_keys_values(x, positions, encoding)
         p = attention_probabilities(q, k, positions, encoding, content, 0, 24)  # (B, H, T, T)
-        v = block.attn.qkv(x)[..., 32:].view(2, 24, 2, 8).transpose(1, 2)  # (B, H, T, hs)
         y = block.attn.proj((p @ v).transpose(1, 2).reshape(2, 24, 16))
         torch.testing.assert_close(y, output, rtol=1e-5, atol=1e-6)
 

@@ -43,7 +43,7 @@ from posbench.errors import PosbenchError
 @dataclass
 class CopeConfig(EncodingConfig):
     name: str = "cope"
-    npos: int = 512  # positions 0..npos-1 (conf/encoding/cope.yaml: ${train.seq_len})
+    npos: int = 512  # positions 0..npos-1 (conf/encoding/cope.yaml: train.seq_len + 1)
 
 
 def block(
