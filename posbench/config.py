@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from hydra import compose, initialize_config_dir
 from hydra.core.config_store import ConfigStore
-from omegaconf import MISSING, DictConfig, OmegaConf
+from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf
 
 from posbench.data import ALGORITHMIC_TASKS, DATA_SCHEMAS, TASKS, load_data
 from posbench.distributed import check_divisible, world_size
@@ -25,6 +25,9 @@ from posbench.errors import PosbenchError
 from posbench.threads import AUTO, is_threads_setting
 
 DEFAULT_LENGTH_MULTIPLES = (1, 2, 4, 8, 16)
+# eval.task_lengths=reference: every problem length of the task's paper's grid
+# (AlgorithmicTask.reference_eval_lengths)
+REFERENCE_TASK_LENGTHS = "reference"
 
 
 class Device(Enum):
@@ -64,6 +67,10 @@ class ModelConfig:
     # and attn_scale)
     attention_floor_scale: int = 8192
     attention_scale: float = 0.1
+    # pre | post: where each block's layer norms sit (posbench/model.py Block; post: Ruoss et
+    # al.'s, without the final norm)
+    norm_position: str = "pre"
+    activation: str = "gelu"  # gelu | relu: the MLP's
 
 
 @dataclass
@@ -104,8 +111,11 @@ class EvalConfig:
     lengths: list[int] | None = None
     # an algorithmic task's problem lengths; null: its training range at up to 8 lengths, then
     # every 50 up to 500 (posbench/data/algorithmic/base.py), or for Kazemnejad et al.'s tasks
-    # every length up to twice the longest trained (kazemnejad.py)
-    task_lengths: list[int] | None = None
+    # every length up to twice the longest trained (kazemnejad.py); reference: those few inside
+    # the training range, then every length past it up to 500 (Ruoss et al.'s 41-500; for
+    # Kazemnejad et al.'s tasks their own grid, the default). Any, not list[int] | None:
+    # OmegaConf types no list-or-string union, so validate() checks it.
+    task_lengths: Any = None
     # null: non-overlapping windows; S: sliding windows advancing S tokens
     stride: int | None = None
     # windows per forward pass; null: as many as fit in ~64k tokens
@@ -175,10 +185,13 @@ def compose_config(overrides: Sequence[str] = (), with_hydra: bool = False) -> D
 
 
 def eval_lengths(cfg: DictConfig) -> list[int]:
-    """The evaluation lengths: an algorithmic task's ``eval.task_lengths`` (or its default
-    problem lengths), else ``eval.lengths`` or the default multiples of ``train.seq_len``."""
+    """The evaluation lengths: an algorithmic task's ``eval.task_lengths`` (its default problem
+    lengths for null, its reference grid for ``reference``), else ``eval.lengths`` or the
+    default multiples of ``train.seq_len``."""
     if cfg.data.source in ALGORITHMIC_TASKS:
         task_lengths = OmegaConf.select(cfg, "eval.task_lengths")
+        if task_lengths == REFERENCE_TASK_LENGTHS:
+            return load_data(cfg.data).reference_eval_lengths()
         if task_lengths is not None:
             return list(task_lengths)
         return load_data(cfg.data).default_eval_lengths()
@@ -196,10 +209,22 @@ def check_length_keys(cfg: DictConfig) -> None:
             f"data={cfg.data.source} is evaluated at problem lengths: set eval.task_lengths "
             "instead of eval.lengths"
         )
-    if not algorithmic and OmegaConf.select(cfg, "eval.task_lengths") is not None:
+    task_lengths = OmegaConf.select(cfg, "eval.task_lengths")
+    if not algorithmic and task_lengths is not None:
         raise PosbenchError(
             "eval.task_lengths are problem lengths of an algorithmic task (data=parity_check, "
             "reverse_string, ...); for this data set eval.lengths"
+        )
+    is_list = isinstance(task_lengths, ListConfig | list)
+    if not (
+        task_lengths is None
+        or task_lengths == REFERENCE_TASK_LENGTHS
+        or (is_list and all(type(n) is int for n in task_lengths))
+    ):
+        raise PosbenchError(
+            f"eval.task_lengths must be a list of problem lengths, {REFERENCE_TASK_LENGTHS} or "
+            f"null (got {task_lengths!r}); e.g. eval.task_lengths=[50,100] or "
+            f"eval.task_lengths={REFERENCE_TASK_LENGTHS}"
         )
 
 

@@ -23,6 +23,8 @@ from posbench.encodings import PositionalEncoding, build_encoding
 from posbench.errors import PosbenchError
 
 VOCAB_SIZE = 256  # byte-level: every corpus is read as raw bytes, no tokenizer to download
+ACTIVATIONS = {"gelu": F.gelu, "relu": F.relu}  # model.activation: the MLP's
+NORM_POSITIONS = ("pre", "post")  # model.norm_position: see Block
 
 
 class CausalSelfAttention(nn.Module):
@@ -73,23 +75,26 @@ class CausalSelfAttention(nn.Module):
 
 
 class MLP(nn.Module):
-    """The position-wise feed-forward layer: up to ``hidden``, GELU, back down."""
+    """The position-wise feed-forward layer: up to ``hidden``, GELU (or ReLU), back down."""
 
-    def __init__(self, d_model: int, hidden: int, dropout: float):
+    def __init__(self, d_model: int, hidden: int, dropout: float, activation: str = "gelu"):
         super().__init__()
         self.up = nn.Linear(d_model, hidden, bias=False)
         self.down = nn.Linear(hidden, d_model, bias=False)
         self.dropout = nn.Dropout(dropout)
+        self.activation = ACTIVATIONS[activation]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = F.gelu(self.up(x))  # (B, T, hidden)
+        h = self.activation(self.up(x))  # (B, T, hidden)
         return self.dropout(self.down(h))  # (B, T, C)
 
 
 class Block(nn.Module):
     """Pre-LN residual block: x + attn(ln(x)), then x + mlp(ln(x)). Normalising inside the
     residual branch keeps the gradients well behaved at initialisation, where post-LN needs a
-    careful warm-up (Xiong et al. 2020, https://arxiv.org/abs/2002.04745)."""
+    careful warm-up (Xiong et al. 2020, https://arxiv.org/abs/2002.04745). Post-LN
+    (``norm_position="post"``), the original transformer's and Ruoss et al.'s: ln(x + attn(x)),
+    then ln(x + mlp(x))."""
 
     def __init__(self, args: ModelArgs):
         super().__init__()
@@ -99,7 +104,8 @@ class Block(nn.Module):
         )
         self.attn = CausalSelfAttention(args.d_model, args.n_head, args.dropout, scaling)
         self.ln_mlp = nn.LayerNorm(args.d_model)
-        self.mlp = MLP(args.d_model, args.mlp_ratio * args.d_model, args.dropout)
+        self.mlp = MLP(args.d_model, args.mlp_ratio * args.d_model, args.dropout, args.activation)
+        self.post_norm = args.norm_position == "post"
 
     def forward(
         self,
@@ -108,6 +114,9 @@ class Block(nn.Module):
         encoding: PositionalEncoding,
         biases: QueryBlockBiases | None = None,
     ) -> torch.Tensor:
+        if self.post_norm:
+            x = self.ln_attn(x + self.attn(x, positions, encoding, biases))  # (B, T, C)
+            return self.ln_mlp(x + self.mlp(x))  # (B, T, C)
         x = x + self.attn(self.ln_attn(x), positions, encoding, biases)  # (B, T, C)
         return x + self.mlp(self.ln_mlp(x))  # (B, T, C)
 
@@ -127,8 +136,15 @@ class ModelArgs:
     attention_scaling: str = "none"  # none | ssmax | llama4
     attention_floor_scale: int = 8192  # llama4: HF Llama4TextConfig.floor_scale
     attention_scale: float = 0.1  # llama4: HF Llama4TextConfig.attn_scale
+    norm_position: str = "pre"  # pre | post (Block); runs saved before it: pre
+    activation: str = "gelu"  # gelu | relu (MLP); runs saved before it: gelu
 
     def __post_init__(self) -> None:
+        for key, allowed in (("norm_position", NORM_POSITIONS), ("activation", ACTIVATIONS)):
+            if getattr(self, key) not in allowed:
+                raise PosbenchError(
+                    f"model.{key} must be one of {', '.join(allowed)} (got {getattr(self, key)!r})"
+                )
         if self.d_model % self.n_head:
             raise PosbenchError(
                 f"model.n_head ({self.n_head}) must divide model.d_model ({self.d_model})"
@@ -165,7 +181,8 @@ class Transformer(nn.Module):
         self.token_embedding = nn.Embedding(args.vocab_size, args.d_model)
         self.dropout = nn.Dropout(args.dropout)
         self.blocks = nn.ModuleList(Block(args) for _ in range(args.n_layer))
-        self.ln_final = nn.LayerNorm(args.d_model)
+        # Post-LN blocks end normalised already (Ruoss et al.'s encoder has no final norm).
+        self.ln_final = nn.LayerNorm(args.d_model) if args.norm_position == "pre" else nn.Identity()
         self.lm_head = nn.Linear(args.d_model, args.vocab_size, bias=False)
         # Weight tying (Press & Wolf 2017, https://arxiv.org/abs/1608.05859).
         self.lm_head.weight = self.token_embedding.weight

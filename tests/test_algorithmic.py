@@ -640,6 +640,7 @@ def test_a_window_too_short_for_the_longest_training_problem_is_one_line():
         ({"curriculum_tau": 0}, "data.curriculum_tau must be positive"),
         ({"curriculum_every": 0}, "data.curriculum_every must be positive"),
         ({"curriculum": "sometimes"}, "invalid data.curriculum"),
+        ({"batch_lengths": "sometimes"}, "invalid data.batch_lengths"),
     ],
 )
 def test_misconfigured_algorithmic_tasks_fail_with_one_line(settings, message):
@@ -674,6 +675,21 @@ def test_the_reverse_exponential_curriculum_draws_length_n_with_weight_tau_to_th
     assert counts == pytest.approx(expected, rel=0.1)
 
 
+def test_one_length_per_batch_draws_one_problem_length_for_every_example():
+    """data.batch_lengths=same: Ruoss et al.'s training.py draws one length a step."""
+    task = load_data(
+        {"source": "reverse_string", "train_lengths": [1, 10], "batch_lengths": "same"}
+    )
+    sizes = set()
+    for step in range(8):
+        inputs, _ = task.train_batch(16, 30, torch.Generator().manual_seed(step), step)
+        separators = (inputs == ord(SEPARATOR)).int().argmax(1)  # (B,): each prompt's size
+        assert len(set(separators.tolist())) == 1
+        assert inputs.shape[1] == 2 * int(separators[0])  # no padding: all equally long
+        sizes.add(int(separators[0]))
+    assert len(sizes) > 1  # a new length each step
+
+
 def test_validation_spreads_its_examples_over_the_training_range():
     task = load_data({"source": "reverse_string", "train_lengths": [2, 9], "val_examples": 8})
     examples = task.validation_examples(64)
@@ -684,6 +700,20 @@ def test_validation_spreads_its_examples_over_the_training_range():
 def test_the_default_evaluation_lengths_cover_the_training_range_then_every_50_to_500():
     cfg = compose_config(["data=parity_check", "data.train_lengths=[1,40]"])
     assert eval_lengths(cfg) == [1, 7, 12, 18, 23, 29, 34, 40, *range(50, 501, 50)]
+
+
+def test_the_reference_evaluation_lengths_are_every_length_past_the_training_range_to_500():
+    cfg = compose_config(["data=parity_check", "eval.task_lengths=reference"])
+    assert eval_lengths(cfg) == [1, 7, 12, 18, 23, 29, 34, 40, *range(41, 501)]
+    shorter = compose_config(
+        ["data=parity_check", "data.train_lengths=[1,8]", "eval.task_lengths=reference"]
+    )
+    assert eval_lengths(shorter)[8:] == list(range(9, 501))
+
+
+def test_the_reference_evaluation_lengths_of_kazemnejad_et_als_tasks_are_their_own_grid():
+    cfg = compose_config(["data=addition", "eval.task_lengths=reference"])
+    assert eval_lengths(cfg) == eval_lengths(compose_config(["data=addition"]))
 
 
 def test_window_lengths_and_problem_lengths_are_set_with_their_own_keys():

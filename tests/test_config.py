@@ -80,6 +80,22 @@ def test_out_of_range_values_are_one_line_errors(override, message):
     assert "\n" not in str(err.value)
 
 
+@pytest.mark.parametrize("task_lengths", ["everything", "[50,abc]", "50", "[50,true]"])
+def test_task_lengths_other_than_a_list_reference_or_null_are_a_one_line_error(task_lengths):
+    cfg = compose_config(["data=parity_check", f"eval.task_lengths={task_lengths}"])
+    with pytest.raises(
+        PosbenchError, match=r"^eval\.task_lengths must be a list of problem"
+    ) as err:
+        validate(cfg)
+    assert "eval.task_lengths=reference" in str(err.value) and "\n" not in str(err.value)
+
+
+def test_reference_task_lengths_validate_and_are_refused_for_a_corpus():
+    validate(compose_config(["data=parity_check", "eval.task_lengths=reference"]))
+    with pytest.raises(PosbenchError, match=r"eval\.task_lengths are problem lengths"):
+        validate(compose_config(["eval.task_lengths=reference"]))
+
+
 @pytest.mark.parametrize(
     ("overrides", "expected"),
     [

@@ -7,9 +7,12 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from posbench.commands.overrides import expand_sweeps, sweep_overrides
 from posbench.config import compose_config, eval_lengths, validate
 from posbench.data import ALGORITHMIC_TASKS, WINDOW_TASKS
+from posbench.data.algorithmic.curriculum import BatchLengths, Curriculum
+from posbench.data.algorithmic.kazemnejad import KazemnejadTask
 from posbench.encodings import encoding_names
 from posbench.errors import PosbenchError
 from posbench.output_dirs import register_output_dir_resolvers
+from posbench.train import lr_at
 
 
 def swept_values(cfg, key: str) -> list[str]:
@@ -158,3 +161,48 @@ def test_a_sweep_takes_values_of_the_groups_the_experiment_sweeps():
     assert sorted(c[-1] for c in candidates) == ["data=copy", "data=passkey", "data=recall"]
     for candidate in candidates:
         assert compose_config(candidate).data.val_examples == 4
+
+
+RUOSS_TASKS = sorted(
+    name for name, task in ALGORITHMIC_TASKS.items() if not issubclass(task, KazemnejadTask)
+)
+RECIPE_KEYS = ("lr", "min_lr", "warmup_steps", "weight_decay", "beta1", "beta2", "grad_clip")
+
+
+def test_ruoss2023_is_the_references_recipe_on_their_15_tasks():
+    cfg = compose_config(["+experiment=ruoss2023"], with_hydra=True)
+    assert len(RUOSS_TASKS) == 15 and sorted(swept_values(cfg, "data")) == RUOSS_TASKS
+    assert swept_values(cfg, "encoding") == ["none", "sinusoidal", "rope", "alibi", "learned"]
+    assert swept_values(cfg, "seed") == ["0", "1", "2"]
+    model, train, data = cfg.model, cfg.train, cfg.data
+    assert (model.n_layer, model.d_model, model.n_head, model.mlp_ratio) == (5, 64, 8, 4)
+    assert (model.dropout, model.norm_position, model.activation) == (0.1, "post", "relu")
+    assert (train.steps, train.batch_size, train.grad_clip, train.weight_decay) == (
+        10000,
+        128,
+        1.0,
+        0.0,
+    )
+    assert {lr_at(step, train) for step in (0, 1, 5000, 9999)} == {1e-3}  # constant
+    assert (data.batch_lengths, list(data.train_lengths), data.curriculum) == (
+        BatchLengths.same,
+        [1, 40],
+        Curriculum.uniform,
+    )
+    assert data.val_examples == 512 and eval_lengths(cfg)[8:] == list(range(41, 501))
+    for task in RUOSS_TASKS:
+        validate(compose_config(["+experiment=ruoss2023", f"data={task}"]))
+    randomized = ["+experiment=ruoss2023", "encoding=learned", "train.random_positions=2048"]
+    validate(compose_config(randomized))
+
+
+def test_ruoss2023_cpu_trains_the_same_recipe_at_a_smaller_budget_on_some_of_the_tasks():
+    cpu = compose_config(["+experiment=ruoss2023_cpu"], with_hydra=True)
+    full = compose_config(["+experiment=ruoss2023"])
+    assert cpu.model == full.model and cpu.data.batch_lengths == full.data.batch_lengths
+    assert [cpu.train[key] for key in RECIPE_KEYS] == [full.train[key] for key in RECIPE_KEYS]
+    assert cpu.train.steps * cpu.train.batch_size < full.train.steps * full.train.batch_size
+    tasks = swept_values(cpu, "data")
+    assert set(tasks) <= set(RUOSS_TASKS)
+    for task in tasks:
+        validate(compose_config(["+experiment=ruoss2023_cpu", f"data={task}"]))

@@ -313,6 +313,45 @@ def test_model_args_round_trip_through_a_dict():
     assert ModelArgs(**SMALL.to_dict()) == SMALL
 
 
+def test_post_ln_blocks_normalise_after_each_residual_sum_and_skip_the_final_norm():
+    """Ruoss et al.'s encoder block (models/transformer.py): h = ln(h + attn(h)), then
+    h = ln(h + mlp(h)), and no layer norm after the last block."""
+    args = ModelArgs(n_layer=1, n_head=2, d_model=16, norm_position="post")
+    model = Transformer(args, make_encoding("none", args)).double().eval()
+    tokens = torch.randint(0, 256, (2, 5))
+    block = model.blocks[0]
+    x = model.token_embedding(tokens)  # (B, T, C)
+    positions = torch.arange(5)
+    x = block.ln_attn(x + block.attn(x, positions, model.encoding))
+    x = block.ln_mlp(x + block.mlp(x))
+    torch.testing.assert_close(model(tokens), model.lm_head(x))
+    assert isinstance(model.ln_final, torch.nn.Identity)
+
+
+def test_relu_replaces_gelu_in_the_mlp():
+    args = ModelArgs(n_layer=1, n_head=2, d_model=16, activation="relu")
+    mlp = Transformer(args, make_encoding("none", args)).blocks[0].mlp
+    x = torch.randn(3, 16)
+    torch.testing.assert_close(mlp(x), mlp.down(torch.relu(mlp.up(x))))
+
+
+def test_runs_saved_before_the_norm_and_activation_options_load_as_pre_ln_gelu():
+    old = {"n_layer": 2, "n_head": 4, "d_model": 128, "mlp_ratio": 4, "dropout": 0.0}
+    args = ModelArgs(**old)
+    assert (args.norm_position, args.activation) == ("pre", "gelu")
+
+
+@pytest.mark.parametrize(
+    ("key", "choices"), [("norm_position", "pre, post"), ("activation", "gelu, relu")]
+)
+def test_an_unknown_norm_position_or_activation_is_a_one_line_error_listing_the_choices(
+    key, choices
+):
+    with pytest.raises(PosbenchError) as error:
+        ModelArgs(**{key: "bogus"})
+    assert str(error.value) == f"model.{key} must be one of {choices} (got 'bogus')"
+
+
 # --- how the model uses its encoding ----------------------------------------------------------
 
 

@@ -14,6 +14,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from posbench.data import load_data
 from posbench.errors import PosbenchError
 from posbench.report import build_report, write_report
+from posbench.report.aggregate import reciprocal_ranks
 from posbench.report.figures import (
     FIGURE_DPI,
     FIGURE_INCHES,
@@ -742,7 +743,9 @@ def test_accuracy_per_byte_is_read_against_chance_and_the_constant_answer(tmp_pa
     # A run whose config does not name its task's source (an older posbench's): no baselines.
     task_run(tmp_path / "reverse", "reverse_string", "rope", 0, {40: (1.0, 1.0), 50: (0.5, 0.0)})
     task = load_data({"source": "parity_check", "train_lengths": [1, 40]})
-    constant = task.constant_answer_accuracy([50, 100])
+    # Its records hold no baselines (written before they did): the constant answer of each
+    # length, averaged.
+    constant = np.mean([task.constant_answer_accuracy([n]) for n in (50, 100)])
     text = markdown(build_report(tmp_path))
     per_byte = text[text.index("mean accuracy per answer byte") :]
     table = per_byte[per_byte.index("| task |") :].splitlines()
@@ -796,3 +799,134 @@ def test_an_algorithmic_sweep_opens_with_ruoss_et_als_table_of_length_generaliza
     summary = content["groups"][0]["length_generalization"]["rope"]
     assert summary["length_generalization_n"] == 2
     assert summary["length_generalization_mean"] == pytest.approx(0.2)
+
+
+def generalization_run(path, task, encoding, seed, score):
+    """A run on ``task`` whose length_generalization (whole answers) and
+    length_generalization_accuracy (per byte) are both ``score``, at lengths 50 and 100."""
+    return task_run(path, task, encoding, seed, {40: (1.0, 1.0), 50: (score, score),
+                                                100: (score, score)})  # fmt: skip
+
+
+def table_lines(text, title):
+    """The Markdown table under the first paragraph that starts with ``title``."""
+    start = text.index(title)
+    table = text[text.index("| task |", start) :]
+    return table[: table.index("\n\n")].splitlines()
+
+
+def test_table_1_gives_the_max_over_seeds_and_the_share_of_seeds_above_the_threshold(tmp_path):
+    for seed, score in enumerate([0.95, 0.5, 0.92]):
+        generalization_run(tmp_path / f"rope{seed}", "reverse_string", "rope", seed, score)
+    for seed, score in enumerate([0.3, 0.4]):
+        generalization_run(tmp_path / f"alibi{seed}", "reverse_string", "alibi", seed, score)
+    title = "Length generalization (Ruoss et al. 2023): mean sequence accuracy"
+    text = markdown(build_report(tmp_path))
+    maxima = table_lines(text, f"{title} (whole answer right), max over seeds")
+    assert maxima[2] == "| reverse_string | 0.40 | **0.95** |"
+    shares = table_lines(text, f"{title} (whole answer right), success rate")
+    assert "the seeds scoring above 0.9, of all seeds" in text
+    assert shares[2] == "| reverse_string | 0/2 | **2/3** |"
+    stricter = markdown(build_report(tmp_path, success_threshold=0.93))
+    assert table_lines(stricter, f"{title} (whole answer right), success rate")[2] == (
+        "| reverse_string | 0/2 | **1/3** |"
+    )
+    out = tmp_path / "report"
+    write_report(build_report(tmp_path, out), out)
+    content = json.loads((out / "report.json").read_text())
+    rope = content["groups"][0]["length_generalization"]["rope"]
+    assert rope["length_generalization_max"] == 0.95
+    assert rope["length_generalization_success_rate"] == pytest.approx(2 / 3)
+    assert rope["length_generalization_accuracy_success_rate"] == pytest.approx(2 / 3)
+    assert content["success_threshold"] == 0.9
+
+
+def test_a_success_threshold_outside_0_to_1_is_a_one_line_error(tmp_path):
+    generalization_run(tmp_path / "r", "reverse_string", "rope", 0, 0.5)
+    with pytest.raises(
+        PosbenchError, match=r"^--success-threshold must be in \[0, 1\) \(got 1\.0\)"
+    ):
+        build_report(tmp_path, success_threshold=1.0)
+
+
+def test_mean_reciprocal_rank_ranks_per_task_ties_sharing_the_best_rank(tmp_path):
+    scores = {
+        "parity_check": {"a": 0.9, "b": 0.9, "c": 0.5},  # a and b tie for rank 1: c is 3rd
+        "even_pairs": {"a": 0.2, "b": 0.6, "c": 0.4},
+        "odds_first": {"a": 0.7, "b": 0.1},  # c not run: 0 there
+    }
+    for task, by_encoding in scores.items():
+        for encoding, score in by_encoding.items():
+            generalization_run(tmp_path / f"{task}-{encoding}", task, encoding, 0, score)
+    report = build_report(tmp_path)
+    text = markdown(report)
+    table = text[text.index("Mean reciprocal rank across the 3 tasks") :].splitlines()
+    assert table[2] == (
+        "| encoding | tasks scored | MRR, length_generalization | "
+        "MRR, length_generalization_accuracy |"
+    )
+    assert table[4:7] == [
+        "| b | 3 | 0.83 | 0.83 |",  # (1 + 1 + 1/2) / 3
+        "| a | 3 | 0.78 | 0.78 |",  # (1 + 1/3 + 1) / 3
+        "| c | 2 | 0.28 | 0.28 |",  # (1/3 + 1/2 + 0) / 3
+    ]
+    out = tmp_path / "report"
+    write_report(build_report(tmp_path, out), out)
+    mrr = json.loads((out / "report.json").read_text())["mean_reciprocal_rank"]
+    assert mrr["length_generalization"] == pytest.approx({"a": 7 / 9, "b": 5 / 6, "c": 5 / 18})
+
+
+def test_reciprocal_ranks_give_tied_scores_the_best_rank_of_the_tie():
+    ranks = reciprocal_ranks({"a": 0.5, "b": 1.0, "c": 1.0, "d": None})
+    assert ranks == {"a": 1 / 3, "b": 1.0, "c": 1.0}
+
+
+def add_baselines(run, baselines):
+    """Per-length baseline fields in the run's eval records: {length: {field: value}}."""
+    results = json.loads((run / "results.json").read_text())
+    for record in results["eval"]:
+        record.update(baselines.get(record["length"], {}))
+    (run / "results.json").write_text(json.dumps(results))
+
+
+BASELINES_AT = {
+    40: {"chance_accuracy": 0.5, "constant_answer_accuracy": 0.9, "prefix_rule_accuracy": 0.9},
+    50: {"chance_accuracy": 0.5, "constant_answer_accuracy": 0.6, "prefix_rule_accuracy": 0.8},
+    100: {"chance_accuracy": 0.5, "constant_answer_accuracy": 0.5, "prefix_rule_accuracy": 0.7},
+}
+
+
+def test_baselines_from_the_records_are_averaged_over_the_lengths_past_the_training_range(
+    tmp_path,
+):
+    for seed in (0, 1):
+        run = generalization_run(tmp_path / f"r{seed}", "reverse_string", "rope", seed, 0.6)
+        add_baselines(run, BASELINES_AT)  # length 40 is inside the range: not averaged
+    text = markdown(build_report(tmp_path))
+    title = "Length generalization (Ruoss et al. 2023): mean accuracy per answer byte"
+    mean = table_lines(text, title)
+    assert mean[0] == "| task | rope | chance | constant answer | prefix rule |"
+    assert mean[2] == "| reverse_string | 0.60 ± 0.00 | 0.50 | 0.55 | 0.75 |"
+    maxima = table_lines(text, f"{title}, what their Table 1 averages, max over seeds")
+    assert maxima[2] == "| reverse_string | 0.60 | 0.50 | 0.55 | 0.75 |"
+    success = table_lines(text, f"{title}, what their Table 1 averages, success rate")
+    assert success[0] == "| task | rope |"  # a share of seeds is no accuracy to compare
+    out = tmp_path / "report"
+    write_report(build_report(tmp_path, out), out)
+    (group,) = json.loads((out / "report.json").read_text())["groups"]
+    assert (group["constant_answer_accuracy"], group["prefix_rule_accuracy"]) == (
+        pytest.approx(0.55),
+        pytest.approx(0.75),
+    )
+
+
+def test_the_prefix_rule_is_not_set_beside_a_decodes_accuracy(tmp_path):
+    """Records with teacher_forced_accuracy hold a greedy decode's accuracy, which no answer
+    byte it did not write itself can help."""
+    run = generalization_run(tmp_path / "r", "reverse_string", "rope", 0, 0.6)
+    decoded = {n: {**fields, "teacher_forced_accuracy": 0.9} for n, fields in BASELINES_AT.items()}
+    add_baselines(run, decoded)
+    text = markdown(build_report(tmp_path))
+    mean = table_lines(text, "Length generalization (Ruoss et al. 2023): mean accuracy per")
+    assert mean[0] == "| task | rope | chance | constant answer |"
+    assert "prefix rule" not in text

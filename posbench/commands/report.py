@@ -10,6 +10,7 @@ from posbench.commands.arguments import OneLineParser
 from posbench.commands.exits import say
 from posbench.references import load_reference, reference_names
 from posbench.report import build_report, write_report
+from posbench.report.aggregate import DEFAULT_SUCCESS_THRESHOLD
 from posbench.report.groups import METRICS
 from posbench.report.reference import reference_warnings
 from posbench.report.tables import markdown
@@ -48,6 +49,14 @@ def report_parser() -> argparse.ArgumentParser:
         f"{', '.join(reference_names())} (the ALiBi paper's WikiText-103 Tables 2 and 3), or "
         "the path of a reference JSON file (posbench/references/ describes the format)",
     )
+    parser.add_argument(
+        "--success-threshold",
+        type=float,
+        default=DEFAULT_SUCCESS_THRESHOLD,
+        metavar="T",
+        help="an algorithmic sweep's success rate: the share of a row's seeds whose "
+        f"length-generalization score is above T, in [0, 1) (default {DEFAULT_SUCCESS_THRESHOLD})",
+    )
     return parser
 
 
@@ -59,7 +68,7 @@ def run_report(args: Sequence[str]) -> None:
     out = options.out if options.out is not None else options.dirs[0] / "report"
     reference = None if options.reference is None else load_reference(options.reference)
     metric = options.metric or (reference.metric if reference is not None else "ppl")
-    report = build_report(options.dirs, out, metric, reference)
+    report = build_report(options.dirs, out, metric, reference, options.success_threshold)
     for warning in reference_warnings(report):
         say(f"warning: {warning}")
     written = write_report(report, out)

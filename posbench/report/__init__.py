@@ -4,7 +4,11 @@ that ``posbench train`` and ``posbench eval`` print.
 
 read.py       find the runs below DIR; read each, or say why it is left out
 groups.py     runs grouped by training setting, rows, cells of mean ± std (build_report)
+aggregate.py  an algorithmic sweep's max and success rate over seeds, mean reciprocal rank
+              across tasks, and the baselines over the lengths a score averages
 tables.py     Markdown (printed, report.md) and the flat records of report.csv / report.json
+generalization.py  an algorithmic sweep's Table 1 and mean reciprocal rank, in both
+text.py       a mean ± std as the tables print it, the best in bold
 figures.py    the PNG figures and the TensorBoard runs
 run_table.py  one run's records as a terminal table, and the ratio's wording both share
 reference.py  a sweep against published numbers (--reference): the rows that meet them, the
@@ -42,7 +46,10 @@ the buckets at positions >= train.seq_len over that of the buckets below it.
 
 Runs on an algorithmic task (posbench/data/algorithmic/) are evaluated at problem lengths: their
 groups show accuracies only, and the report opens with Ruoss et al.'s Table 1, one line per
-task and one column per encoding, of the runs' length_generalization summaries.
+task and one column per encoding, of the runs' length_generalization summaries: their mean ±
+std, max and success rate over seeds (the share above ``--success-threshold``, 0.9), the
+per-byte ones beside the task's baselines; then Kazemnejad et al.'s mean reciprocal rank of
+each encoding across the tasks.
 
 ``--reference NAME`` (posbench/references/: ``alibi-wt103``, the ALiBi paper's WikiText-103
 Tables 2 and 3) reads each group against the reference's table of its training length: a

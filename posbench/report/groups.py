@@ -19,6 +19,7 @@ from posbench.config import ModelConfig, TrainConfig, flat_config
 from posbench.data import TASKS, load_data
 from posbench.errors import PosbenchError
 from posbench.references import Reference, ReferenceTable
+from posbench.report.aggregate import DEFAULT_SUCCESS_THRESHOLD, baselines_over
 from posbench.report.read import Excluded, Run, find_runs
 from posbench.report.run_table import no_reference
 from posbench.runs import (
@@ -66,18 +67,21 @@ METRICS = {
 
 @dataclass(frozen=True)
 class Stat:
-    """Mean and sample standard deviation (n - 1) of ``n`` values; ``std`` is None below 2."""
+    """Mean and sample standard deviation (n - 1) of ``n`` values; ``std`` is None below 2.
+    ``values`` themselves (one per run) for what else is read from them: the best seed, the
+    share that succeed (aggregate.py)."""
 
     n: int
     mean: float | None
     std: float | None
+    values: tuple[float, ...] = ()
 
     @classmethod
     def of(cls, values: Sequence[float]) -> Stat:
         if not values:
             return cls(0, None, None)
         std = statistics.stdev(values) if len(values) > 1 else None
-        return cls(len(values), statistics.fmean(values), std)
+        return cls(len(values), statistics.fmean(values), std, tuple(values))
 
 
 @dataclass(frozen=True)
@@ -149,10 +153,17 @@ class Group:
     problem_lengths: tuple[int, int] | None = None
     task: str | None = None  # and that task's data.name
     # what its accuracy past the training range is read against, over the lengths evaluated
-    # there: a uniform guess (data.chance_accuracy) and the best answer that ignores the
-    # prompt (Task.constant_answer_accuracy); None where unknown
+    # there (aggregate.BASELINES, from its records; for runs written before records held them,
+    # data.chance_accuracy and Task.constant_answer_accuracy length by length): a uniform
+    # guess, the best answer that reads only the prompt's length, and the best rule that reads
+    # only the answer's earlier bytes; None where unknown
     chance_accuracy: float | None = None
     constant_answer_accuracy: float | None = None
+    prefix_rule_accuracy: float | None = None
+    # whether its records' per-byte accuracy is scored under teacher forcing (records written
+    # before greedy decoding became the accuracy, which have no teacher_forced_accuracy): the
+    # prefix rule is a baseline for it then, not for a decode's
+    teacher_forced: bool = True
     reference: ReferenceTable | None = None  # the --reference's table of its training length
 
 
@@ -168,6 +179,8 @@ class Report:
     # recorded), most runs first, with how many runs each: one config and seed can give other
     # numbers under other code.
     code: list[tuple[dict[str, Any] | None, int]] = field(default_factory=list)
+    # a seed succeeds on an algorithmic task when its summary is above this (--success-threshold)
+    success_threshold: float = DEFAULT_SUCCESS_THRESHOLD
 
 
 @functools.cache
@@ -301,8 +314,17 @@ def build_group(
         mark_not_comparable(group)
     else:
         group.task = runs[0].config.get("data.name")
-        group.chance_accuracy = runs[0].results.get("data", {}).get("chance_accuracy")
-        group.constant_answer_accuracy = constant_answer_past(runs[0], lengths)
+        records = [r for run in runs for r in run.results["eval"]]
+        past = [n for n in lengths if n > group.problem_lengths[1]]
+        recorded = baselines_over(records, past)
+        group.chance_accuracy = recorded["chance_accuracy"]
+        if group.chance_accuracy is None:
+            group.chance_accuracy = runs[0].results.get("data", {}).get("chance_accuracy")
+        group.constant_answer_accuracy = recorded["constant_answer_accuracy"]
+        if group.constant_answer_accuracy is None:
+            group.constant_answer_accuracy = constant_answer_past(runs[0], past)
+        group.prefix_rule_accuracy = recorded["prefix_rule_accuracy"]
+        group.teacher_forced = not any("teacher_forced_accuracy" in r for r in records)
     with_positions = [
         (key, length)
         for key, by_length in table.items()
@@ -327,19 +349,22 @@ def build_group(
     return group
 
 
-def constant_answer_past(run: Run, lengths: Sequence[int]) -> float | None:
-    """Task.constant_answer_accuracy of ``run``'s task over ``lengths`` past its training
-    range (None: none of them, or a config that no longer builds the task, such as a run of
-    an older posbench)."""
+def constant_answer_past(run: Run, past: Sequence[int]) -> float | None:
+    """The constant answer of ``run``'s task at each of the lengths ``past`` its training range
+    (Task.constant_answer_accuracy of that length alone: one answer per length, which a model
+    that sees the prompt's length can give), averaged; for runs whose records do not hold it.
+    None: no such length, or a config that no longer builds the task (a run of an older
+    posbench)."""
     if run.config.get("data.source") not in TASKS:
         return None
     try:
         task = load_data(saved_config(run.path).data)
     except PosbenchError:
         return None
-    longest = run.config["data.train_lengths"][1]
-    past = [n for n in lengths if n > longest and task.unscorable(n) is None]
-    return task.constant_answer_accuracy(past) if past else None
+    scored = [n for n in past if task.unscorable(n) is None]
+    if not scored:
+        return None
+    return statistics.fmean(task.constant_answer_accuracy([n]) for n in scored)
 
 
 def summary_values(results: Sequence[dict[str, Any]], key: str) -> list[float]:
@@ -467,13 +492,19 @@ def build_report(
     out: Path | None = None,
     metric: str = "ppl",
     reference: Reference | None = None,
+    success_threshold: float = DEFAULT_SUCCESS_THRESHOLD,
 ) -> Report:
     """Read every run below ``dirs`` (one directory or several: e.g. a sweep and the sweep
     that added a row to it) and aggregate its ``metric`` (METRICS), each group beside
-    ``reference``'s table of its training length if it has one; a one-line error if no run
-    finished."""
+    ``reference``'s table of its training length if it has one, an algorithmic task's seeds
+    counted as succeeding above ``success_threshold``; a one-line error if no run finished."""
     if metric not in METRICS:
         raise PosbenchError(f"--metric must be one of {', '.join(METRICS)} (got {metric!r})")
+    if not 0 <= success_threshold < 1:
+        raise PosbenchError(
+            f"--success-threshold must be in [0, 1) (got {success_threshold}): a seed succeeds "
+            "with a score above it"
+        )
     if reference is not None and reference.metric not in METRICS:
         raise PosbenchError(
             f"reference {reference.name}'s metric must be one of {', '.join(METRICS)} "
@@ -513,7 +544,8 @@ def build_report(
             group.reference = reference.table(group.train_seq_len)
         groups.append(group)
     root = dirs[0] if len(dirs) == 1 else Path(os.path.commonpath([d.absolute() for d in dirs]))
-    return Report(root, dirs, groups, excluded, metric, reference, runs_by_code(runs))
+    code = runs_by_code(runs)
+    return Report(root, dirs, groups, excluded, metric, reference, code, success_threshold)
 
 
 def runs_by_code(runs: Sequence[Run]) -> list[tuple[dict[str, Any] | None, int]]:

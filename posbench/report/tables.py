@@ -5,36 +5,24 @@ from __future__ import annotations
 
 import csv
 import io
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from posbench.report.groups import METRICS, Group, Report, Row, Stat, has_accuracy
+from posbench.report.generalization import (
+    generalization_content,
+    generalization_tables,
+    mean_reciprocal_rank_content,
+)
+from posbench.report.groups import METRICS, Group, Report, Row, has_accuracy
 from posbench.report.reference import compared_rows, published
 from posbench.report.run_table import ratio_title
+from posbench.report.text import best_shown, stat_text
 
 
 def multiple(length: int, train_seq_len: int) -> str:
     """How many training lengths ``length`` is, to two decimals ("2×", "1.98×", "30.3×")."""
     return f"{round(length / train_seq_len, 2):g}×"
-
-
-def stat_text(stat: Stat, best: str | None = None) -> str:
-    """The mean (± std) to two decimals, in bold where it prints as ``best`` (best_shown)."""
-    mean = f"{stat.mean:.2f}"
-    if mean == best:
-        mean = f"**{mean}**"
-    return mean if stat.std is None else f"{mean} ± {stat.std:.2f}"
-
-
-def best_shown(means: Iterable[float | None], best_of: Any = max) -> str | None:
-    """The best of ``means`` as a table prints it, so that every mean printed alike is bold (a
-    0.004 over a 0.001 is no win: both print 0.00); None, no bold, where fewer than two were
-    measured or all print alike."""
-    printed = {f"{m:.2f}": m for m in means if m is not None}
-    if len(printed) < 2:
-        return None
-    return f"{best_of(printed.values()):.2f}"
 
 
 def length_headers(group: Group) -> list[str]:
@@ -166,56 +154,6 @@ ACCURACIES = {
 }
 
 
-# The summaries of a run on an algorithmic task (runs.with_length_generalization), by the Row
-# attribute that holds them.
-GENERALIZATION = {
-    "generalization": "mean sequence accuracy (whole answer right)",
-    "generalization_accuracy": "mean accuracy per answer byte, what their Table 1 averages",
-}
-
-
-def generalization_table(groups: Sequence[Group], key: str, what: str) -> list[str]:
-    """Ruoss et al.'s Table 1: one line per task (group), one column per encoding (row label),
-    each cell the runs' ``key`` summary over the problem lengths past the training range,
-    the best per task in bold; per answer byte, beside the task's baselines over the same
-    lengths."""
-    labels = list(dict.fromkeys(row.label for group in groups for row in group.rows))
-    names = [group.task or group.title for group in groups]
-    per_byte = key == "generalization_accuracy"
-    baselines = ["chance", "constant answer"] if per_byte else []
-    lines = [
-        f"Length generalization (Ruoss et al. 2023): {what}, over the evaluated problem lengths "
-        "past each task's training range"
-        + (
-            " (chance: a uniform guess; constant answer: one fixed answer, the most common byte "
-            "at each answer position over all the problems scored there):"
-            if per_byte
-            else ":"
-        ),
-        "",
-        "| task | " + " | ".join([*labels, *baselines]) + " |",
-        "| --- |" + " --- |" * (len(labels) + len(baselines)),
-    ]
-    for group, name in zip(groups, names, strict=True):
-        if names.count(name) > 1:  # the same task trained in several settings
-            name = f"{name} ({group.name})"
-        stats = {row.label: getattr(row, key) for row in group.rows}
-        best = best_shown(s.mean for s in stats.values())
-        texts = [
-            "–"
-            if (stat := stats.get(label)) is None or stat.mean is None
-            else stat_text(stat, best)
-            for label in labels
-        ]
-        if per_byte:
-            texts += [
-                "–" if value is None else f"{value:.2f}"
-                for value in (group.chance_accuracy, group.constant_answer_accuracy)
-            ]
-        lines.append(f"| {name} | " + " | ".join(texts) + " |")
-    return lines
-
-
 def depth_table(group: Group, footnotes: dict[str, int]) -> list[str]:
     """Passkey accuracy per depth of the needle at the group's ``depth_length``."""
     depths = sorted({d for row in group.rows if row.by_depth for d in row.by_depth})
@@ -296,10 +234,7 @@ def markdown(report: Report) -> str:
     ]
     lines += ["", code_line(report.code)]
     footnotes: dict[str, int] = {}
-    tasks = [group for group in report.groups if group.problem_lengths is not None]
-    if tasks:
-        for key, what in GENERALIZATION.items():
-            lines += ["", *generalization_table(tasks, key, what)]
+    lines += generalization_tables(report)
     for group in report.groups:
         lines += ["", f"## {group.title}"]
         if group.problem_lengths is None:  # an algorithmic task's ppl says little
@@ -434,9 +369,10 @@ def json_content(report: Report, records: Sequence[dict[str, Any]]) -> dict[str,
                 "setting": g.setting,
                 "train_seq_len": g.train_seq_len,
                 "problem_lengths": g.problem_lengths,
-                "length_generalization": generalization_content(g),
+                "length_generalization": generalization_content(g, report.success_threshold),
                 "chance_accuracy": g.chance_accuracy,
                 "constant_answer_accuracy": g.constant_answer_accuracy,
+                "prefix_rule_accuracy": g.prefix_rule_accuracy,
                 "rows": {row.label: [relative(p, report.root) for p in row.runs] for row in g.rows},
                 "loss_by_position": position_content(g),
                 "accuracy_by_depth": depth_content(g),
@@ -445,27 +381,14 @@ def json_content(report: Report, records: Sequence[dict[str, Any]]) -> dict[str,
             for g in report.groups
         ],
         "cells": list(records),
+        # an algorithmic sweep's: Table 1's success rates count the seeds above it, and each
+        # encoding's mean reciprocal rank across the tasks by each summary
+        "success_threshold": report.success_threshold,
+        "mean_reciprocal_rank": mean_reciprocal_rank_content(report),
         "code": [{"versions": versions, "runs": n} for versions, n in report.code],
         "excluded": [
             {"path": relative(e.path, report.root), "reason": e.reason} for e in report.excluded
         ],
-    }
-
-
-def generalization_content(group: Group) -> dict[str, Any] | None:
-    """An algorithmic task's length_generalization summaries per row, for report.json."""
-    if group.problem_lengths is None:
-        return None
-    return {
-        row.label: {
-            f"{name}_{part}": getattr(getattr(row, attribute), part)
-            for attribute, name in (
-                ("generalization", "length_generalization"),
-                ("generalization_accuracy", "length_generalization_accuracy"),
-            )
-            for part in ("n", "mean", "std")
-        }
-        for row in group.rows
     }
 
 

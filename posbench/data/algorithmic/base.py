@@ -22,7 +22,7 @@ from typing import ClassVar
 import numpy as np
 import torch
 
-from posbench.data.algorithmic.curriculum import Curriculum, draw_lengths
+from posbench.data.algorithmic.curriculum import BatchLengths, Curriculum, draw_lengths
 from posbench.data.task import Example, Examples, Task, check_positive, stack_examples
 from posbench.errors import PosbenchError
 
@@ -56,6 +56,8 @@ class AlgorithmicDataConfig:
     curriculum_every: int = 1000  # regular_increase: steps between two increases
     curriculum_increase: int = 1  # regular_increase: the length added at each
     curriculum_tau: float = 0.95  # reverse_exponential: length n drawn with weight tau ** n
+    # mixed | same: one length per example, or one per batch (Ruoss et al.'s; curriculum.py)
+    batch_lengths: BatchLengths = BatchLengths.mixed
 
 
 class AlgorithmicTask(Task):
@@ -130,23 +132,25 @@ class AlgorithmicTask(Task):
     def train_batch(
         self, batch_size: int, seq_len: int, generator: torch.Generator, step: int
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Each example's size from the curriculum at ``step``; the batch is as wide as its
-        longest example (at most ``seq_len``), not ``seq_len``."""
+        """Each example's size from the curriculum at ``step`` (one size for all of them with
+        ``data.batch_lengths=same``); the batch is as wide as its longest example (at most
+        ``seq_len``), not ``seq_len``."""
         self.check_training(seq_len)
         seed = torch.randint(2**62, (1,), generator=generator).item()
         rng = np.random.default_rng(seed)
         config = self.config
+        same = config.batch_lengths is BatchLengths.same
         lengths = draw_lengths(
             config.curriculum,
             self.train_lengths,
-            batch_size,
+            1 if same else batch_size,
             step,
             rng,
             config.curriculum_every,
             config.curriculum_increase,
             config.curriculum_tau,
         )
-        examples = self.batch(lengths, rng)
+        examples = self.batch(np.broadcast_to(lengths, batch_size), rng)
         return examples.inputs(), examples.targets()
 
     def examples(self, length: int) -> Examples:
@@ -171,10 +175,24 @@ class AlgorithmicTask(Task):
     def default_eval_lengths(self) -> list[int]:
         """The training range at up to 8 evenly spaced sizes, then every ``EVAL_STEP`` up to
         ``MAX_EVAL_LENGTH``."""
+        hi = self.train_lengths[1]
+        beyond = range((hi // EVAL_STEP + 1) * EVAL_STEP, MAX_EVAL_LENGTH + 1, EVAL_STEP)
+        return [*self.lengths_inside(), *beyond]
+
+    def reference_eval_lengths(self) -> list[int]:
+        """``eval.task_lengths=reference``: Ruoss et al.'s grid, every size from hi + 1 to
+        ``MAX_EVAL_LENGTH`` (41-500 for [1, 40]; the reference's example.py averages from
+        42, an off-by-one against the paper's 41), after the default's few sizes inside the
+        training range, which draw the figure's in-distribution part and cost little (the
+        length_generalization summaries average only past the range)."""
+        hi = self.train_lengths[1]
+        return [*self.lengths_inside(), *range(hi + 1, MAX_EVAL_LENGTH + 1)]
+
+    def lengths_inside(self) -> list[int]:
+        """The training range at up to 8 evenly spaced sizes."""
         lo, hi = self.train_lengths
         inside = np.unique(np.linspace(lo, hi, min(8, hi - lo + 1)).round().astype(int))
-        beyond = range((hi // EVAL_STEP + 1) * EVAL_STEP, MAX_EVAL_LENGTH + 1, EVAL_STEP)
-        return [*map(int, inside), *beyond]
+        return [int(n) for n in inside]
 
 
 def spell(alphabet: str, ids: np.ndarray) -> str:

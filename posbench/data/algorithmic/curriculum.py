@@ -10,8 +10,10 @@
 * ``reverse_exponential``: length n with probability proportional to
   ``data.curriculum_tau`` ** n (tau < 1 favours short problems).
 
-Unlike theirs, which draws one length per batch, every example draws its own length, so a
-batch mixes sizes (padded to its longest; the padding is not scored).
+``data.batch_lengths`` (``BatchLengths``) says how a batch uses them: ``mixed`` (the default)
+draws one length per example, so a batch mixes sizes (padded to its longest; the padding is
+not scored); ``same`` draws one length per batch, as theirs does (training.py samples one
+``length`` a step).
 """
 
 from __future__ import annotations
@@ -26,6 +28,11 @@ class Curriculum(Enum):
     fixed = "fixed"
     regular_increase = "regular_increase"
     reverse_exponential = "reverse_exponential"
+
+
+class BatchLengths(Enum):
+    mixed = "mixed"  # each example its own length
+    same = "same"  # one length for the whole (global) batch, as Ruoss et al. train
 
 
 def draw_lengths(

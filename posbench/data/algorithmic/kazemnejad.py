@@ -24,3 +24,7 @@ class KazemnejadTask(AlgorithmicTask):
     def default_eval_lengths(self) -> list[int]:
         lo, hi = self.train_lengths
         return list(range(lo, TEST_LENGTH_FACTOR * hi + 1))
+
+    def reference_eval_lengths(self) -> list[int]:
+        """Their grid is already every length: the default."""
+        return self.default_eval_lengths()
