@@ -395,10 +395,12 @@ def with_length_generalization(results: dict[str, Any], longest_trained: int) ->
     """``results`` of a run on an algorithmic task trained at problem lengths up to
     ``longest_trained``, with Ruoss et al.'s summary of its eval records over the lengths
     beyond: ``length_generalization``, the mean sequence accuracy (the whole answer right),
-    and ``length_generalization_accuracy``, the mean accuracy per answer byte (what their
-    Table 1 averages, over lengths 41 to 500). None when no such length was measured, or when
-    one of them could not be (a learned table too short for it): a mean over the lengths a
-    model happens to support would not compare with one over all of them."""
+    and ``length_generalization_accuracy``, the mean accuracy per answer token (at
+    placeholders the per-token accuracy their Table 1 averages over lengths 41 to 500;
+    autoregressive answers' is teacher-forced, another count). None when no such length was
+    measured, or when one of them could not be (a learned table too short for it): a mean
+    over the lengths a model happens to support would not compare with one over all of
+    them."""
     beyond = [r for r in results["eval"] if r["length"] > longest_trained]
     summary: dict[str, Any] = dict.fromkeys(
         ["length_generalization", "length_generalization_accuracy"]
