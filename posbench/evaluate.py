@@ -37,12 +37,20 @@ Where in the window the loss rises: each non-overlapping record also holds
 (``position_buckets``), summed over every window. Sliding-window records omit it: their scored
 positions are only the window's last ``stride``.
 
-Tasks (``data=passkey``, ``copy``, ``recall``) are scored on their answer bytes only: at each
-length, ``data.val_examples`` prompts of exactly that length, the model's argmax at each answer
-byte under teacher forcing (greedy decoding that never sees its own mistakes: the prediction
-of every byte is exact given the true prefix). Their records add ``accuracy`` (answer bytes
-right), ``sequence_accuracy`` (examples whose answer is right in full) and, for passkey,
-``accuracy_by_depth``; ``ppl`` and ``bits_per_byte`` are those of the answer bytes.
+Tasks (``data=passkey``, ``copy``, ``recall``, the algorithmic tasks) are scored on their
+answer tokens only: at each length, ``data.val_examples`` prompts of exactly that length (an
+algorithmic task's: problems of that size), the model's argmax at each answer token, as the
+task asks for the answer (``answer_mode``, posbench/data/task.py). Under ``placeholders`` one
+forward pass writes every answer token at its blank and none is an input: that argmax is the
+model's answer, scored per token up to the answer's end (Ruoss et al.'s measure). Under
+``autoregressive`` the argmax of each answer byte is taken given the true bytes before it
+(teacher forcing: a prediction that never sees its own mistakes). Their records add
+``answer_mode``, ``accuracy`` (answer tokens right), ``sequence_accuracy`` (examples whose
+answer is right in full), the prompt-blind baselines (posbench/data/baselines.py:
+``chance_accuracy``, ``constant_answer_accuracy`` at the record's length and, for
+autoregressive answers, ``prefix_rule_accuracy``, the bound of teacher-forced accuracy) and,
+for passkey, ``accuracy_by_depth``; ``ppl`` and ``bits_per_byte`` are those of the answer
+tokens.
 
 Randomized positions (a run trained with ``train.random_positions=N``, Ruoss et al. 2023): as
 the reference (google-deepmind/randomized_positional_encodings) evaluates, each window sits at
@@ -75,6 +83,7 @@ from tqdm.auto import tqdm
 
 from posbench.config import choice, resolve_device
 from posbench.data import (
+    AnswerMode,
     Bytes,
     Corpus,
     Examples,
@@ -85,6 +94,7 @@ from posbench.data import (
     load_data,
     sample_positions,
 )
+from posbench.data.baselines import constant_answer_accuracy, prefix_rule_accuracy
 from posbench.errors import PosbenchError
 from posbench.memory import fitting_batch_size
 from posbench.model import Transformer
@@ -463,6 +473,22 @@ def evaluate(
 NOT_SCORED = {"accuracy": None, "sequence_accuracy": None}  # a task length not measured
 
 
+def baselines(task: Task, examples: Examples | None, length: int) -> dict[str, Any]:
+    """A task record's prompt-blind baselines at ``length`` (posbench/data/baselines.py):
+    ``chance_accuracy``, ``constant_answer_accuracy`` (the best fixed answer at this length)
+    and, for autoregressive answers, ``prefix_rule_accuracy`` (the better of the prefix rules
+    under teacher forcing); None where ``examples`` could not be drawn."""
+    constant = prefix = None
+    if examples is not None:
+        answers = (examples.targets(), examples.answer)
+        constant = constant_answer_accuracy([answers])
+        prefix = prefix_rule_accuracy(*answers, length)
+    fields = {"chance_accuracy": task.chance_accuracy(), "constant_answer_accuracy": constant}
+    if task.answer_mode is AnswerMode.autoregressive:
+        fields["prefix_rule_accuracy"] = prefix
+    return fields
+
+
 def answer_scores(
     correct: torch.Tensor, answer_bytes: torch.Tensor, depth_percent: torch.Tensor | None = None
 ) -> dict[str, Any]:
@@ -494,25 +520,27 @@ def evaluate_task_length(
 ) -> dict[str, Any]:
     """One results.json eval record of a task at ``length`` (a window's tokens, or an
     algorithmic task's problem length; ``window``: the inputs of its longest example): the
-    answer bytes' ppl and bits_per_byte, and their ``answer_scores`` under teacher forcing,
+    answer tokens' ppl and bits_per_byte, and their ``answer_scores`` from one forward pass
+    (under placeholders, the model's answer; autoregressive answers under teacher forcing),
     with forward passes in ``precision``, each example at its randomized ``positions`` (None:
-    0..L-1)."""
+    0..L-1), and the record's prompt-blind ``baselines``."""
     model.eval()
     reason = task.unscorable(length)
     examples = task.examples(length) if reason is None else None
     window = length if examples is None else examples.window()
     scaling = model.encoding.scaling_record(window)
     reason = reason or beyond_max_length(model, window, positions)
+    about = {"answer_mode": task.answer_mode.value, **baselines(task, examples, length)}
     if reason is not None:
-        return {**unsupported(length, None, reason, scaling, positions), **NOT_SCORED}
-    n = len(examples.tokens)
+        return {**unsupported(length, None, reason, scaling, positions), **NOT_SCORED, **about}
+    n = len(examples.answer)
     device = next(model.parameters()).device
     batch_size = min(batch_size or max(1, TOKENS_PER_BATCH // window), n)
     batch_size, shortfall = fitting_batch_size(
         model, window, batch_size, device, consecutive=positions is None
     )
     if shortfall is not None:
-        return {**unsupported(length, None, shortfall, scaling, positions), **NOT_SCORED}
+        return {**unsupported(length, None, shortfall, scaling, positions), **NOT_SCORED, **about}
     nll, correct = task_predictions(model, examples, batch_size, device, precision, positions)
     answer_bytes = examples.answer.sum(1)  # (N,)
     mean_nll = nll / answer_bytes.sum().item()
@@ -533,6 +561,7 @@ def evaluate_task_length(
         **positions_record(positions, n),
         "examples": n,
         **answer_scores(correct, answer_bytes, examples.depth_percent),
+        **about,
     }
 
 
@@ -544,18 +573,20 @@ def task_predictions(
     precision: str = "fp32",
     positions: RandomPositions | None = None,
 ) -> tuple[float, torch.Tensor]:
-    """The answer bytes' summed NLL (nats) and, per example, how many of its answer bytes are
-    the model's argmax given the true prefix, each example at its ``positions`` (None: 0..L-1):
-    (float, (N,) int64)."""
+    """The scored answer tokens' summed NLL (nats) and, per example, how many of them are the
+    model's argmax in one forward pass over its inputs (autoregressive answers: given the true
+    prefix), each example at its ``positions`` (None: 0..L-1): (float, (N,) int64)."""
     nll, correct = 0.0, []
-    with tqdm(total=len(examples.tokens), desc="eval task", unit="example", leave=False) as bar:
-        for first, inputs, targets in zip(
-            range(0, len(examples.tokens), batch_size),
+    n = len(examples.answer)
+    with tqdm(total=n, desc="eval task", unit="example", leave=False) as bar:
+        for first, inputs, targets, scored in zip(
+            range(0, n, batch_size),
             examples.inputs().split(batch_size),
             examples.targets().split(batch_size),
+            examples.answer.split(batch_size),
             strict=True,
         ):
-            inputs, targets = inputs.to(device), targets.to(device)  # (B, T)
+            inputs, targets, scored = inputs.to(device), targets.to(device), scored.to(device)
             at = None
             if positions is not None:  # keyed by the examples' indices
                 keys = range(first, first + len(inputs))
@@ -563,8 +594,9 @@ def task_predictions(
             with autocast(precision, device):
                 logits = model(inputs, at).float()  # (B, T, vocab)
             nll_bt = F.cross_entropy(logits.transpose(1, 2), targets, reduction="none")  # (B, T)
-            nll += nll_bt.double().sum().item()  # IGNORE targets add 0
-            hits = logits.argmax(-1) == targets  # (B, T): IGNORE targets never match
+            # Trained but unscored targets (the padding after a terminator) count for neither.
+            nll += nll_bt.double().masked_fill(~scored, 0.0).sum().item()
+            hits = (logits.argmax(-1) == targets) & scored  # (B, T)
             correct.append(hits.sum(1).cpu())
             bar.update(len(inputs))
     return nll, torch.cat(correct)

@@ -29,7 +29,7 @@ from safetensors.torch import load_model, save_model
 from posbench import distributed
 from posbench.atomic import atomic_path, atomic_write, leftover_temp_files, write_json
 from posbench.checkpoint import CHECKPOINT_FILE, TrainProgress
-from posbench.data import Corpus, Task
+from posbench.data import ALGORITHMIC_TASKS, AnswerMode, Corpus, Task
 from posbench.errors import PosbenchError
 from posbench.model import Transformer, build_model
 from posbench.versions import code_versions
@@ -147,11 +147,15 @@ def load_run_config(run_dir: str | Path) -> DictConfig:
 def saved_config(run_dir: Path) -> DictConfig:
     """``run_dir/config.yaml``, whether or not the run has finished; a run on tokens reads
     its data with its own tokenizer.json (``data.tokenizer`` set to it), whatever its config
-    named (``bpe`` trains one afresh: the same, but only if the corpus is)."""
+    named (``bpe`` trains one afresh: the same, but only if the corpus is). An algorithmic run
+    from before ``data.answer_mode`` existed is autoregressive, as every one was then."""
     config_path = Path(run_dir) / CONFIG_FILE
     if not config_path.is_file():
         raise PosbenchError(f"{run_dir} holds no {CONFIG_FILE}; it is not a posbench run")
     config = OmegaConf.load(config_path)
+    source = OmegaConf.select(config, "data.source")
+    if source in ALGORITHMIC_TASKS and "answer_mode" not in config.data:
+        config.data.answer_mode = AnswerMode.autoregressive.value  # the only one before it
     tokenizer = Path(run_dir) / TOKENIZER_FILE
     if tokenizer.is_file():
         config.data.tokenizer = str(tokenizer.resolve())
@@ -272,6 +276,8 @@ def run_description(
             "tokenizer": OmegaConf.select(cfg, "data.tokenizer", default="bytes"),
             "vocab_size": data.vocab_size,
             **data.stats,
+            # how a task asked for its answers (posbench/data/task.py's AnswerMode)
+            **({"answer_mode": data.answer_mode.value} if isinstance(data, Task) else {}),
         },
         "init_from": None if init_from is None else str(Path(init_from).resolve()),
         "versions": code_versions(),
@@ -389,10 +395,12 @@ def with_length_generalization(results: dict[str, Any], longest_trained: int) ->
     """``results`` of a run on an algorithmic task trained at problem lengths up to
     ``longest_trained``, with Ruoss et al.'s summary of its eval records over the lengths
     beyond: ``length_generalization``, the mean sequence accuracy (the whole answer right),
-    and ``length_generalization_accuracy``, the mean accuracy per answer byte (what their
-    Table 1 averages, over lengths 41 to 500). None when no such length was measured, or when
-    one of them could not be (a learned table too short for it): a mean over the lengths a
-    model happens to support would not compare with one over all of them."""
+    and ``length_generalization_accuracy``, the mean accuracy per answer token (at
+    placeholders the per-token accuracy their Table 1 averages over lengths 41 to 500;
+    autoregressive answers' is teacher-forced, another count). None when no such length was
+    measured, or when one of them could not be (a learned table too short for it): a mean
+    over the lengths a model happens to support would not compare with one over all of
+    them."""
     beyond = [r for r in results["eval"] if r["length"] > longest_trained]
     summary: dict[str, Any] = dict.fromkeys(
         ["length_generalization", "length_generalization_accuracy"]

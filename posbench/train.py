@@ -383,7 +383,7 @@ def train_step(
 ) -> tuple[float, int]:
     """One optimisation step at ``lr_at(step)`` in ``precision`` on a global batch of
     ``train.batch_size`` drawn from ``sampler``; returns this rank's share of the batch's mean
-    loss (a task's: on its answer bytes only), which summed over the ranks is that mean, and
+    loss (a task's: on its trained targets only), which summed over the ranks is that mean, and
     the input positions every rank's forward passes ran (the tokens tokens/s counts:
     batch_size x seq_len for a corpus). A task's rows run in slices cut to the width their
     answers reach (width_slices), with the gradient of the whole batch; its positions are the
@@ -525,7 +525,7 @@ def validation_loss(
     precision: str = "fp32",
     positions: RandomPositions | None = None,
 ) -> float:
-    """Mean NLL per scored target (every target of a corpus, a task's answer bytes), in the
+    """Mean NLL per scored target (every target of a corpus, a task's trained ones), in the
     training ``precision``, at the positions evaluation uses (``eval_positions``; None:
     0..T-1)."""
     model.eval()

@@ -12,14 +12,15 @@ from conftest import TINY_TASK_RUN, posbench, train_module
 
 from posbench import distributed
 from posbench.config import compose_config, eval_lengths, validate
-from posbench.data import ALGORITHMIC_TASKS, IGNORE, Examples, load_data
+from posbench.data import ALGORITHMIC_TASKS, IGNORE, AnswerMode, Examples, load_data
 from posbench.data.algorithmic import AlgorithmicTask
 from posbench.data.algorithmic.addition import digit_sum
-from posbench.data.algorithmic.base import SEPARATOR
+from posbench.data.algorithmic.base import BLANK, SEPARATOR
 from posbench.data.algorithmic.bucket_sort import bucket_sort
 from posbench.data.algorithmic.curriculum import Curriculum, draw_lengths
 from posbench.data.algorithmic.cycle_navigation import final_state
 from posbench.data.algorithmic.even_pairs import odd_unequal_pairs
+from posbench.data.algorithmic.kazemnejad import KazemnejadTask
 from posbench.data.algorithmic.lego import clauses
 from posbench.data.algorithmic.modular_arithmetic import reduced
 from posbench.data.algorithmic.polynomial_evaluation import value_modulo
@@ -27,7 +28,7 @@ from posbench.data.algorithmic.solve_equation import first_digit_from
 from posbench.data.algorithmic.stack_manipulation import final_stack
 from posbench.errors import PosbenchError
 from posbench.model import build_model
-from posbench.runs import with_length_generalization
+from posbench.runs import saved_config, with_length_generalization
 from posbench.tensorboard_log import headline_metrics
 from posbench.train import make_optimizer, train, train_step, width_slices
 
@@ -148,19 +149,44 @@ ORACLES = {
 CHECKED_LENGTHS = [1, 2, 3, 7, 40, 120]
 
 
-def problems(source: str, length: int, count: int = 50) -> list[tuple[str, str]]:
-    """(prompt, answer) of the evaluation examples of ``source`` at ``length``."""
-    return problems_of(load_data({"source": source, "val_examples": count}).examples(length))
+# Ruoss et al.'s tasks answer at placeholders by default, and autoregressively when asked;
+# Kazemnejad et al.'s only autoregressively.
+RUOSS_TASKS = sorted(
+    s for s, task in ALGORITHMIC_TASKS.items() if not issubclass(task, KazemnejadTask)
+)
+SOURCES_AND_MODES = [
+    *((source, mode) for source in RUOSS_TASKS for mode in AnswerMode),
+    *(
+        (source, AnswerMode.autoregressive)
+        for source in sorted(ALGORITHMIC_TASKS.keys() - RUOSS_TASKS)
+    ),
+]
+
+
+def problems(
+    source: str, length: int, count: int = 50, mode: AnswerMode | None = None
+) -> list[tuple[str, str]]:
+    """(prompt, answer) of the evaluation examples of ``source`` at ``length``, answered in
+    ``mode`` (None: the task's default)."""
+    config = {"source": source, "val_examples": count}
+    if mode is not None:
+        config["answer_mode"] = mode.value
+    return problems_of(load_data(config).examples(length))
 
 
 def problems_of(examples: Examples) -> list[tuple[str, str]]:
-    """(prompt, answer) of ``examples``, read back from their bytes and answer mask."""
+    """(prompt, answer) of ``examples``, read back from their inputs and scored targets: the
+    prompt is the inputs before the first scored target's, which is the first blank or the
+    separator."""
     pairs = []
-    for tokens, answer in zip(examples.tokens, examples.answer, strict=True):
-        scored = torch.cat([torch.tensor([False]), answer])  # the mask is of tokens[1:]
-        text = bytes(tokens[~scored].tolist()).decode().rstrip("\0")
-        assert text.endswith(SEPARATOR), "the answer follows the separator"
-        pairs.append((text[:-1], bytes(tokens[scored].tolist()).decode()))
+    for inputs, targets, scored in zip(
+        examples.input_bytes, examples.targets(), examples.answer, strict=True
+    ):
+        first = int(scored.nonzero()[0])
+        assert chr(inputs[first]) in (BLANK, SEPARATOR), "the answer follows the prompt"
+        pairs.append(
+            (bytes(inputs[:first].tolist()).decode(), bytes(targets[scored].tolist()).decode())
+        )
     return pairs
 
 
@@ -180,11 +206,11 @@ def test_every_task_is_registered_with_a_config_file_and_a_schema(source):
     validate(cfg)
 
 
-@pytest.mark.parametrize("source", sorted(ALGORITHMIC_TASKS))
-def test_the_answers_are_recoverable_from_the_prompt_by_an_oracle(source):
+@pytest.mark.parametrize(("source", "mode"), SOURCES_AND_MODES)
+def test_the_answers_are_recoverable_from_the_prompt_by_an_oracle(source, mode):
     task = load_data({"source": source})
     for length in defined_lengths(task, CHECKED_LENGTHS):
-        for prompt, answer in problems(source, length):
+        for prompt, answer in problems(source, length, mode=mode):
             assert ORACLES[source](prompt) == answer, (length, prompt)
 
 
@@ -212,8 +238,8 @@ def test_the_constant_answer_is_the_most_common_byte_at_each_answer_position(sou
     for length in lengths:
         examples = task.examples(length)
         answers[length] = [
-            bytes(row[1:][scored].tolist())
-            for row, scored in zip(examples.tokens, examples.answer, strict=True)
+            bytes(row[scored].tolist())
+            for row, scored in zip(examples.targets(), examples.answer, strict=True)
         ]
         one = task.constant_answer_accuracy([length])
         assert task.chance_accuracy() <= one <= 1
@@ -237,21 +263,151 @@ def test_a_constant_answer_cannot_know_the_length():
     assert task.constant_answer_accuracy(range(21, 41)) == pytest.approx(0.1)
 
 
-@pytest.mark.parametrize("source", sorted(ALGORITHMIC_TASKS))
-def test_no_example_is_longer_than_max_tokens(source):
-    task = load_data({"source": source, "val_examples": 200})
+@pytest.mark.parametrize(("source", "mode"), SOURCES_AND_MODES)
+def test_no_example_is_longer_than_max_inputs(source, mode):
+    task = load_data({"source": source, "val_examples": 200, "answer_mode": mode.value})
     for length in defined_lengths(task, CHECKED_LENGTHS):
         examples = task.examples(length)
-        assert examples.window() + 1 <= task.max_tokens(length)
+        assert examples.window() <= task.max_inputs(length)
 
 
 @pytest.mark.parametrize("source", sorted(ALGORITHMIC_TASKS))
 def test_evaluation_examples_depend_on_the_seed_and_length_alone(source):
     task = load_data({"source": source})
     again = load_data({"source": source, "train_lengths": [5, 9]})
-    assert torch.equal(task.examples(20).tokens, again.examples(20).tokens)
+    assert torch.equal(task.examples(20).input_bytes, again.examples(20).input_bytes)
+    assert torch.equal(task.examples(20).targets(), again.examples(20).targets())
     other_seed = load_data({"source": source, "seed": 1})
-    assert not torch.equal(task.examples(20).tokens, other_seed.examples(20).tokens)
+    assert not torch.equal(task.examples(20).input_bytes, other_seed.examples(20).input_bytes)
+
+
+# ------------------------------------------------- answers at placeholders
+
+# The reference's output_length(n) of each task (tasks/*/*.py; 1 where a task keeps the base
+# class's), written out here apart from the tasks' own.
+REFERENCE_OUTPUT_LENGTH = {
+    "parity_check": lambda n: 1,
+    "even_pairs": lambda n: 1,
+    "modular_arithmetic": lambda n: 1,
+    "cycle_navigation": lambda n: 1,
+    "modular_arithmetic_brackets": lambda n: 1,
+    "solve_equation": lambda n: 1,
+    "missing_duplicate_string": lambda n: 1,
+    "reverse_string": lambda n: n,
+    "bucket_sort": lambda n: n,
+    "odds_first": lambda n: n,
+    "binary_multiplication": lambda n: n,
+    "duplicate_string": lambda n: 2 * n,
+    "compute_sqrt": lambda n: -(-n // 2),
+    "binary_addition": lambda n: n + 1,
+    "stack_manipulation": lambda n: n + 1,
+}
+
+
+def test_ruoss_tasks_answer_at_placeholders_and_kazemnejads_autoregressively_by_default():
+    assert sorted(REFERENCE_OUTPUT_LENGTH) == RUOSS_TASKS and len(RUOSS_TASKS) == 15
+    for source in ALGORITHMIC_TASKS:
+        expected = "placeholders" if source in RUOSS_TASKS else "autoregressive"
+        assert compose_config([f"data={source}"]).data.answer_mode.value == expected
+        assert load_data({"source": source}).answer_mode.value == expected
+
+
+@pytest.mark.parametrize("source", RUOSS_TASKS)
+def test_placeholders_are_the_prompt_then_the_references_output_length_of_blanks(source):
+    """The target at blank i is answer token i; after an answer's terminator the reference's
+    zeros, trained but not scored (its accuracy_mask ends at the terminator)."""
+    task = load_data({"source": source, "val_examples": 20})
+    for length in defined_lengths(task, CHECKED_LENGTHS):
+        examples = task.examples(length)
+        blanks = REFERENCE_OUTPUT_LENGTH[source](length)
+        for (prompt, answer), inputs, targets in zip(
+            problems_of(examples), examples.input_bytes, examples.targets(), strict=True
+        ):
+            text = bytes(inputs.tolist()).decode().rstrip("\0")
+            assert text == prompt + BLANK * blanks, (length, text)
+            trained = bytes(targets[targets != IGNORE].tolist()).decode()
+            assert trained == answer + "0" * (blanks - len(answer)), (length, trained)
+            assert len(answer) == blanks or answer.endswith(".")
+
+
+@pytest.mark.parametrize("source", RUOSS_TASKS)
+def test_no_answer_token_is_an_input_under_placeholders(source, monkeypatch):
+    """Problems drawn alike whose answers differ in every token give the same inputs: only the
+    targets at the blanks hold the answer."""
+    task = load_data({"source": source, "val_examples": 20})
+    alphabet = task.answer_alphabet
+    shifted = str.maketrans(alphabet, alphabet[1:] + alphabet[0])  # every token another one
+    problem = task.problem
+
+    def shifted_problem(length, rng):
+        prompt, answer = problem(length, rng)
+        return prompt, answer.translate(shifted)
+
+    for length in defined_lengths(task, [1, 3, 7, 40]):
+        examples = task.examples(length)
+        with monkeypatch.context() as patch:
+            patch.setattr(task, "problem", shifted_problem)
+            other = task.examples(length)
+        assert torch.equal(examples.input_bytes, other.input_bytes)
+        answer = examples.targets()[examples.answer]
+        assert torch.equal(examples.answer, other.answer)
+        assert (other.targets()[other.answer] != answer).all()
+
+
+@pytest.mark.parametrize(
+    ("source", "prompt", "reference_output"),
+    [
+        # Its binary_addition docstring shows one zero fewer than its code writes (n + 1).
+        ("binary_addition", "001+01101", "0101120000"),  # 4 + 22 = 26
+        ("binary_addition", "1001+000001", "100101200000"),  # 9 + 32 = 41
+        ("binary_multiplication", "001*01101", "000110120"),  # 4 * 22 = 88
+        ("binary_multiplication", "1001*000001", "00000100120"),  # 9 * 32 = 288
+        ("stack_manipulation", "0110bxx", "11020000"),  # 0 1 1 0 PUSH 1 POP POP
+    ],
+)
+def test_placeholder_targets_are_the_references_outputs_scored_to_its_termination_symbol(
+    source, prompt, reference_output
+):
+    """The reference's docstring examples, its termination symbol 2 written ``.``."""
+    task = load_data({"source": source})
+    answer = ORACLES[source](prompt)
+    _, targets, scored = task.placeholder_example(len(prompt), prompt, answer)
+    assert bytes(targets[len(prompt) :].tolist()).decode() == reference_output.replace("2", ".")
+    assert scored.tolist() == [False] * len(prompt) + [
+        i <= reference_output.index("2") for i in range(len(reference_output))
+    ]
+
+
+def test_kazemnejad_tasks_refuse_placeholders_with_one_line():
+    message = "data=addition has no reference output length to give its answers blanks"
+    with pytest.raises(PosbenchError, match=re.escape(message)):
+        load_data({"source": "addition", "answer_mode": "placeholders"})
+    with pytest.raises(PosbenchError, match=re.escape("set data.answer_mode=autoregressive")):
+        validate(compose_config(["data=sorting", "data.answer_mode=placeholders"]))
+
+
+def test_an_unknown_answer_mode_is_one_line():
+    with pytest.raises(PosbenchError, match=re.escape("invalid data.answer_mode")):
+        load_data({"source": "parity_check", "answer_mode": "greedy"})
+
+
+def test_a_window_holds_the_blanks_of_the_longest_training_problem():
+    """duplicate_string at 40: 40 bits and 80 blanks (autoregressive: 40, |, 80, less one)."""
+    for mode, needed in [("placeholders", 120), ("autoregressive", 120)]:
+        task = load_data({"source": "duplicate_string", "answer_mode": mode})
+        message = f"raise train.seq_len to {needed} (got 100)"
+        with pytest.raises(PosbenchError, match=re.escape(message)):
+            task.check_training(100)
+        task.check_training(needed)
+
+
+def test_a_run_from_before_answer_modes_is_read_back_autoregressive(tmp_path):
+    (tmp_path / "config.yaml").write_text("data:\n  source: bucket_sort\n  name: bucket_sort\n")
+    assert saved_config(tmp_path).data.answer_mode == "autoregressive"
+    (tmp_path / "config.yaml").write_text(
+        "data:\n  source: bucket_sort\n  answer_mode: placeholders\n"
+    )
+    assert saved_config(tmp_path).data.answer_mode == "placeholders"
 
 
 # ------------------------------------------------- the tasks of Kazemnejad et al. 2023
@@ -539,9 +695,9 @@ def test_a_modulus_whose_residues_are_not_single_digits_is_one_line(source, modu
 def test_training_batches_mix_problem_lengths_padded_to_the_longest_and_score_answers_only():
     task = load_data({"source": "reverse_string", "train_lengths": [1, 10]})
     inputs, targets = task.train_batch(64, 30, torch.Generator().manual_seed(0), 0)
-    assert inputs.shape == targets.shape == (64, 20)  # the longest: 10 bits, "|", 10 bits, less 1
-    separators = (inputs == ord(SEPARATOR)).int().argmax(1)  # (B,): where each prompt ends
-    sizes = separators.tolist()
+    assert inputs.shape == targets.shape == (64, 20)  # the longest: 10 bits, 10 blanks
+    blanks = (inputs == ord(BLANK)).int().argmax(1)  # (B,): where each prompt ends
+    sizes = blanks.tolist()
     assert min(sizes) == 1 and max(sizes) == 10
     for row, size in enumerate(sizes):
         scored = (targets[row] != IGNORE).nonzero().flatten().tolist()
@@ -693,7 +849,7 @@ def test_one_length_per_batch_draws_one_problem_length_for_every_example():
 def test_validation_spreads_its_examples_over_the_training_range():
     task = load_data({"source": "reverse_string", "train_lengths": [2, 9], "val_examples": 8})
     examples = task.validation_examples(64)
-    sizes = (examples.tokens == ord(SEPARATOR)).int().argmax(1).tolist()
+    sizes = (examples.input_bytes == ord(BLANK)).int().argmax(1).tolist()
     assert sizes == list(range(2, 10))
 
 
@@ -748,7 +904,12 @@ def test_length_generalization_is_none_when_a_length_past_the_range_could_not_be
     assert results["length_generalization_accuracy"] is None
 
 
-def test_a_tiny_run_learns_reverse_string_and_records_accuracy_by_problem_length(tmp_path):
+def test_a_tiny_run_learns_reverse_string_at_placeholders_and_records_accuracy_by_length(tmp_path):
+    """Ruoss et al.'s protocol: no answer bit is an input, so each blank must find the prompt
+    bit it mirrors, from how many blanks precede it (a causal model cannot see the ones after).
+    Seeds 0, 1 and 2 reach 0.76 to 0.84 per answer bit at length 3 (2026-12-06; 300 steps or
+    two layers: 0.80 to 0.89), against a constant answer of 0.56; autoregressively, where the
+    same run scored over 0.8, each bit could also be read off the ones before it."""
     overrides = [
         *TINY_TASK_RUN,
         "data=reverse_string",
@@ -762,9 +923,10 @@ def test_a_tiny_run_learns_reverse_string_and_records_accuracy_by_problem_length
     results = train(compose_config(overrides), tmp_path / "run")
     by_length = {r["length"]: r for r in results["eval"]}
     assert sorted(by_length) == [3, 6, 9]
-    assert [by_length[n]["window"] for n in (3, 6, 9)] == [6, 12, 18]
+    assert [by_length[n]["window"] for n in (3, 6, 9)] == [6, 12, 18]  # n bits, n blanks
+    assert {r["answer_mode"] for r in results["eval"]} == {"placeholders"}
     # In distribution it has learned most of the reversal; the summary is of length 9 alone.
-    assert by_length[3]["accuracy"] > 0.8
+    assert by_length[3]["accuracy"] > max(0.7, by_length[3]["constant_answer_accuracy"] + 0.15)
     assert results["length_generalization"] == by_length[9]["sequence_accuracy"]
     assert results["length_generalization_accuracy"] == by_length[9]["accuracy"]
     # TensorBoard's HParams tab shows it beside the run's knobs.
@@ -802,8 +964,8 @@ def test_a_tiny_run_learns_duplicate_string_in_distribution_above_chance(tmp_pat
         "eval.task_lengths=[3,6]",
     ]
     results = train(compose_config(overrides), tmp_path / "run")
-    # Seeds 0, 1 and 2 reach 0.74 to 0.79 per answer byte at both lengths, and 0.42 to 0.62
-    # after 5 steps; chance is 0.5.
+    # At placeholders (2026-12-06) seeds 0, 1 and 2 reach 0.76 to 0.80 per answer bit at both
+    # lengths, and 0.42 to 0.67 after 5 steps; chance is 0.5, the constant answer 0.56 and 0.60.
     accuracy = {r["length"]: r["accuracy"] for r in results["eval"]}
     assert accuracy[3] > 0.68 and accuracy[6] > 0.68, accuracy
 
@@ -835,7 +997,8 @@ def test_a_tiny_run_learns_one_digit_addition(tmp_path):
 
 def test_a_tiny_run_learns_even_pairs_in_distribution(tmp_path):
     """The regular family's run: over seeds 0, 1 and 2 its mean accuracy at problem lengths 2
-    to 4 was 1.0, 0.89 and 1.0 (chance: 1/2)."""
+    to 4 was 0.94, 0.98 and 1.0 at placeholders (2026-12-06; 1.0, 0.89 and 1.0 with the answer
+    after a separator; chance: 1/2)."""
     overrides = [
         *TINY_TASK_RUN,
         "data=even_pairs",

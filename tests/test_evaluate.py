@@ -10,7 +10,8 @@ from conftest import chunked_calls, terabyte_split
 
 import posbench.model
 from posbench.config import compose_config
-from posbench.data import load_data
+from posbench.data import IGNORE, load_data
+from posbench.data.baselines import prefix_rule_accuracy
 from posbench.encodings import build_encoding
 from posbench.errors import PosbenchError
 from posbench.evaluate import (
@@ -407,18 +408,20 @@ def test_answers_of_different_lengths_weigh_by_their_bytes():
 
 
 class Teacher(torch.nn.Module):
-    """Logits that put all the mass on the true next byte of each example (looked up by its
-    inputs), except where ``wrong`` says: (example, target index) predicted as byte 0."""
+    """Logits that put all the mass on the true target of each input of each example (looked up
+    by its inputs; byte 0 where nothing is trained), except where ``wrong`` says: (example,
+    target index) predicted as byte 0."""
 
     def __init__(self, examples, wrong=()):
         super().__init__()
-        self.next_bytes = {bytes(t[:-1].tolist()): t[1:].long() for t in examples.tokens}
-        self.wrong = {bytes(examples.tokens[i, :-1].tolist()): t for i, t in wrong}
+        rows = [bytes(x.tolist()) for x in examples.input_bytes]
+        self.targets = dict(zip(rows, examples.targets().clamp(min=0), strict=True))
+        self.wrong = {rows[i]: t for i, t in wrong}
 
     def forward(self, inputs, positions=None):  # as Transformer.forward
         logits = torch.zeros(*inputs.shape, 256)  # (B, T, vocab)
         for row, x in enumerate(inputs):
-            targets = self.next_bytes[bytes(x.tolist())].clone()  # (T,)
+            targets = self.targets[bytes(x.tolist())].clone()  # (T,)
             if bytes(x.tolist()) in self.wrong:
                 targets[self.wrong[bytes(x.tolist())]] = 0
             logits[row, torch.arange(len(targets)), targets] = 30.0
@@ -437,6 +440,44 @@ def test_one_wrong_answer_byte_costs_one_byte_and_one_whole_answer():
     _, correct = task_predictions(Teacher(examples, [(1, last)]), examples, 2, torch.device("cpu"))
     scores = answer_scores(correct, examples.answer.sum(1))
     assert scores == {"accuracy": 23 / 24, "sequence_accuracy": 2 / 3}
+
+
+def test_placeholders_score_the_answer_up_to_its_terminator_not_the_padding_after_it():
+    """binary_addition's blanks after a sum's terminator are trained on zeros that a model may
+    get wrong without losing accuracy (the reference's accuracy_mask)."""
+    examples = load_data({"source": "binary_addition", "val_examples": 4}).examples(8)
+    padded = (examples.targets() != IGNORE) & ~examples.answer  # (N, T): trained, unscored
+    row = int(padded.any(1).nonzero()[0])
+    last = int(padded[row].nonzero()[-1])
+    teacher = Teacher(examples, [(row, last)])
+    nll, correct = task_predictions(teacher, examples, 2, torch.device("cpu"))
+    assert torch.equal(correct, examples.answer.sum(1)) and nll < 1e-9
+
+
+@pytest.mark.parametrize(
+    ("source", "mode"),
+    [("parity_check", "placeholders"), ("bucket_sort", "autoregressive"), ("copy", None)],
+)
+def test_task_records_say_their_answer_mode_beside_the_prompt_blind_baselines(source, mode):
+    task = load_data(
+        {"source": source, "val_examples": 8, **({"answer_mode": mode} if mode else {})}
+    )
+    length = 16
+    record = evaluate_task_length(uniform_model(), task, length)
+    examples = task.examples(length)
+    answers = (examples.targets(), examples.answer)
+    assert record["answer_mode"] == (mode or "autoregressive")
+    assert record["chance_accuracy"] == task.chance_accuracy()
+    assert record["constant_answer_accuracy"] == task.constant_answer_accuracy([length])
+    if mode == "placeholders":
+        assert "prefix_rule_accuracy" not in record  # nothing is teacher-forced to bound
+    else:
+        assert record["prefix_rule_accuracy"] == prefix_rule_accuracy(*answers, length)
+    unscorable = evaluate_task_length(uniform_model(), task, 0)  # shorter than any problem
+    assert (
+        unscorable["status"] == "unsupported" and unscorable["answer_mode"] == record["answer_mode"]
+    )
+    assert unscorable["constant_answer_accuracy"] is None
 
 
 def test_a_uniform_model_scores_its_argmax_byte_and_perplexity_256_on_the_answers():

@@ -29,9 +29,9 @@ CHANCE = {"passkey": 1 / 10, "copy": 1 / 26, "recall": 1 / 26}  # one digit / le
 
 def split(examples, i):
     """Example i as (prompt, answer): the bytes before its first answer byte, the answer bytes."""
-    tokens, answer = examples.tokens[i], examples.answer[i]
-    first = int(answer.nonzero()[0]) + 1  # target t is byte t + 1
-    return bytes(tokens[:first].tolist()), bytes(tokens[1:][answer].tolist())
+    inputs, targets, answer = examples.input_bytes[i], examples.targets()[i], examples.answer[i]
+    first = int(answer.nonzero()[0]) + 1  # the target of input t is byte t + 1
+    return bytes(inputs[:first].tolist()), bytes(targets[answer].tolist())
 
 
 def passkey_oracle(prompt: bytes) -> bytes:
@@ -65,7 +65,7 @@ def test_the_answers_are_recoverable_from_the_prompt_by_an_oracle(source):
     task = load_data({"source": source, "val_examples": 10})
     for length in LENGTHS[source]:
         examples = task.examples(length)
-        assert examples.tokens.shape == (10, length + 1)
+        assert examples.input_bytes.shape == examples.targets().shape == (10, length)
         for i in range(10):
             prompt, answer = split(examples, i)
             if source == "passkey":
@@ -73,7 +73,10 @@ def test_the_answers_are_recoverable_from_the_prompt_by_an_oracle(source):
             elif source == "copy":
                 assert copy_oracle(prompt) == answer and len(answer) == length // 2
             else:
-                assert recall_oracle(prompt, bytes(examples.tokens[i].tolist())) == answer
+                inputs = bytes(
+                    examples.input_bytes[i].tolist()
+                )  # every query, each before its value
+                assert recall_oracle(prompt, inputs) == answer
                 assert len(answer) == pairs_in(length)
 
 
@@ -91,7 +94,7 @@ def test_a_predictor_that_never_looks_back_scores_at_chance(source):
             counts[x][y] += 1
     guess = {x: c.most_common(1)[0][0] for x, c in counts.items()}
     examples = task.examples(length)
-    inputs, targets = examples.inputs()[examples.answer], examples.tokens[:, 1:][examples.answer]
+    inputs, targets = examples.inputs()[examples.answer], examples.targets()[examples.answer]
     accuracy = np.mean(
         [guess.get(x) == y for x, y in zip(inputs.tolist(), targets.tolist(), strict=True)]
     )
@@ -101,9 +104,9 @@ def test_a_predictor_that_never_looks_back_scores_at_chance(source):
 @pytest.mark.parametrize("source", sorted(WINDOW_TASKS))
 def test_evaluation_examples_depend_on_the_seed_and_length_alone(source):
     task = load_data({"source": source})
-    assert torch.equal(task.examples(128).tokens, task.examples(128).tokens)
+    assert torch.equal(task.examples(128).input_bytes, task.examples(128).input_bytes)
     other_seed = load_data({"source": source, "seed": 1})
-    assert not torch.equal(task.examples(128).tokens, other_seed.examples(128).tokens)
+    assert not torch.equal(task.examples(128).input_bytes, other_seed.examples(128).input_bytes)
 
 
 @pytest.mark.parametrize("source", sorted(WINDOW_TASKS))
@@ -189,6 +192,7 @@ def test_a_tiny_task_run_records_accuracy_at_every_length(source, tmp_path):
         "tokenizer": "bytes",
         "vocab_size": 256,
         "chance_accuracy": CHANCE[source],
+        "answer_mode": "autoregressive",
     }
     # Trained on the answers: their perplexity falls from ~256 to about the answer alphabet's.
     assert results["train"]["val_ppl"] < 2 / CHANCE[source]

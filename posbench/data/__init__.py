@@ -59,7 +59,7 @@ from posbench.data.synthetic import (
     SyntheticDataConfig,
     _write_synthetic,
 )
-from posbench.data.task import IGNORE, Examples, Task, WindowTask
+from posbench.data.task import IGNORE, AnswerMode, Examples, Task, WindowTask
 from posbench.data.text import TextDataConfig, _check_held_out, _text_file_stamps, _write_text
 from posbench.data.tokenizer import BYTES, TokenizerOptions, byte_is_whitespace, tokenized_corpus
 from posbench.errors import PosbenchError
@@ -74,6 +74,7 @@ __all__ = [
     "TASKS",
     "WINDOW_TASKS",
     "AlgorithmicTask",
+    "AnswerMode",
     "Bytes",
     "CopyMarkovProcess",
     "Corpus",

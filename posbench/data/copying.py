@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from posbench.data.task import Example, WindowTask, check_positive
+from posbench.data.task import AnswerSequence, WindowTask, check_positive
 
 SYMBOLS = np.frombuffer(string.ascii_lowercase.encode(), dtype=np.uint8)
 SEPARATOR, PAD = ord("|"), ord(" ")
@@ -38,7 +38,7 @@ class CopyTask(WindowTask):
     def chance_accuracy(self) -> float:
         return 1 / len(SYMBOLS)
 
-    def example(self, length: int, rng: np.random.Generator, depth: float | None) -> Example:
+    def example(self, length: int, rng: np.random.Generator, depth: float | None) -> AnswerSequence:
         half = length // 2
         s = rng.choice(SYMBOLS, size=half)
         pad = np.full(length + 1 - (2 * half + 1), PAD, dtype=np.uint8)

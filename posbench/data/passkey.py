@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from posbench.data.task import Example, WindowTask, check_positive
+from posbench.data.task import AnswerSequence, WindowTask, check_positive
 
 FILLER = (
     "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. "
@@ -54,7 +54,7 @@ class PasskeyTask(WindowTask):
     def chance_accuracy(self) -> float:
         return 0.1  # one of ten digits
 
-    def example(self, length: int, rng: np.random.Generator, depth: float | None) -> Example:
+    def example(self, length: int, rng: np.random.Generator, depth: float | None) -> AnswerSequence:
         key = "".join(str(d) for d in rng.integers(10, size=self.config.digits))
         filler_bytes = length - self.min_length()  # the sequence holds length + 1 bytes
         at = round((rng.random() if depth is None else depth) * filler_bytes)

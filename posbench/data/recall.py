@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from posbench.data.task import Example, WindowTask, check_positive
+from posbench.data.task import AnswerSequence, WindowTask, check_positive
 
 KEY_SYMBOLS = np.frombuffer(string.ascii_lowercase.encode(), dtype=np.uint8)
 VALUE_SYMBOLS = np.frombuffer(string.ascii_uppercase.encode(), dtype=np.uint8)
@@ -52,7 +52,7 @@ class RecallTask(WindowTask):
     def chance_accuracy(self) -> float:
         return 1 / len(VALUE_SYMBOLS)
 
-    def example(self, length: int, rng: np.random.Generator, depth: float | None) -> Example:
+    def example(self, length: int, rng: np.random.Generator, depth: float | None) -> AnswerSequence:
         n = pairs_in(length)
         assert n <= len(KEY_SYMBOLS) ** KEY_BYTES, f"{n} pairs need longer keys"
         codes = rng.choice(len(KEY_SYMBOLS) ** KEY_BYTES, size=n, replace=False)  # distinct keys

@@ -1,12 +1,23 @@
-"""Tasks: prompts whose answer bytes a model must predict, generated fresh from a seed.
+"""Tasks: prompts whose answers a model must write, generated fresh from a seed.
 
-A task is not a corpus: there are no splits to cache. It yields ``Examples``, byte sequences
-with a mask of the answer bytes, so that training can learn them and posbench/evaluate.py can
-score them; neither the model nor the loop knows which task it is. Two kinds share ``Task``:
+A task is not a corpus: there are no splits to cache. It yields ``Examples``: input bytes, the
+target at each input (``IGNORE`` where nothing is trained) and a mask of the targets that are
+scored, so that training can learn them and posbench/evaluate.py can score them; neither the
+model nor the loop knows which task it is. An answer is asked for in one of two ways
+(``AnswerMode``):
+
+* ``autoregressive``: the prompt, then the answer; each input's target is the next byte, so
+  answer byte k is predicted from the bytes before it (scored under teacher forcing, those are
+  the true answer bytes 0..k-1).
+* ``placeholders`` (algorithmic tasks, Ruoss et al. 2023's protocol): the prompt, then one blank
+  input per answer token; the target at blank i is answer token i, so every answer token is
+  written at once and none is ever an input.
+
+Two kinds of task share ``Task``:
 
 * ``WindowTask`` (passkey, copy, recall): an example fills a window, and its length is the
   window's, in tokens: training draws examples of ``train.seq_len`` inputs, evaluation scores
-  ``eval.lengths`` windows.
+  ``eval.lengths`` windows. Their answers are autoregressive.
 * ``AlgorithmicTask`` (posbench/data/algorithmic/): an example is a problem of a size (its
   *problem length*, e.g. the digits of an addition), padded to the batch's longest; training
   draws each example's size from ``data.train_lengths``, evaluation scores
@@ -15,8 +26,8 @@ score them; neither the model nor the loop knows which task it is. Two kinds sha
 Either way:
 
 * Training: ``train_batch`` draws new examples from the seeded batch sampler (one draw per
-  batch), so batches are reproducible and a resumed run continues the same sequence. Targets
-  other than answer bytes are ``IGNORE``: the loss is the answers' only.
+  batch), so batches are reproducible and a resumed run continues the same sequence. The loss
+  is over the trained targets only: never the prompt's.
 * Evaluation: ``examples(length)`` is a fixed set of ``data.val_examples`` examples per length,
   drawn from ``data.seed`` and the length alone, so every run and seed sees the same prompts.
 """
@@ -26,51 +37,77 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from enum import Enum
 from typing import Any, ClassVar
 
 import numpy as np
 import torch
 
+from posbench.data.baselines import constant_answer_accuracy
 from posbench.errors import PosbenchError
 
-IGNORE = -100  # F.cross_entropy's default ignore_index: targets that are prompt, not answer
+IGNORE = -100  # F.cross_entropy's default ignore_index: targets that are not trained
 
-# One example: the bytes of a sequence (inputs are all but its last byte, targets all but its
-# first) and a mask of the positions that hold answer bytes.
-Example = tuple[np.ndarray, np.ndarray]
+
+class AnswerMode(Enum):
+    """How a task asks for its answer (the module docstring says what each example holds)."""
+
+    placeholders = "placeholders"
+    autoregressive = "autoregressive"
+
+
+# One example, aligned: its input bytes, the target of each input (IGNORE where nothing is
+# trained) and which targets are scored: uint8 (T,), int64 (T,), bool (T,).
+Example = tuple[np.ndarray, np.ndarray, np.ndarray]
+# An autoregressive example as a task writes it: the bytes of a sequence and which of them
+# are answer bytes: uint8 (T + 1,), bool (T + 1,).
+AnswerSequence = tuple[np.ndarray, np.ndarray]
+
+
+def next_byte_example(sequence: np.ndarray, is_answer: np.ndarray) -> Example:
+    """The autoregressive ``Example`` of ``sequence``: inputs all its bytes but the last, the
+    target of each the next byte, trained and scored where that byte is an answer byte."""
+    targets = np.where(is_answer[1:], sequence[1:].astype(np.int64), IGNORE)
+    return sequence[:-1], targets, is_answer[1:]
 
 
 @dataclass
 class Examples:
-    """Task examples, stacked (and padded after their end to the longest, unscored)."""
+    """Task examples, stacked (and padded after their end to the longest, with PAD inputs and
+    IGNORE targets)."""
 
-    tokens: torch.Tensor  # uint8 (N, T + 1): inputs tokens[:, :-1], targets tokens[:, 1:]
-    answer: torch.Tensor  # bool (N, T): target t is an answer byte (scored), else prompt
+    input_bytes: torch.Tensor  # uint8 (N, T): what the model reads
+    target_ids: torch.Tensor  # int64 (N, T): the target of each input, IGNORE where untrained
+    answer: torch.Tensor  # bool (N, T): the scored targets, a subset of the trained ones
     depth_percent: torch.Tensor | None = None  # int64 (N,): the needle's depth, where it has one
 
+    def __post_init__(self) -> None:
+        assert not (self.answer & (self.target_ids == IGNORE)).any(), "a scored target is IGNORE"
+
     def inputs(self) -> torch.Tensor:
-        return self.tokens[:, :-1].long()  # (N, T)
+        return self.input_bytes.long()  # (N, T)
 
     def targets(self) -> torch.Tensor:
-        """Next-byte targets, IGNORE where the byte is not an answer."""
-        return self.tokens[:, 1:].long().masked_fill(~self.answer, IGNORE)  # (N, T)
+        """The target of each input, IGNORE where nothing is trained."""
+        return self.target_ids  # (N, T)
 
     def window(self) -> int:
         """The inputs of the longest example: the length the model sees."""
-        return self.tokens.shape[1] - 1
+        return self.input_bytes.shape[1]
 
 
 def stack_examples(examples: Sequence[Example], pad: int = 0) -> Examples:
-    """``examples`` stacked, each padded after its end with ``pad`` bytes (not answers) to the
-    longest."""
-    width = max(len(sequence) for sequence, _ in examples)
-    tokens = np.full((len(examples), width), pad, dtype=np.uint8)  # (N, T + 1)
-    answer = np.zeros((len(examples), width), dtype=bool)
-    for row, (sequence, is_answer) in enumerate(examples):
-        tokens[row, : len(sequence)] = sequence
-        answer[row, : len(is_answer)] = is_answer
-    # The first byte is no target: the mask is of targets tokens[:, 1:].
-    return Examples(torch.from_numpy(tokens), torch.from_numpy(answer[:, 1:]))
+    """``examples`` stacked, each padded after its end with ``pad`` inputs (IGNORE targets) to
+    the longest."""
+    width = max(len(inputs) for inputs, _, _ in examples)
+    inputs = np.full((len(examples), width), pad, dtype=np.uint8)  # (N, T)
+    targets = np.full((len(examples), width), IGNORE, dtype=np.int64)
+    scored = np.zeros((len(examples), width), dtype=bool)
+    for row, (example_inputs, example_targets, example_scored) in enumerate(examples):
+        inputs[row, : len(example_inputs)] = example_inputs
+        targets[row, : len(example_targets)] = example_targets
+        scored[row, : len(example_scored)] = example_scored
+    return Examples(torch.from_numpy(inputs), torch.from_numpy(targets), torch.from_numpy(scored))
 
 
 class Task(ABC):
@@ -80,6 +117,8 @@ class Task(ABC):
     # What a task's lengths count: train.seq_len's and eval.lengths' tokens of a window, or
     # the problem length of an algorithmic task.
     length_unit: ClassVar[str] = "tokens"
+    # How the task asks for its answers: a window task writes them after its prompt.
+    answer_mode: AnswerMode = AnswerMode.autoregressive
 
     def __init__(self, config: Any) -> None:
         self.config = config
@@ -91,29 +130,18 @@ class Task(ABC):
 
     @abstractmethod
     def chance_accuracy(self) -> float:
-        """The accuracy per answer byte of a model that never looks back at the prompt."""
+        """The accuracy per answer token of a uniform guess over the answer's symbols."""
 
     def constant_answer_accuracy(self, lengths: Sequence[int]) -> float:
-        """The accuracy per answer byte, averaged over ``lengths`` as a run's summary is, of
-        one fixed answer: at each answer position, the byte most common there among all the
-        problems scored at those lengths (the lowest byte of a tie). A baseline for a model
-        that ignores its prompt, the prompt's length too: where answers are skewed (a
-        product modulo 5 is 0 more often than not; a sorted answer repeats its neighbour) it
-        lies well above chance_accuracy."""
-        scored = []  # per length: (answer bytes,) and the answer position of each
-        for length in lengths:
-            examples = self.examples(length)
-            position = examples.answer.cumsum(1) - 1  # (N, T): which answer byte each target is
-            scored.append((examples.targets()[examples.answer], position[examples.answer]))
-        longest = max(int(position.max()) for _, position in scored) + 1
-        counts = torch.zeros(longest, self.vocab_size, dtype=torch.long)
-        for targets, position in scored:
-            counts.index_put_((position, targets), torch.ones_like(targets), accumulate=True)
-        answer = counts.argmax(1)  # (longest,): the fixed answer
-        hits = [
-            (answer[position] == targets).double().mean().item() for targets, position in scored
-        ]
-        return sum(hits) / len(hits)
+        """The accuracy per answer token, averaged over ``lengths`` as a run's summary is, of
+        one fixed answer: at each answer index, the token most common there among all the
+        problems scored at those lengths (the lowest of a tie). A baseline for a model that
+        ignores its prompt, the prompt's length too when ``lengths`` are several: where
+        answers are skewed (a product modulo 5 is 0 more often than not; a sorted answer
+        repeats its neighbour) it lies well above chance_accuracy. At one length it is the
+        best a model can do that reads the length alone (posbench/data/baselines.py)."""
+        examples = [self.examples(length) for length in lengths]
+        return constant_answer_accuracy([(e.targets(), e.answer) for e in examples])
 
     @abstractmethod
     def check_training(self, seq_len: int) -> None:
@@ -125,8 +153,8 @@ class Task(ABC):
         self, batch_size: int, seq_len: int, generator: torch.Generator, step: int
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """``batch_size`` new examples in windows of at most ``seq_len`` inputs at training
-        step ``step``: int64 inputs and targets (B, T), the targets IGNORE outside the
-        answers. Deterministic from ``generator``'s state and ``step``."""
+        step ``step``: int64 inputs and targets (B, T), the targets IGNORE where nothing is
+        trained. Deterministic from ``generator``'s state and ``step``."""
 
     @abstractmethod
     def examples(self, length: int) -> Examples:
@@ -155,7 +183,7 @@ class WindowTask(Task):
         """The shortest window that holds one example."""
 
     @abstractmethod
-    def example(self, length: int, rng: np.random.Generator, depth: float | None) -> Example:
+    def example(self, length: int, rng: np.random.Generator, depth: float | None) -> AnswerSequence:
         """One example of ``length`` inputs (``length`` + 1 bytes); ``depth`` in [0, 1] places
         the needle (None: at random), for tasks that have one."""
 
@@ -176,7 +204,7 @@ class WindowTask(Task):
     ) -> Examples:
         """One example per entry of ``depths``, stacked."""
         assert length >= self.min_length(), f"{length} is too short for {self.name}"
-        return stack_examples([self.example(length, rng, d) for d in depths])
+        return stack_examples([next_byte_example(*self.example(length, rng, d)) for d in depths])
 
     def train_batch(
         self, batch_size: int, seq_len: int, generator: torch.Generator, step: int

@@ -22,7 +22,7 @@ from posbench.report.text import best_shown, stat_text
 # attribute that holds them.
 GENERALIZATION = {
     "generalization": "mean sequence accuracy (whole answer right)",
-    "generalization_accuracy": "mean accuracy per answer byte, what their Table 1 averages",
+    "generalization_accuracy": "mean accuracy per answer byte",
 }
 
 
@@ -41,7 +41,8 @@ def generalization_table(
     part: str = "mean",
     threshold: float = DEFAULT_SUCCESS_THRESHOLD,
 ) -> list[str]:
-    """Ruoss et al.'s Table 1: one line per task (group), one column per encoding (row label),
+    """A table laid out as Ruoss et al.'s Table 1: one line per task (group), one column per
+    encoding (row label),
     each cell the ``part`` (SEED_AGGREGATES) of the runs' ``key`` summaries over the problem
     lengths past the training range, the best per task in bold; per answer byte (a mean or a
     max), beside the task's baselines over the same lengths, the prefix rule among them where

@@ -149,7 +149,7 @@ def position_table(group: Group, footnotes: dict[str, int]) -> list[str]:
 
 
 ACCURACIES = {
-    "accuracy": "Accuracy (answer bytes predicted right, argmax under teacher forcing)",
+    "accuracy": "Accuracy (answer bytes right; autoregressive ones under teacher forcing)",
     "sequence_accuracy": "Sequence accuracy (examples whose whole answer is right)",
 }
 

@@ -28,14 +28,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from posbench.data.algorithmic.base import AlgorithmicDataConfig
-from posbench.data.algorithmic.kazemnejad import KazemnejadTask
+from posbench.data.algorithmic.kazemnejad import KazemnejadDataConfig, KazemnejadTask
 
 END = "."  # after the sum's last digit
 
 
 @dataclass
-class AdditionDataConfig(AlgorithmicDataConfig):
+class AdditionDataConfig(KazemnejadDataConfig):
     name: str = "addition"
     source: str = "addition"
     # their split len_tr8_ts16: operands of 1 to 8 digits in training

@@ -1,16 +1,33 @@
 """``AlgorithmicTask``: a problem of a given size, its prompt and its answer as bytes.
 
 A task implements ``problem(length, rng)`` (the prompt and the answer as strings of its own
-symbols) and ``max_tokens(length)``; this class turns them into examples
+symbols), ``output_length(length)`` and ``max_tokens(length)``; this class turns them into
+examples in one of two formats, ``data.answer_mode``:
 
-    <prompt>|<answer>
+* ``placeholders`` (the default for Ruoss et al.'s tasks, and their protocol:
+  google-deepmind/randomized_positional_encodings, experiments/utils.py
+  ``make_model_with_empty_targets``): the prompt, then ``output_length(n)`` blanks, the number
+  of outputs the reference's encoder writes at once for a problem of size n,
 
-where only the answer's bytes are scored, draws training sizes from ``data.train_lengths``
-with ``data.curriculum`` (posbench/data/algorithmic/curriculum.py), and pads each batch after
-the examples' ends to its longest (a causal model never sees the padding before an answer
-byte). Evaluation scores ``data.val_examples`` problems per length, and a length here is the
-problem's size as the reference defines it (e.g. the input string's length), not the window's:
-``Examples.window`` says how many inputs the model saw.
+      <prompt>#####        targets at the blanks: the answer, padded after its end
+
+  The target at blank i is answer token i; an answer shorter than the blanks (a sum, a stack:
+  the tasks with a terminator) is padded after its terminator with ``answer_padding``, the
+  reference's class 0, which training learns as the reference does and scoring leaves out as its
+  ``accuracy_mask`` does. No answer token is ever an input, so one forward pass writes them all.
+* ``autoregressive`` (the default for Kazemnejad et al.'s tasks, which have no reference output
+  length): the prompt, the separator, the answer,
+
+      <prompt>|<answer>
+
+  each answer byte the target of the byte before it.
+
+Either way only the answer's tokens are scored. This class also draws training sizes from
+``data.train_lengths`` with ``data.curriculum`` (posbench/data/algorithmic/curriculum.py), and
+pads each batch after the examples' ends to its longest (a causal model never sees the padding
+before an answer token). Evaluation scores ``data.val_examples`` problems per length, and a
+length here is the problem's size as the reference defines it (e.g. the input string's length),
+not the window's: ``Examples.window`` says how many inputs the model saw.
 """
 
 from __future__ import annotations
@@ -23,11 +40,21 @@ import numpy as np
 import torch
 
 from posbench.data.algorithmic.curriculum import BatchLengths, Curriculum, draw_lengths
-from posbench.data.task import Example, Examples, Task, check_positive, stack_examples
+from posbench.data.task import (
+    IGNORE,
+    AnswerMode,
+    Example,
+    Examples,
+    Task,
+    check_positive,
+    next_byte_example,
+    stack_examples,
+)
 from posbench.errors import PosbenchError
 
 SEPARATOR = "|"  # between the prompt and the answer: in no task's alphabet
-PAD = 0  # after an example's end, never scored
+BLANK = "#"  # an answer token's place after the prompt, under placeholders: in no alphabet
+PAD = 0  # after an example's end, never trained
 MAX_EVAL_LENGTH = 500  # Ruoss et al. evaluate sizes up to 500
 EVAL_STEP = 50  # the default evaluation sizes past the training range, every 50
 # The random stream of validation's examples: evaluation's are [data.seed, length] with
@@ -58,6 +85,9 @@ class AlgorithmicDataConfig:
     curriculum_tau: float = 0.95  # reverse_exponential: length n drawn with weight tau ** n
     # mixed | same: one length per example, or one per batch (Ruoss et al.'s; curriculum.py)
     batch_lengths: BatchLengths = BatchLengths.mixed
+    # placeholders | autoregressive: the answer at blanks after the prompt, written at once
+    # (Ruoss et al.'s protocol), or after a separator byte by byte (base.py's docstring)
+    answer_mode: AnswerMode = AnswerMode.placeholders
 
 
 class AlgorithmicTask(Task):
@@ -67,6 +97,9 @@ class AlgorithmicTask(Task):
     alphabet: ClassVar[str]  # the prompt's symbols
     answer_alphabet: ClassVar[str]  # the answer's symbols
     min_problem_length: ClassVar[int] = 1  # the smallest size the task defines
+    # Under placeholders, what follows an answer that ends before its last blank (the
+    # reference's class 0): set by the tasks whose answers end with a terminator.
+    answer_padding: ClassVar[str] = ""
 
     def __init__(self, config: AlgorithmicDataConfig) -> None:
         check_positive(config, ["val_examples", "curriculum_every", "curriculum_increase"])
@@ -81,7 +114,15 @@ class AlgorithmicTask(Task):
             raise PosbenchError(
                 f"data.curriculum_tau must be positive (got {config.curriculum_tau})"
             )
+        placeholders = config.answer_mode is AnswerMode.placeholders
+        if placeholders and self.output_length(self.min_problem_length) is None:
+            raise PosbenchError(
+                f"data={config.source} has no reference output length to give its answers "
+                "blanks (its authors decode them after the prompt); set "
+                "data.answer_mode=autoregressive"
+            )
         super().__init__(config)
+        self.answer_mode = config.answer_mode
 
     @abstractmethod
     def problem(self, length: int, rng: np.random.Generator) -> tuple[str, str]:
@@ -89,8 +130,21 @@ class AlgorithmicTask(Task):
         symbols."""
 
     @abstractmethod
+    def output_length(self, length: int) -> int | None:
+        """The reference's ``output_length(n)``: the answer tokens its encoder writes at once
+        for a problem of size ``length`` (the padding after a terminator included), the
+        blanks of a placeholders example. None: the task has none (Kazemnejad et al.'s)."""
+
+    @abstractmethod
     def max_tokens(self, length: int) -> int:
-        """The most bytes an example of size ``length`` takes: prompt, separator and answer."""
+        """The most bytes an autoregressive example of size ``length`` takes: prompt,
+        separator and answer."""
+
+    def max_inputs(self, length: int) -> int:
+        """The most inputs an example of size ``length`` gives the model: its window."""
+        if self.answer_mode is AnswerMode.autoregressive:
+            return self.max_tokens(length) - 1  # all bytes but the last
+        return length + self.output_length(length)  # a prompt has at most ``length`` symbols
 
     def chance_accuracy(self) -> float:
         """A uniform guess over the answer's symbols."""
@@ -100,7 +154,8 @@ class AlgorithmicTask(Task):
         lo, hi = self.train_lengths
         return (
             f"task {self.config.source}, problem lengths {lo}..{hi} "
-            f"({self.config.curriculum.value}), new examples every step"
+            f"({self.config.curriculum.value}), answers {self.answer_mode.value}, new examples "
+            "every step"
         )
 
     @property
@@ -110,18 +165,36 @@ class AlgorithmicTask(Task):
 
     def example(self, length: int, rng: np.random.Generator) -> Example:
         prompt, answer = self.problem(length, rng)
-        text = f"{prompt}{SEPARATOR}{answer}"
-        sequence = np.frombuffer(text.encode("ascii"), dtype=np.uint8)
+        if self.answer_mode is AnswerMode.placeholders:
+            return self.placeholder_example(length, prompt, answer)
+        sequence = ascii_bytes(f"{prompt}{SEPARATOR}{answer}")
         is_answer = np.zeros(len(sequence), dtype=bool)
         is_answer[len(sequence) - len(answer) :] = True
-        return sequence, is_answer
+        return next_byte_example(sequence, is_answer)
+
+    def placeholder_example(self, length: int, prompt: str, answer: str) -> Example:
+        """``prompt`` then ``output_length(length)`` blanks, the target of blank i the answer's
+        token i; scored up to the answer's end (its terminator included, as the reference's
+        ``accuracy_mask``), the padding after it trained only."""
+        blanks = self.output_length(length)
+        assert len(prompt) <= length, f"{self.name}: a prompt longer than its problem length"
+        assert len(answer) == blanks or (self.answer_padding and len(answer) < blanks), (
+            f"{self.name}: an answer of {len(answer)} tokens for {blanks} blanks"
+        )
+        inputs = ascii_bytes(prompt + BLANK * blanks)
+        targets = np.full(len(inputs), IGNORE, dtype=np.int64)
+        padded = answer + self.answer_padding * (blanks - len(answer))
+        targets[len(prompt) :] = ascii_bytes(padded)
+        scored = np.zeros(len(inputs), dtype=bool)
+        scored[len(prompt) : len(prompt) + len(answer)] = True
+        return inputs, targets, scored
 
     def batch(self, lengths: np.ndarray, rng: np.random.Generator) -> Examples:
         """One example of each size in ``lengths``, padded to the longest."""
         return stack_examples([self.example(int(n), rng) for n in lengths], PAD)
 
     def check_training(self, seq_len: int) -> None:
-        needed = self.max_tokens(self.train_lengths[1]) - 1  # inputs: all bytes but the last
+        needed = self.max_inputs(self.train_lengths[1])
         if seq_len < needed:
             raise PosbenchError(
                 f"data={self.config.source} at problem length {self.train_lengths[1]} needs "
@@ -193,6 +266,11 @@ class AlgorithmicTask(Task):
         lo, hi = self.train_lengths
         inside = np.unique(np.linspace(lo, hi, min(8, hi - lo + 1)).round().astype(int))
         return [int(n) for n in inside]
+
+
+def ascii_bytes(text: str) -> np.ndarray:
+    """``text``'s ASCII bytes: uint8 (len(text),)."""
+    return np.frombuffer(text.encode("ascii"), dtype=np.uint8)
 
 
 def spell(alphabet: str, ids: np.ndarray) -> str:

@@ -7,18 +7,19 @@ symbol and the second number the rest; each number is uniform over 1 to 2 ** bit
 least significant bit first with its high zeros (so ``001`` is 4). The answer is the sum,
 least significant bit first without high zeros, then the terminator ``.``.
 
-    001+01101|01011.        (4 + 22 = 26)
-    1001+000001|100101.     (9 + 32 = 41)
+    001+01101######         the blanks' targets: 01011.0 (4 + 22 = 26)
+    1001+000001|100101.     (9 + 32 = 41; data.answer_mode=autoregressive)
 
 At n <= 2 there is no room for an operator, and the reference's prompt is one number of n bits
-(uniform over 0 to 2 ** n - 2), its answer that number: ``0|0.``, ``01|01.``.
+(uniform over 0 to 2 ** n - 2), its answer that number: ``0##`` with targets ``0.``, ``01###``
+with ``01.``.
 
-Where posbench differs: the reference's encoder writes n + 1 outputs at once, the sum, its
-termination symbol (the same id, 2, as the operator), then zeros, which it trains on but does
-not score (its accuracy mask ends at the termination symbol). Here the answer is the sum and
-the terminator ``.``, predicted byte by byte under teacher forcing, and the zeros are not
-written. Without the terminator the answer's end would go unscored: the sum's length is not
-the prompt's to tell.
+As in the reference (by default), n + 1 blanks after the prompt take the sum, its termination
+symbol (the reference's 2, the operator's id; here ``.``) and zeros up to the last blank, all
+written at once; the zeros are trained but not scored (the reference's accuracy mask ends at the
+termination symbol). Autoregressively, the answer is the sum and the terminator, each byte
+after the ones before it, and the zeros are not written. Either way the terminator is scored:
+without it the answer's end would go unscored, the sum's length is not the prompt's to tell.
 
 ``BinaryOperation`` is what this task and ``binary_multiplication`` share.
 """
@@ -56,6 +57,7 @@ class BinaryOperation(AlgorithmicTask):
 
     operator: ClassVar[str]  # the prompt's symbol between the numbers (the reference's 2)
     answer_alphabet = "01" + TERMINATOR
+    answer_padding = "0"  # the reference pads its result with zeros after the terminator
 
     @staticmethod
     @abstractmethod
@@ -99,6 +101,9 @@ class BinaryAddition(BinaryOperation):
 
     def short_answer(self, number: int, length: int) -> str:
         return little_endian(number) + TERMINATOR
+
+    def output_length(self, length: int) -> int:
+        return length + 1
 
     def max_tokens(self, length: int) -> int:
         # From 3 symbols on, a sum of k-bit and 1-bit numbers takes k + 1 = n - 1 bits at most;

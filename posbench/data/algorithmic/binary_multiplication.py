@@ -6,16 +6,17 @@ tasks/cs/binary_multiplication.py): the prompt is drawn as binary_addition's, wi
 the operator (posbench/data/algorithmic/binary_addition.py); the answer is the product, least
 significant bit first without high zeros, then the terminator ``.``.
 
-    001*01101|0001101.          (4 * 22 = 88)
-    1001*000001|000001001.      (9 * 32 = 288)
+    001*01101#########          the blanks' targets: 0001101.0 (4 * 22 = 88)
+    1001*000001|000001001.      (9 * 32 = 288; data.answer_mode=autoregressive)
 
 At n <= 2 there is no room for an operator: the prompt is one number of n bits and the answer,
-as the reference sets it, n - 1 zeros then the terminator (``0|.``, ``10|0.``).
+as the reference sets it, n - 1 zeros then the terminator (``0#`` with target ``.``, ``10##``
+with ``0.``).
 
-Where posbench differs: the reference's encoder writes n outputs at once, the product, its
-termination symbol, then zeros that it trains on but does not score; here the answer is the
-product and the terminator, predicted byte by byte under teacher forcing, and the zeros are not
-written.
+As in the reference (by default), n blanks after the prompt take the product, its termination
+symbol and zeros up to the last blank, all written at once; the zeros are trained but not
+scored. Autoregressively, the answer is the product and the terminator, each byte after the
+ones before it, and the zeros are not written.
 """
 
 from __future__ import annotations
@@ -42,6 +43,9 @@ class BinaryMultiplication(BinaryOperation):
 
     def short_answer(self, number: int, length: int) -> str:
         return "0" * (length - 1) + TERMINATOR
+
+    def output_length(self, length: int) -> int:
+        return length  # a product of n - 1 bits at most, then the terminator
 
     def max_tokens(self, length: int) -> int:
         # A product of j-bit and k-bit numbers takes j + k = n - 1 bits at most, but only k when

@@ -5,10 +5,12 @@ tasks/cs/bucket_sort.py, with experiments/constants.py's vocabulary of 5): the p
 random symbols from 0 to 4, each uniform, the answer the same n symbols sorted; the problem
 length is n.
 
-    10204112|00111224
+    10204112########        the blanks' targets: 00111224
+    10204112|00111224       (data.answer_mode=autoregressive)
 
-They score an encoder's n outputs at once; here the answer is predicted byte by byte under
-teacher forcing, each byte given the ones before it.
+As in the reference, n blanks after the prompt take the n answer symbols, all written at once
+(by default); autoregressively, each answer byte follows the ones before it (and a sorted
+answer mostly repeats its previous byte: posbench/data/baselines.py).
 """
 
 from __future__ import annotations
@@ -41,6 +43,9 @@ class BucketSort(AlgorithmicTask):
     def problem(self, length: int, rng: np.random.Generator) -> tuple[str, str]:
         prompt = digits(rng.integers(VOCAB_SIZE, size=length))
         return prompt, bucket_sort(prompt)
+
+    def output_length(self, length: int) -> int:
+        return length
 
     def max_tokens(self, length: int) -> int:
         return 2 * length + 1

@@ -6,12 +6,14 @@ bits, most significant first (with its high zeros); the answer is the floor of i
 in ceil(n / 2) bits, most significant first (with its high zeros: the answer's length is the
 prompt's to tell, so there is no terminator). The problem length is n.
 
-    100101|110      (37: the root is 6.08...)
-    111|10          (7: 2.64...)
+    100101###       the blanks' targets: 110 (37: the root is 6.08...)
+    111##           10 (7: 2.64...)
+    100101|110      (data.answer_mode=autoregressive)
 
 The reference's docstring writes the first as ``100101 -> 101``; 6 is ``110``, which is what
-its code computes. It scores an encoder's ceil(n / 2) outputs at once; here the answer is
-predicted byte by byte under teacher forcing, each byte given the ones before it.
+its code computes. As in the reference, ceil(n / 2) blanks after the prompt take the root's
+bits, all written at once (by default); autoregressively, each answer byte follows the ones
+before it.
 """
 
 from __future__ import annotations
@@ -49,6 +51,9 @@ class ComputeSqrt(AlgorithmicTask):
     def problem(self, length: int, rng: np.random.Generator) -> tuple[str, str]:
         prompt = format(random_number(length, rng), "b").zfill(length)
         return prompt, floor_sqrt(prompt)
+
+    def output_length(self, length: int) -> int:
+        return root_bits(length)  # the reference's ceil(n / 2)
 
     def max_tokens(self, length: int) -> int:
         return length + 1 + root_bits(length)

@@ -24,15 +24,14 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from posbench.data.algorithmic.base import AlgorithmicDataConfig
-from posbench.data.algorithmic.kazemnejad import KazemnejadTask
+from posbench.data.algorithmic.kazemnejad import KazemnejadDataConfig, KazemnejadTask
 
 MODULUS = 10  # the answer is the count's last digit, one of their 10 labels
 SYMBOLS = string.ascii_lowercase  # their 26 symbols, renamed
 
 
 @dataclass
-class CountingDataConfig(AlgorithmicDataConfig):
+class CountingDataConfig(KazemnejadDataConfig):
     name: str = "counting"
     source: str = "counting"
     # their split mc_tr20_ts40 trains up to 20 symbols, from their builder's default 4

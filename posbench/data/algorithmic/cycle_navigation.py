@@ -5,10 +5,12 @@ tasks/regular/cycle_navigation.py): the prompt is n random steps, each left, sta
 (``-``, ``0``, ``+``; their ids 0, 1, 2 are steps of -1, 0, +1), the answer the state the walk
 reaches on a cycle of 5 states starting from state 0, one digit; the problem length is n.
 
-    +-0--|3
+    +-0--#          the blank's target: 3
+    +-0--|3         (data.answer_mode=autoregressive)
 
-(1 - 1 + 0 - 1 - 1 = -2, state 3.) They score a classifier's output over the whole input;
-here the one answer byte is predicted after the separator.
+(1 - 1 + 0 - 1 - 1 = -2, state 3.) The reference's classifier writes its one output from the
+whole input: here the one blank after the prompt (by default) or the byte after the
+separator.
 """
 
 from __future__ import annotations
@@ -41,6 +43,9 @@ class CycleNavigation(AlgorithmicTask):
     def problem(self, length: int, rng: np.random.Generator) -> tuple[str, str]:
         steps = rng.integers(-1, 2, size=length)
         return spell(STEPS, steps + 1), str(final_state(steps))
+
+    def output_length(self, length: int) -> int:
+        return 1  # the reference's default: one class
 
     def max_tokens(self, length: int) -> int:
         return length + 2

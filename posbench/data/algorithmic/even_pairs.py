@@ -5,11 +5,13 @@ tasks/regular/even_pairs.py): the prompt is n random bits, the answer one bit, 1
 pairs of neighbouring bits that differ (``01`` and ``10``) are odd in number; the problem
 length is n.
 
-    0101001|1
+    0101001#        the blank's target: 1
+    0101001|1       (data.answer_mode=autoregressive)
 
 (three ``01`` and two ``10``.) The count is odd exactly when the first and the last bit
-differ, which a model can find without counting. They score a classifier's output over the
-whole input; here the one answer byte is predicted after the separator.
+differ, which a model can find without counting. The reference's classifier writes its one
+output from the whole input: here the one blank after the prompt (by default) or the byte
+after the separator.
 """
 
 from __future__ import annotations
@@ -39,6 +41,9 @@ class EvenPairs(AlgorithmicTask):
     def problem(self, length: int, rng: np.random.Generator) -> tuple[str, str]:
         bits = rng.integers(2, size=length)
         return spell(self.alphabet, bits), str(odd_unequal_pairs(bits))
+
+    def output_length(self, length: int) -> int:
+        return 1  # the reference's default: one class
 
     def max_tokens(self, length: int) -> int:
         return length + 2

@@ -27,8 +27,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from posbench.data.algorithmic.base import AlgorithmicDataConfig
-from posbench.data.algorithmic.kazemnejad import KazemnejadTask
+from posbench.data.algorithmic.kazemnejad import KazemnejadDataConfig, KazemnejadTask
 from posbench.errors import PosbenchError
 
 VARIABLES = string.ascii_lowercase  # their ALL_VARS
@@ -37,7 +36,7 @@ QUESTION = "?"  # between the clauses and the variable asked for
 
 
 @dataclass
-class LegoDataConfig(AlgorithmicDataConfig):
+class LegoDataConfig(KazemnejadDataConfig):
     name: str = "lego"
     source: str = "lego"
     # their split len_tr8_ts16: chains of 4 to 8 variables in training

@@ -8,12 +8,13 @@ the placeholder ``?``, then, when n is odd, the empty symbol ``_``; the answer i
 bit. At n = 1, where there is no string to write twice, the prompt and the answer are ``1``,
 as the reference sets them.
 
-    01100?10|1      (the string is 0110)
-    1011?1_|0       (the string is 101; n = 7)
+    01100?10#       the blank's target: 1 (the string is 0110)
+    1011?1_#        0 (the string is 101; n = 7)
+    01100?10|1      (data.answer_mode=autoregressive)
 
 The reference's symbols are 0, 1, 2 (the placeholder) and 3 (the empty symbol); here they are
-``0``, ``1``, ``?`` and ``_``. It scores a classifier over the whole input; here the one answer
-byte is predicted after the separator.
+``0``, ``1``, ``?`` and ``_``. Its classifier writes its one output from the whole input: here
+the one blank after the prompt (by default) or the byte after the separator.
 """
 
 from __future__ import annotations
@@ -46,6 +47,9 @@ class MissingDuplicateString(AlgorithmicTask):
         hidden = int(rng.integers(len(twice)))
         prompt = twice[:hidden] + MISSING + twice[hidden + 1 :] + EMPTY * (length % 2)
         return prompt, twice[hidden]
+
+    def output_length(self, length: int) -> int:
+        return 1  # the reference's default: one class
 
     def max_tokens(self, length: int) -> int:
         return length + 2

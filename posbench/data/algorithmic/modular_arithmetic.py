@@ -8,17 +8,20 @@ usual precedence (``*`` before ``+`` and ``-``, each left to right). The problem
 the expression's length when n is odd; an even n draws expressions of n - 1 symbols, as the
 reference's generator does, so lengths 2k - 1 and 2k draw the same problems.
 
-    1+2*3|2
-    0*1+4*3-2|0
+    1+2*3#          the blank's target: 2
+    0*1+4*3-2#      0
+    1+2*3|2         (data.answer_mode=autoregressive)
 
-Where posbench differs: the answer byte follows the separator (the reference scores a
-classifier over the whole input). The reference's vocabulary also holds a blank ``_`` (its
-evaluator reads it as ``+`` or ``0``) that its generator never writes; posbench's alphabet
-leaves it out. Each product is reduced modulo the modulus as it is formed, where the
-reference's int32 products could wrap on a long run of multiplications.
+Where posbench differs: the reference's classifier writes its one output from the whole input;
+here it is the one blank after the prompt (by default) or the byte after the separator. The
+reference's vocabulary also holds a blank ``_`` (its evaluator reads it as ``+`` or ``0``)
+that its generator never writes; posbench's alphabet leaves it out. Each product is reduced
+modulo the modulus as it is formed, where the reference's int32 products could wrap on a long
+run of multiplications.
 
 ``ModularTask`` is what this task, ``modular_arithmetic_brackets`` and ``solve_equation``
-share: ``data.modulus`` (2 to 10, so that a residue is one digit) and a one-digit answer.
+share: ``data.modulus`` (2 to 10, so that a residue is one digit) and a one-digit answer, the
+reference's one output.
 """
 
 from __future__ import annotations
@@ -67,6 +70,9 @@ class ModularTask(AlgorithmicTask):
     @property
     def answer_alphabet(self) -> str:
         return self.residues
+
+    def output_length(self, length: int) -> int:
+        return 1  # the reference's default: one class
 
     def max_tokens(self, length: int) -> int:
         return length + 2  # at most ``length`` symbols, the separator, one digit

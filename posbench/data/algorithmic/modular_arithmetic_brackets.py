@@ -13,8 +13,9 @@ and the answer its value modulo 5, one digit (``data.mult=false`` leaves ``*`` o
 
     ((-3)*(2-4))|1
 
-(-3 * -2 = 6 = 1 modulo 5.) They score a classifier's output over the whole input; here the
-one answer byte is predicted after the separator.
+(-3 * -2 = 6 = 1 modulo 5.) The reference's classifier writes its one output from the whole
+input: here the one blank after the prompt (``((-3)*(2-4))#``, by default) or the byte after
+the separator.
 """
 
 from __future__ import annotations

@@ -11,8 +11,9 @@ the problem length is n.
 Positions count from 0, as the reference's code does (``[:, 1::2]`` then ``[:, ::2]``): that
 is what its experiments ran. Its docstring counts from 1 and its examples show the other order
 (``00110101 -> 0100 0111``, ``110 -> 10 1``); here those prompts give ``01110100`` and ``110``.
-They score an encoder's n outputs at once; here the answer is predicted byte by byte under
-teacher forcing, each byte given the ones before it.
+As in the reference, n blanks after the prompt take the n answer bits, all written at once (by
+default: ``00110101########``); autoregressively, each answer byte follows the ones before
+it.
 """
 
 from __future__ import annotations
@@ -37,6 +38,9 @@ class OddsFirst(AlgorithmicTask):
     def problem(self, length: int, rng: np.random.Generator) -> tuple[str, str]:
         prompt = digits(rng.integers(2, size=length))
         return prompt, prompt[1::2] + prompt[::2]
+
+    def output_length(self, length: int) -> int:
+        return length
 
     def max_tokens(self, length: int) -> int:
         return 2 * length + 1

@@ -4,10 +4,11 @@ As Ruoss et al. 2023 define it (google-deepmind/randomized_positional_encodings,
 tasks/regular/parity_check.py): the prompt is n random bits, the answer one bit, 1 when the
 prompt holds an odd number of 1s; the problem length is n.
 
-    0110100|1
+    0110100#        the blank's target: 1
+    0110100|1       (data.answer_mode=autoregressive)
 
-They score a classifier's output over the whole input; here the one answer byte is predicted
-after the separator.
+The reference's classifier writes its one output from the whole input: here the one blank after
+the prompt (by default) or the byte after the separator.
 """
 
 from __future__ import annotations
@@ -32,6 +33,9 @@ class ParityCheck(AlgorithmicTask):
     def problem(self, length: int, rng: np.random.Generator) -> tuple[str, str]:
         bits = rng.integers(2, size=length)
         return spell(self.alphabet, bits), str(bits.sum() % 2)
+
+    def output_length(self, length: int) -> int:
+        return 1  # the reference's default: one class
 
     def max_tokens(self, length: int) -> int:
         return length + 2

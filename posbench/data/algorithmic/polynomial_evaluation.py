@@ -21,8 +21,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from posbench.data.algorithmic.base import AlgorithmicDataConfig
-from posbench.data.algorithmic.kazemnejad import KazemnejadTask
+from posbench.data.algorithmic.kazemnejad import KazemnejadDataConfig, KazemnejadTask
 
 MODULUS = 10  # their modulo_factor
 COEFFICIENTS = (-3, 3)  # the range of a term's coefficient
@@ -31,7 +30,7 @@ POINTS = (-2, 2)  # of x
 
 
 @dataclass
-class PolynomialEvaluationDataConfig(AlgorithmicDataConfig):
+class PolynomialEvaluationDataConfig(KazemnejadDataConfig):
     name: str = "polynomial_evaluation"
     source: str = "polynomial_evaluation"
     # their split n_terms_tr8_ts16 trains up to 8 terms, from their builder's default 4

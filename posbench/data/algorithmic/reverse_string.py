@@ -4,10 +4,11 @@ As Ruoss et al. 2023 define it (google-deepmind/randomized_positional_encodings,
 tasks/dcf/reverse_string.py, with their binary alphabet): the prompt is n random bits, the
 answer the same n bits in reverse order; the problem length is n.
 
-    0111|1110
+    0111####        the blanks' targets: 1110
+    0111|1110       (data.answer_mode=autoregressive)
 
-They score an encoder's n outputs at once; here the answer is predicted byte by byte under
-teacher forcing, each byte given the ones before it.
+As in the reference, n blanks after the prompt take the n answer bits, all written at once (by
+default); autoregressively, each answer byte follows the ones before it.
 """
 
 from __future__ import annotations
@@ -32,6 +33,9 @@ class ReverseString(AlgorithmicTask):
     def problem(self, length: int, rng: np.random.Generator) -> tuple[str, str]:
         prompt = spell(self.alphabet, rng.integers(2, size=length))
         return prompt, prompt[::-1]
+
+    def output_length(self, length: int) -> int:
+        return length
 
     def max_tokens(self, length: int) -> int:
         return 2 * length + 1

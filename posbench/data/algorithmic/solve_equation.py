@@ -12,8 +12,9 @@ in the reference (so a digit after a run of brackets and signs is picked more of
 
     ((x-2)+(-4))=1|2
 
-Where posbench differs: the answer byte follows the separator (they score a classifier over
-the whole input), and lengths 1 and 2 are not defined (the reference gives all-zero inputs
+Where posbench differs: the reference's classifier writes its one output from the whole
+input, here the one blank after the prompt (``((x-2)+(-4))=1#``, by default) or the byte after
+the separator; and lengths 1 and 2 are not defined (the reference gives all-zero inputs
 there).
 """
 

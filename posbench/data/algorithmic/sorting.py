@@ -22,15 +22,14 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from posbench.data.algorithmic.base import AlgorithmicDataConfig
-from posbench.data.algorithmic.kazemnejad import KazemnejadTask
+from posbench.data.algorithmic.kazemnejad import KazemnejadDataConfig, KazemnejadTask
 
 LOWEST, HIGHEST = 10, 9999  # their np.random.randint(10, 10000): 2 to 4 digits
 COMMA = ","  # between two numbers
 
 
 @dataclass
-class SortingDataConfig(AlgorithmicDataConfig):
+class SortingDataConfig(KazemnejadDataConfig):
     name: str = "sorting"
     source: str = "sorting"
     # their split len_mltd_tr8_ts16 trains up to 8 numbers, from their builder's default 4

@@ -7,14 +7,16 @@ nothing); the answer is the stack the actions leave, top to bottom, then the ter
 ``.``. The problem length n is the prompt's: the stack holds a uniform 1 to n - 1 bits and the
 actions the rest (at n = 1, one bit and no action).
 
-    0110bxx|110.
+    0110bxx########     the blanks' targets: 110.0000
+    0110bxx|110.        (data.answer_mode=autoregressive)
 
 (0110, push 1: 01101, pop: 0110, pop: 011; read from the top: 110.)
 
-Where posbench differs: the reference's encoder writes n + 1 outputs at once, the stack, its
-termination symbol, then zeros that are not scored; here the answer is the stack and the
-terminator, predicted byte by byte under teacher forcing, and scored as the reference scores
-(up to the terminator, which tells how deep the stack is and ends an empty one's answer).
+As in the reference (by default), n + 1 blanks after the prompt take the stack, its termination
+symbol and zeros up to the last blank, all written at once; the zeros are trained but not
+scored. Autoregressively, the answer is the stack and the terminator, each byte after the ones
+before it. Either way it is scored as the reference scores, up to the terminator (which tells
+how deep the stack is and ends an empty one's answer).
 """
 
 from __future__ import annotations
@@ -53,12 +55,16 @@ def final_stack(stack: str, actions: str) -> str:
 class StackManipulation(AlgorithmicTask):
     alphabet = BITS + ACTIONS
     answer_alphabet = BITS + TERMINATOR
+    answer_padding = "0"  # the reference pads the stack with zeros after the terminator
 
     def problem(self, length: int, rng: np.random.Generator) -> tuple[str, str]:
         depth = 1 if length == 1 else int(rng.integers(1, length))  # the stack's bits
         stack = spell(BITS, rng.integers(2, size=depth))
         actions = spell(ACTIONS, rng.integers(len(ACTIONS), size=length - depth))
         return stack + actions, final_stack(stack, actions) + TERMINATOR
+
+    def output_length(self, length: int) -> int:
+        return length + 1  # a stack of n bits at most, then the terminator
 
     def max_tokens(self, length: int) -> int:
         # A stack of one bit pushed onto n - 1 times holds n bits.

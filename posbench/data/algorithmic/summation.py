@@ -17,14 +17,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from posbench.data.algorithmic.base import AlgorithmicDataConfig
-from posbench.data.algorithmic.kazemnejad import KazemnejadTask
+from posbench.data.algorithmic.kazemnejad import KazemnejadDataConfig, KazemnejadTask
 
 MODULUS = 10  # their modulo_factor
 
 
 @dataclass
-class SummationDataConfig(AlgorithmicDataConfig):
+class SummationDataConfig(KazemnejadDataConfig):
     name: str = "summation"
     source: str = "summation"
     # their split len_tr8_ts16 trains up to 8 numbers, from their builder's default 4
