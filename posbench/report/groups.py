@@ -160,9 +160,10 @@ class Group:
     chance_accuracy: float | None = None
     constant_answer_accuracy: float | None = None
     prefix_rule_accuracy: float | None = None
-    # whether its records' per-byte accuracy is scored under teacher forcing (records written
-    # before greedy decoding became the accuracy, which have no teacher_forced_accuracy): the
-    # prefix rule is a baseline for it then, not for a decode's
+    # whether its records' per-byte accuracy is scored under teacher forcing (autoregressive
+    # records written before greedy decoding became the accuracy, which have no
+    # teacher_forced_accuracy): the prefix rule is a baseline for it then, not for a decode's
+    # nor for answers at placeholders
     teacher_forced: bool = True
     reference: ReferenceTable | None = None  # the --reference's table of its training length
 
@@ -324,7 +325,10 @@ def build_group(
         if group.constant_answer_accuracy is None:
             group.constant_answer_accuracy = constant_answer_past(runs[0], past)
         group.prefix_rule_accuracy = recorded["prefix_rule_accuracy"]
-        group.teacher_forced = not any("teacher_forced_accuracy" in r for r in records)
+        group.teacher_forced = not any(
+            "teacher_forced_accuracy" in r or r.get("answer_mode") == "placeholders"
+            for r in records
+        )
     with_positions = [
         (key, length)
         for key, by_length in table.items()
