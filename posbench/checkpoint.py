@@ -117,8 +117,8 @@ def load_checkpoint(path: Path) -> dict[str, Any]:
     if not path.is_file():
         raise PosbenchError(f"no checkpoint at {path}; it was never written or was removed")
     unreadable = PosbenchError(
-        f"{path} is not a readable checkpoint (truncated or foreign); delete it to start the "
-        "run afresh"
+        f"{path} is not a readable checkpoint (truncated or foreign); delete it, then "
+        f"`posbench train --resume {path.parent}` trains the run again from the start"
     )
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)

@@ -311,6 +311,7 @@ def evaluate_length(
     positions: RandomPositions | None = None,
     token_bytes: Bytes | None = None,
     word_starts: Bytes | None = None,
+    has_words: bool = True,
 ) -> dict[str, Any]:
     """One results.json eval record: the model's perplexity on ``tokens`` at ``length``, the
     eval-time extension (``scaling``) its encoding applied there and, for non-overlapping
@@ -321,7 +322,9 @@ def evaluate_length(
     inside a document and the record's ``documents`` counts those scored. ``positions``: each
     window at its randomized positions (None: at 0..L-1). ``token_bytes`` and ``word_starts``:
     the bytes and word starts of each token (a corpus of tokens' ``val_token_bytes`` and
-    ``val_word_starts``; None: ``tokens`` are bytes, which count themselves). ``tokens`` (a
+    ``val_word_starts``; None: ``tokens`` are bytes, which count themselves). Without
+    ``has_words`` (bytes that are not text: the synthetic corpus) ``word_ppl`` and ``words``
+    are None: whitespace bytes there delimit no words. ``tokens`` (a
     tensor or a numpy array, maybe a memory map) is read one batch of windows at a time."""
     assert stride is None or 0 < stride <= length, "stride must be in (0, length]"
     model.eval()  # no dropout; eval-time extensions (RoPE scaling) apply
@@ -375,10 +378,10 @@ def evaluate_length(
         "stride": stride,
         "ppl": math.exp(mean_nll),
         "bits_per_byte": total_nll / n_bytes / math.log(2),
-        "word_ppl": math.exp(total_nll / n_words) if n_words else None,
+        "word_ppl": math.exp(total_nll / n_words) if n_words and has_words else None,
         "tokens": scored,
         "bytes": n_bytes,
-        "words": n_words,
+        "words": n_words if has_words else None,
         "documents": None if documents is None else len(long_documents),
         "status": "ok",
         "reason": None,
@@ -430,10 +433,12 @@ def evaluate(
     positions: RandomPositions | None = None,
     token_bytes: Bytes | None = None,
     word_starts: Bytes | None = None,
+    has_words: bool = True,
 ) -> list[dict[str, Any]]:
     """Evaluate ``model`` on ``tokens`` (a tensor or a numpy array: bytes, or a tokenizer's
     ids with each one's ``token_bytes`` and ``word_starts``) at each length, in ``precision``,
-    at ``positions`` (None: 0..L-1).
+    at ``positions`` (None: 0..L-1); ``has_words``: whether the bytes are text, with words
+    (``word_ppl``).
 
     Every length scores the same leading ``max_tokens`` tokens (all of them when ``None``),
     so perplexities at different lengths are measured on the same text. With ``documents``
@@ -465,6 +470,7 @@ def evaluate(
             positions,
             token_bytes,
             word_starts,
+            has_words,
         )
         for n in lengths
     ]
@@ -642,6 +648,7 @@ def evaluate_data(
             positions,
             data.val_token_bytes,
             data.val_word_starts,
+            data.has_words,
         )
     if stride is not None:
         raise PosbenchError(
@@ -689,6 +696,9 @@ def evaluate_run(
     )
 
 
+ROPE_SCALING_NEEDS_ROPE = "RoPE scaling needs a run trained with encoding=rope"
+
+
 def rope_scaling_overrides(
     cfg: DictConfig, method: str, factor: float | None = None
 ) -> dict[str, Any]:
@@ -696,9 +706,6 @@ def rope_scaling_overrides(
     scaling ``method`` (posbench.encodings.rope.SCALING_METHODS) and ``factor`` (None: from each
     length). The original length is the run's training length, never the evaluation length."""
     if cfg.encoding.name != "rope":
-        raise PosbenchError(
-            f"RoPE scaling needs a run trained with encoding=rope; this run used "
-            f"{cfg.encoding.name!r}"
-        )
+        raise PosbenchError(f"{ROPE_SCALING_NEEDS_ROPE}; this run used {cfg.encoding.name!r}")
     trained = OmegaConf.select(cfg, "encoding.scaling.original_length") or cfg.train.seq_len
     return {"scaling": {"method": method, "factor": factor, "original_length": trained}}

@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 
 RESOLVER = "unique_dir"
 SUFFIX_RESOLVER = "random_positions_suffix"
@@ -62,6 +62,13 @@ def register_output_dir_resolvers() -> None:
         OmegaConf.register_new_resolver(RESOLVER, claim_unique_dir, use_cache=True)
     if not OmegaConf.has_resolver(SUFFIX_RESOLVER):
         OmegaConf.register_new_resolver(SUFFIX_RESOLVER, random_positions_suffix)
+
+
+def names_new_dir(node: DictConfig, key: str) -> bool:
+    """Whether ``node[key]`` is a ``${unique_dir:...}`` directory: one that no run has written
+    yet (read without claiming it)."""
+    value = OmegaConf.to_container(node, resolve=False)[key]
+    return isinstance(value, str) and value.startswith("${" + RESOLVER + ":")
 
 
 @contextmanager

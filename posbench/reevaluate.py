@@ -7,6 +7,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from omegaconf import DictConfig
+
+from posbench.errors import PosbenchError
+from posbench.evaluate import ROPE_SCALING_NEEDS_ROPE
 from posbench.runs import WEIGHTS_FILE, append_eval_results, latest_run
 from posbench.tensorboard_log import TrainedLengths, write_eval_events
 from posbench.versions import code_versions
@@ -25,6 +29,20 @@ def default_run(root: Path = Path("outputs")) -> tuple[Path, str]:
     if (run_dir.parent / SWEEP_MARKER).is_file():
         why += f", the last job of the sweep {run_dir.parent}"
     return run_dir, why + "; pass --run DIR to choose another"
+
+
+def check_rope_run(cfg: DictConfig, run_dir: Path, root: Path = Path("outputs")) -> None:
+    """``--rope-scaling`` of a run trained with another encoding (the newest run, after a sweep
+    whose last job was not rope): one line naming the newest rope run to pass with ``--run``."""
+    if cfg.encoding.name == "rope":
+        return
+    try:
+        rope_run = latest_run(root, encoding="rope")
+    except PosbenchError:
+        fix = "train one with `posbench train encoding=rope` and pass --run DIR"
+    else:
+        fix = f"the newest rope run is {rope_run}: pass --run {rope_run}"
+    raise PosbenchError(f"{ROPE_SCALING_NEEDS_ROPE}; {run_dir} used {cfg.encoding.name!r}; {fix}")
 
 
 def record_eval(

@@ -90,6 +90,11 @@ def save_config(run_dir: Path, cfg: DictConfig) -> None:
 def check_run_dir(run_dir: Path) -> Path:
     """``run_dir`` as a Path, or a one-line error if it is not a trained run."""
     run_dir = Path(run_dir)
+    if run_dir.is_file():
+        raise PosbenchError(
+            f"{run_dir} is a file; pass --run the run directory that holds it: "
+            f"--run {run_dir.parent}"
+        )
     if not run_dir.is_dir():
         raise PosbenchError(
             f"run directory {run_dir} not found; pass --run with a directory made by "
@@ -218,15 +223,37 @@ def prepare_run_dir(run_dir: Path) -> Path:
     return run_dir
 
 
-def latest_run(root: str | Path = "outputs") -> Path:
-    """The most recently trained run below ``root`` (by the time its weights were written)."""
+def latest_run(
+    root: str | Path = "outputs", encoding: str | None = None, data: str | None = None
+) -> Path:
+    """The most recently trained run below ``root`` (by the time its weights were written);
+    with ``encoding`` or ``data``, the most recent one trained with that encoding
+    (``encoding.name``) on that data (``data.name``): e.g. README's first run, whatever ran
+    after it, is ``latest_run(encoding="rope", data="synthetic")``."""
     root = Path(root)
     candidates = list(root.glob(f"**/{WEIGHTS_FILE}")) if root.is_dir() else []
-    if not candidates:
-        raise PosbenchError(
-            f"no trained run under {root}/; train one with `posbench train` or pass --run DIR"
-        )
-    return max(candidates, key=lambda p: p.stat().st_mtime).parent
+    wanted = {f"{group}.name": name for group, name in (("encoding", encoding), ("data", data))}
+    wanted = {key: name for key, name in wanted.items() if name is not None}
+    for weights in sorted(candidates, key=lambda p: p.stat().st_mtime, reverse=True):
+        if trained_with(weights.parent, wanted):
+            return weights.parent
+    chosen = "".join(f" {key.partition('.')[0]}={name}" for key, name in wanted.items())
+    of = f" of{chosen}" if chosen else ""
+    raise PosbenchError(
+        f"no trained run{of} under {root}/; train one with `posbench train{chosen}` or pass "
+        "--run DIR"
+    )
+
+
+def trained_with(run_dir: Path, values: Mapping[str, Any]) -> bool:
+    """Whether the run in ``run_dir`` was trained with these config ``values`` (by key)."""
+    if not values:
+        return True
+    config = run_dir / CONFIG_FILE
+    if not config.is_file():
+        return False
+    saved = OmegaConf.load(config)
+    return all(OmegaConf.select(saved, key) == value for key, value in values.items())
 
 
 def read_results(run_dir: Path) -> dict[str, Any]:

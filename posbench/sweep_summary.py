@@ -71,7 +71,8 @@ class SweepSummary(Callback):
         runs = len(list(sweep_dir.glob(f"*/{RESULTS_FILE}")))
         failed = failed_jobs(sweep_dir, self.sweep)
         failures = f", {len(failed)} failed" if failed else ""
-        print(f"\nsweep finished: {runs} runs in {sweep_dir}{failures}")
+        plural = "" if runs == 1 else "s"
+        print(f"\nsweep finished: {runs} run{plural} in {sweep_dir}{failures}")
         if runs:
             print(f"compare them: posbench report {shlex.quote(str(sweep_dir))}")
         if failed:

@@ -119,7 +119,14 @@ def train_with_threads(
     # cache), so that a mistake there is reported once (distributed.rank_zero_first).
     checkpoint = distributed.rank_zero_first(lambda: checkpoint_to_resume(cfg, prepared(run_dir)))
     if checkpoint is not None and already_finished(checkpoint, cfg.train.steps, run_dir):
-        log.info("%s already finished; `posbench eval` re-evaluates it", run_dir)
+        log.info(
+            "%s finished at step %d: nothing to resume; `posbench train --resume %s train.steps=N`"
+            " extends it, `posbench eval --run %s` re-evaluates it",
+            run_dir,
+            cfg.train.steps,
+            run_dir,
+            run_dir,
+        )
         return read_results(run_dir)
 
     # The parts, each built once from its own config section.
@@ -161,8 +168,9 @@ def train_with_threads(
         distributed.world_size(),
     )
     results = run_description(cfg, model, data, precision, threads.threads)
-    # Events past the checkpoint (written before a crash) are dropped, so no step repeats.
-    purge_step = progress.step + 1 if checkpoint is not None else None
+    # Events past the checkpoint (written before a crash) are dropped, so no step repeats; a
+    # resumed run without a checkpoint starts again at step 1, past anything logged before.
+    purge_step = progress.step + 1 if cfg.train.resume else None
     with event_writer(run_dir, purge_step) as writer:
         try:
             summary = train_steps(

@@ -155,7 +155,7 @@ def test_eval_with_rope_scaling_records_the_method_beside_the_plain_records(trai
     assert plain_before  # training writes the field too
     args = ["eval", "--run", str(run_dir), "--length", "16", "--length", "64"]
     out = posbench(*args, "--rope-scaling", "yarn", "--factor", "4", cwd=workdir).stdout
-    assert "yarn" in out
+    assert "yarn scaling factor s: 4 at length 16, 4 at length 64" in out
     after = results_of(run_dir)["eval"]
     assert [r for r in after if r["scaling"] == "none"] == plain_before
     yarn = {r["length"]: r for r in after if r["scaling"] == "yarn"}
@@ -234,26 +234,22 @@ def test_a_failed_sweep_job_is_one_line_the_others_still_run_and_the_sweep_exits
     tmp_path, launcher
 ):
     """With joblib the jobs run in worker processes, which must record their failure for the
-    sweep that started them (posbench.sweep_summary.SWEEP_ID_VARIABLE)."""
+    sweep that started them (posbench.sweep_summary.SWEEP_ID_VARIABLE). A diverging job: what
+    can be checked before training (a missing data.path) stops the sweep before its first job."""
     if launcher == "joblib":
         pytest.importorskip(
             "hydra_plugins.hydra_joblib_launcher", reason="pip install .[launchers]"
         )
-    corpus, missing = tmp_path / "corpus.txt", tmp_path / "missing.txt"
-    corpus.write_text("the quick brown fox jumps over the lazy dog. " * 500)
-    paths = f"data.path={corpus},{missing}"
-    overrides = ["data=text", paths, *TINY_RUN, f"hydra/launcher={launcher}"]
+    overrides = [*TINY, "train.lr=1e-2,1e30", f"hydra/launcher={launcher}"]
     result = posbench("train", "-m", *overrides, cwd=tmp_path, check=False)
     assert result.returncode == 2
     (line,) = result.stderr.strip().splitlines()
-    assert line.startswith(f"error: job 1 (data=text data.path={missing} ")
-    reason = "point data.path at a text file, a directory or a glob"
-    assert line.endswith(f"): data.path '{missing}' matches no file; {reason}")
-    (run,) = run_dirs(tmp_path)
-    assert results_of(run)["data"]["name"] == "text"
-    assert (
-        f"sweep finished: 1 runs in {run.parent.relative_to(tmp_path)}, 1 failed" in result.stdout
-    )
+    assert line.startswith("error: job 1 (") and "): training diverged at step " in line
+    assert line.endswith("lower train.lr (now 1e+30) or raise train.warmup_steps")
+    trained, diverged = sorted(run_dirs(tmp_path), key=lambda d: results_of(d)["status"] != "ok")
+    assert results_of(diverged)["status"] == "diverged"  # its results.json says how it ended
+    sweep_dir = trained.parent.relative_to(tmp_path)
+    assert f"sweep finished: 2 runs in {sweep_dir}, 1 failed" in result.stdout
 
 
 def test_sweeps_sharing_a_directory_at_once_each_name_only_their_own_failed_jobs(
@@ -303,8 +299,8 @@ def test_eval_without_run_after_a_sweep_says_it_took_the_sweeps_last_job(sweep):
         ),
         (["eval", "--threads", "two"], "expected auto or a positive integer"),
         (
-            ["train", "--steps", "10"],
-            "posbench train: unrecognized arguments: --steps (see posbench train --help)",
+            ["train", "--frob", "10"],
+            "posbench train: unrecognized arguments: --frob (see posbench train --help)",
         ),
         (["train", "--cfg", "everything"], "argument --cfg/-c: invalid choice: 'everything'"),
         (["train", "-m", "encoding=none,rope", "--cfg", "job"], "--cfg job prints one job's"),

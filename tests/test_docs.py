@@ -200,3 +200,18 @@ def test_the_config_groups_table_lists_exactly_the_options_in_conf():
     documented = {row[0].strip("`"): re.findall(r"`([a-z0-9_]+)`", row[1]) for row in rows}
     shipped = {group: group_options(group) for group in ("encoding", "model", "data", "experiment")}
     assert {group: sorted(options) for group, options in documented.items()} == shipped
+
+
+@pytest.mark.parametrize("page", sorted(DOCS.glob("*.md")), ids=lambda page: page.name)
+def test_images_are_markdown_so_the_strict_build_checks_them(page):
+    """`mkdocs build --strict` checks a Markdown image's path (attr_list sizes it: `{ width=
+    "45%" }`), never a raw <img> tag's, which broke on the built site unnoticed."""
+    assert not re.search(r"<img\b", page.read_text(), flags=re.IGNORECASE)
+
+
+def test_the_api_examples_name_their_run_whatever_ran_after_readmes():
+    """The newest run may be a task's or another encoding's (docs/tasks.md's run, a sweep's
+    last job): an example that took it would crash or print a task's numbers as perplexity."""
+    text = (DOCS / "api.md").read_text()
+    calls = re.findall(r"latest_run\(([^)]*)\)", text)
+    assert calls and all(call == 'encoding="rope", data="synthetic"' for call in calls)

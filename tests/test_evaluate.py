@@ -495,3 +495,23 @@ def test_task_lengths_too_short_or_beyond_the_encoding_are_unsupported():
     learned = uniform_model("learned", max_length=128)
     record = evaluate_task_length(learned, task, 256)
     assert record["status"] == "unsupported" and record["accuracy"] is None
+
+
+def test_word_perplexity_is_recorded_only_for_data_that_has_words(tmp_path, cache_dir):
+    """The synthetic corpus's bytes come from a Markov chain: its whitespace bytes delimit no
+    words, and a word perplexity of it (2.4e32) would mean nothing."""
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("the quick brown fox jumps over the lazy dog. " * 500)
+    synthetic = {"source": "synthetic", "train_tokens": 40000, "val_tokens": 8192}
+    text = {"source": "text", "path": str(corpus)}
+    records = {
+        config["source"]: evaluate_data(
+            uniform_model(), load_data({**config, "cache_dir": str(cache_dir)}), [64]
+        )[0]
+        for config in (synthetic, text)
+    }
+    assert records["synthetic"]["word_ppl"] is None and records["synthetic"]["words"] is None
+    assert records["text"]["words"] > 0
+    assert records["text"]["word_ppl"] == pytest.approx(
+        256 ** (records["text"]["bytes"] / records["text"]["words"])
+    )

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Sequence
+from typing import Any
 
 from posbench.commands.arguments import (
     OneLineParser,
@@ -18,7 +19,7 @@ from posbench.commands.exits import fail
 from posbench.config import EvalPositions, eval_lengths
 from posbench.encodings.rope import SCALING_METHODS
 from posbench.evaluate import evaluate_run, rope_scaling_overrides
-from posbench.reevaluate import record_eval
+from posbench.reevaluate import check_rope_run, record_eval
 from posbench.report.run_table import run_table, trained_at
 from posbench.runs import load_run_config
 from posbench.tensorboard_log import trained_lengths
@@ -113,6 +114,7 @@ def run_eval(args: Sequence[str]) -> None:
         fail(f"--stride {options.stride} must not exceed the shortest --length ({min(lengths)})")
     overrides = None
     if options.rope_scaling is not None:
+        check_rope_run(cfg, run_dir)
         overrides = rope_scaling_overrides(cfg, options.rope_scaling, options.factor)
     use_threads(options.threads)
     records = evaluate_run(
@@ -128,4 +130,17 @@ def run_eval(args: Sequence[str]) -> None:
     )
     results = record_eval(run_dir, records, trained_lengths(cfg))
     print(f"{cfg.encoding.name} trained at {trained_at(cfg)} ({run_dir})")
+    if options.rope_scaling not in (None, "none"):
+        print(scaling_factors(options.rope_scaling, records))
     print(run_table(cfg, records, results))
+
+
+def scaling_factors(method: str, records: Sequence[dict[str, Any]]) -> str:
+    """``yarn scaling factor s: 2 at length 256, 4 at 512``: what each length was scaled by
+    (the table names the method only)."""
+    factors = ", ".join(
+        f"{r['scaling_factor']:g} at length {r['length']}"
+        for r in records
+        if r.get("scaling_factor") is not None
+    )
+    return f"{method} scaling factor s: {factors or 'none (no length was evaluated)'}"

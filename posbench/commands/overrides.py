@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import difflib
 import re
+import shlex
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -17,6 +18,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from posbench.commands.exits import fail
 from posbench.config import compose_config, config_dir, flat_config, validate
+from posbench.data import check_data
 from posbench.errors import PosbenchError
 from posbench.model import check_model_config
 from posbench.output_dirs import unclaimed
@@ -56,7 +58,33 @@ def hydra_error_line(err: Exception, overrides: Sequence[str] = ()) -> str:
         summary += f" ({hint})"
     elif len(lines) > 1:
         summary += f": {lines[-1]}"
+    mistyped = re.match(
+        r"Error merging override ([^=]+)=(.*?): Value .* (?:could not be converted to (\w+)|"
+        r"is not a valid (bool))",
+        summary,
+    )
+    if mistyped:
+        return wrong_type_line(mistyped[1], mistyped[2], mistyped[3] or mistyped[4])
     return summary
+
+
+# What a typed key takes, in words and by example (when its default is null), by the name
+# OmegaConf gives the type.
+TYPE_WORDS = {
+    "Integer": ("an integer", 100),
+    "Float": ("a number", 0.5),
+    "bool": ("true or false", "true"),
+}
+
+
+def wrong_type_line(key: str, value: str, wanted: str) -> str:
+    """One line for a value that does not convert to its key's type (``train.steps=abc``): the
+    type wanted and an example, the key's default where it has one."""
+    words, example = TYPE_WORDS.get(wanted, (wanted, None))
+    default = OmegaConf.select(compose_config([]), key)
+    if default is not None:  # as the command line writes it: true, not True
+        example = str(default).lower() if isinstance(default, bool) else default
+    return f"{key} takes {words}, not {value!r}: e.g. {key}={example}"
 
 
 LIST_KEYS = "`posbench train --cfg job` lists every key"
@@ -90,6 +118,18 @@ def unknown_key_hint(key: str, overrides: Sequence[str]) -> str:
     ours = OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"])  # hydra.*: run time
     matches = difflib.get_close_matches(key, flat_config(ours), n=1)
     return f"no such key; did you mean {matches[0]}? {LIST_KEYS}" if matches else NO_SUCH_KEY
+
+
+def flag_overrides(flag: str, value: str) -> list[str]:
+    """The overrides a ``--flag value`` that posbench train does not take may have meant: the
+    config group (``--encoding alibi``) or top-level key (``--seed``) the flag names, else the
+    keys whose last part it names (``--steps 100``: ``train.steps=100``; ``--batch-size``:
+    train's and eval's)."""
+    name = flag.removeprefix("--").replace("-", "_")
+    keys = flat_config(compose_config([]))
+    if name in ("encoding", "model", "data") or name in keys:
+        return [f"{name}={value}"]
+    return [f"{key}={value}" for key in keys if key.rpartition(".")[2] == name]
 
 
 def chooses_an_option(override: Override) -> bool:
@@ -178,10 +218,24 @@ def check_overrides(overrides: Sequence[str], multirun: bool) -> None:
     candidates = expand_sweeps(sweep_overrides(overrides)) if multirun else [list(overrides)]
     for candidate in candidates:
         cfg = compose_or_fail(candidate, with_hydra=True)
+        if not multirun:
+            check_not_a_sweep(cfg, overrides)
         validate(cfg)
         check_model_config(cfg.model, cfg.encoding)
+        check_data(cfg.data)  # its files: a sweep's third job must not find them missing
         with unclaimed():  # Hydra claims the directory when the job starts
             check_can_create(Path(cfg.hydra.sweep.dir if multirun else cfg.hydra.run.dir))
+
+
+def check_not_a_sweep(cfg: DictConfig, overrides: Sequence[str]) -> None:
+    """An experiment that sets ``hydra.sweeper.params`` is a sweep: without -m Hydra would run
+    its first job alone and exit 0, as if the experiment had run."""
+    params = cfg.hydra.sweeper.get("params")
+    if params:
+        experiment = cfg.hydra.runtime.choices.get("experiment")
+        what = "this config" if experiment is None else f"+experiment={experiment}"
+        command = shlex.join(["posbench", "train", "-m", *overrides])
+        fail(f"{what} is a sweep (over {', '.join(params)}): run it with -m: `{command}`")
 
 
 def sweep_overrides(overrides: Sequence[str]) -> list[str]:

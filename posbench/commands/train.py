@@ -23,11 +23,17 @@ from posbench import distributed
 from posbench.checkpoint import CHECKPOINT_FILE
 from posbench.commands.arguments import OneLineParser
 from posbench.commands.exits import debugging, fail, report, stop, stop_interrupted
-from posbench.commands.overrides import check_overrides, compose_or_fail, group_options
+from posbench.commands.overrides import (
+    check_overrides,
+    compose_or_fail,
+    flag_overrides,
+    group_options,
+)
 from posbench.config import config_dir
 from posbench.errors import PosbenchError
-from posbench.output_dirs import register_output_dir_resolvers
+from posbench.output_dirs import names_new_dir, register_output_dir_resolvers, unclaimed
 from posbench.report.run_table import data_baselines, run_table, trained_at
+from posbench.resume import check_can_continue, check_same_run
 from posbench.runs import CONFIG_FILE, saved_config
 from posbench.sweep_summary import record_failed_job
 from posbench.train import TrainingInterrupted, train
@@ -50,22 +56,23 @@ LENGTHS_IN_TOKENS = (
 )
 
 
-def train_job(cfg: DictConfig) -> float | None:
-    """Hydra's task function: one training run in Hydra's output directory."""
+def train_job(cfg: DictConfig, own_config: bool = False) -> float | None:
+    """Hydra's task function: one training run in Hydra's output directory (``own_config``:
+    ``--resume DIR``, which continues DIR's run from its own config)."""
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     resume_hint = f"resume with: posbench train --resume {shlex.quote(str(run_dir))}"
     try:
         if cfg.train.resume:
-            cfg = resumed_config(cfg, run_dir)
+            cfg = resumed_config(cfg, run_dir, own_config)
         results = train(cfg, run_dir)
     except TrainingInterrupted as err:
         stop(f"interrupted: {err}; {resume_hint}", err.exit_code)
     except KeyboardInterrupt as err:  # outside the training loop: loading data, evaluating
-        remove_if_worthless(run_dir)
+        remove_if_worthless(run_dir, cfg.train.resume)
         saved = (run_dir / CHECKPOINT_FILE).is_file()
         stop_interrupted(err, f"; {resume_hint}" if saved else "")
     except (PosbenchError, OSError) as err:  # OSError: the file system (full, not writable)
-        remove_if_worthless(run_dir)
+        remove_if_worthless(run_dir, cfg.train.resume)
         hydra_config = HydraConfig.get()
         if hydra_config.mode != RunMode.MULTIRUN:
             report(err)
@@ -93,12 +100,20 @@ def train_job(cfg: DictConfig) -> float | None:
     return results["train"]["val_ppl"]  # for optimising sweepers (e.g. Optuna)
 
 
-def resumed_config(cfg: DictConfig, run_dir: Path) -> DictConfig:
+def resume_job(cfg: DictConfig) -> float | None:
+    """Hydra's task function of ``--resume DIR``."""
+    return train_job(cfg, own_config=True)
+
+
+def resumed_config(cfg: DictConfig, run_dir: Path, own_config: bool) -> DictConfig:
     """With ``train.resume``: the run's saved config with only the keys this command line
-    sets put on top, so a resume need not repeat the run's overrides (train() refuses those
-    that would change the result). Without a checkpoint yet, the composed config as is."""
-    if not (run_dir / CHECKPOINT_FILE).is_file():
+    sets put on top, so ``--resume DIR`` (``own_config``) need not repeat the run's overrides
+    (train() refuses those that would change the result); ``train.resume=true`` must compose
+    the run's config (check_same_run). Without a saved config yet, the composed config as is."""
+    if not (run_dir / CONFIG_FILE).is_file():
         return cfg
+    if not own_config:
+        check_same_run(cfg, run_dir)
     resumed = saved_config(run_dir)
     for key in cfg.keys() - resumed.keys():  # added to posbench after the run was saved
         resumed[key] = cfg[key]
@@ -109,12 +124,12 @@ def resumed_config(cfg: DictConfig, run_dir: Path) -> DictConfig:
     return resumed
 
 
-def remove_if_worthless(run_dir: Path) -> None:
+def remove_if_worthless(run_dir: Path, resumed: bool) -> None:
     """Remove the directory of a run that failed before writing a checkpoint, weights or
     results, when it holds only what Hydra and posbench put there at the start (never the
-    current directory, nor one holding anything else). Only rank 0 decides: the directory is
-    theirs in common."""
-    if not distributed.is_main():
+    current directory, nor one holding anything else, nor a ``resumed`` run's: its files may be
+    an earlier start's). Only rank 0 decides: the directory is theirs in common."""
+    if resumed or not distributed.is_main():
         return
     created_at_start = {".hydra", f"{HydraConfig.get().job.name}.log", CONFIG_FILE}
     names = {p.name for p in run_dir.iterdir()} if run_dir.is_dir() else set()
@@ -160,20 +175,40 @@ Hydra's own flags (--cfg, --info, --multirun, hydra.* keys, launchers): posbench
 """
 
 
-def resume_arguments(args: Sequence[str]) -> list[str]:
-    """``--resume DIR`` as the Hydra overrides that continue DIR's run in DIR."""
+def resume_arguments(args: Sequence[str]) -> tuple[list[str], bool]:
+    """``--resume DIR`` as the Hydra overrides that continue DIR's run in DIR, and whether the
+    command resumes so (from DIR's own config)."""
     args = list(args)
     if "--resume" not in args:
-        return args
+        return args, False
     at = args.index("--resume")
     if at + 1 == len(args) or "=" in args[at + 1]:
         fail("--resume needs the run directory: posbench train --resume DIR [train.steps=N]")
     run_dir = Path(args[at + 1])
-    if not (run_dir / CHECKPOINT_FILE).is_file():
-        fail(f"{run_dir} holds no {CHECKPOINT_FILE} to resume from; pass a run directory")
+    if not (run_dir / CONFIG_FILE).is_file():
+        fail(
+            f"{run_dir} holds no {CONFIG_FILE}, so it is not a run directory; pass --resume the "
+            "directory `posbench train` wrote"
+        )
     if "-m" in args or "--multirun" in args:
         fail("--resume takes one run; resume a sweep with train.resume=true hydra.sweep.dir=DIR")
-    return [*args[:at], *args[at + 2 :], f"hydra.run.dir='{run_dir}'", "train.resume=true"]
+    check_can_continue(run_dir)
+    return [*args[:at], *args[at + 2 :], f"hydra.run.dir='{run_dir}'", "train.resume=true"], True
+
+
+def check_run_dir_holds_this_run(overrides: Sequence[str]) -> None:
+    """Before Hydra writes into it (its .hydra/ and train.log): a run directory named on the
+    command line (hydra.run.dir=DIR) that holds another run, or a finished one that cannot
+    continue, is refused (check_same_run, check_can_continue). A ``${unique_dir:...}``
+    directory (the default) is always a new one."""
+    cfg = compose_or_fail(overrides, with_hydra=True)
+    if names_new_dir(cfg.hydra.run, "dir"):
+        return
+    with unclaimed():
+        run_dir = Path(cfg.hydra.run.dir)
+    check_same_run(OmegaConf.masked_copy(cfg, [key for key in cfg if key != "hydra"]), run_dir)
+    if cfg.train.resume:
+        check_can_continue(run_dir)
 
 
 def train_arguments_parser() -> OneLineParser:
@@ -182,7 +217,8 @@ def train_arguments_parser() -> OneLineParser:
 
 
 def run_train(args: Sequence[str]) -> None:
-    args = resume_arguments(args)
+    args, resuming = resume_arguments(args)
+    check_flags(args)
     parsed = train_arguments_parser().parse_args(args)
     if parsed.help:
         print(train_help(parsed.overrides))
@@ -196,11 +232,13 @@ def run_train(args: Sequence[str]) -> None:
     informational = parsed.hydra_help or parsed.cfg or parsed.info
     if not informational and not parsed.shell_completion:
         check_overrides(parsed.overrides, parsed.multirun)
+        if not parsed.multirun and not resuming:
+            check_run_dir_holds_this_run(parsed.overrides)
         if distributed.launch() is not None:  # torchrun
             args = [*args, *shared_output_dir(parsed.overrides, parsed.multirun)]
     app = hydra.main(config_path=str(config_dir()), config_name="config", version_base="1.3")
     sys.argv = ["posbench train", *args]
-    app(train_job)()
+    app(resume_job if resuming else train_job)()
 
 
 def shared_output_dir(overrides: Sequence[str], multirun: bool) -> list[str]:
@@ -215,3 +253,23 @@ def shared_output_dir(overrides: Sequence[str], multirun: bool) -> list[str]:
     )
     quiet = [] if distributed.is_main() else ["hydra.output_subdir=null"]
     return [f"{key}='{path}'", *quiet]
+
+
+def check_flags(args: Sequence[str]) -> None:
+    """A flag that names a config key (``--steps 100``) is one line naming the override it
+    meant (``train.steps=100``): ``posbench train`` sets config keys as KEY=VALUE only. Other
+    unknown flags are left to the parser's own line."""
+    _, unknown = train_arguments_parser().parse_known_args(args)
+    flag = next((arg for arg in unknown if arg.startswith("--")), None)
+    if flag is None:
+        return
+    name, _, value = flag.partition("=")
+    following = args[args.index(flag) + 1 : args.index(flag) + 2]
+    if not value and following and "=" not in following[0] and not following[0].startswith("-"):
+        value = following[0]
+    meant = flag_overrides(name, value or "VALUE")
+    if meant:
+        fail(
+            f"posbench train: unrecognized arguments: {name}; config keys are set as KEY=VALUE: "
+            f"did you mean {' or '.join(meant)}? (see posbench train --help)"
+        )

@@ -89,6 +89,7 @@ __all__ = [
     "TextDataConfig",
     "WindowTask",
     "byte_is_whitespace",
+    "check_data",
     "gather_windows",
     "load_corpus",
     "load_data",
@@ -137,6 +138,11 @@ _BUILDERS: dict[str, Callable[[Any, SplitWriter, SplitWriter], dict[str, float]]
     "hub": _write_hub,
 }
 
+# The sources whose bytes are not text: a synthetic corpus is a Markov chain over bytes, whose
+# whitespace bytes delimit no words, so a word perplexity of it would mean nothing (its
+# "words" are a few bytes apart, and it was 2.4e32).
+WORDLESS_SOURCES = {"synthetic"}
+
 SPLITS = ("train", "val")  # the arrays of a corpus's cache entry
 DOCUMENTS = ("train_documents", "val_documents")  # and theirs, for a source with documents
 
@@ -152,9 +158,7 @@ def load_corpus(cfg: Mapping[str, Any] | DictConfig) -> Corpus:
     ``entropy_floor_bits_per_byte``, the best bits per byte any model can reach on val.
     """
     config = _corpus_config(cfg)
-    if isinstance(config, TextDataConfig) and config.val_path is not None:
-        _check_held_out(config)  # before the cache: a cached corpus is never rebuilt
-    entry = _cache_entry(config)
+    entry = _checked_entry(config)
     corpus = _read_corpus(entry, config.name)
     if corpus is None:
         if isinstance(config, HubDataConfig):
@@ -163,9 +167,28 @@ def load_corpus(cfg: Mapping[str, Any] | DictConfig) -> Corpus:
         _build(config, entry)
         corpus = _read_corpus(entry, config.name)
         assert corpus is not None, f"{entry} was just built"
+    corpus.has_words = config.source not in WORDLESS_SOURCES
     if getattr(config, "tokenizer", BYTES) == BYTES:
         return corpus
     return tokenized_corpus(corpus, entry, config.tokenizer, config.vocab_size, config.cache_dir)
+
+
+def check_data(cfg: Mapping[str, Any] | DictConfig) -> None:
+    """Refuse, before anything is built or trained, what loading a ``data`` config would refuse
+    before reading any data: a ``data.path`` or ``data.val_path`` that matches no file, a
+    ``data.val_path`` inside ``data.path``."""
+    config = _typed_config(cfg)
+    if config.source not in TASKS:
+        _checked_entry(config)
+
+
+def _checked_entry(config: DataConfig) -> Path:
+    """The cache entry of the corpus of ``config``, once its files are found (and a
+    ``data.val_path`` held out: checked before the cache, since a cached corpus is never
+    rebuilt)."""
+    if isinstance(config, TextDataConfig) and config.val_path is not None:
+        _check_held_out(config)
+    return _cache_entry(config)
 
 
 def verify_corpus(cfg: Mapping[str, Any] | DictConfig) -> list[str]:

@@ -44,6 +44,9 @@ class Corpus:
     tokenizer: str | None = None
     val_token_bytes: np.ndarray | None = None
     val_word_starts: np.ndarray | None = None
+    # Whether its bytes are text, whose whitespace delimits words (word_ppl): not a synthetic
+    # corpus's (posbench.data.WORDLESS_SOURCES).
+    has_words: bool = True
 
     def train_batch(
         self, batch_size: int, seq_len: int, generator: torch.Generator, step: int

@@ -97,6 +97,7 @@ def tokenized_corpus(
         tokenizer=tokenizer_json,
         val_token_bytes=arrays["val_token_bytes"],
         val_word_starts=arrays["val_word_starts"],
+        has_words=corpus.has_words,
     )
 
 
