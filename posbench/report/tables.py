@@ -227,10 +227,10 @@ def markdown(report: Report) -> str:
     lines = [
         f"# posbench report: {', '.join(str(d) for d in report.dirs)}",
         "",
-        f"{n_runs} runs. Cells: mean ± sample standard deviation (n − 1) over the runs (seeds) "
-        "of a row; a single run shows its value alone, (n=k) marks a cell fewer runs "
-        "measured. Best mean per column in bold (lowest perplexity, highest accuracy; none where "
-        "every mean prints alike).",
+        f"{n_runs} run{'s' if n_runs != 1 else ''}. Cells: mean ± sample standard deviation "
+        "(n − 1) over the runs (seeds) of a row; a single run shows its value alone, (n=k) marks "
+        "a cell fewer runs measured. Best mean per column in bold (lowest perplexity, highest "
+        "accuracy; none where every mean prints alike).",
     ]
     lines += ["", code_line(report.code)]
     footnotes: dict[str, int] = {}
