@@ -20,6 +20,7 @@ from posbench.errors import PosbenchError
 from posbench.evaluate import evaluate_length, evaluate_run, evaluate_task_length
 from posbench.model import build_model
 from posbench.precision import BF16_MIN_D_MODEL, autocast, bf16_hardware, resolve_precision
+from posbench.random_positions import position_sampler
 from posbench.train import train, train_step
 
 CPU, CUDA = torch.device("cpu"), torch.device("cuda")
@@ -154,7 +155,8 @@ def test_a_bf16_training_step_computes_the_fp32_loss_and_gradients_within_bf16_a
         model = build_model(cfg.model, cfg.encoding)
         optimizer = torch.optim.SGD(model.parameters(), lr=0.0)  # keeps the gradients
         sampler = torch.Generator().manual_seed(0)
-        loss, _ = train_step(model, optimizer, source, sampler, 0, cfg.train, precision)
+        positions = position_sampler(cfg)
+        loss, _ = train_step(model, optimizer, source, sampler, 0, cfg.train, precision, positions)
         grads = torch.cat([p.grad.flatten() for p in model.parameters()])
         outcomes[precision] = loss, grads
     (loss32, grads32), (loss16, grads16) = outcomes["fp32"], outcomes["bf16"]

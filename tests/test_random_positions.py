@@ -1,6 +1,8 @@
 """Randomized positional encodings (Ruoss et al. 2023, train.random_positions): training
 sequences sit at sorted random subsets of [0, N), and so do evaluation windows by default
-(eval.positions=auto; consecutive evaluates at 0..L-1)."""
+(eval.positions=auto; consecutive evaluates at 0..L-1). The tests marked "reference" check
+posbench's draws against google-deepmind/randomized_positional_encodings, whose sampling each
+transcribes afresh from its code (models/positional_encodings.py, models/transformer.py)."""
 
 import json
 import math
@@ -17,6 +19,7 @@ from posbench.encodings import build_encoding, encoding_names
 from posbench.errors import PosbenchError
 from posbench.evaluate import RandomPositions, eval_positions, evaluate_length
 from posbench.model import ModelArgs, Transformer, build_model
+from posbench.random_positions import PositionSampler
 from posbench.train import train, validation_loss
 
 SMALL = ModelArgs(n_layer=1, n_head=2, d_model=16)
@@ -169,19 +172,23 @@ def test_training_and_evaluation_both_draw_positions_from_the_range(
     used = recorded_positions(monkeypatch)
     train(compose_config([*RANDOM, "train.steps=3", f"data.cache_dir={cache_dir}"]), tmp_path)
     drawn = [p for training, p in used if training]
-    batch_size = compose_config(RANDOM).train.batch_size
-    assert len(drawn) == 3 and all(p.shape == (batch_size, 16) and p.max() < 64 for p in drawn)
-    assert all(len({tuple(row) for row in p.tolist()}) == batch_size for p in drawn)  # per row
+    cfg = compose_config(RANDOM)
+    shape = (cfg.model.n_layer, cfg.train.batch_size, 16)  # a draw per layer (by default)
+    assert len(drawn) == 3 and all(p.shape == shape and p.max() < 64 for p in drawn)
+    rows = [tuple(row) for p in drawn for row in p.flatten(0, 1).tolist()]
+    assert len(set(rows)) == len(rows)  # per row and layer
     assert any(p.max() >= 16 for p in drawn)  # not 0..15
     evaluated = [p for training, p in used if not training]  # validation and evaluation
     assert evaluated and all(p is not None for p in evaluated)
     for p in evaluated:
-        assert_sorted_distinct_subsets_below(p, 64)
-    assert any(p.max() >= 16 for p in evaluated if p.shape[1] == 16)  # not 0..15 either
+        assert_sorted_distinct_subsets_below(p.flatten(0, 1), 64)
+    assert any(p.max() >= 16 for p in evaluated if p.shape[-1] == 16)  # not 0..15 either
     _, results = straight_random
     assert [(r["length"], r["status"]) for r in results["eval"]] == [(16, "ok"), (64, "ok")]
     for record in results["eval"]:
         assert (record["positions"], record["random_positions"]) == ("random", 64)
+        assert record["random_positions_mode"] == "positions"
+        assert record["random_positions_per_layer"] is True
     windows = [r["tokens"] // r["length"] for r in results["eval"]]  # max_tokens: whole windows
     assert [r["position_draws"] for r in results["eval"]] == windows
 
@@ -193,9 +200,8 @@ def random_windows_evaluation(monkeypatch, encoding: str, batch_size: int) -> to
     model = Transformer(SMALL, build_encoding({"name": encoding}, SMALL.d_model, SMALL.n_head))
     used = recorded_positions(monkeypatch)
     tokens = torch.arange(200) % 256
-    record = evaluate_length(
-        model, tokens, 32, batch_size=batch_size, positions=RandomPositions(100, seed=7)
-    )
+    at = RandomPositions(PositionSampler(100, SMALL.n_layer, per_layer=False), seed=7)
+    record = evaluate_length(model, tokens, 32, batch_size=batch_size, positions=at)
     monkeypatch.undo()
     assert record["positions"] == "random" and record["position_draws"] == 7
     return torch.cat([p for _, p in used])
@@ -208,14 +214,17 @@ def test_evaluation_positions_depend_on_the_window_not_on_the_run_or_the_batch_s
     assert one.shape == (7, 32)
     assert_sorted_distinct_subsets_below(one, 100)
     assert len({tuple(row) for row in one.tolist()}) == 7  # a subset of its own per window
-    other_seed = RandomPositions(100, seed=8).of_windows(32, [0])
-    assert not torch.equal(other_seed[0], one[0])
+    other_seed = RandomPositions(PositionSampler(100, 1, False), seed=8).of_windows(32, [0])
+    assert not torch.equal(other_seed.positions[0], one[0])
 
 
 def test_a_length_above_the_range_is_unsupported_with_the_reason():
     model = Transformer(SMALL, build_encoding({"name": "rope"}, SMALL.d_model, SMALL.n_head))
     record = evaluate_length(
-        model, torch.zeros(500, dtype=torch.long), 128, positions=RandomPositions(100, 0)
+        model,
+        torch.zeros(500, dtype=torch.long),
+        128,
+        positions=RandomPositions(PositionSampler(100, SMALL.n_layer), 0),
     )
     assert record["status"] == "unsupported" and record["ppl"] is None
     assert "[0, 100)" in record["reason"] and "eval.positions=consecutive" in record["reason"]
@@ -231,7 +240,7 @@ def test_validation_during_training_scores_its_windows_at_the_positions_evaluati
     val = (torch.arange(4000) * 7 % 251).to(torch.uint8).numpy()
     corpus = Corpus("bytes", val, val)
     cfg = compose_config(["train.seq_len=16", "train.batch_size=4", "train.val_batches=2"]).train
-    positions = RandomPositions(64, seed=3)
+    positions = RandomPositions(PositionSampler(64, SMALL.n_layer), seed=3)
     loss = validation_loss(model, corpus, cfg, positions=positions)
     # The same 8 windows of 16 tokens, evaluated as posbench evaluates them.
     record = evaluate_length(model, val[: 8 * 16 + 1], 16, positions=positions)
@@ -243,14 +252,28 @@ def test_validation_during_training_scores_its_windows_at_the_positions_evaluati
     ("overrides", "expected"),
     [
         ([], None),
-        (["train.random_positions=256"], RandomPositions(256, 0)),
-        (["train.random_positions=256", "data.seed=5"], RandomPositions(256, 5)),
+        (["train.random_positions=256"], RandomPositions(PositionSampler(256, 2), 0)),
+        (
+            ["train.random_positions=256", "data.seed=5"],
+            RandomPositions(PositionSampler(256, 2), 5),
+        ),
         (["train.random_positions=256", "eval.positions=consecutive"], None),
-        (["train.random_positions=256", "eval.positions=random"], RandomPositions(256, 0)),
+        (
+            ["train.random_positions=256", "eval.positions=random"],
+            RandomPositions(PositionSampler(256, 2), 0),
+        ),
+        (
+            [
+                "encoding=alibi",
+                "train.random_positions=256",
+                "train.random_positions_per_layer=false",
+            ],
+            RandomPositions(PositionSampler(256, 2, per_layer=False, mode="distances"), 0),
+        ),
     ],
 )
 def test_eval_positions_follow_the_training_unless_set(overrides, expected):
-    assert eval_positions(compose_config(overrides)) == expected
+    assert eval_positions(compose_config(["model.n_layer=2", *overrides])) == expected
 
 
 def test_random_evaluation_positions_without_a_training_range_is_a_one_line_error():
