@@ -13,14 +13,19 @@ from posbench.attention import unbiased_causal_attention
 from posbench.checkpoint import CHECKPOINT_FILE, load_checkpoint
 from posbench.cli import main
 from posbench.config import compose_config
-from posbench.data import Corpus, load_data, sample_positions
+from posbench.data import Corpus, load_data
 from posbench.encodings import ENCODINGS
 from posbench.encodings.rope import SCALING_METHODS
 from posbench.errors import PosbenchError
 from posbench.evaluate import evaluate_length, evaluate_run, evaluate_task_length
 from posbench.model import build_model
 from posbench.precision import BF16_MIN_D_MODEL, autocast, bf16_hardware, resolve_precision
-from posbench.random_positions import position_sampler
+from posbench.random_positions import (
+    PositionDraw,
+    PositionSampler,
+    position_sampler,
+    randomizes_distances,
+)
 from posbench.train import train, train_step
 
 CPU, CUDA = torch.device("cpu"), torch.device("cuda")
@@ -343,14 +348,15 @@ def test_a_compiled_training_forward_and_its_gradients_equal_eagers(encoding, ra
     model_config = {"n_layer": 2, "n_head": 2, "d_model": 16}
     model = build_model(model_config, {**encoding}).train()
     tokens = torch.randint(256, (2, 16), generator=torch.Generator().manual_seed(1))
-    # As train.random_positions draws them: each sequence at a sorted subset of [0, 64).
-    positions = (
-        sample_positions(64, 2, 16, torch.Generator().manual_seed(2)) if random_positions else None
-    )
+    at = PositionDraw()
+    if random_positions:  # as train.random_positions draws them: per layer, a padded row too
+        mode = "distances" if randomizes_distances(model.layer_encodings) else "positions"
+        sampler = PositionSampler(64, n_layer=2, mode=mode)
+        at = sampler.draw(torch.tensor([16, 9]), 16, torch.Generator().manual_seed(2))
 
     def logits_and_gradients(forward) -> list[torch.Tensor]:
         model.zero_grad(set_to_none=True)
-        logits = forward(tokens, positions)
+        logits = forward(tokens, at.positions, distances=at.distances)
         logits.square().mean().backward()
         return [logits, *(p.grad for p in model.parameters() if p.grad is not None)]
 
