@@ -232,15 +232,16 @@ def diagnose(
 # ----------------------------------------------------------------------------- a run
 
 
-def diagnosis_memory_bytes(model: Transformer, length: int) -> int:
-    """An upper estimate of the memory ``diagnose`` adds for one window of ``length`` tokens:
-    the forward pass (Transformer.inference_memory_bytes), the recorded attention inputs of
-    every layer, one layer's q and k, and one block of scores."""
+def diagnosis_memory_bytes(model: Transformer, length: int, consecutive: bool = True) -> int:
+    """An upper estimate of the memory ``diagnose`` adds for one window of ``length`` tokens at
+    ``consecutive`` positions (else at randomized ones): the forward pass
+    (Transformer.inference_memory_bytes), the recorded attention inputs of every layer, one
+    layer's q and k, and one block of scores."""
     a = model.args
     elements = a.n_layer * length * a.d_model + 2 * length * a.d_model
     elements += LIVE_SCORE_COPIES * a.n_head * diagnose_block_size(a.n_head, length) * length
     element_size = model.lm_head.weight.element_size()
-    return model.inference_memory_bytes(1, length) + elements * element_size
+    return model.inference_memory_bytes(1, length, consecutive) + elements * element_size
 
 
 def check_diagnosable(
@@ -259,7 +260,7 @@ def check_diagnosable(
             f"positions; diagnose at --length <= {model.max_length}"
         )
     available = available_memory(device)
-    needed = diagnosis_memory_bytes(model, length)
+    needed = diagnosis_memory_bytes(model, length, positions is None or positions.consecutive)
     if available is not None and needed > available:
         raise PosbenchError(
             f"diagnosing {length} tokens needs about {needed / 1e9:.1f} GB and only "

@@ -691,3 +691,28 @@ def test_diagnose_of_a_random_positions_run_attends_at_the_draws_evaluation_make
     for window, at in enumerate(seen):
         assert torch.equal(at.positions, expected[:, window : window + 1])
         assert not torch.equal(at.positions[..., -1], torch.full_like(at.positions[..., -1], 15))
+
+
+@pytest.mark.parametrize("name", ["t5", "kerple"])
+def test_a_learned_bias_gets_its_gradient_at_the_drawn_distances(name):
+    """Training T5's or KERPLE's table at randomized distances (explicit attention, a row of
+    distances per sequence): the gradients of the written-out computation."""
+    torch.manual_seed(0)
+    B, H, T = 2, 2, 40
+    encoding = build_encoding({"name": name}, 16 * H, H).double()
+    sampler = PositionSampler(256, 1, per_layer=False, mode="distances")
+    distances = sampler.draw(torch.tensor([T, 25]), T, torch.Generator().manual_seed(1)).distances
+    q, k, v = (torch.randn(B, H, T, 16, dtype=torch.float64) for _ in range(3))
+    out_grad = torch.randn(B, H, T, 16, dtype=torch.float64)
+    biases = QueryBlockBiases(encoding, distances=distances)
+    ours = causal_attention(q, k, v, torch.arange(T), encoding, biases=biases)
+    got = torch.autograd.grad(ours, list(encoding.parameters()), out_grad)
+    apart = (torch.arange(T)[:, None] - torch.arange(T)[None, :]).clamp(min=0)  # (T, T)
+    at = distances[:, apart]  # (B, T, T): each pair's drawn distance
+    bias = encoding.relative_bias(at.flatten()).view(H, B, T, T).transpose(0, 1)
+    scores = q @ k.transpose(-1, -2) / 4 + bias + torch.full((T, T), -math.inf).triu(1)
+    plain = torch.softmax(scores, dim=-1) @ v
+    expected = torch.autograd.grad(plain, list(encoding.parameters()), out_grad)
+    torch.testing.assert_close(ours, plain.detach(), rtol=0, atol=1e-12)
+    for a, b in zip(got, expected, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-12)
