@@ -889,3 +889,22 @@ def test_content_biases_by_default_is_content_bias_of_each_block():
     assert len(got) == 2
     for a, b in zip(got, expected, strict=True):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("length", [37, 300])
+def test_a_bias_table_per_sequence_takes_the_same_values_on_flex_and_sdpa(length):
+    """Randomized distances give each sequence its own table (B, H, T): flex_attention's
+    score_mod reads row b, as the strided mask of relative_bias_attention does."""
+    q, k, v = random_qkv(2, SMALL.n_head, length, 16, torch.float32)
+    table = torch.randn(2, SMALL.n_head, length, generator=torch.Generator().manual_seed(4))
+    flex = posbench.attention.flex_attention_bias(q, k, v, table, compiled=False)
+    sdpa = posbench.attention.relative_bias_attention(q, k, v, table)
+    plain = []
+    for b in range(2):  # each sequence alone with its own table
+        plain.append(
+            posbench.attention.relative_bias_attention(
+                q[b : b + 1], k[b : b + 1], v[b : b + 1], table[b]
+            )
+        )
+    torch.testing.assert_close(sdpa, torch.cat(plain), rtol=0, atol=1e-6)
+    torch.testing.assert_close(flex, sdpa, rtol=0, atol=1e-5)
