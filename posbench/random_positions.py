@@ -25,15 +25,15 @@ so they see one distribution.
   elsewhere; ``positions`` and ``distances`` force one.
 
 Where posbench differs from the reference: it draws per example where the reference draws one
-subset for the whole batch (one length per batch there, mixed lengths here: the same
-distribution per example); its models are causal, so only the reference's causal half of a
-bias applies, and its ALiBi has no +0.5 on past keys (the reference's non-causal ALiBi adds it
-to tell left from right, plain and noisy alike; posbench's plain ALiBi has none either);
-NOISY_RELATIVE is Transformer-XL's relative encoding, which posbench does not have: its
-relabelling of distances is what T5, KERPLE and Sandwich get here. FIRE's bias depends on the
-query's position as well as the distance, and RoPE/xPos/learned/sinusoidal read positions:
-they take positions. FoX and CoPE read no positions (their biases come from the content), so
-randomized positions leave them unchanged.
+subset for the whole batch (one length per batch there; mixed lengths here unless
+data.batch_lengths=same: the same distribution per example either way); its models are causal,
+so only the reference's causal half of a bias applies, and its ALiBi has no +0.5 on past keys
+(the reference's non-causal ALiBi adds it to tell left from right, plain and noisy alike;
+posbench's plain ALiBi has none either); NOISY_RELATIVE is Transformer-XL's relative encoding,
+which posbench does not have: its relabelling of distances is what T5, KERPLE and Sandwich get
+here. FIRE's bias depends on the query's position as well as the distance, and
+RoPE/xPos/learned/sinusoidal read positions: they take positions. FoX and CoPE read no
+positions (their biases come from the content), so randomized positions leave them unchanged.
 """
 
 from __future__ import annotations
