@@ -347,7 +347,8 @@ def flex_attention_bias(
 ) -> torch.Tensor:
     """relative_bias_attention's result from one flex_attention call (FlexAttention, Dong et al.
     2024, https://arxiv.org/abs/2412.05496): q, k, v (B, H, T, hs) at consecutive positions and
-    the bias table ``bias[h, i - j]`` at distances 0..T-1 (H, T) -> (B, H, T, hs).
+    the bias table ``bias[h, i - j]`` at distances 0..T-1 (H, T), or ``bias[b, h, i - j]``
+    (B, H, T) with a row per sequence (randomized distances) -> (B, H, T, hs).
 
     Its score_mod adds the table entry of each score's distance inside the fused kernel, and a
     causal BlockMask skips the key blocks wholly in a query block's future: no scores or bias of
@@ -358,7 +359,8 @@ def flex_attention_bias(
     """
     from torch.nn.attention.flex_attention import flex_attention
 
-    table = bias.float()  # (H, T)
+    table = bias.float()  # ([B,] H, T)
+    per_sequence = table.dim() == 3
 
     def add_bias(
         score: torch.Tensor,
@@ -369,7 +371,8 @@ def flex_attention_bias(
     ) -> torch.Tensor:
         # Future keys (negative distances) are masked by the block mask; clamped, their lookup
         # stays inside the table.
-        return score + table[h, (q_idx - kv_idx).clamp(min=0)]
+        distance = (q_idx - kv_idx).clamp(min=0)
+        return score + (table[b, h, distance] if per_sequence else table[h, distance])
 
     # In a compiled model (train.compile) the model's compilation fuses flex_attention itself.
     fused = compiled and not torch.compiler.is_compiling()
@@ -445,7 +448,8 @@ def relative_bias_attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor, dropout: float = 0.0
 ) -> torch.Tensor:
     """Causal attention of q, k, v (B, H, T, hs) at consecutive positions with the score bias
-    ``bias[h, i - j]`` given at distances 0..T-1 (H, T) -> (B, H, T, hs).
+    ``bias[h, i - j]`` given at distances 0..T-1 (H, T), or ``bias[b, h, i - j]`` (B, H, T) with
+    a row per sequence (randomized distances) -> (B, H, T, hs).
 
     With the keys in reverse order, the bias of query a and reversed key c of a block is a
     function of a + c (a Hankel matrix), which is a strided view of one row of distances
@@ -459,15 +463,17 @@ def relative_bias_attention(
     trainable = torch.is_grad_enabled() and bias.requires_grad
     block = query_block_size(B, H, T, explicit=trainable)
     dtype = mask_dtype(q, explicit=trainable)
-    bias = bias.to(dtype)  # (H, T)
-    future = bias.new_full((H, block - 1), float("-inf"))
-    padded = torch.cat([future, bias], dim=1)  # (H, block - 1 + T): distances -(block - 1)..T-1
+    bias = bias.to(dtype)  # ([B,] H, T)
+    future = bias.new_full((*bias.shape[:-1], block - 1), float("-inf"))
+    # ([B,] H, block - 1 + T): distances -(block - 1)..T-1
+    padded = torch.cat([future, bias], dim=-1)
 
     def hankel(start: int, end: int) -> torch.Tensor:
         # Query start + a and key end - 1 - c are a + c - (n - 1) apart: row a of the mask is
         # the distances from a - (n - 1) on.
-        distances = padded[:, block - (end - start) : block - 1 + end]  # (H, n - 1 + end)
-        return distances.unfold(1, end, 1)[None]  # (1, H, n, end), strides (., ., 1, 1)
+        distances = padded[..., block - (end - start) : block - 1 + end]  # ([B,] H, n - 1 + end)
+        mask = distances.unfold(-1, end, 1)  # ([B,] H, n, end), strides (..., 1, 1)
+        return mask if mask.dim() == 4 else mask[None]
 
     starts = range(0, T, block)
     if trainable:  # keys 0 .. end - 1, each block's bias written out: (1, H, n, end)
@@ -523,6 +529,7 @@ def blocked_bias_attention(
     block = query_block_size(B, H, most_keys, explicit)
     if biases is None:
         biases = QueryBlockBiases(encoding, keep_elements=0)
+    assert biases.distances is None, "randomized distances take relative_bias_attention"
     # Attended in the masks' dtype (explicit_attention casts them itself): (B, H, T, hs) each.
     attended = (q, k, v) if explicit else tuple(t.to(dtype) for t in (q, k, v))
     # Past keys need no mask but the bias when every one of them is in view (no window).
@@ -560,10 +567,10 @@ def blocked_bias_attention(
         q_in, k_in, v_in = attended
         queries, keys, values = q_in[:, :, start:end], k_in[:, :, first:end], v_in[:, :, first:end]
         if in_parts and start:  # only the diagonal square [s, e) needs the causal mask
-            diagonal = causal_bias(bias[..., start:], query_positions, key_positions[..., start:])
+            diagonal = causal_bias(bias[..., start:], start, start)
             outputs.append(past_and_diagonal_attention(queries, keys, values, bias, diagonal))
             continue
-        mask = causal_bias(bias, query_positions, key_positions)
+        mask = causal_bias(bias, start, first)
         if window is not None:  # keys w or more tokens before a query are out of view
             mask = outside_window(mask, start, first, window)
         if explicit:
@@ -586,24 +593,43 @@ def outside_window(mask: torch.Tensor, start: int, first: int, window: int) -> t
     return mask.masked_fill(too_far, float("-inf"))
 
 
+def distance_bias(encoding: PositionalEncoding, distances: torch.Tensor) -> torch.Tensor:
+    """The encoding's bias of the distance alone at randomized ``distances`` (B, T), int64:
+    row b's bias between tokens d apart is its relative_bias at distances[b, d]
+    (posbench/random_positions.py) -> (B, H, T)."""
+    B, T = distances.shape
+    bias = encoding.relative_bias(distances.flatten())  # (H, B * T)
+    assert bias is not None, "randomized distances need a bias of the distance alone"
+    return bias.view(-1, B, T).transpose(0, 1)  # (B, H, T)
+
+
 class QueryBlockBiases:
     """Where blocked_bias_attention gets each query block's score bias, as an attention mask of
     ([B|1], H, n, e) without the causal part: from the encoding, or from an earlier layer.
 
     One instance serves the layers of one forward pass, which share one encoding instance, so a
-    block's bias is the same in each (with an encoding per layer, each layer's attention has
-    its own). Without gradients, the biases of the first layer are kept, up to
-    ``keep_elements`` in all (by default SHARED_BIAS_ELEMENTS; the blocks run from the
-    largest), for the layers after it, and
-    each bias not kept is written into one buffer (the encoding's score_bias(out=)): a fresh
+    block's bias is the same in each (with an encoding per layer, or randomized positions drawn
+    per layer, each layer's attention has its own). With randomized ``distances`` (B, T)
+    (posbench/random_positions.py) it holds the bias of the distance alone at them
+    (distance_bias) instead, for relative_bias_attention.
+
+    Without gradients, the biases of the first layer are kept, up to ``keep_elements`` in all
+    (by default SHARED_BIAS_ELEMENTS; the blocks run from the largest), for the layers after
+    it, and each bias not kept is written into one buffer (the encoding's score_bias(out=)): a fresh
     tensor of tens of MB per block at long lengths had its pages zeroed again by the operating
     system every time, which took longer than computing FIRE's bias (one layer at 16,384
     tokens: 1.8 s of page faults for 0.46 s of writing). With gradients every bias is computed
     afresh, for autograd (out= records none).
     """
 
-    def __init__(self, encoding: PositionalEncoding, keep_elements: int | None = None) -> None:
+    def __init__(
+        self,
+        encoding: PositionalEncoding,
+        keep_elements: int | None = None,
+        distances: torch.Tensor | None = None,
+    ) -> None:
         self.encoding = encoding
+        self.distances = distances
         self.keep_elements = SHARED_BIAS_ELEMENTS if keep_elements is None else keep_elements
         self.kept: dict[int, torch.Tensor] = {}  # by the block's first query
         self.kept_elements = 0
@@ -612,9 +638,14 @@ class QueryBlockBiases:
 
     def consecutive_bias(self, positions: torch.Tensor) -> torch.Tensor | None:
         """The encoding's bias of the distance alone, (H, T), when ``positions`` (the forward
-        pass's, the same in every layer) are consecutive and it has one; else None. Computed at
-        the first layer's call for all: the check reads the positions back (a device sync per
-        layer on a GPU) and a learned table (T5's buckets, FIRE's MLP) would be recomputed."""
+        pass's, the same in every layer) are consecutive and it has one; else None. With
+        randomized distances, its bias at them, (B, H, T) (the positions are 0..T-1 then).
+        Computed at the first layer's call for all: the check reads the positions back (a device
+        sync per layer on a GPU) and a learned table (T5's buckets, FIRE's MLP) would be
+        recomputed."""
+        if self.table is None and self.distances is not None:
+            assert self.distances.shape[-1] == positions.shape[-1], "a distance per token"
+            self.table = (distance_bias(self.encoding, self.distances),)
         if self.table is None:
             consecutive = bool((positions.diff() == 1).all())
             self.table = (self.encoding.consecutive_bias(positions) if consecutive else None,)
@@ -654,6 +685,28 @@ class QueryBlockBiases:
         return bias
 
 
+def of_layer(draw: torch.Tensor | None, layer: int) -> torch.Tensor | None:
+    """The positions or distances ``layer`` attends at: its row of a draw per layer
+    (n_layer, B, T), else the draw itself (or None)."""
+    return draw[layer] if draw is not None and draw.dim() == 3 else draw
+
+
+def layer_biases(
+    encodings: list[PositionalEncoding], positions: torch.Tensor, distances: torch.Tensor | None
+) -> list[QueryBlockBiases]:
+    """The QueryBlockBiases of each layer of a forward pass whose layers attend with
+    ``encodings`` at ``positions`` and randomized ``distances`` (None, or (B, T)) or a draw of
+    either per layer ((n_layer, B, T)): layers that share an encoding instance share one,
+    unless they attend at draws of their own, whose blocks' biases differ."""
+    if positions.dim() == 3 or (distances is not None and distances.dim() == 3):
+        return [
+            QueryBlockBiases(e, distances=of_layer(distances, layer))
+            for layer, e in enumerate(encodings)
+        ]
+    shared = {id(e): QueryBlockBiases(e, distances=distances) for e in encodings}
+    return [shared[id(e)] for e in encodings]
+
+
 def past_and_diagonal_attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor, diagonal: torch.Tensor
 ) -> torch.Tensor:
@@ -672,14 +725,19 @@ def past_and_diagonal_attention(
     return merge_by_log_sum_exp(y_past, lse_past, y_diag, lse_diag)
 
 
-def causal_bias(
-    bias: torch.Tensor, query_positions: torch.Tensor, key_positions: torch.Tensor
-) -> torch.Tensor:
-    """Fold the causal mask into an additive score bias (..., H, Tq, Tk) of positions
-    (..., Tq) and (..., Tk): a key whose position is after the query's gets -inf."""
-    future = key_positions[..., None, :] > query_positions[..., :, None]  # (..., Tq, Tk)
-    # One pass, where masked_fill copies first; the mask is the same for every head.
-    return torch.where(future.unsqueeze(-3), float("-inf"), bias)
+def causal_bias(bias: torch.Tensor, query_start: int = 0, key_start: int = 0) -> torch.Tensor:
+    """Fold the causal mask into an additive score bias (..., Tq, Tk) of the queries from token
+    ``query_start`` on and the keys from ``key_start`` on: a key after its query gets -inf.
+
+    Token order, as every fused path masks: where positions increase it is their order, and the
+    padding of a row at randomized positions, which repeats the row's last position
+    (posbench/random_positions.py), stays in the future of every token before it."""
+    n, m = bias.shape[-2:]
+    query = torch.arange(query_start, query_start + n, device=bias.device)
+    key = torch.arange(key_start, key_start + m, device=bias.device)
+    future = key[None, :] > query[:, None]  # (Tq, Tk), the same for every sequence and head
+    # One pass, where masked_fill copies first.
+    return torch.where(future, float("-inf"), bias)
 
 
 def attention_probabilities(
@@ -690,19 +748,24 @@ def attention_probabilities(
     content: object | None,
     start: int,
     end: int,
+    distances: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """The attention probabilities of queries [start, end) over keys [0, end) that
     causal_attention attends with, for q, k (B, H, T, hs) at ``positions`` (T,) or (B, T)
-    -> (B, H, n, e), written out (posbench diagnose): the encoding's biases of positions and of
-    the content (``content``: its content_state), 0 at future keys and outside a window."""
-    query_positions, key_positions = positions[..., start:end], positions[..., :end]
+    -> (B, H, n, e), written out (posbench diagnose): the encoding's biases of positions (at
+    the randomized ``distances`` (B, T) where given: distance_bias) and of the content
+    (``content``: its content_state), 0 at future keys and outside a window."""
     scores = q[:, :, start:end] @ k[:, :, :end].transpose(-1, -2) / math.sqrt(q.shape[-1])
-    bias = encoding.score_bias(query_positions, key_positions)  # ([B,] H, n, e) or None
+    if distances is None:  # ([B,] H, n, e) or None
+        bias = encoding.score_bias(positions[..., start:end], positions[..., :end])
+    else:  # the table at each pair's distance in tokens (future keys: 0's, masked below)
+        apart = torch.arange(start, end)[:, None] - torch.arange(end)[None, :]  # (n, e)
+        bias = distance_bias(encoding, distances)[..., apart.clamp(min=0).to(q.device)]
     if bias is not None:
         scores = scores + bias.to(scores.dtype)
     if content is not None:
         scores = scores + encoding.content_bias(content, slice(start, end), slice(0, end))
-    scores = causal_bias(scores, query_positions, key_positions)
+    scores = causal_bias(scores, start)
     if encoding.window is not None:
         scores = outside_window(scores, start, 0, encoding.window)
     return F.softmax(scores, dim=-1)
@@ -732,9 +795,10 @@ def attention_scratch_elements(
     10*(C + H) per token (5 in float32, counted twice for a 16-bit model). A bias of the distance
     alone at consecutive positions (relative_bias_attention) adds the reversed keys and values
     and the query blocks' outputs before they are joined (3*C per token) and its bias row per
-    head (twice, with its padded copy). Any other score bias adds the attention scratch of one
-    query block (the bias, its masked copy, SDPA's scores and probabilities, and the encoding's
-    own intermediates: at most 6 per score, and CONTENT_SCRATCH_PER_SCORE more for a bias from
+    head (twice, with its padded copy), counted per sequence (randomized distances give each
+    its own). Any other score bias adds the attention scratch of one query block (the bias,
+    its masked copy, SDPA's scores and probabilities, and the encoding's own intermediates:
+    at most 6 per score, and CONTENT_SCRATCH_PER_SCORE more for a bias from
     the content), which query_block_size keeps bounded at any length, and the blocks' biases
     the layers share (at most SHARED_BIAS_ELEMENTS). A window bounds the keys of a block. Both
     of the last two may cast q, k and v up to float32 (bf16 on a CPU: sdpa_dtype), 3*C per
@@ -748,7 +812,7 @@ def attention_scratch_elements(
     if content and fuses_key_bias(encoding, length, device.type in LOG_SUM_EXP_DEVICES):
         return 10 * batch_size * length * (C + H)
     if consecutive and not (windowed or content) and encoding.relative_bias(first) is not None:
-        return 9 * batch_size * length * C + 2 * H * (length + QUERY_BLOCK)
+        return 9 * batch_size * length * C + 2 * batch_size * H * (length + QUERY_BLOCK)
     position_bias = encoding.score_bias(first, first) is not None
     if not (position_bias or windowed or content):
         return 0

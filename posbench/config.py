@@ -22,6 +22,7 @@ from posbench.data import ALGORITHMIC_TASKS, DATA_SCHEMAS, TASKS, load_data
 from posbench.distributed import check_divisible, world_size
 from posbench.encodings import ENCODINGS, build_encoding
 from posbench.errors import PosbenchError
+from posbench.random_positions import RandomPositionsMode, position_sampler
 from posbench.threads import AUTO, is_threads_setting
 
 DEFAULT_LENGTH_MULTIPLES = (1, 2, 4, 8, 16)
@@ -97,6 +98,12 @@ class TrainConfig:
     # randomized positions (Ruoss et al. 2023): each step's sequences sit at a sorted random
     # subset of seq_len positions from [0, N) instead of 0..seq_len-1 (null: off)
     random_positions: int | None = None
+    # with random_positions: a fresh draw in every layer (the reference's), or one for all (false)
+    random_positions_per_layer: bool = True
+    # auto | positions | distances: what random_positions randomizes (auto: the distances of a
+    # bias of the distance alone, ALiBi/T5/KERPLE/Sandwich; the positions of every other
+    # encoding; posbench/random_positions.py)
+    random_positions_mode: RandomPositionsMode = RandomPositionsMode.auto
     # start from this run's weights (a fine-tune: same model and encoding, scaling may differ)
     init_from: str | None = None
     # auto | fp32 | bf16 (autocast; auto: bf16 where measured faster, posbench/precision.py)
@@ -279,6 +286,7 @@ def validate(cfg: DictConfig) -> None:
             f"({cfg.train.seq_len}): each sequence takes seq_len distinct positions from it"
         )
     check_trained_positions(cfg)
+    position_sampler(cfg)  # a distances mode the encoding cannot take is refused here
     if choice(cfg.eval.positions) == "random" and positions is None:
         raise PosbenchError(
             "eval.positions=random draws from [0, train.random_positions): set "

@@ -7,7 +7,9 @@ scores at N), the exact attention probabilities of every layer and head,
 
 with q and k transformed by the run's encoding (rotated, for RoPE), are summarised per query i
 and averaged over the queries of each position bucket (posbench.evaluate.position_buckets) in
-every window:
+every window. A run trained with randomized positions is diagnosed at them, as evaluation
+draws them for the same windows (every layer at its own draw, or at its randomized distances:
+posbench/random_positions.py); i, j and the buckets count tokens either way:
 
     entropy                   -sum_j p_ij ln p_ij (nats); ln(i + 1) would be uniform attention
     mean_distance             sum_j p_ij (i - j), in tokens
@@ -30,6 +32,7 @@ Queries are processed in blocks (DIAGNOSE_SCORE_ELEMENTS), so 16,384 tokens fit 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from itertools import islice
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -45,9 +48,18 @@ from posbench.config import resolve_device
 from posbench.data import Bytes, Offsets, gather_windows, load_corpus
 from posbench.encodings import PositionalEncoding
 from posbench.errors import PosbenchError
-from posbench.evaluate import document_bounds, document_windows, position_buckets, too_short
+from posbench.evaluate import (
+    RandomPositions,
+    document_bounds,
+    document_windows,
+    eval_positions,
+    position_buckets,
+    positions_record,
+    too_short,
+)
 from posbench.memory import available_memory
 from posbench.model import Transformer
+from posbench.random_positions import PositionDraw
 from posbench.runs import load_run
 
 if TYPE_CHECKING:
@@ -75,20 +87,26 @@ FIGURE_DPI = 100
 # ----------------------------------------------------------------------------- attention
 
 
+# One layer's attention input: x (B, T, C), its positions ((T,) or (B, T)), its encoding and
+# its randomized distances ((B, T) or None).
+AttentionInput = tuple[torch.Tensor, torch.Tensor, PositionalEncoding, torch.Tensor | None]
+
+
 def attention_inputs(
-    model: Transformer, tokens: torch.Tensor
-) -> list[tuple[torch.Tensor, torch.Tensor, PositionalEncoding]]:
-    """Run ``model`` on ``tokens`` (B, T) and return each layer's attention input
-    ``(x (B, T, C), positions (T,), encoding)``, recorded by forward pre-hooks."""
-    recorded: list[tuple[torch.Tensor, torch.Tensor, PositionalEncoding]] = []
+    model: Transformer, tokens: torch.Tensor, at: PositionDraw | None = None
+) -> list[AttentionInput]:
+    """Run ``model`` on ``tokens`` (B, T) at ``at`` (None: 0..T-1) and return each layer's
+    attention input, recorded by forward pre-hooks."""
+    at = at or PositionDraw()
+    recorded: list[AttentionInput] = []
 
     def record(module: nn.Module, args: tuple) -> None:
-        x, positions, encoding = args[:3]
-        recorded.append((x, positions, encoding))
+        x, positions, encoding, biases = args[:4]
+        recorded.append((x, positions, encoding, biases.distances))
 
     hooks = [block.attn.register_forward_pre_hook(record) for block in model.blocks]
     try:
-        model(tokens)
+        model(tokens, at.positions, distances=at.distances)
     finally:
         for hook in hooks:
             hook.remove()
@@ -125,46 +143,65 @@ def layer_statistics(
     train_seq_len: int,
     bucket_of: torch.Tensor,
     n_buckets: int,
+    distances: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """STATISTICS of one layer, summed over the batch and the queries of each bucket ->
     (4, H, n_buckets) float64. ``content``: the encoding's content_state for this layer;
-    ``bucket_of`` (T,) is each position's bucket."""
+    ``bucket_of`` (T,) is each token's bucket; ``distances``: the layer's randomized
+    distances (None: none)."""
     B, H, T, _ = q.shape
+    tokens = torch.arange(T, device=q.device)  # the statistics count tokens, not positions
     sums = torch.zeros(len(STATISTICS), H, n_buckets, dtype=torch.float64, device=q.device)
     block = diagnose_block_size(B * H, T)
     # From the last block (the most keys) to the first, as in posbench.attention's blocked paths:
     # each block's temporaries then fit in memory the previous block freed.
     for start in reversed(range(0, T, block)):
         end = min(start + block, T)  # queries [start, end) attend to keys [0, end)
-        query_positions, key_positions = positions[start:end], positions[:end]
-        p = attention_probabilities(q, k, positions, encoding, content, start, end)  # (B, H, n, e)
-        stats = query_statistics(p, query_positions, key_positions, train_seq_len)
+        # (B, H, n, e)
+        p = attention_probabilities(q, k, positions, encoding, content, start, end, distances)
+        stats = query_statistics(p, tokens[start:end], tokens[:end], train_seq_len)
         sums.index_add_(2, bucket_of[start:end], stats.sum(1).double())  # (4, H, e - s)
     return sums
 
 
 @torch.inference_mode()
 def diagnose(
-    model: Transformer, windows_tokens: torch.Tensor, train_seq_len: int
+    model: Transformer,
+    windows_tokens: torch.Tensor,
+    train_seq_len: int,
+    positions: RandomPositions | None = None,
+    keys: Sequence[int] | None = None,
 ) -> dict[str, Any]:
-    """Attention statistics of ``model`` on ``windows_tokens`` (K, N): the content of
-    ``L<N>.json`` (see the module docstring), each statistic as [layer][head][bucket]."""
+    """Attention statistics of ``model`` on ``windows_tokens`` (K, N) at randomized
+    ``positions`` (None: 0..N-1), drawn as evaluation draws them for the windows ``keys``
+    (their starts in the split; None: 0..K-1): the content of ``L<N>.json`` (see the module
+    docstring), each statistic as [layer][head][bucket]."""
     model.eval()
     K, N = windows_tokens.shape
+    draws = PositionDraw() if positions is None else positions.of_windows(N, keys or range(K))
     buckets = position_buckets(N, train_seq_len)
     bucket_of = torch.zeros(N, dtype=torch.long, device=windows_tokens.device)  # (N,)
     for i, (start, end) in enumerate(buckets):
         bucket_of[start:end] = i
     shape = (len(STATISTICS), model.args.n_layer, model.args.n_head, len(buckets))
     sums = torch.zeros(shape, dtype=torch.float64)
-    for window in windows_tokens:  # one at a time: memory stays that of one window
-        inputs = attention_inputs(model, window[None])
+    for index, window in enumerate(windows_tokens):  # one at a time: the memory of one window
+        at = draws.rows(torch.tensor([index]), N).to(window.device)
+        inputs = attention_inputs(model, window[None], at)
         layers = zip(model.blocks, inputs, strict=True)
-        for layer, (block, (x, positions, encoding)) in enumerate(layers):
+        for layer, (block, (x, at_layer, encoding, distances)) in enumerate(layers):
             # After the encoding's queries_and_keys (RoPE's rotation) and the layer's scaling.
-            q, k, _, content = block.attn.queries_keys_values(x, positions, encoding)
+            q, k, _, content = block.attn.queries_keys_values(x, at_layer, encoding)
             sums[:, layer] += layer_statistics(
-                q, k, positions, encoding, content, train_seq_len, bucket_of, len(buckets)
+                q,
+                k,
+                at_layer,
+                encoding,
+                content,
+                train_seq_len,
+                bucket_of,
+                len(buckets),
+                distances,
             ).cpu()
     queries = torch.tensor([K * (end - start) for start, end in buckets], dtype=torch.float64)
     means = sums / queries  # (4, L, H, buckets)
@@ -179,6 +216,7 @@ def diagnose(
         "train_seq_len": train_seq_len,
         "encoding": model.encoding.config.name,
         **model.encoding.scaling_record(N),
+        **positions_record(positions, K),
         "n_layer": model.args.n_layer,
         "n_head": model.args.n_head,
         "buckets": [
@@ -194,26 +232,35 @@ def diagnose(
 # ----------------------------------------------------------------------------- a run
 
 
-def diagnosis_memory_bytes(model: Transformer, length: int) -> int:
-    """An upper estimate of the memory ``diagnose`` adds for one window of ``length`` tokens:
-    the forward pass (Transformer.inference_memory_bytes), the recorded attention inputs of
-    every layer, one layer's q and k, and one block of scores."""
+def diagnosis_memory_bytes(model: Transformer, length: int, consecutive: bool = True) -> int:
+    """An upper estimate of the memory ``diagnose`` adds for one window of ``length`` tokens at
+    ``consecutive`` positions (else at randomized ones): the forward pass
+    (Transformer.inference_memory_bytes), the recorded attention inputs of every layer, one
+    layer's q and k, and one block of scores."""
     a = model.args
     elements = a.n_layer * length * a.d_model + 2 * length * a.d_model
     elements += LIVE_SCORE_COPIES * a.n_head * diagnose_block_size(a.n_head, length) * length
     element_size = model.lm_head.weight.element_size()
-    return model.inference_memory_bytes(1, length) + elements * element_size
+    return model.inference_memory_bytes(1, length, consecutive) + elements * element_size
 
 
-def check_diagnosable(model: Transformer, length: int, device: torch.device) -> None:
-    """A one-line error when ``length`` is past the encoding's positions or does not fit."""
+def check_diagnosable(
+    model: Transformer, length: int, device: torch.device, positions: RandomPositions | None = None
+) -> None:
+    """A one-line error when ``length`` is past the encoding's positions (or the randomized
+    ``positions``' range) or does not fit."""
+    if positions is not None and length > positions.n_positions:
+        raise PosbenchError(
+            f"this run trained at randomized positions from [0, {positions.n_positions}) "
+            f"(train.random_positions); diagnose at --length <= {positions.n_positions}"
+        )
     if model.max_length is not None and length > model.max_length:
         raise PosbenchError(
             f"the {model.encoding.config.name} encoding represents {model.max_length} "
             f"positions; diagnose at --length <= {model.max_length}"
         )
     available = available_memory(device)
-    needed = diagnosis_memory_bytes(model, length)
+    needed = diagnosis_memory_bytes(model, length, positions is None or positions.consecutive)
     if available is not None and needed > available:
         raise PosbenchError(
             f"diagnosing {length} tokens needs about {needed / 1e9:.1f} GB and only "
@@ -225,26 +272,35 @@ def validation_windows(
     tokens: Bytes, length: int, n_windows: int, documents: Offsets | None = None
 ) -> torch.Tensor:
     """The first ``n_windows`` non-overlapping windows of ``length`` tokens -> (K, length),
-    inside the documents that start at ``documents`` (None: one stream) as evaluation cuts them.
+    inside the documents that start at ``documents`` (None: one stream) as evaluation cuts them
+    (``window_starts``)."""
+    return gather_windows(tokens, window_starts(len(tokens), length, n_windows, documents), length)
+
+
+def window_starts(
+    n_tokens: int, length: int, n_windows: int, documents: Offsets | None = None
+) -> list[int]:
+    """Where ``validation_windows`` cuts its windows in a split of ``n_tokens`` tokens (the keys
+    evaluation draws their randomized positions by).
 
     Only whole windows: evaluation's last window may overlap the one before it to score the
     leftover tail, and its queries would be counted twice here."""
-    spans = document_windows(document_bounds(len(tokens), documents), length, None)
+    spans = document_windows(document_bounds(n_tokens, documents), length, None)
     whole = (start for start, first_scored in spans if not first_scored)
     starts = list(islice(whole, n_windows))
     if len(starts) < n_windows:
         split = (
-            f"the validation split has {len(tokens)} tokens:"
+            f"the validation split has {n_tokens} tokens:"
             if documents is None
-            else f"the {len(documents)} validation documents ({len(tokens)} tokens) hold"
+            else f"the {len(documents)} validation documents ({n_tokens} tokens) hold"
         )
         raise PosbenchError(
             f"{split} {len(starts)} windows of {length} tokens, fewer than --windows "
             f"{n_windows}; pass --windows <= {len(starts)} or a shorter --length"
             if starts
-            else too_short(len(tokens), documents, length, "--length")
+            else too_short(n_tokens, documents, length, "--length")
         )
-    return gather_windows(tokens, starts, length)  # (K, length)
+    return starts
 
 
 def diagnose_run(
@@ -256,10 +312,12 @@ def diagnose_run(
     run_dir = Path(run_dir)
     model, cfg = load_run(run_dir, resolve_device(device))
     model_device = next(model.parameters()).device
-    check_diagnosable(model, length, model_device)
+    positions = eval_positions(cfg)  # where evaluation scores the run
+    check_diagnosable(model, length, model_device, positions)
     corpus = load_corpus(cfg.data)
-    tokens = validation_windows(corpus.val, length, n_windows, corpus.val_documents)
-    result = diagnose(model, tokens.to(model_device), cfg.train.seq_len)
+    starts = window_starts(len(corpus.val), length, n_windows, corpus.val_documents)
+    tokens = gather_windows(corpus.val, starts, length)  # (K, length)
+    result = diagnose(model, tokens.to(model_device), cfg.train.seq_len, positions, starts)
     return result, write_diagnostics(run_dir, result)
 
 

@@ -52,14 +52,20 @@ autoregressive answers, ``prefix_rule_accuracy``, the bound of teacher-forced ac
 for passkey, ``accuracy_by_depth``; ``ppl`` and ``bits_per_byte`` are those of the answer
 tokens.
 
-Randomized positions (a run trained with ``train.random_positions=N``, Ruoss et al. 2023): as
-the reference (google-deepmind/randomized_positional_encodings) evaluates, each window sits at
-its own sorted random subset of L of the positions [0, N), not at 0..L-1 (``eval.positions``:
-``auto`` does so for such runs; ``consecutive`` evaluates at 0..L-1 instead, to study what the
-model does without them). The subsets are drawn from a generator seeded by the data's seed,
-the length and the window, so every run compared on the same data sees the same positions; a
-length above N is unsupported. Records say which (``positions``: "random" or "consecutive",
-``random_positions``: N, ``position_draws``: how many windows drew a subset).
+Randomized positions (a run trained with ``train.random_positions=N``, Ruoss et al. 2023):
+evaluation and validation draw from the distribution training drew from
+(posbench/random_positions.py): each window, or task example for its own length (up to its
+last answer byte), at a sorted random subset of [0, N), a fresh one in every layer by default
+(``train.random_positions_per_layer``), or, for a bias of the distance alone (ALiBi, T5,
+KERPLE, Sandwich; ``train.random_positions_mode``), at 0..L-1 with its distances relabelled by
+a sorted subset of [1, N), as the reference (google-deepmind/randomized_positional_encodings)
+draws them; not at 0..L-1 (``eval.positions``: ``auto`` does so for such runs;
+``consecutive`` evaluates at 0..L-1 instead, to study what the model does without them). The
+draws come from a generator seeded by the data's seed, the example's length and the window (or
+example), layer by layer, so every run compared on the same data sees the same draws; a length
+above N is unsupported. Records say which (``positions``: "random" or "consecutive",
+``random_positions``: N, ``random_positions_mode``: "positions" or "distances",
+``random_positions_per_layer``, ``position_draws``: how many windows drew).
 
 Each record also names the eval-time extension it measured (``scaling``: "none" when the model
 is evaluated as trained, else e.g. "yarn" for a RoPE run, with the factor in
@@ -92,13 +98,13 @@ from posbench.data import (
     byte_is_whitespace,
     gather_windows,
     load_data,
-    sample_positions,
 )
 from posbench.data.baselines import constant_answer_accuracy, prefix_rule_accuracy
 from posbench.errors import PosbenchError
 from posbench.memory import fitting_batch_size
 from posbench.model import Transformer
 from posbench.precision import autocast
+from posbench.random_positions import PositionDraw, PositionSampler, position_sampler, row_lengths
 from posbench.runs import load_run
 
 TOKENS_PER_BATCH = 65536  # default eval batch: about this many tokens per forward pass
@@ -108,28 +114,48 @@ MAX_POSITION_BUCKETS = 64
 
 
 # The record fields of an evaluation at positions 0..L-1.
-CONSECUTIVE = {"positions": "consecutive", "random_positions": None, "position_draws": None}
+CONSECUTIVE = {
+    "positions": "consecutive",
+    "random_positions": None,
+    "random_positions_mode": None,
+    "random_positions_per_layer": None,
+    "position_draws": None,
+}
 
 
 @dataclass(frozen=True)
 class RandomPositions:
-    """Randomized positions at evaluation: each window at its own sorted random subset of
-    [0, ``n_positions``), drawn as training draws them (posbench.data.sample_positions) from a
-    generator seeded by ``seed`` (the data's), the length and the window's ``key`` (its start
-    in the split, or a task example's index): the same for every run on the same data, and
-    independent of batch sizes and of which other lengths or windows are evaluated."""
+    """Randomized positions at evaluation: each window (or task example) drawn as training
+    draws it (``sampler``, posbench/random_positions.py: for its own length, per layer,
+    positions or distances), from a generator seeded by ``seed`` (the data's), the example's
+    length and its ``key`` (a window's start in the split, or a task example's index): the same
+    for every run on the same data, and independent of batch sizes and of which other lengths
+    or windows are evaluated."""
 
-    n_positions: int
+    sampler: PositionSampler
     seed: int
 
-    def of_windows(self, length: int, keys: Sequence[int]) -> torch.Tensor:
-        """The positions of the windows ``keys`` at ``length`` -> (len(keys), length) int64."""
-        rows = []
-        for key in keys:
+    @property
+    def n_positions(self) -> int:
+        return self.sampler.n_positions
+
+    @property
+    def consecutive(self) -> bool:
+        """Whether the tokens stay at 0..L-1 (randomized distances), for the memory estimate."""
+        return self.sampler.mode == "distances"
+
+    def of_windows(
+        self, width: int, keys: Sequence[int], lengths: torch.Tensor | None = None
+    ) -> PositionDraw:
+        """The draws of the windows ``keys`` of ``lengths`` (B,) tokens (None: every one
+        ``width``), padded to ``width``: (B, width) tensors, or (n_layer, B, width) per layer."""
+        lengths = torch.full((len(keys),), width) if lengths is None else lengths
+        draws = []
+        for key, length in zip(keys, lengths.tolist(), strict=True):
             state = np.random.SeedSequence([self.seed, length, key]).generate_state(1, np.uint64)
             generator = torch.Generator().manual_seed(int(state[0]))
-            rows.append(sample_positions(self.n_positions, 1, length, generator))
-        return torch.cat(rows)
+            draws.append(self.sampler.draw(torch.tensor([length]), width, generator))
+        return PositionDraw.cat(draws)
 
     def unsupported_reason(self, length: int) -> str | None:
         """Why ``length`` distinct positions cannot be drawn, or None when they can."""
@@ -142,11 +168,7 @@ class RandomPositions:
         )
 
     def record(self, draws: int) -> dict[str, Any]:
-        return {
-            "positions": "random",
-            "random_positions": self.n_positions,
-            "position_draws": draws,
-        }
+        return {"positions": "random", **self.sampler.record(), "position_draws": draws}
 
 
 def positions_record(positions: RandomPositions | None, draws: int) -> dict[str, Any]:
@@ -159,15 +181,15 @@ def eval_positions(cfg: DictConfig, setting: str | None = None) -> RandomPositio
     ``setting`` random, or auto in a run trained with train.random_positions) or at 0..L-1
     (None). ``setting`` None: the run's ``eval.positions`` (auto for runs from before it)."""
     setting = setting or choice(OmegaConf.select(cfg, "eval.positions", default="auto"))
-    n_positions = OmegaConf.select(cfg, "train.random_positions")
-    if setting == "consecutive" or (setting == "auto" and n_positions is None):
+    sampler = position_sampler(cfg)
+    if setting == "consecutive" or (setting == "auto" and sampler is None):
         return None
-    if n_positions is None:
+    if sampler is None:
         raise PosbenchError(
             "eval.positions=random draws from [0, train.random_positions), and this run was "
             "trained without train.random_positions; use eval.positions=auto or consecutive"
         )
-    return RandomPositions(n_positions, OmegaConf.select(cfg, "data.seed", default=0))
+    return RandomPositions(sampler, OmegaConf.select(cfg, "data.seed", default=0))
 
 
 def position_buckets(length: int, train_seq_len: int) -> list[tuple[int, int]]:
@@ -339,7 +361,11 @@ def evaluate_length(
     if reason is None:
         batch_size = min(batch_size or max(1, TOKENS_PER_BATCH // length), n_spans)
         batch_size, reason = fitting_batch_size(
-            model, length, batch_size, device, consecutive=positions is None
+            model,
+            length,
+            batch_size,
+            device,
+            consecutive=positions is None or positions.consecutive,
         )
     if reason is not None:
         return {
@@ -354,10 +380,17 @@ def evaluate_length(
         while batch := list(islice(spans, batch_size)):
             starts = [s for s, _ in batch]
             rows = gather_windows(tokens, starts, length + 1).to(device)  # (B, T+1)
-            at = None if positions is None else positions.of_windows(length, starts).to(device)
+            at = PositionDraw() if positions is None else positions.of_windows(length, starts)
+            at = at.to(device)
             with autocast(precision, device):
                 # (B, T) float32, without the (B, T, vocab) logits where they are large
-                nll = model(rows[:, :-1], at, targets=rows[:, 1:], reduction="none")
+                nll = model(
+                    rows[:, :-1],
+                    at.positions,
+                    targets=rows[:, 1:],
+                    reduction="none",
+                    distances=at.distances,
+                )
             first = torch.tensor([f for _, f in batch], device=device)  # (B,)
             is_scored = torch.arange(length, device=device) >= first[:, None]  # (B, T)
             position_nll += nll.double().masked_fill(~is_scored, 0.0).sum(0)  # (T,)
@@ -543,7 +576,7 @@ def evaluate_task_length(
     device = next(model.parameters()).device
     batch_size = min(batch_size or max(1, TOKENS_PER_BATCH // window), n)
     batch_size, shortfall = fitting_batch_size(
-        model, window, batch_size, device, consecutive=positions is None
+        model, window, batch_size, device, consecutive=positions is None or positions.consecutive
     )
     if shortfall is not None:
         return {**unsupported(length, None, shortfall, scaling, positions), **NOT_SCORED, **about}
@@ -592,13 +625,14 @@ def task_predictions(
             examples.answer.split(batch_size),
             strict=True,
         ):
-            inputs, targets, scored = inputs.to(device), targets.to(device), scored.to(device)
-            at = None
-            if positions is not None:  # keyed by the examples' indices
+            at = PositionDraw()
+            if positions is not None:  # keyed by the examples' indices, each for its length
                 keys = range(first, first + len(inputs))
-                at = positions.of_windows(inputs.shape[1], keys).to(device)  # (B, T)
+                at = positions.of_windows(inputs.shape[1], keys, row_lengths(targets))
+            inputs, targets, scored = inputs.to(device), targets.to(device), scored.to(device)
+            at = at.to(device)  # (B, T) tensors, or (n_layer, B, T)
             with autocast(precision, device):
-                logits = model(inputs, at).float()  # (B, T, vocab)
+                logits = model(inputs, at.positions, distances=at.distances).float()  # (B, T, V)
             nll_bt = F.cross_entropy(logits.transpose(1, 2), targets, reduction="none")  # (B, T)
             # Trained but unscored targets (the padding after a terminator) count for neither.
             nll += nll_bt.double().masked_fill(~scored, 0.0).sum().item()

@@ -17,7 +17,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from posbench.attention import QueryBlockBiases, attention_scratch_elements, causal_attention
+from posbench.attention import (
+    QueryBlockBiases,
+    attention_scratch_elements,
+    causal_attention,
+    layer_biases,
+    of_layer,
+)
 from posbench.attention_scaling import SCALINGS, AttentionScaling, build_attention_scaling
 from posbench.encodings import PositionalEncoding, build_encoding
 from posbench.errors import PosbenchError
@@ -205,12 +211,16 @@ class Transformer(nn.Module):
         positions: torch.Tensor | None = None,
         targets: torch.Tensor | None = None,
         reduction: Literal["sum", "none"] = "sum",
+        distances: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Logits (B, T, vocab) for ``tokens`` (B, T) at increasing integer ``positions``: (T,),
-        shared by the batch (0..T-1 by default), or (B, T), one row per sequence (randomized
-        positions train each sequence at its own). Given ``targets`` (B, T), instead their
-        negative log-likelihood in float32 (``next_token_nll``), without the (B, T, vocab)
-        logits where they are large: summed over those that are not -100 (``reduction="sum"``,
+        shared by the batch (0..T-1 by default), (B, T), one row per sequence (randomized
+        positions train each sequence at its own), or (n_layer, B, T), a draw per layer (the
+        embedding takes the first's); ``distances`` (B, T) or (n_layer, B, T): randomized
+        distances, at which a bias of the distance alone is taken (posbench/random_positions.py).
+        Given ``targets`` (B, T), instead their negative log-likelihood in float32
+        (``next_token_nll``), without the (B, T, vocab) logits where they are large: summed
+        over those that are not -100 (``reduction="sum"``,
         what training needs) or one per target (``"none"``, (B, T), 0 where -100: what
         evaluation needs)."""
         T = tokens.shape[1]
@@ -225,11 +235,10 @@ class Transformer(nn.Module):
                 f"{self.encoding.config.name} model can represent"
             )
         x = self.token_embedding(tokens)  # (B, T, C)
-        x = self.dropout(self.encoding.embed(x, positions))  # (B, T, C)
-        # Layers with the same encoding instance share its query-block biases (computed once).
-        biases = {id(e): QueryBlockBiases(e) for e in unique(self.layer_encodings)}
-        for block, encoding in zip(self.blocks, self.layer_encodings, strict=True):
-            x = block(x, positions, encoding, biases[id(encoding)])
+        x = self.dropout(self.encoding.embed(x, of_layer(positions, 0)))  # (B, T, C)
+        biases = layer_biases(self.layer_encodings, positions, distances)  # one per layer
+        for layer, block in enumerate(self.blocks):
+            x = block(x, of_layer(positions, layer), self.layer_encodings[layer], biases[layer])
         x = self.ln_final(x)  # (B, T, C)
         if targets is not None:
             nll = next_token_nll(x.flatten(0, 1), self.lm_head.weight, targets.flatten(), reduction)

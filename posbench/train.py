@@ -27,12 +27,13 @@ from tqdm.auto import tqdm
 from posbench import distributed
 from posbench.checkpoint import Checkpointer, TrainProgress, restore_checkpoint
 from posbench.config import choice, eval_lengths, resolve_device, validate
-from posbench.data import IGNORE, Corpus, Task, load_data, sample_positions
+from posbench.data import IGNORE, Corpus, Task, load_data
 from posbench.errors import PosbenchError
 from posbench.evaluate import RandomPositions, eval_positions, evaluate_data
 from posbench.finetune import fine_tune_config, load_parent_weights
 from posbench.model import Transformer, build_model
 from posbench.precision import autocast, compile_for_training, resolve_precision
+from posbench.random_positions import PositionDraw, PositionSampler, position_sampler, row_lengths
 from posbench.resume import already_finished, check_resume_precision, checkpoint_to_resume
 from posbench.runs import (
     diverged_results,
@@ -145,7 +146,14 @@ def train_with_threads(
     checkpointer = Checkpointer(
         run_dir, cfg.train.checkpoint_every, cfg.train.steps, precision, progress.step
     )
-    settings = LoopSettings(cfg.train, precision, cfg.seed, eval_positions(cfg), cfg.encoding.name)
+    settings = LoopSettings(
+        cfg.train,
+        precision,
+        cfg.seed,
+        position_sampler(cfg),
+        eval_positions(cfg),
+        cfg.encoding.name,
+    )
     if controller is not None and (cfg.train.compile or device.type == "cuda"):
         # torch.compile's kernels (the model's, or flex_attention's on a GPU) are specialized to
         # torch's thread count: each new count compiles them again, and past dynamo's recompile
@@ -251,6 +259,7 @@ class LoopSettings:
     train: DictConfig  # the train section: steps, batches, intervals and train_step's settings
     precision: str  # resolved (fp32 or bf16): the steps and validation run in it
     seed: int  # with the step and the rank, it seeds dropout (seed_dropout)
+    positions: PositionSampler | None  # train.random_positions's draws (None: 0..T-1)
     val_positions: RandomPositions | None  # validation scores where evaluation does
     name: str  # the encoding's, on the progress bar
 
@@ -302,7 +311,9 @@ def train_steps(
         for step in bar:
             started = time.perf_counter()
             seed_dropout(settings.seed, step)
-            share, positions = train_step(stepper, optimizer, data, sampler, step, tcfg, precision)
+            share, positions = train_step(
+                stepper, optimizer, data, sampler, step, tcfg, precision, settings.positions
+            )
             # The global batch's mean loss, and whether any rank was asked to stop: every rank
             # decides alike, so none waits at a step the others never take. A signal arriving
             # after this agreement (during validation or the checkpoint) counts at the next step.
@@ -388,14 +399,16 @@ def train_step(
     step: int,
     cfg: DictConfig,
     precision: str = "fp32",
+    positions: PositionSampler | None = None,
 ) -> tuple[float, int]:
     """One optimisation step at ``lr_at(step)`` in ``precision`` on a global batch of
-    ``train.batch_size`` drawn from ``sampler``; returns this rank's share of the batch's mean
-    loss (a task's: on its trained targets only), which summed over the ranks is that mean, and
-    the input positions every rank's forward passes ran (the tokens tokens/s counts:
-    batch_size x seq_len for a corpus). A task's rows run in slices cut to the width their
-    answers reach (width_slices), with the gradient of the whole batch; its positions are the
-    slices', padding included.
+    ``train.batch_size`` drawn from ``sampler``, at randomized ``positions`` (those of
+    ``train.random_positions``: ``position_sampler``; None: 0..T-1); returns this rank's share
+    of the batch's mean loss (a task's: on its trained targets only), which summed over the
+    ranks is that mean, and the input positions every rank's forward passes ran (the tokens
+    tokens/s counts: batch_size x seq_len for a corpus). A task's rows run in slices cut to the
+    width their answers reach (width_slices), with the gradient of the whole batch; its
+    positions are the slices', padding included.
     ``model`` is the Transformer, its compiled wrapper (compile_for_training) or either
     wrapped for data parallelism (distributed.data_parallel)."""
     device = next(model.parameters()).device
@@ -407,13 +420,13 @@ def train_step(
     x, y = data.train_batch(cfg.batch_size, cfg.seq_len, sampler, step)
     scored = int((y != IGNORE).sum())  # targets in the global batch: the loss is their mean
     rows, micro_batch = distributed.rows_of_rank(cfg.batch_size, cfg.grad_accum)
-    drawn = None  # None: every row at positions 0, 1, 2, ...
-    if cfg.random_positions is not None:
-        # Each sequence at its own sorted subset, drawn for the global batch like the batch
-        # itself, from the sampler whose state the checkpoint already holds.
-        # As wide as the batch: an algorithmic task's is its longest problem, not seq_len.
-        drawn = sample_positions(cfg.random_positions, cfg.batch_size, x.shape[1], sampler)
-    pieces = []  # (inputs, targets, positions) to run, each as wide as its rows need
+    assert (positions is None) == (cfg.random_positions is None), "train.random_positions' draws"
+    drawn = PositionDraw()  # every row at positions 0, 1, 2, ...
+    if positions is not None:
+        # Each row for its own length, drawn for the global batch like the batch itself, from
+        # the sampler whose state the checkpoint already holds.
+        drawn = positions.draw(row_lengths(y), x.shape[1], sampler)
+    pieces = []  # (inputs, targets, PositionDraw) to run, each as wide as its rows need
     computed = 0  # input positions every rank runs
     # Every rank's micro-batches, for the positions they run; this rank keeps its own.
     for micro_rows in torch.arange(cfg.batch_size).split(micro_batch):
@@ -421,18 +434,18 @@ def train_step(
             kept = micro_rows[piece_rows]
             computed += len(kept) * width
             if rows.start <= kept[0] < rows.stop:
-                ps = None if drawn is None else drawn[kept, :width].to(device)
-                pieces.append((x[kept, :width], y[kept, :width], ps))
+                pieces.append((x[kept, :width], y[kept, :width], drawn.rows(kept, width)))
     # DDP averages the gradients over the ranks; scaled by their number, the sum over ranks and
     # micro-batches is the gradient of the global batch's mean loss.
     scale = distributed.world_size() / scored
     optimizer.zero_grad(set_to_none=True)
     loss_sum = 0.0
     for i, (xs, ys, ps) in enumerate(pieces):
-        xs, ys = xs.to(device), ys.to(device)
+        xs, ys, ps = xs.to(device), ys.to(device), ps.to(device)
         with distributed.sync_gradients(model, last=i == len(pieces) - 1):
             with autocast(precision, device):
-                nll = model(xs, ps, targets=ys)  # summed over ys's scored targets, float32
+                # summed over ys's scored targets, float32
+                nll = model(xs, ps.positions, targets=ys, distances=ps.distances)
             (nll * scale).backward()
         loss_sum += nll.item()  # also waits for the device, so the caller's timing is honest
     if cfg.grad_clip > 0:
@@ -454,8 +467,7 @@ def width_slices(targets: torch.Tensor) -> list[tuple[torch.Tensor, int]]:
     rows sorted by the width they need (up to their last scored target) and cut into at most
     WIDTH_SLICES groups, each run as wide as its widest row. Neighbouring groups of one width
     run as one (a corpus's rows, all scored to the end, run whole)."""
-    columns = torch.arange(1, targets.shape[1] + 1, device=targets.device)
-    needed = torch.where(targets != IGNORE, columns, 1).amax(dim=1)  # (B,)
+    needed = row_lengths(targets)  # (B,)
     order = needed.argsort(stable=True)
     slices: list[tuple[torch.Tensor, int]] = []
     for group in order.chunk(WIDTH_SLICES):
@@ -543,14 +555,15 @@ def validation_loss(
     # in the split, a task example by its index.
     key_step, first = (cfg.seq_len if isinstance(data, Corpus) else 1), 0
     for inputs, targets in validation_batches(data, cfg):
-        inputs, targets = inputs.to(device), targets.to(device)
-        at = None
-        if positions is not None:
+        at = PositionDraw()
+        if positions is not None:  # each row for its own length
             keys = range(first * key_step, (first + len(inputs)) * key_step, key_step)
-            at = positions.of_windows(inputs.shape[1], keys).to(device)  # (B, T)
+            at = positions.of_windows(inputs.shape[1], keys, row_lengths(targets))
+        inputs, targets, at = inputs.to(device), targets.to(device), at.to(device)
         first += len(inputs)
         with autocast(precision, device):
-            total += model(inputs, at, targets=targets)  # summed NLL, float32
+            # summed NLL, float32
+            total += model(inputs, at.positions, targets=targets, distances=at.distances)
         count += (targets != IGNORE).sum().item()
     model.train()
     return float(total) / count

@@ -28,6 +28,7 @@ from posbench.data.algorithmic.solve_equation import first_digit_from
 from posbench.data.algorithmic.stack_manipulation import final_stack
 from posbench.errors import PosbenchError
 from posbench.model import build_model
+from posbench.random_positions import position_sampler
 from posbench.runs import saved_config, with_length_generalization
 from posbench.tensorboard_log import headline_metrics
 from posbench.train import make_optimizer, train, train_step, width_slices
@@ -757,9 +758,9 @@ def test_a_task_batch_run_in_narrower_slices_gets_the_whole_batchs_gradient(monk
         widths = []
         model.register_forward_pre_hook(lambda _, args: widths.append(args[0].shape[1]))
         sampler = torch.Generator().manual_seed(0)
-        train_step(
-            model, make_optimizer(model, cfg.train), load_data(cfg.data), sampler, 0, cfg.train
-        )
+        optimizer = make_optimizer(model, cfg.train)
+        positions = position_sampler(cfg)
+        train_step(model, optimizer, load_data(cfg.data), sampler, 0, cfg.train, "fp32", positions)
         return [p.grad for p in model.parameters()], widths
 
     whole, [width] = one_step(1)

@@ -34,7 +34,7 @@ from posbench.model import ModelArgs, Transformer
 
 def test_causal_bias_puts_minus_infinity_strictly_above_the_diagonal_and_keeps_the_rest():
     bias = torch.randn(2, 5, 5, dtype=F64)
-    out = causal_bias(bias, torch.arange(5), torch.arange(5))
+    out = causal_bias(bias)
     for h in range(2):
         for i in range(5):
             for j in range(5):
@@ -42,10 +42,12 @@ def test_causal_bias_puts_minus_infinity_strictly_above_the_diagonal_and_keeps_t
                 assert float(out[h, i, j]) == expected
 
 
-def test_causal_bias_compares_positions_not_indices():
+def test_causal_bias_compares_token_indices_from_the_block_starts():
+    # Queries 2 and 3 over keys 1..4: key 3 is after query 2, key 4 after both. Positions play
+    # no part: a padded row's padding repeats its last position, and stays in the future.
     bias = torch.zeros(1, 2, 4, dtype=F64)
-    out = causal_bias(bias, torch.tensor([10, 12]), torch.tensor([9, 10, 11, 12]))
-    expected = torch.tensor([[[0, 0, -math.inf, -math.inf], [0, 0, 0, 0]]], dtype=F64)
+    out = causal_bias(bias, query_start=2, key_start=1)
+    expected = torch.tensor([[[0, 0, -math.inf, -math.inf], [0, 0, 0, -math.inf]]], dtype=F64)
     assert torch.equal(out, expected)
 
 
@@ -125,7 +127,7 @@ def plain_attention(q, k, v, mask):
 def masked_attention(q, k, v, encoding, positions):
     """The plain computation: softmax(q k^T / sqrt(hs) + score_bias + causal mask) v, written out
     with the whole (H, T, T) bias of the encoding's reference score_bias."""
-    bias = causal_bias(encoding.score_bias(positions, positions), positions, positions)
+    bias = causal_bias(encoding.score_bias(positions, positions))
     return plain_attention(q, k, v, bias)
 
 
@@ -520,9 +522,8 @@ def test_explicit_attention_gives_the_output_and_gradients_of_the_plain_computat
     mask_batch, starts
 ):
     q, k, v = (t.requires_grad_() for t in random_qkv(2, 3, 11, 8))
-    positions = torch.arange(11)
     bias = torch.randn(mask_batch, 3, 11, 11, dtype=F64, requires_grad=True)
-    mask = causal_bias(bias, positions, positions)  # (mask_batch, H, T, T)
+    mask = causal_bias(bias)  # (mask_batch, H, T, T)
     out = posbench.attention.explicit_attention(q, k, v, block_masks(mask, starts))
     expected = plain_attention(q, k, v, mask)
     torch.testing.assert_close(out, expected, rtol=0, atol=1e-12)
@@ -536,8 +537,7 @@ def test_explicit_attention_gives_the_output_and_gradients_of_the_plain_computat
 def test_compiled_explicit_attention_gives_the_eager_output_and_gradients():
     # train.compile traces ExplicitAttention's forward and backward (an out= argument once made
     # the traced graph view a copy that it had not made).
-    positions = torch.arange(24)
-    mask = causal_bias(torch.randn(1, 2, 24, 24, requires_grad=True), positions, positions)
+    mask = causal_bias(torch.randn(1, 2, 24, 24, requires_grad=True))
     masks = block_masks(mask, [0, 16])
 
     def outputs_and_gradients(attention) -> list[torch.Tensor]:
@@ -554,9 +554,8 @@ def test_compiled_explicit_attention_gives_the_eager_output_and_gradients():
 
 
 def test_explicit_attention_computes_bf16_inputs_in_float32_even_under_autocast():
-    positions = torch.arange(11)
     bias = torch.randn(1, 3, 11, 11).bfloat16()  # the callers' bias is in q's dtype
-    mask = causal_bias(bias, positions, positions).requires_grad_()
+    mask = causal_bias(bias).requires_grad_()
     half = [t.bfloat16().requires_grad_() for t in random_qkv(2, 3, 11, 8, torch.float32)]
     out_grad = torch.randn(2, 3, 11, 8).bfloat16()
     with torch.autocast("cpu", torch.bfloat16):  # as in training with train.precision=bf16
@@ -728,9 +727,7 @@ def windowed_masked_attention(q, k, v, encoding, positions, window, content_bias
         bias = bias + content_bias
     index = torch.arange(T)
     too_far = index[:, None] - index[None, :] >= window
-    return plain_attention(
-        q, k, v, causal_bias(bias, positions, positions).masked_fill(too_far, -math.inf)
-    )
+    return plain_attention(q, k, v, causal_bias(bias).masked_fill(too_far, -math.inf))
 
 
 def outputs_and_gradients(attend, leaves, out_grad):
@@ -785,9 +782,7 @@ def test_a_window_of_the_whole_length_is_full_attention_on_the_fused_path(monkey
     assert not called
     torch.testing.assert_close(
         out,
-        plain_attention(
-            q, k, v, causal_bias(torch.zeros(37, 37, dtype=F64), torch.arange(37), torch.arange(37))
-        ),
+        plain_attention(q, k, v, causal_bias(torch.zeros(37, 37, dtype=F64))),
     )
 
 
@@ -894,3 +889,22 @@ def test_content_biases_by_default_is_content_bias_of_each_block():
     assert len(got) == 2
     for a, b in zip(got, expected, strict=True):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("length", [37, 300])
+def test_a_bias_table_per_sequence_takes_the_same_values_on_flex_and_sdpa(length):
+    """Randomized distances give each sequence its own table (B, H, T): flex_attention's
+    score_mod reads row b, as the strided mask of relative_bias_attention does."""
+    q, k, v = random_qkv(2, SMALL.n_head, length, 16, torch.float32)
+    table = torch.randn(2, SMALL.n_head, length, generator=torch.Generator().manual_seed(4))
+    flex = posbench.attention.flex_attention_bias(q, k, v, table, compiled=False)
+    sdpa = posbench.attention.relative_bias_attention(q, k, v, table)
+    plain = []
+    for b in range(2):  # each sequence alone with its own table
+        plain.append(
+            posbench.attention.relative_bias_attention(
+                q[b : b + 1], k[b : b + 1], v[b : b + 1], table[b]
+            )
+        )
+    torch.testing.assert_close(sdpa, torch.cat(plain), rtol=0, atol=1e-6)
+    torch.testing.assert_close(flex, sdpa, rtol=0, atol=1e-5)

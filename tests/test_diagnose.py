@@ -26,6 +26,7 @@ from posbench.encodings.alibi import alibi_slopes
 from posbench.errors import PosbenchError
 from posbench.evaluate import position_buckets, windows
 from posbench.model import ModelArgs, Transformer, build_model
+from posbench.random_positions import PositionDraw, PositionSampler, randomizes_distances
 from posbench.runs import load_run_config
 from posbench.train import train
 
@@ -123,22 +124,32 @@ def test_buckets_count_every_query_of_every_window():
     + [{"name": "fire", "per_layer": True, "threshold": 8.0}],  # 24 tokens: past L
     ids=lambda e: e["name"] + ("+yarn" if "scaling" in e else "+per_layer" * ("per_layer" in e)),
 )
-def test_the_recomputed_probabilities_reproduce_each_layers_attention_output(encoding):
+@pytest.mark.parametrize("randomized", [False, True], ids=["consecutive", "random"])
+def test_the_recomputed_probabilities_reproduce_each_layers_attention_output(encoding, randomized):
+    """At 0..T-1, and at randomized positions drawn per layer (or distances, for a bias of the
+    distance alone) as a random-positions run's are."""
     torch.manual_seed(0)
     model = build_model({"n_layer": 2, "n_head": 2, "d_model": 16}, encoding).eval()
     tokens = torch.randint(0, 256, (2, 24))
+    at = PositionDraw()
+    if randomized:
+        mode = "distances" if randomizes_distances(model.layer_encodings) else "positions"
+        sampler = PositionSampler(64, n_layer=2, per_layer=True, mode=mode)
+        at = sampler.draw(torch.tensor([24, 24]), 24, torch.Generator().manual_seed(1))
     outputs = []
     hooks = [
         block.attn.register_forward_hook(lambda module, args, out: outputs.append(out))
         for block in model.blocks
     ]
     with torch.no_grad():
-        inputs = attention_inputs(model, tokens)
+        inputs = attention_inputs(model, tokens, at)
     for hook in hooks:
         hook.remove()
-    for block, (x, positions, encoding), output in zip(model.blocks, inputs, outputs, strict=True):
+    for block, layer_input, output in zip(model.blocks, inputs, outputs, strict=True):
+        x, positions, encoding, distances = layer_input
         q, k, v, content = block.attn.queries_keys_values(x, positions, encoding)
-        p = attention_probabilities(q, k, positions, encoding, content, 0, 24)  # (B, H, T, T)
+        # (B, H, T, T)
+        p = attention_probabilities(q, k, positions, encoding, content, 0, 24, distances)
         y = block.attn.proj((p @ v).transpose(1, 2).reshape(2, 24, 16))
         torch.testing.assert_close(y, output, rtol=1e-5, atol=1e-6)
 
@@ -234,14 +245,19 @@ def test_diagnose_run_writes_json_figures_and_tensorboard_images(alibi_run):
 def test_diagnose_run_uses_the_windows_posbench_eval_scores(alibi_run, monkeypatch):
     seen = []
     monkeypatch.setattr(
-        diagnose_module, "diagnose", lambda model, tokens, s: seen.append(tokens) or {}
+        diagnose_module,
+        "diagnose",
+        lambda model, tokens, s, positions, keys: seen.append((tokens, positions, keys)) or {},
     )
     monkeypatch.setattr(diagnose_module, "write_diagnostics", lambda run_dir, result: [])
     diagnose_run(alibi_run, 32, n_windows=3)
     val = load_corpus(load_run_config(alibi_run).data).val
     starts = [start for start, _ in windows(len(val), 32, None)][:3]
     expected = np.stack([val[s : s + 32] for s in starts]).astype(np.int64)
-    assert torch.equal(seen[0], torch.from_numpy(expected))
+    tokens, positions, keys = seen[0]
+    assert torch.equal(tokens, torch.from_numpy(expected))
+    # Keyed as evaluation keys them (by their starts), for the draws of a random-positions run.
+    assert positions is None and keys == starts
 
 
 @pytest.mark.slow

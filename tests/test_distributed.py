@@ -22,6 +22,7 @@ from posbench.config import compose_config, validate
 from posbench.data import load_data
 from posbench.errors import PosbenchError
 from posbench.model import build_model
+from posbench.random_positions import position_sampler
 from posbench.threads import jobs_at_once
 from posbench.train import TrainingInterrupted, make_optimizer, seed_dropout, train, train_step
 
@@ -133,7 +134,8 @@ def gradients_of_one_step(overrides: list[str]) -> list[torch.Tensor]:
     torch.manual_seed(0)
     model = build_model(cfg.model, cfg.encoding)
     sampler = torch.Generator().manual_seed(0)
-    train_step(model, make_optimizer(model, cfg.train), load_data(cfg.data), sampler, 0, cfg.train)
+    optimizer, positions = make_optimizer(model, cfg.train), position_sampler(cfg)
+    train_step(model, optimizer, load_data(cfg.data), sampler, 0, cfg.train, "fp32", positions)
     return [p.grad for p in model.parameters()]
 
 

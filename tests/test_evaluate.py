@@ -253,7 +253,7 @@ class AlphabetModel(Transformer):
         for i, alphabet in enumerate(ALPHABETS):
             self.alphabet_of[list(alphabet)] = i
 
-    def forward(self, tokens, positions=None, targets=None, reduction="sum"):  # as Transformer's
+    def forward(self, tokens, positions=None, targets=None, reduction="sum", distances=None):
         same = self.alphabet_of[tokens][..., None] == self.alphabet_of  # (B, T, 256)
         logits = torch.zeros(same.shape).masked_fill(~same, -30.0)
         if targets is None:
@@ -418,7 +418,7 @@ class Teacher(torch.nn.Module):
         self.targets = dict(zip(rows, examples.targets().clamp(min=0), strict=True))
         self.wrong = {rows[i]: t for i, t in wrong}
 
-    def forward(self, inputs, positions=None):  # as Transformer.forward
+    def forward(self, inputs, positions=None, distances=None):  # as Transformer.forward
         logits = torch.zeros(*inputs.shape, 256)  # (B, T, vocab)
         for row, x in enumerate(inputs):
             targets = self.targets[bytes(x.tolist())].clone()  # (T,)

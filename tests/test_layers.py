@@ -25,7 +25,7 @@ LAYERS = [
         "versions",
     ],
     ["encodings", "data", "references"],
-    ["attention", "attention_scaling", "explicit_attention", "model"],
+    ["attention", "attention_scaling", "explicit_attention", "model", "random_positions"],
     ["config", "memory", "checkpoint", "runs", "resume"],
     ["evaluate", "finetune", "tensorboard_log", "sweep_summary", "reevaluate"],
     ["train", "diagnose"],

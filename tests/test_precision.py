@@ -13,13 +13,19 @@ from posbench.attention import unbiased_causal_attention
 from posbench.checkpoint import CHECKPOINT_FILE, load_checkpoint
 from posbench.cli import main
 from posbench.config import compose_config
-from posbench.data import Corpus, load_data, sample_positions
+from posbench.data import Corpus, load_data
 from posbench.encodings import ENCODINGS
 from posbench.encodings.rope import SCALING_METHODS
 from posbench.errors import PosbenchError
 from posbench.evaluate import evaluate_length, evaluate_run, evaluate_task_length
 from posbench.model import build_model
 from posbench.precision import BF16_MIN_D_MODEL, autocast, bf16_hardware, resolve_precision
+from posbench.random_positions import (
+    PositionDraw,
+    PositionSampler,
+    position_sampler,
+    randomizes_distances,
+)
 from posbench.train import train, train_step
 
 CPU, CUDA = torch.device("cpu"), torch.device("cuda")
@@ -154,7 +160,8 @@ def test_a_bf16_training_step_computes_the_fp32_loss_and_gradients_within_bf16_a
         model = build_model(cfg.model, cfg.encoding)
         optimizer = torch.optim.SGD(model.parameters(), lr=0.0)  # keeps the gradients
         sampler = torch.Generator().manual_seed(0)
-        loss, _ = train_step(model, optimizer, source, sampler, 0, cfg.train, precision)
+        positions = position_sampler(cfg)
+        loss, _ = train_step(model, optimizer, source, sampler, 0, cfg.train, precision, positions)
         grads = torch.cat([p.grad.flatten() for p in model.parameters()])
         outcomes[precision] = loss, grads
     (loss32, grads32), (loss16, grads16) = outcomes["fp32"], outcomes["bf16"]
@@ -341,14 +348,15 @@ def test_a_compiled_training_forward_and_its_gradients_equal_eagers(encoding, ra
     model_config = {"n_layer": 2, "n_head": 2, "d_model": 16}
     model = build_model(model_config, {**encoding}).train()
     tokens = torch.randint(256, (2, 16), generator=torch.Generator().manual_seed(1))
-    # As train.random_positions draws them: each sequence at a sorted subset of [0, 64).
-    positions = (
-        sample_positions(64, 2, 16, torch.Generator().manual_seed(2)) if random_positions else None
-    )
+    at = PositionDraw()
+    if random_positions:  # as train.random_positions draws them: per layer, a padded row too
+        mode = "distances" if randomizes_distances(model.layer_encodings) else "positions"
+        sampler = PositionSampler(64, n_layer=2, mode=mode)
+        at = sampler.draw(torch.tensor([16, 9]), 16, torch.Generator().manual_seed(2))
 
     def logits_and_gradients(forward) -> list[torch.Tensor]:
         model.zero_grad(set_to_none=True)
-        logits = forward(tokens, positions)
+        logits = forward(tokens, at.positions, distances=at.distances)
         logits.square().mean().backward()
         return [logits, *(p.grad for p in model.parameters() if p.grad is not None)]
 

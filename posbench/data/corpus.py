@@ -115,16 +115,30 @@ def sample_batch(
 
 
 def sample_positions(
-    n_positions: int, batch_size: int, seq_len: int, generator: torch.Generator
+    n_positions: int,
+    batch_size: int,
+    seq_len: int,
+    generator: torch.Generator,
+    lengths: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Randomized positions (Ruoss et al. 2023, https://arxiv.org/abs/2305.16843): for each of
     ``batch_size`` sequences its own sorted random subset of ``seq_len`` distinct positions from
     [0, n_positions) -> (batch_size, seq_len) int64, drawn from ``generator`` alone, so a run's
-    positions are reproducible from its state."""
+    positions are reproducible from its state. With ``lengths`` (batch_size,) int64, row b is a
+    sequence of lengths[b] tokens padded to seq_len: its first lengths[b] columns hold a sorted
+    uniform subset of that many positions (spread over all of [0, n_positions) whatever the
+    padding), the padding repeats its last position (0 in a row of length 0)."""
     # The seq_len largest of n_positions uniform draws are at a uniformly random subset of
     # their indices: one call for the whole batch, where randperm is one call per sequence.
     draws = torch.rand(batch_size, n_positions, generator=generator)
-    return draws.topk(seq_len, dim=1).indices.sort(dim=1).values
+    largest = draws.topk(seq_len, dim=1).indices  # (B, T), the largest draw first
+    if lengths is None:
+        return largest.sort(dim=1).values
+    # A row's first lengths[b] of them are its lengths[b] largest draws: a uniform subset too.
+    own = torch.arange(seq_len) < lengths[:, None]  # (B, T)
+    ordered = largest.masked_fill(~own, n_positions).sort(dim=1).values  # its subset first
+    last = ordered.masked_fill(~own, 0).amax(dim=1, keepdim=True)  # (B, 1)
+    return torch.where(own, ordered, last)
 
 
 def byte_counts(tokens: Bytes) -> np.ndarray:
