@@ -695,8 +695,23 @@ def attention_probabilities(
     causal_attention attends with, for q, k (B, H, T, hs) at ``positions`` (T,) or (B, T)
     -> (B, H, n, e), written out (posbench diagnose): the encoding's biases of positions and of
     the content (``content``: its content_state), 0 at future keys and outside a window."""
+    return query_probabilities(q[:, :, start:end], k[:, :, :end], positions, encoding, content)
+
+
+def query_probabilities(
+    queries: torch.Tensor,
+    k: torch.Tensor,
+    positions: torch.Tensor,
+    encoding: PositionalEncoding,
+    content: object | None,
+) -> torch.Tensor:
+    """attention_probabilities of the last n queries (B, H, n, hs) of a sequence over its keys
+    k (B, H, e, hs) at ``positions`` (e,) or (B, e) -> (B, H, n, e): what a cached decode's step
+    attends with (posbench/kv_cache.py)."""
+    end = k.shape[2]
+    start = end - queries.shape[2]
     query_positions, key_positions = positions[..., start:end], positions[..., :end]
-    scores = q[:, :, start:end] @ k[:, :, :end].transpose(-1, -2) / math.sqrt(q.shape[-1])
+    scores = queries @ k.transpose(-1, -2) / math.sqrt(queries.shape[-1])
     bias = encoding.score_bias(query_positions, key_positions)  # ([B,] H, n, e) or None
     if bias is not None:
         scores = scores + bias.to(scores.dtype)

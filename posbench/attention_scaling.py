@@ -47,12 +47,14 @@ class AttentionScaling(nn.Module):
         return None
 
     def forward(self, q: torch.Tensor, positions: torch.Tensor, window: int | None) -> torch.Tensor:
-        """Queries (B, H, T, hs) -> (B, H, T, hs), each times its ``factor``."""
-        factor = self.factor(positions, q.shape[2], window)
+        """Queries (B, H, n, hs) -> (B, H, n, hs), each times its ``factor``: the last n tokens
+        of a sequence at ``positions`` (T,) or (B, T) (n = T but in a cached decode's step,
+        whose queries are its newest tokens: SSMax's factor counts the tokens before them)."""
+        factor = self.factor(positions, positions.shape[-1], window)
         if factor is None:
             return q
         # In q's dtype: a float32 factor would promote bf16 queries past their keys' dtype.
-        return q * factor.to(q.dtype)
+        return q * factor[..., -q.shape[2] :, :].to(q.dtype)
 
 
 class ScalableSoftmax(AttentionScaling):

@@ -37,12 +37,18 @@ Where in the window the loss rises: each non-overlapping record also holds
 (``position_buckets``), summed over every window. Sliding-window records omit it: their scored
 positions are only the window's last ``stride``.
 
-Tasks (``data=passkey``, ``copy``, ``recall``) are scored on their answer bytes only: at each
-length, ``data.val_examples`` prompts of exactly that length, the model's argmax at each answer
-byte under teacher forcing (greedy decoding that never sees its own mistakes: the prediction
-of every byte is exact given the true prefix). Their records add ``accuracy`` (answer bytes
-right), ``sequence_accuracy`` (examples whose answer is right in full) and, for passkey,
-``accuracy_by_depth``; ``ppl`` and ``bits_per_byte`` are those of the answer bytes.
+Tasks (``data=passkey``, ``copy``, ``recall``, and the algorithmic ones) are scored on their
+answer bytes only: at each length, ``data.val_examples`` examples of exactly that length.
+``eval.decode=greedy`` (the default) decodes each answer from the model's own argmax
+(posbench/decode.py: the input after an answer byte is the model's prediction of it, not the
+true byte); ``teacher_forced`` does not decode. The records add ``decode`` (which),
+``accuracy`` (the share of answer bytes the greedy decode got right; null under
+teacher_forced), ``sequence_accuracy`` (examples whose answer is right in full: the same under
+both, as a decode is right in full exactly when every argmax given the true prefix is),
+``teacher_forced_accuracy`` (the share of answer bytes that are the argmax given the true bytes
+before them: a rule that repeats the previous answer byte scores high there) and, for passkey,
+``accuracy_by_depth`` (the same per needle depth); ``ppl`` and ``bits_per_byte`` are those of
+the answer bytes under teacher forcing.
 
 Randomized positions (a run trained with ``train.random_positions=N``, Ruoss et al. 2023): as
 the reference (google-deepmind/randomized_positional_encodings) evaluates, each window sits at
@@ -73,7 +79,7 @@ import torch.nn.functional as F
 from omegaconf import DictConfig, OmegaConf
 from tqdm.auto import tqdm
 
-from posbench.config import choice, resolve_device
+from posbench.config import EvalDecode, choice, resolve_device
 from posbench.data import (
     Bytes,
     Corpus,
@@ -85,6 +91,7 @@ from posbench.data import (
     load_data,
     sample_positions,
 )
+from posbench.decode import greedy_decode
 from posbench.errors import PosbenchError
 from posbench.memory import fitting_batch_size
 from posbench.model import Transformer
@@ -460,24 +467,34 @@ def evaluate(
     ]
 
 
-NOT_SCORED = {"accuracy": None, "sequence_accuracy": None}  # a task length not measured
+# a task length not measured
+NOT_SCORED = dict.fromkeys(["decode", "accuracy", "sequence_accuracy", "teacher_forced_accuracy"])
 
 
 def answer_scores(
-    correct: torch.Tensor, answer_bytes: torch.Tensor, depth_percent: torch.Tensor | None = None
+    teacher_forced: torch.Tensor,
+    decoded: torch.Tensor | None,
+    answer_bytes: torch.Tensor,
+    depth_percent: torch.Tensor | None = None,
 ) -> dict[str, Any]:
-    """``accuracy`` (answer bytes right / answer bytes), ``sequence_accuracy`` (examples with
-    every answer byte right / examples) and, with ``depth_percent``, ``accuracy_by_depth``:
-    the same two per needle depth. ``correct`` and ``answer_bytes`` are (N,) counts per example."""
+    """``accuracy`` (answer bytes the greedy decode got right / answer bytes; None when not
+    ``decoded``), ``sequence_accuracy`` (examples with every answer byte right / examples),
+    ``teacher_forced_accuracy`` (answer bytes right given the true prefix / answer bytes) and,
+    with ``depth_percent``, ``accuracy_by_depth``: the same three per needle depth.
+    ``teacher_forced``, ``decoded`` and ``answer_bytes`` are (N,) counts per example."""
+    whole = teacher_forced if decoded is None else decoded  # either: right in full alike
+    answers = answer_bytes.sum().item()
     scores = {
-        "accuracy": correct.sum().item() / answer_bytes.sum().item(),
-        "sequence_accuracy": (correct == answer_bytes).double().mean().item(),
+        "accuracy": None if decoded is None else decoded.sum().item() / answers,
+        "sequence_accuracy": (whole == answer_bytes).double().mean().item(),
+        "teacher_forced_accuracy": teacher_forced.sum().item() / answers,
     }
     if depth_percent is not None:
         by_depth = []
         for depth in depth_percent.unique().tolist():
             at = depth_percent == depth  # (N,)
-            scores_at = answer_scores(correct[at], answer_bytes[at])
+            at_depth = None if decoded is None else decoded[at]
+            scores_at = answer_scores(teacher_forced[at], at_depth, answer_bytes[at])
             by_depth.append({"depth_percent": depth, **scores_at, "examples": int(at.sum())})
         scores["accuracy_by_depth"] = by_depth
     return scores
@@ -491,12 +508,14 @@ def evaluate_task_length(
     batch_size: int | None = None,
     precision: str = "fp32",
     positions: RandomPositions | None = None,
+    decode: str = "greedy",
 ) -> dict[str, Any]:
     """One results.json eval record of a task at ``length`` (a window's tokens, or an
     algorithmic task's problem length; ``window``: the inputs of its longest example): the
-    answer bytes' ppl and bits_per_byte, and their ``answer_scores`` under teacher forcing,
-    with forward passes in ``precision``, each example at its randomized ``positions`` (None:
-    0..L-1)."""
+    answer bytes' ppl and bits_per_byte, and their ``answer_scores``, of the model's own
+    answers for ``decode`` greedy (also under teacher forcing, which teacher_forced alone
+    scores), with forward passes in ``precision``, each example at its randomized
+    ``positions`` (None: 0..L-1)."""
     model.eval()
     reason = task.unscorable(length)
     examples = task.examples(length) if reason is None else None
@@ -513,7 +532,9 @@ def evaluate_task_length(
     )
     if shortfall is not None:
         return {**unsupported(length, None, shortfall, scaling, positions), **NOT_SCORED}
-    nll, correct = task_predictions(model, examples, batch_size, device, precision, positions)
+    nll, teacher_forced, decoded = task_predictions(
+        model, examples, batch_size, device, precision, positions, decode
+    )
     answer_bytes = examples.answer.sum(1)  # (N,)
     mean_nll = nll / answer_bytes.sum().item()
     return {
@@ -532,7 +553,8 @@ def evaluate_task_length(
         **scaling,
         **positions_record(positions, n),
         "examples": n,
-        **answer_scores(correct, answer_bytes, examples.depth_percent),
+        "decode": decode,
+        **answer_scores(teacher_forced, decoded, answer_bytes, examples.depth_percent),
     }
 
 
@@ -543,19 +565,23 @@ def task_predictions(
     device: torch.device,
     precision: str = "fp32",
     positions: RandomPositions | None = None,
-) -> tuple[float, torch.Tensor]:
-    """The answer bytes' summed NLL (nats) and, per example, how many of its answer bytes are
-    the model's argmax given the true prefix, each example at its ``positions`` (None: 0..L-1):
-    (float, (N,) int64)."""
-    nll, correct = 0.0, []
+    decode: str = "greedy",
+) -> tuple[float, torch.Tensor, torch.Tensor | None]:
+    """The answer bytes' summed NLL (nats) under teacher forcing and, per example, how many of
+    its answer bytes are the model's argmax given the true prefix and (``decode`` greedy; None
+    for teacher_forced) in its own greedy decode, each example at its ``positions`` (None:
+    0..L-1): (float, (N,) int64, (N,) int64 or None)."""
+    nll, correct, decoded_correct = 0.0, [], []
     with tqdm(total=len(examples.tokens), desc="eval task", unit="example", leave=False) as bar:
-        for first, inputs, targets in zip(
+        for first, inputs, targets, answer in zip(
             range(0, len(examples.tokens), batch_size),
             examples.inputs().split(batch_size),
             examples.targets().split(batch_size),
+            examples.answer.split(batch_size),
             strict=True,
         ):
             inputs, targets = inputs.to(device), targets.to(device)  # (B, T)
+            answer = answer.to(device)  # (B, T)
             at = None
             if positions is not None:  # keyed by the examples' indices
                 keys = range(first, first + len(inputs))
@@ -566,8 +592,14 @@ def task_predictions(
             nll += nll_bt.double().sum().item()  # IGNORE targets add 0
             hits = logits.argmax(-1) == targets  # (B, T): IGNORE targets never match
             correct.append(hits.sum(1).cpu())
+            if decode == "greedy":
+                # Answers are autoregressive: the input after an answer byte is that byte.
+                assert (inputs[:, 1:] == targets[:, :-1])[answer[:, :-1]].all()
+                with autocast(precision, device):
+                    predictions = greedy_decode(model, inputs, answer, at)  # (B, T)
+                decoded_correct.append((predictions == targets).sum(1).cpu())
             bar.update(len(inputs))
-    return nll, torch.cat(correct)
+    return nll, torch.cat(correct), torch.cat(decoded_correct) if decoded_correct else None
 
 
 def evaluate_task(
@@ -577,10 +609,18 @@ def evaluate_task(
     batch_size: int | None = None,
     precision: str = "fp32",
     positions: RandomPositions | None = None,
+    decode: str = "greedy",
 ) -> list[dict[str, Any]]:
     """Evaluate ``model`` on ``task``'s examples at each length, in ``precision``, at
-    ``positions`` (None: 0..L-1); results.json eval records."""
-    return [evaluate_task_length(model, task, n, batch_size, precision, positions) for n in lengths]
+    ``positions`` (None: 0..L-1), its answers scored as ``decode`` says (greedy |
+    teacher_forced); results.json eval records."""
+    decodes = [d.value for d in EvalDecode]
+    if decode not in decodes:
+        raise PosbenchError(f"decode must be one of {', '.join(decodes)} (got {decode!r})")
+    return [
+        evaluate_task_length(model, task, n, batch_size, precision, positions, decode)
+        for n in lengths
+    ]
 
 
 def evaluate_data(
@@ -593,9 +633,10 @@ def evaluate_data(
     train_seq_len: int | None = None,
     precision: str = "fp32",
     positions: RandomPositions | None = None,
+    decode: str = "greedy",
 ) -> list[dict[str, Any]]:
-    """``evaluate`` on a corpus's validation split, ``evaluate_task`` on a task, at
-    ``positions`` (None: 0..L-1)."""
+    """``evaluate`` on a corpus's validation split, ``evaluate_task`` on a task (its answers
+    scored as ``decode`` says), at ``positions`` (None: 0..L-1)."""
     if isinstance(data, Corpus):
         return evaluate(
             model,
@@ -616,7 +657,7 @@ def evaluate_data(
             f"data={data.config.source} scores whole prompts: a stride applies to corpora only; "
             "drop --stride / eval.stride"
         )
-    return evaluate_task(model, data, lengths, batch_size, precision, positions)
+    return evaluate_task(model, data, lengths, batch_size, precision, positions, decode)
 
 
 def evaluate_run(
@@ -629,12 +670,15 @@ def evaluate_run(
     encoding_overrides: Mapping[str, Any] | None = None,
     precision: str | None = None,
     positions: str | None = None,
+    decode: str | None = None,
 ) -> list[dict[str, Any]]:
     """Evaluate a trained run on its own validation split; returns results.json eval records.
 
-    ``max_tokens``, ``precision`` and ``positions`` (auto | consecutive | random) default to
-    the run's ``eval.max_tokens``, ``eval.precision`` and ``eval.positions``, so the numbers are
-    comparable with the ones measured at the end of training. ``encoding_overrides`` are merged
+    ``max_tokens``, ``precision``, ``positions`` (auto | consecutive | random) and ``decode``
+    (greedy | teacher_forced) default to the run's ``eval.max_tokens``, ``eval.precision``,
+    ``eval.positions`` and ``eval.decode`` (greedy for runs from before it: their records are
+    re-scored the new way), so the numbers are comparable with the ones measured at the end of
+    training. ``encoding_overrides`` are merged
     over the
     run's encoding config before its weights are loaded (e.g. ``rope_scaling_overrides``).
     """
@@ -644,6 +688,8 @@ def evaluate_run(
         max_tokens = cfg.eval.max_tokens
     if precision is None:  # runs from before eval.precision existed evaluated in fp32
         precision = OmegaConf.select(cfg, "eval.precision", default="fp32")
+    if decode is None:
+        decode = choice(OmegaConf.select(cfg, "eval.decode", default="greedy"))
     return evaluate_data(
         model,
         data,
@@ -654,6 +700,7 @@ def evaluate_run(
         cfg.train.seq_len,
         precision,
         eval_positions(cfg, positions),
+        decode,
     )
 
 

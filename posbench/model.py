@@ -21,6 +21,7 @@ from posbench.attention import QueryBlockBiases, attention_scratch_elements, cau
 from posbench.attention_scaling import SCALINGS, AttentionScaling, build_attention_scaling
 from posbench.encodings import PositionalEncoding, build_encoding
 from posbench.errors import PosbenchError
+from posbench.kv_cache import DecodeCache, LayerCache
 
 VOCAB_SIZE = 256  # byte-level: every corpus is read as raw bytes, no tokenizer to download
 
@@ -42,15 +43,24 @@ class CausalSelfAttention(nn.Module):
         self.scaling = scaling or AttentionScaling()
 
     def queries_keys_values(
-        self, x: torch.Tensor, positions: torch.Tensor, encoding: PositionalEncoding
+        self,
+        x: torch.Tensor,
+        positions: torch.Tensor,
+        encoding: PositionalEncoding,
+        cache: LayerCache | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """The q, k, v (B, nh, T, hs) this layer attends with, from its input ``x`` (B, T, C)."""
+        """The q, k, v (B, nh, T, hs) this layer attends with, from its input ``x`` (B, T, C) at
+        ``positions``, or the next T tokens of a decode that ``cache`` holds the others of."""
         B, T, C = x.shape
         q, k, v = self.qkv(x).split(C, dim=2)  # (B, T, C) each
         # (B, nh, T, hs) each
         q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))
         # The encoding acts on the scores: it transforms queries and keys, never values.
-        q, k = encoding.queries_and_keys(q, k, positions)  # (B, nh, T, hs) each
+        if cache is None:
+            q, k = encoding.queries_and_keys(q, k, positions)  # (B, nh, T, hs) each
+        else:
+            q, k = cache.queries_and_keys(q, k, encoding)  # (B, nh, T, hs) each
+            positions = cache.seen_positions(T)  # SSMax counts the tokens before x's
         # Scaling the query scales q.k alone: the biases attention adds stay as they are.
         return self.scaling(q, positions, encoding.window), k, v  # (B, nh, T, hs) each
 
@@ -60,12 +70,16 @@ class CausalSelfAttention(nn.Module):
         positions: torch.Tensor,
         encoding: PositionalEncoding,
         biases: QueryBlockBiases | None = None,
+        cache: LayerCache | None = None,
     ) -> torch.Tensor:
         B, T, C = x.shape
-        q, k, v = self.queries_keys_values(x, positions, encoding)  # (B, nh, T, hs) each
-        content = encoding.content_state(x, q, k, positions)  # None: no bias from content
-        dropout = self.dropout if self.training else 0.0
-        y = causal_attention(q, k, v, positions, encoding, dropout, biases, content)
+        q, k, v = self.queries_keys_values(x, positions, encoding, cache)  # (B, nh, T, hs) each
+        if cache is not None:  # x is the next T tokens of a cached decode
+            y = cache.attend(x, q, k, v, encoding)  # (B, nh, T, hs)
+        else:
+            content = encoding.content_state(x, q, k, positions)  # None: no bias from content
+            dropout = self.dropout if self.training else 0.0
+            y = causal_attention(q, k, v, positions, encoding, dropout, biases, content)
         y = y.transpose(1, 2).reshape(B, T, C)  # (B, T, C)
         return self.proj(y)
 
@@ -105,8 +119,9 @@ class Block(nn.Module):
         positions: torch.Tensor,
         encoding: PositionalEncoding,
         biases: QueryBlockBiases | None = None,
+        cache: LayerCache | None = None,
     ) -> torch.Tensor:
-        x = x + self.attn(self.ln_attn(x), positions, encoding, biases)  # (B, T, C)
+        x = x + self.attn(self.ln_attn(x), positions, encoding, biases, cache)  # (B, T, C)
         return x + self.mlp(self.ln_mlp(x))  # (B, T, C)
 
 
@@ -186,6 +201,7 @@ class Transformer(nn.Module):
         positions: torch.Tensor | None = None,
         targets: torch.Tensor | None = None,
         reduction: Literal["sum", "none"] = "sum",
+        cache: DecodeCache | None = None,
     ) -> torch.Tensor:
         """Logits (B, T, vocab) for ``tokens`` (B, T) at increasing integer ``positions``: (T,),
         shared by the batch (0..T-1 by default), or (B, T), one row per sequence (randomized
@@ -193,9 +209,14 @@ class Transformer(nn.Module):
         negative log-likelihood in float32 (``next_token_nll``), without the (B, T, vocab)
         logits where they are large: summed over those that are not -100 (``reduction="sum"``,
         what training needs) or one per target (``"none"``, (B, T), 0 where -100: what
-        evaluation needs)."""
+        evaluation needs). Given a ``cache`` (posbench/kv_cache.py) instead of ``positions``,
+        ``tokens`` are the next T tokens of a decode after those cached, at the cache's next
+        positions, and are cached in turn."""
         T = tokens.shape[1]
         needed = T  # the largest position + 1 (T by default, known without a device sync)
+        if cache is not None:
+            assert positions is None, "a cache holds the positions of the tokens it decodes"
+            positions = cache.next_positions(T)
         if positions is None:
             positions = torch.arange(T, device=tokens.device)  # (T,)
         elif self.max_length is not None:
@@ -209,8 +230,13 @@ class Transformer(nn.Module):
         x = self.dropout(self.encoding.embed(x, positions))  # (B, T, C)
         # Layers with the same encoding instance share its query-block biases (computed once).
         biases = {id(e): QueryBlockBiases(e) for e in unique(self.layer_encodings)}
-        for block, encoding in zip(self.blocks, self.layer_encodings, strict=True):
-            x = block(x, positions, encoding, biases[id(encoding)])
+        layer_caches = [None] * len(self.blocks) if cache is None else cache.layers
+        for block, encoding, layer_cache in zip(
+            self.blocks, self.layer_encodings, layer_caches, strict=True
+        ):
+            x = block(x, positions, encoding, biases[id(encoding)], layer_cache)
+        if cache is not None:
+            cache.advance(T)
         x = self.ln_final(x)  # (B, T, C)
         if targets is not None:
             nll = next_token_nll(x.flatten(0, 1), self.lm_head.weight, targets.flatten(), reduction)

@@ -327,6 +327,19 @@ def positions_mode(record: Mapping[str, Any]) -> str:
     return record.get("positions") or "consecutive"
 
 
+def decode_mode(record: Mapping[str, Any]) -> str:
+    """How a task's eval record scored its answers: "greedy" (the model's own decode) or
+    "teacher_forced" (also records written before the ``decode`` field existed)."""
+    return record.get("decode") or "teacher_forced"
+
+
+def decoded_accuracy(record: Mapping[str, Any]) -> float | None:
+    """A task's eval record's share of answer bytes its greedy decode got right; None when it
+    was scored under teacher forcing (records from before the ``decode`` field were, and hold
+    the teacher-forced share as ``accuracy``)."""
+    return record.get("accuracy") if decode_mode(record) == "greedy" else None
+
+
 def eval_protocol(record: Mapping[str, Any]) -> tuple:
     """How an eval record was measured, its length aside: stride, eval-time scaling method and
     factor setting (not the factor, which follows each length when unset), positions. A ratio
@@ -389,10 +402,11 @@ def with_length_generalization(results: dict[str, Any], longest_trained: int) ->
     """``results`` of a run on an algorithmic task trained at problem lengths up to
     ``longest_trained``, with Ruoss et al.'s summary of its eval records over the lengths
     beyond: ``length_generalization``, the mean sequence accuracy (the whole answer right),
-    and ``length_generalization_accuracy``, the mean accuracy per answer byte (what their
-    Table 1 averages, over lengths 41 to 500). None when no such length was measured, or when
-    one of them could not be (a learned table too short for it): a mean over the lengths a
-    model happens to support would not compare with one over all of them."""
+    and ``length_generalization_accuracy``, the mean accuracy per answer byte of the model's
+    greedy decode (``decoded_accuracy``; their Table 1 averages accuracy over lengths 41 to
+    500; None when a length was scored under teacher forcing only). None when no such length
+    was measured, or when one of them could not be (a learned table too short for it): a mean
+    over the lengths a model happens to support would not compare with one over all of them."""
     beyond = [r for r in results["eval"] if r["length"] > longest_trained]
     summary: dict[str, Any] = dict.fromkeys(
         ["length_generalization", "length_generalization_accuracy"]
@@ -400,9 +414,14 @@ def with_length_generalization(results: dict[str, Any], longest_trained: int) ->
     if beyond and all(r["status"] == "ok" for r in beyond):
         summary = {
             "length_generalization": sum(r["sequence_accuracy"] for r in beyond) / len(beyond),
-            "length_generalization_accuracy": sum(r["accuracy"] for r in beyond) / len(beyond),
+            "length_generalization_accuracy": mean_of([decoded_accuracy(r) for r in beyond]),
         }
     return {**results, **summary}
+
+
+def mean_of(values: list[float | None]) -> float | None:
+    """The mean of ``values``; None when one of them is None."""
+    return None if None in values else sum(values) / len(values)
 
 
 def append_eval_results(

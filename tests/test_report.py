@@ -620,11 +620,14 @@ def test_runs_without_loss_by_position_get_no_position_table_or_figure(tmp_path)
     assert not (out / "loss_by_position.png").exists()
 
 
-def add_accuracy(run, accuracies):
-    """Task records: ``accuracies`` maps length -> (accuracy, sequence_accuracy)."""
+def add_accuracy(run, accuracies, decode="greedy"):
+    """Task records: ``accuracies`` maps length -> (accuracy, sequence_accuracy), scored as
+    ``decode`` says (None: a record from before the field existed)."""
     results = json.loads((run / "results.json").read_text())
     for record in results["eval"]:
         record["accuracy"], record["sequence_accuracy"] = accuracies[record["length"]]
+        if decode is not None:
+            record["decode"] = decode
     (run / "results.json").write_text(json.dumps(results))
 
 
@@ -646,6 +649,16 @@ def test_task_runs_get_accuracy_tables_averaged_over_seeds_and_a_figure(tmp_path
     events.Reload()
     points = [(e.step, round(e.value, 6)) for e in events.Scalars("report/accuracy")]
     assert points == [(16, 0.9), (32, 0.4)]
+
+
+def test_runs_from_before_greedy_decoding_report_sequence_accuracy_but_no_accuracy(tmp_path):
+    # Their accuracy was scored under teacher forcing: no greedy decode's to average.
+    add_accuracy(make_run(tmp_path / "a", seed=0), {16: (1.0, 1.0), 32: (0.9, 0.25)}, None)
+    (group,) = build_report(tmp_path).groups
+    cells = group.rows[0].cells
+    assert [c.accuracy.n for c in cells] == [0, 0]
+    assert [c.sequence_accuracy.mean for c in cells] == [1.0, 0.25]
+    assert "| rope | 1 | 1.00 | 0.25 |" in markdown(build_report(tmp_path)).split("Sequence")[1]
 
 
 def test_corpus_runs_get_no_accuracy_table_or_figure(tmp_path):
@@ -711,7 +724,7 @@ def task_run(path, task, encoding, seed, accuracies, **config):
     at = {} if positions is None else {"positions": "random", "random_positions": positions}
     records = [
         {"length": n, "stride": None, "ppl": 1.5, "status": "ok", "reason": None,
-         "accuracy": acc, "sequence_accuracy": seq, **at}
+         "accuracy": acc, "sequence_accuracy": seq, "decode": "greedy", **at}
         for n, (acc, seq) in accuracies.items()
     ]  # fmt: skip
     beyond = [(acc, seq) for n, (acc, seq) in accuracies.items() if n > 40]

@@ -22,6 +22,8 @@ from posbench.references import Reference, ReferenceTable
 from posbench.report.read import Excluded, Run, find_runs
 from posbench.report.run_table import no_reference
 from posbench.runs import (
+    decode_mode,
+    decoded_accuracy,
     eval_protocol,
     positions_mode,
     protocol_text,
@@ -87,7 +89,7 @@ class Cell:
     value: Stat  # the report's metric (ppl, bits_per_byte or word_ppl), per run
     ratio: Stat  # value(length) / value(train length) of the same protocol, per run
     unsupported: str | None  # the reason, when no run could measure this length
-    accuracy: Stat = Stat(0, None, None)  # a task's answer bytes right, per run
+    accuracy: Stat = Stat(0, None, None)  # a task's answer bytes right in its greedy decode
     sequence_accuracy: Stat = Stat(0, None, None)  # a task's examples right in full, per run
     documents: tuple[int, ...] = ()  # the documents its runs scored (distinct counts), if any
     missing: dict[str, str] = field(default_factory=dict)  # metric -> why a measured cell has none
@@ -291,7 +293,7 @@ def build_group(
         results = [run.results for run in runs if run.path in row.runs]
         row.generalization = Stat.of(summary_values(results, "length_generalization"))
         row.generalization_accuracy = Stat.of(
-            summary_values(results, "length_generalization_accuracy")
+            summary_values(decoded(results), "length_generalization_accuracy")
         )
         rows.append(row)
     train_seq_len = runs[0].config["train.seq_len"]
@@ -347,10 +349,19 @@ def summary_values(results: Sequence[dict[str, Any]], key: str) -> list[float]:
     return [r[key] for r in results if r.get(key) is not None]
 
 
+def decoded(results: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The runs' results whose task records were decoded greedily: those from before
+    eval.decode existed hold a teacher-forced length_generalization_accuracy."""
+    return [r for r in results if any(decode_mode(e) == "greedy" for e in r["eval"])]
+
+
 def depth_accuracy(measured: Sequence[tuple[Run, dict]]) -> dict[int, Stat] | None:
-    """The runs' passkey accuracy at each needle depth, over runs; None when none has one."""
+    """The runs' passkey accuracy (of the greedy decode) at each needle depth, over runs; None
+    when none has one."""
     per_depth: dict[int, list[float]] = defaultdict(list)
     for _, record in measured:
+        if decode_mode(record) != "greedy":
+            continue
         for entry in record.get("accuracy_by_depth", []):
             per_depth[entry["depth_percent"]].append(entry["accuracy"])
     return {depth: Stat.of(values) for depth, values in sorted(per_depth.items())} or None
@@ -406,7 +417,8 @@ def cell(length: int, measured: Sequence[tuple[Run, dict]], metric: str = "ppl")
         missing["ratio"] = no_reference(run.config["train.seq_len"], protocol_text(record))
     reasons = sorted({r["reason"] for _, r in measured if r["status"] != "ok"})
     unsupported = "; ".join(reasons) if reasons and not ok else None
-    scored = [r for _, r in measured if r.get("accuracy") is not None]
+    scored = [r for _, r in measured if r.get("sequence_accuracy") is not None]
+    decoded_accuracies = [a for r in scored if (a := decoded_accuracy(r)) is not None]
     documents = {count for _, r in ok_records if (count := r.get("documents")) is not None}
     return Cell(
         length,
@@ -414,7 +426,7 @@ def cell(length: int, measured: Sequence[tuple[Run, dict]], metric: str = "ppl")
         Stat.of([r[metric] for _, r in valued]),
         Stat.of(ratios),
         unsupported,
-        Stat.of([r["accuracy"] for r in scored]),
+        Stat.of(decoded_accuracies),
         Stat.of([r["sequence_accuracy"] for r in scored]),
         tuple(sorted(documents)),
         missing,
@@ -449,7 +461,7 @@ def mark_not_comparable(group: Group) -> None:
 
 def has_accuracy(group: Group) -> bool:
     """Whether the group's runs are of a task (their records score answers)."""
-    return any(c.accuracy.n for row in group.rows for c in row.cells)
+    return any(c.sequence_accuracy.n for row in group.rows for c in row.cells)
 
 
 def group_title(config: dict[str, Any]) -> str:

@@ -161,7 +161,7 @@ def position_table(group: Group, footnotes: dict[str, int]) -> list[str]:
 
 
 ACCURACIES = {
-    "accuracy": "Accuracy (answer bytes predicted right, argmax under teacher forcing)",
+    "accuracy": "Accuracy (answer bytes right in the model's own greedy decode)",
     "sequence_accuracy": "Sequence accuracy (examples whose whole answer is right)",
 }
 
@@ -170,7 +170,7 @@ ACCURACIES = {
 # attribute that holds them.
 GENERALIZATION = {
     "generalization": "mean sequence accuracy (whole answer right)",
-    "generalization_accuracy": "mean accuracy per answer byte, what their Table 1 averages",
+    "generalization_accuracy": "mean accuracy per answer byte of the greedy decode",
 }
 
 
