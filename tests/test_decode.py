@@ -2,9 +2,14 @@
 with (posbench/kv_cache.py): a cached step's logits are the recomputed ones, for every
 encoding and option, and the scores are those of the model's own answers."""
 
+import json
+
 import pytest
 import torch
+from conftest import TINY_TASK_RUN
 
+from posbench.cli import main
+from posbench.config import compose_config
 from posbench.data import load_data
 from posbench.data.task import Examples
 from posbench.decode import NOT_DECODED, greedy_decode
@@ -12,6 +17,7 @@ from posbench.encodings.registry import encoding_names
 from posbench.evaluate import evaluate_task_length
 from posbench.kv_cache import DecodeCache
 from posbench.model import Transformer, build_model
+from posbench.train import train
 
 B, T, PROMPT = 3, 14, 5  # sequences, tokens, the tokens cached at once before the steps
 ATOL = 1e-5  # cached and recomputed logits agree to this in fp32
@@ -170,8 +176,8 @@ def test_greedy_exact_match_equals_teacher_forced_sequence_accuracy():
     # Prompts of duplicate_string, half of whose answers are the random model's own greedy
     # decode (right in full both ways) and half that decode with one byte changed (wrong in
     # full both ways, at the byte changed or before): the two ways agree example by example.
-    task = load_data({"source": "duplicate_string", "val_examples": 12})
-    examples = task.examples(12)
+    task = load_data({"source": "duplicate_string", "val_examples": 8})
+    examples = task.examples(8)
     model = random_model({"name": "rope"})
     predictions = greedy_decode(model, examples.inputs(), examples.answer)
     tokens = examples.tokens.clone()
@@ -183,8 +189,8 @@ def test_greedy_exact_match_equals_teacher_forced_sequence_accuracy():
         tokens[row, at + 1] ^= 1  # another byte
     mixed = Examples(tokens, examples.answer)
     task.examples = lambda length: mixed
-    greedy = evaluate_task_length(model, task, 12)
-    teacher_forced = evaluate_task_length(model, task, 12, decode="teacher_forced")
+    greedy = evaluate_task_length(model, task, 8)
+    teacher_forced = evaluate_task_length(model, task, 8, decode="teacher_forced")
     assert greedy["sequence_accuracy"] == teacher_forced["sequence_accuracy"] == 0.5
     assert greedy["accuracy"] < 1.0
 
@@ -218,3 +224,16 @@ def test_a_length_not_scored_has_no_decode_and_no_accuracies():
     record = evaluate_task_length(previous_byte_model(), task, 64)
     assert record["status"] == "unsupported"
     assert record["decode"] is record["accuracy"] is record["teacher_forced_accuracy"] is None
+
+
+def test_a_run_decodes_greedily_and_posbench_eval_decode_teacher_forced_rescores_it(tmp_path):
+    overrides = [*TINY_TASK_RUN, "data=reverse_string", "data.train_lengths=[1,4]"]
+    overrides += ["data.val_examples=4", "train.steps=3", "eval.task_lengths=[4,8]"]
+    results = train(compose_config(overrides), tmp_path / "run")
+    assert [r["decode"] for r in results["eval"]] == ["greedy", "greedy"]
+    main(["eval", "--run", str(tmp_path / "run"), "--length", "8", "--decode", "teacher_forced"])
+    results = json.loads((tmp_path / "run" / "results.json").read_text())
+    at_8 = next(r for r in results["eval"] if r["length"] == 8)  # replaced: the same protocol
+    assert at_8["decode"] == "teacher_forced" and at_8["accuracy"] is None
+    assert results["length_generalization"] == at_8["sequence_accuracy"]
+    assert results["length_generalization_accuracy"] is None
