@@ -755,12 +755,31 @@ def attention_probabilities(
     -> (B, H, n, e), written out (posbench diagnose): the encoding's biases of positions (at
     the randomized ``distances`` (B, T) where given: distance_bias) and of the content
     (``content``: its content_state), 0 at future keys and outside a window."""
-    scores = q[:, :, start:end] @ k[:, :, :end].transpose(-1, -2) / math.sqrt(q.shape[-1])
+    keys = k[:, :, :end]
+    return query_probabilities(q[:, :, start:end], keys, positions, encoding, content, distances)
+
+
+def query_probabilities(
+    queries: torch.Tensor,
+    k: torch.Tensor,
+    positions: torch.Tensor,
+    encoding: PositionalEncoding,
+    content: object | None,
+    distances: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """attention_probabilities of the last n queries (B, H, n, hs) of a sequence over its keys
+    k (B, H, e, hs) at ``positions`` (e,) or (B, e) (or longer), at randomized ``distances``
+    (B, e) (or longer) where given -> (B, H, n, e): what a cached decode's step attends with
+    (posbench/kv_cache.py)."""
+    end = k.shape[2]
+    start = end - queries.shape[2]
+    scores = queries @ k.transpose(-1, -2) / math.sqrt(queries.shape[-1])
     if distances is None:  # ([B,] H, n, e) or None
         bias = encoding.score_bias(positions[..., start:end], positions[..., :end])
     else:  # the table at each pair's distance in tokens (future keys: 0's, masked below)
         apart = torch.arange(start, end)[:, None] - torch.arange(end)[None, :]  # (n, e)
-        bias = distance_bias(encoding, distances)[..., apart.clamp(min=0).to(q.device)]
+        table = distance_bias(encoding, distances[..., :end])  # (B, H, e)
+        bias = table[..., apart.clamp(min=0).to(queries.device)]  # (B, H, n, e)
     if bias is not None:
         scores = scores + bias.to(scores.dtype)
     if content is not None:

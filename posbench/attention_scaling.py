@@ -49,10 +49,11 @@ class AttentionScaling(nn.Module):
         their queries (B, H, T, hs); ``None``: no scaling."""
         return None
 
-    def forward(self, q: torch.Tensor, window: int | None) -> torch.Tensor:
-        """The queries (B, H, T, hs) of a sequence's tokens 0..T-1 -> (B, H, T, hs), each times
-        its ``factor``."""
-        factor = self.factor(torch.arange(q.shape[2], device=q.device), window)
+    def forward(self, q: torch.Tensor, window: int | None, first: int = 0) -> torch.Tensor:
+        """The queries (B, H, n, hs) of a sequence's tokens first..first+n-1 -> (B, H, n, hs),
+        each times its ``factor`` (first > 0: a cached decode's newest tokens)."""
+        indices = torch.arange(first, first + q.shape[2], device=q.device)  # (n,)
+        factor = self.factor(indices, window)
         if factor is None:
             return q
         # In q's dtype: a float32 factor would promote bf16 queries past their keys' dtype.

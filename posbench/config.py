@@ -54,6 +54,11 @@ class EvalPositions(Enum):
     random = "random"  # each window at a sorted random subset of [0, train.random_positions)
 
 
+class EvalDecode(Enum):
+    greedy = "greedy"  # a task's answers decoded from the model's own argmax (accuracy)
+    teacher_forced = "teacher_forced"  # not decoded: argmax given the true prefix only
+
+
 @dataclass
 class ModelConfig:
     n_layer: int = 2
@@ -134,6 +139,10 @@ class EvalConfig:
     # auto | consecutive | random (randomized positions: as the run trained, the default for
     # runs with train.random_positions; see posbench/evaluate.py)
     positions: EvalPositions = EvalPositions.auto
+    # greedy | teacher_forced: how a task's autoregressive answers are scored (see
+    # posbench/evaluate.py); accuracy is the greedy decode's, null under teacher_forced (answers
+    # at placeholders: one forward pass, nothing to decode)
+    decode: EvalDecode = EvalDecode.greedy
 
 
 @dataclass

@@ -39,18 +39,24 @@ positions are only the window's last ``stride``.
 
 Tasks (``data=passkey``, ``copy``, ``recall``, the algorithmic tasks) are scored on their
 answer tokens only: at each length, ``data.val_examples`` prompts of exactly that length (an
-algorithmic task's: problems of that size), the model's argmax at each answer token, as the
-task asks for the answer (``answer_mode``, posbench/data/task.py). Under ``placeholders`` one
-forward pass writes every answer token at its blank and none is an input: that argmax is the
-model's answer, scored per token up to the answer's end (Ruoss et al.'s measure). Under
-``autoregressive`` the argmax of each answer byte is taken given the true bytes before it
-(teacher forcing: a prediction that never sees its own mistakes). Their records add
-``answer_mode``, ``accuracy`` (answer tokens right), ``sequence_accuracy`` (examples whose
-answer is right in full), the prompt-blind baselines (posbench/data/baselines.py:
-``chance_accuracy``, ``constant_answer_accuracy`` at the record's length and, for
-autoregressive answers, ``prefix_rule_accuracy``, the bound of teacher-forced accuracy) and,
-for passkey, ``accuracy_by_depth``; ``ppl`` and ``bits_per_byte`` are those of the answer
-tokens.
+algorithmic task's: problems of that size), by the model's own answer, written as the task asks
+for it (``answer_mode``, posbench/data/task.py). Under ``placeholders`` one forward pass writes
+every answer token at its blank and none is an input: that argmax is the model's answer, scored
+per token up to the answer's end (Ruoss et al.'s measure), and there is nothing to decode
+(``decode``: null). Autoregressive answers are decoded greedily (``eval.decode=greedy``, the
+default; posbench/decode.py): the input after an answer byte is the model's prediction of it,
+not the true byte; ``teacher_forced`` does not decode. Their records add ``answer_mode``,
+``decode`` ("greedy", "teacher_forced" or null), ``accuracy`` (answer tokens right in the
+model's own answer; null under teacher_forced), ``sequence_accuracy`` (examples whose answer is
+right in full: the same under greedy decoding and teacher forcing, as a decode is right in full
+exactly when every argmax given the true prefix is), ``teacher_forced_accuracy``
+(autoregressive answers: the share of answer bytes that are the argmax given the true bytes
+before them, where a rule that repeats the previous answer byte scores high; null at
+placeholders), the prompt-blind baselines (posbench/data/baselines.py: ``chance_accuracy``,
+``constant_answer_accuracy`` at the record's length and, for autoregressive answers,
+``prefix_rule_accuracy``, the bound of teacher-forced accuracy) and, for passkey,
+``accuracy_by_depth`` (the same per needle depth); ``ppl`` and ``bits_per_byte`` are those of
+the answer tokens in the one forward pass (autoregressive answers: under teacher forcing).
 
 Randomized positions (a run trained with ``train.random_positions=N``, Ruoss et al. 2023):
 evaluation and validation draw from the distribution training drew from
@@ -87,8 +93,9 @@ import torch.nn.functional as F
 from omegaconf import DictConfig, OmegaConf
 from tqdm.auto import tqdm
 
-from posbench.config import choice, resolve_device
+from posbench.config import EvalDecode, choice, resolve_device
 from posbench.data import (
+    IGNORE,
     AnswerMode,
     Bytes,
     Corpus,
@@ -100,6 +107,7 @@ from posbench.data import (
     load_data,
 )
 from posbench.data.baselines import constant_answer_accuracy, prefix_rule_accuracy
+from posbench.decode import greedy_decode
 from posbench.errors import PosbenchError
 from posbench.memory import fitting_batch_size
 from posbench.model import Transformer
@@ -509,7 +517,8 @@ def evaluate(
     ]
 
 
-NOT_SCORED = {"accuracy": None, "sequence_accuracy": None}  # a task length not measured
+# a task length not measured
+NOT_SCORED = dict.fromkeys(["decode", "accuracy", "sequence_accuracy", "teacher_forced_accuracy"])
 
 
 def baselines(task: Task, examples: Examples | None, length: int) -> dict[str, Any]:
@@ -529,20 +538,36 @@ def baselines(task: Task, examples: Examples | None, length: int) -> dict[str, A
 
 
 def answer_scores(
-    correct: torch.Tensor, answer_bytes: torch.Tensor, depth_percent: torch.Tensor | None = None
+    answered: torch.Tensor | None,
+    teacher_forced: torch.Tensor | None,
+    answer_tokens: torch.Tensor,
+    depth_percent: torch.Tensor | None = None,
 ) -> dict[str, Any]:
-    """``accuracy`` (answer bytes right / answer bytes), ``sequence_accuracy`` (examples with
-    every answer byte right / examples) and, with ``depth_percent``, ``accuracy_by_depth``:
-    the same two per needle depth. ``correct`` and ``answer_bytes`` are (N,) counts per example."""
+    """``accuracy`` (answer tokens right in the model's own answer / answer tokens; None when
+    ``answered`` is), ``sequence_accuracy`` (examples with every answer token right /
+    examples), ``teacher_forced_accuracy`` (answer tokens right given the true prefix / answer
+    tokens; None when ``teacher_forced`` is) and, with ``depth_percent``,
+    ``accuracy_by_depth``: the same three per needle depth. ``answered`` (the greedy decode's
+    or, at placeholders, the one forward pass's), ``teacher_forced`` and ``answer_tokens`` are
+    (N,) counts per example."""
+    # Either is right in full alike: a decode is exactly when every argmax given the true
+    # prefix is.
+    whole = teacher_forced if answered is None else answered
+    assert whole is not None, "answers scored one way at least"
+    answers = answer_tokens.sum().item()
     scores = {
-        "accuracy": correct.sum().item() / answer_bytes.sum().item(),
-        "sequence_accuracy": (correct == answer_bytes).double().mean().item(),
+        "accuracy": None if answered is None else answered.sum().item() / answers,
+        "sequence_accuracy": (whole == answer_tokens).double().mean().item(),
+        "teacher_forced_accuracy": (
+            None if teacher_forced is None else teacher_forced.sum().item() / answers
+        ),
     }
     if depth_percent is not None:
         by_depth = []
         for depth in depth_percent.unique().tolist():
             at = depth_percent == depth  # (N,)
-            scores_at = answer_scores(correct[at], answer_bytes[at])
+            counts = [None if c is None else c[at] for c in (answered, teacher_forced)]
+            scores_at = answer_scores(*counts, answer_tokens[at])
             by_depth.append({"depth_percent": depth, **scores_at, "examples": int(at.sum())})
         scores["accuracy_by_depth"] = by_depth
     return scores
@@ -556,13 +581,16 @@ def evaluate_task_length(
     batch_size: int | None = None,
     precision: str = "fp32",
     positions: RandomPositions | None = None,
+    decode: str = "greedy",
 ) -> dict[str, Any]:
     """One results.json eval record of a task at ``length`` (a window's tokens, or an
     algorithmic task's problem length; ``window``: the inputs of its longest example): the
-    answer tokens' ppl and bits_per_byte, and their ``answer_scores`` from one forward pass
-    (under placeholders, the model's answer; autoregressive answers under teacher forcing),
-    with forward passes in ``precision``, each example at its randomized ``positions`` (None:
-    0..L-1), and the record's prompt-blind ``baselines``."""
+    answer tokens' ppl and bits_per_byte and their ``answer_scores``, with forward passes in
+    ``precision``, each example at its randomized ``positions`` (None: 0..L-1), and the
+    record's prompt-blind ``baselines``. The model's own answer is, under placeholders, one
+    forward pass's argmax (``decode`` null: nothing to decode) and, for autoregressive answers,
+    its greedy decode (``decode`` greedy; teacher_forced scores the argmax given the true
+    prefix alone, which greedy scores too)."""
     model.eval()
     reason = task.unscorable(length)
     examples = task.examples(length) if reason is None else None
@@ -580,9 +608,15 @@ def evaluate_task_length(
     )
     if shortfall is not None:
         return {**unsupported(length, None, shortfall, scaling, positions), **NOT_SCORED, **about}
-    nll, correct = task_predictions(model, examples, batch_size, device, precision, positions)
-    answer_bytes = examples.answer.sum(1)  # (N,)
-    mean_nll = nll / answer_bytes.sum().item()
+    autoregressive = task.answer_mode is AnswerMode.autoregressive
+    decoding = decode if autoregressive else None
+    nll, one_pass, decoded = task_predictions(
+        model, examples, batch_size, device, precision, positions, decoding == "greedy"
+    )
+    # At placeholders the one forward pass is the model's answer; else it is teacher-forced.
+    answered, teacher_forced = (decoded, one_pass) if autoregressive else (one_pass, None)
+    answer_tokens = examples.answer.sum(1)  # (N,)
+    mean_nll = nll / answer_tokens.sum().item()
     return {
         "length": length,
         "window": window,
@@ -590,8 +624,8 @@ def evaluate_task_length(
         "ppl": math.exp(mean_nll),
         "bits_per_byte": mean_nll / math.log(2),
         "word_ppl": None,  # answers are a few bytes, not text
-        "tokens": answer_bytes.sum().item(),
-        "bytes": answer_bytes.sum().item(),
+        "tokens": answer_tokens.sum().item(),
+        "bytes": answer_tokens.sum().item(),
         "words": None,
         "status": "ok",
         "reason": None,
@@ -599,7 +633,8 @@ def evaluate_task_length(
         **scaling,
         **positions_record(positions, n),
         "examples": n,
-        **answer_scores(correct, answer_bytes, examples.depth_percent),
+        "decode": decoding,
+        **answer_scores(answered, teacher_forced, answer_tokens, examples.depth_percent),
         **about,
     }
 
@@ -611,11 +646,14 @@ def task_predictions(
     device: torch.device,
     precision: str = "fp32",
     positions: RandomPositions | None = None,
-) -> tuple[float, torch.Tensor]:
+    greedy: bool = False,
+) -> tuple[float, torch.Tensor, torch.Tensor | None]:
     """The scored answer tokens' summed NLL (nats) and, per example, how many of them are the
     model's argmax in one forward pass over its inputs (autoregressive answers: given the true
-    prefix), each example at its ``positions`` (None: 0..L-1): (float, (N,) int64)."""
-    nll, correct = 0.0, []
+    prefix) and, if ``greedy`` (None otherwise), in its own greedy decode of its autoregressive
+    answers (posbench/decode.py), each example at its ``positions`` (None: 0..L-1), the same
+    draw both ways: (float, (N,) int64, (N,) int64 or None)."""
+    nll, correct, decoded_correct = 0.0, [], []
     n = len(examples.answer)
     with tqdm(total=n, desc="eval task", unit="example", leave=False) as bar:
         for first, inputs, targets, scored in zip(
@@ -638,8 +676,16 @@ def task_predictions(
             nll += nll_bt.double().masked_fill(~scored, 0.0).sum().item()
             hits = (logits.argmax(-1) == targets) & scored  # (B, T)
             correct.append(hits.sum(1).cpu())
+            if greedy:
+                # Answers are autoregressive: the input after an answer byte is that byte (where
+                # the row goes on: padding follows its last).
+                goes_on = scored[:, :-1] & (targets[:, 1:] != IGNORE)  # (B, T - 1)
+                assert (inputs[:, 1:] == targets[:, :-1])[goes_on].all()
+                with autocast(precision, device):
+                    predictions = greedy_decode(model, inputs, scored, *at.tensors)  # (B, T)
+                decoded_correct.append(((predictions == targets) & scored).sum(1).cpu())
             bar.update(len(inputs))
-    return nll, torch.cat(correct)
+    return nll, torch.cat(correct), torch.cat(decoded_correct) if decoded_correct else None
 
 
 def evaluate_task(
@@ -649,10 +695,18 @@ def evaluate_task(
     batch_size: int | None = None,
     precision: str = "fp32",
     positions: RandomPositions | None = None,
+    decode: str = "greedy",
 ) -> list[dict[str, Any]]:
     """Evaluate ``model`` on ``task``'s examples at each length, in ``precision``, at
-    ``positions`` (None: 0..L-1); results.json eval records."""
-    return [evaluate_task_length(model, task, n, batch_size, precision, positions) for n in lengths]
+    ``positions`` (None: 0..L-1), its answers scored as ``decode`` says (greedy |
+    teacher_forced); results.json eval records."""
+    decodes = [d.value for d in EvalDecode]
+    if decode not in decodes:
+        raise PosbenchError(f"decode must be one of {', '.join(decodes)} (got {decode!r})")
+    return [
+        evaluate_task_length(model, task, n, batch_size, precision, positions, decode)
+        for n in lengths
+    ]
 
 
 def evaluate_data(
@@ -665,9 +719,10 @@ def evaluate_data(
     train_seq_len: int | None = None,
     precision: str = "fp32",
     positions: RandomPositions | None = None,
+    decode: str = "greedy",
 ) -> list[dict[str, Any]]:
-    """``evaluate`` on a corpus's validation split, ``evaluate_task`` on a task, at
-    ``positions`` (None: 0..L-1)."""
+    """``evaluate`` on a corpus's validation split, ``evaluate_task`` on a task (its answers
+    scored as ``decode`` says), at ``positions`` (None: 0..L-1)."""
     if isinstance(data, Corpus):
         return evaluate(
             model,
@@ -689,7 +744,7 @@ def evaluate_data(
             f"data={data.config.source} scores whole prompts: a stride applies to corpora only; "
             "drop --stride / eval.stride"
         )
-    return evaluate_task(model, data, lengths, batch_size, precision, positions)
+    return evaluate_task(model, data, lengths, batch_size, precision, positions, decode)
 
 
 def evaluate_run(
@@ -702,12 +757,15 @@ def evaluate_run(
     encoding_overrides: Mapping[str, Any] | None = None,
     precision: str | None = None,
     positions: str | None = None,
+    decode: str | None = None,
 ) -> list[dict[str, Any]]:
     """Evaluate a trained run on its own validation split; returns results.json eval records.
 
-    ``max_tokens``, ``precision`` and ``positions`` (auto | consecutive | random) default to
-    the run's ``eval.max_tokens``, ``eval.precision`` and ``eval.positions``, so the numbers are
-    comparable with the ones measured at the end of training. ``encoding_overrides`` are merged
+    ``max_tokens``, ``precision``, ``positions`` (auto | consecutive | random) and ``decode``
+    (greedy | teacher_forced) default to the run's ``eval.max_tokens``, ``eval.precision``,
+    ``eval.positions`` and ``eval.decode`` (greedy for runs from before it: their records are
+    re-scored the new way), so the numbers are comparable with the ones measured at the end of
+    training. ``encoding_overrides`` are merged
     over the
     run's encoding config before its weights are loaded (e.g. ``rope_scaling_overrides``).
     """
@@ -717,6 +775,8 @@ def evaluate_run(
         max_tokens = cfg.eval.max_tokens
     if precision is None:  # runs from before eval.precision existed evaluated in fp32
         precision = OmegaConf.select(cfg, "eval.precision", default="fp32")
+    if decode is None:
+        decode = choice(OmegaConf.select(cfg, "eval.decode", default="greedy"))
     return evaluate_data(
         model,
         data,
@@ -727,6 +787,7 @@ def evaluate_run(
         cfg.train.seq_len,
         precision,
         eval_positions(cfg, positions),
+        decode,
     )
 
 

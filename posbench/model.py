@@ -27,6 +27,7 @@ from posbench.attention import (
 from posbench.attention_scaling import SCALINGS, AttentionScaling, build_attention_scaling
 from posbench.encodings import PositionalEncoding, build_encoding
 from posbench.errors import PosbenchError
+from posbench.kv_cache import DecodeCache, LayerCache
 
 VOCAB_SIZE = 256  # byte-level: every corpus is read as raw bytes, no tokenizer to download
 ACTIVATIONS = {"gelu": F.gelu, "relu": F.relu}  # model.activation: the MLP's
@@ -50,20 +51,30 @@ class CausalSelfAttention(nn.Module):
         self.scaling = scaling or AttentionScaling()
 
     def queries_keys_values(
-        self, x: torch.Tensor, positions: torch.Tensor, encoding: PositionalEncoding
+        self,
+        x: torch.Tensor,
+        positions: torch.Tensor,
+        encoding: PositionalEncoding,
+        cache: LayerCache | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, Any]:
         """The q, k, v (B, nh, T, hs) this layer attends with, from its input ``x`` (B, T, C),
-        and the encoding's content_state (None: no bias from the content)."""
+        and the encoding's content_state (None: no bias from the content). With a ``cache``, x
+        is the next T tokens of a decode: k and v (B, nh, t + T, hs) are every token's so far."""
         B, T, C = x.shape
         q, k, v = self.qkv(x).split(C, dim=2)  # (B, T, C) each
         # (B, nh, T, hs) each
         q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))
         # The encoding acts on the scores: it transforms queries and keys, never values.
-        q, k = encoding.queries_and_keys(q, k, positions)  # (B, nh, T, hs) each
         # Before the scaling: a bias from the content (CoPE's gates and counts) reads q as is.
-        content = encoding.content_state(x, q, k, positions)
+        if cache is None:
+            q, k = encoding.queries_and_keys(q, k, positions)  # (B, nh, T, hs) each
+            content = encoding.content_state(x, q, k, positions)
+            first = 0  # the token index of x's first token
+        else:
+            first = cache.length
+            q, k, v, content = cache.queries_keys_values(x, q, k, v, encoding)
         # Scaling the query scales q.k alone: the biases attention adds stay as they are.
-        return self.scaling(q, encoding.window), k, v, content  # (B, nh, T, hs) each
+        return self.scaling(q, encoding.window, first), k, v, content
 
     def forward(
         self,
@@ -71,11 +82,15 @@ class CausalSelfAttention(nn.Module):
         positions: torch.Tensor,
         encoding: PositionalEncoding,
         biases: QueryBlockBiases | None = None,
+        cache: LayerCache | None = None,
     ) -> torch.Tensor:
         B, T, C = x.shape
-        q, k, v, content = self.queries_keys_values(x, positions, encoding)  # (B, nh, T, hs)
-        dropout = self.dropout if self.training else 0.0
-        y = causal_attention(q, k, v, positions, encoding, dropout, biases, content)
+        q, k, v, content = self.queries_keys_values(x, positions, encoding, cache)
+        if cache is not None:  # x is the next T tokens of a cached decode
+            y = cache.attend(q, k, v, encoding, content)  # (B, nh, T, hs)
+        else:
+            dropout = self.dropout if self.training else 0.0
+            y = causal_attention(q, k, v, positions, encoding, dropout, biases, content)
         y = y.transpose(1, 2).reshape(B, T, C)  # (B, T, C)
         return self.proj(y)
 
@@ -119,11 +134,12 @@ class Block(nn.Module):
         positions: torch.Tensor,
         encoding: PositionalEncoding,
         biases: QueryBlockBiases | None = None,
+        cache: LayerCache | None = None,
     ) -> torch.Tensor:
         if self.post_norm:
-            x = self.ln_attn(x + self.attn(x, positions, encoding, biases))  # (B, T, C)
+            x = self.ln_attn(x + self.attn(x, positions, encoding, biases, cache))  # (B, T, C)
             return self.ln_mlp(x + self.mlp(x))  # (B, T, C)
-        x = x + self.attn(self.ln_attn(x), positions, encoding, biases)  # (B, T, C)
+        x = x + self.attn(self.ln_attn(x), positions, encoding, biases, cache)  # (B, T, C)
         return x + self.mlp(self.ln_mlp(x))  # (B, T, C)
 
 
@@ -212,6 +228,7 @@ class Transformer(nn.Module):
         targets: torch.Tensor | None = None,
         reduction: Literal["sum", "none"] = "sum",
         distances: torch.Tensor | None = None,
+        cache: DecodeCache | None = None,
     ) -> torch.Tensor:
         """Logits (B, T, vocab) for ``tokens`` (B, T) at increasing integer ``positions``: (T,),
         shared by the batch (0..T-1 by default), (B, T), one row per sequence (randomized
@@ -222,9 +239,14 @@ class Transformer(nn.Module):
         (``next_token_nll``), without the (B, T, vocab) logits where they are large: summed
         over those that are not -100 (``reduction="sum"``,
         what training needs) or one per target (``"none"``, (B, T), 0 where -100: what
-        evaluation needs)."""
+        evaluation needs). Given a ``cache`` (posbench/kv_cache.py) instead of ``positions``
+        and ``distances``, ``tokens`` are the next T tokens of a decode after those cached, at
+        the cache's next positions (and distances), and are cached in turn."""
         T = tokens.shape[1]
         needed = T  # the largest position + 1 (T by default, known without a device sync)
+        if cache is not None:
+            assert positions is None and distances is None, "a cache holds the decode's draws"
+            positions = cache.next_positions(T)
         if positions is None:
             positions = torch.arange(T, device=tokens.device)  # (T,)
         elif self.max_length is not None:
@@ -238,7 +260,11 @@ class Transformer(nn.Module):
         x = self.dropout(self.encoding.embed(x, of_layer(positions, 0)))  # (B, T, C)
         biases = layer_biases(self.layer_encodings, positions, distances)  # one per layer
         for layer, block in enumerate(self.blocks):
-            x = block(x, of_layer(positions, layer), self.layer_encodings[layer], biases[layer])
+            layer_cache = None if cache is None else cache.layers[layer]
+            at = of_layer(positions, layer)
+            x = block(x, at, self.layer_encodings[layer], biases[layer], layer_cache)
+        if cache is not None:
+            cache.advance(T)
         x = self.ln_final(x)  # (B, T, C)
         if targets is not None:
             nll = next_token_nll(x.flatten(0, 1), self.lm_head.weight, targets.flatten(), reduction)

@@ -360,6 +360,23 @@ def positions_mode(record: Mapping[str, Any]) -> str:
     return record.get("positions") or "consecutive"
 
 
+def decode_mode(record: Mapping[str, Any]) -> str | None:
+    """How a task's eval record scored its answers: "greedy" (the model's own decode),
+    "teacher_forced" (also autoregressive records written before the ``decode`` field existed)
+    or None for answers at placeholders (one forward pass writes them: nothing to decode)."""
+    if record.get("answer_mode") == "placeholders":
+        return None
+    return record.get("decode") or "teacher_forced"
+
+
+def headline_accuracy(record: Mapping[str, Any]) -> float | None:
+    """A task's eval record's share of answer tokens right in the model's own answer: at
+    placeholders, its one forward pass's; autoregressive, its greedy decode's. None when it
+    was scored under teacher forcing (records from before the ``decode`` field were, and hold
+    the teacher-forced share as ``accuracy``)."""
+    return None if decode_mode(record) == "teacher_forced" else record.get("accuracy")
+
+
 def eval_protocol(record: Mapping[str, Any]) -> tuple:
     """How an eval record was measured, its length aside: stride, eval-time scaling method and
     factor setting (not the factor, which follows each length when unset), positions. A ratio
@@ -422,12 +439,12 @@ def with_length_generalization(results: dict[str, Any], longest_trained: int) ->
     """``results`` of a run on an algorithmic task trained at problem lengths up to
     ``longest_trained``, with Ruoss et al.'s summary of its eval records over the lengths
     beyond: ``length_generalization``, the mean sequence accuracy (the whole answer right),
-    and ``length_generalization_accuracy``, the mean accuracy per answer token (at
-    placeholders the per-token accuracy their Table 1 averages over lengths 41 to 500;
-    autoregressive answers' is teacher-forced, another count). None when no such length was
-    measured, or when one of them could not be (a learned table too short for it): a mean
-    over the lengths a model happens to support would not compare with one over all of
-    them."""
+    and ``length_generalization_accuracy``, the mean accuracy per answer token of the model's
+    own answer (``headline_accuracy``: at placeholders the per-token accuracy their Table 1
+    averages over lengths 41 to 500, autoregressive answers' greedy decode; None when a length
+    was scored under teacher forcing only). None when no such length was measured, or when one
+    of them could not be (a learned table too short for it): a mean over the lengths a model
+    happens to support would not compare with one over all of them."""
     beyond = [r for r in results["eval"] if r["length"] > longest_trained]
     summary: dict[str, Any] = dict.fromkeys(
         ["length_generalization", "length_generalization_accuracy"]
@@ -435,9 +452,14 @@ def with_length_generalization(results: dict[str, Any], longest_trained: int) ->
     if beyond and all(r["status"] == "ok" for r in beyond):
         summary = {
             "length_generalization": sum(r["sequence_accuracy"] for r in beyond) / len(beyond),
-            "length_generalization_accuracy": sum(r["accuracy"] for r in beyond) / len(beyond),
+            "length_generalization_accuracy": mean_of([headline_accuracy(r) for r in beyond]),
         }
     return {**results, **summary}
+
+
+def mean_of(values: list[float | None]) -> float | None:
+    """The mean of ``values``; None when one of them is None."""
+    return None if None in values else sum(values) / len(values)
 
 
 def append_eval_results(

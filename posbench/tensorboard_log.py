@@ -7,7 +7,9 @@ scaling such as ``yarn``, with s from each length), ``eval/ppl/<method>_s<factor
 configured factor, e.g. ``yarn_s4``), ``eval/ppl/stride_<S>`` (sliding windows), and
 ``eval/ppl/<method>/stride_<S>`` for both.
 
-A task's records also go to ``eval/accuracy`` (answer bytes right, step = length). An
+A task's records also go to ``eval/accuracy`` (answer bytes right in the model's own answer:
+written at placeholders, or decoded greedily; records scored under teacher forcing have none),
+``eval/sequence_accuracy`` and ``eval/teacher_forced_accuracy`` (step = length). An
 algorithmic task's figure is ``eval/sequence_accuracy_vs_problem_length`` instead: its lengths
 are problem lengths, trained over a range (``TrainedLengths``), and its measure is accuracy.
 
@@ -35,7 +37,7 @@ from torch.utils.tensorboard import SummaryWriter
 from posbench import distributed
 from posbench.atomic import atomic_path
 from posbench.config import flat_config
-from posbench.runs import scaling_method, scaling_setting
+from posbench.runs import headline_accuracy, scaling_method, scaling_setting
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -112,16 +114,21 @@ def log_eval_records(
     writer: SummaryWriter, records: Sequence[Mapping[str, Any]], trained: TrainedLengths
 ) -> None:
     """One point per evaluated length on ``eval/ppl``, ``eval/bits_per_byte``, ``eval/word_ppl``
-    (text: the metrics that compare across tokenizers) and, for a task, ``eval/accuracy`` and
-    ``eval/sequence_accuracy`` (an algorithmic task's at step = problem length)."""
+    (text: the metrics that compare across tokenizers) and, for a task, ``eval/accuracy`` (of
+    the model's own answer), ``eval/sequence_accuracy`` and ``eval/teacher_forced_accuracy`` (an
+    algorithmic task's at step = problem length)."""
     for record in records:
         if record["status"] != "ok":
             continue
-        for metric in ("ppl", "bits_per_byte", "word_ppl", "accuracy", "sequence_accuracy"):
-            if record.get(metric) is not None:  # word_ppl: text only; accuracy: tasks only
-                writer.add_scalar(
-                    eval_tag(metric, record), record[metric], global_step=record["length"]
-                )
+        values = {
+            metric: record.get(metric)
+            for metric in ("ppl", "bits_per_byte", "word_ppl", "sequence_accuracy")
+        }
+        values["accuracy"] = headline_accuracy(record)
+        values["teacher_forced_accuracy"] = record.get("teacher_forced_accuracy")
+        for metric, value in values.items():
+            if value is not None:  # word_ppl: text only; accuracy: tasks only
+                writer.add_scalar(eval_tag(metric, record), value, global_step=record["length"])
     log_loss_by_position(writer, records)
     if trained.problem_lengths:
         figure = problem_length_figure(records, trained)

@@ -241,6 +241,7 @@ def evaluate_and_record(
         cfg.train.seq_len,
         choice(cfg.eval.precision),
         eval_positions(cfg),
+        choice(cfg.eval.decode),
     )
     results = {**results, "eval": records}
     trained = trained_lengths(cfg)

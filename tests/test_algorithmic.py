@@ -835,7 +835,12 @@ def test_the_reverse_exponential_curriculum_draws_length_n_with_weight_tau_to_th
 def test_one_length_per_batch_draws_one_problem_length_for_every_example():
     """data.batch_lengths=same: Ruoss et al.'s training.py draws one length a step."""
     task = load_data(
-        {"source": "reverse_string", "train_lengths": [1, 10], "batch_lengths": "same"}
+        {
+            "source": "reverse_string",
+            "train_lengths": [1, 10],
+            "batch_lengths": "same",
+            "answer_mode": "autoregressive",
+        }  # a separator to find each prompt's size by
     )
     sizes = set()
     for step in range(8):
@@ -883,7 +888,7 @@ def test_window_lengths_and_problem_lengths_are_set_with_their_own_keys():
 
 def test_length_generalization_averages_the_lengths_past_the_training_range():
     records = [
-        {"length": n, "status": "ok", "accuracy": acc, "sequence_accuracy": seq}
+        {"length": n, "status": "ok", "decode": "greedy", "accuracy": acc, "sequence_accuracy": seq}
         for n, acc, seq in [(10, 1.0, 1.0), (40, 0.9, 0.8), (50, 0.6, 0.2), (100, 0.5, 0.0)]
     ]
     results = with_length_generalization({"eval": records}, 40)
@@ -891,6 +896,32 @@ def test_length_generalization_averages_the_lengths_past_the_training_range():
     assert results["length_generalization_accuracy"] == pytest.approx(0.55)
     nothing_beyond = with_length_generalization({"eval": records[:2]}, 40)
     assert nothing_beyond["length_generalization"] is None
+
+
+@pytest.mark.parametrize("decode", ["teacher_forced", None], ids=["teacher_forced", "before"])
+def test_length_generalization_accuracy_is_the_greedy_decodes_only(decode):
+    # Scored under teacher forcing (or before eval.decode existed, when every record was), a
+    # length has no greedy accuracy to average; its sequence accuracy is the same either way.
+    accuracy = None if decode == "teacher_forced" else 0.9
+    records = [
+        {"length": 50, "status": "ok", "decode": decode, "accuracy": accuracy,
+         "sequence_accuracy": 0.2}
+    ]  # fmt: skip
+    results = with_length_generalization({"eval": records}, 40)
+    assert results["length_generalization"] == pytest.approx(0.2)
+    assert results["length_generalization_accuracy"] is None
+
+
+def test_length_generalization_accuracy_at_placeholders_is_the_one_forward_pass_s():
+    # Nothing decoded (decode null): the accuracy is the model's own answer, the headline.
+    records = [
+        {"length": n, "status": "ok", "answer_mode": "placeholders", "decode": None,
+         "accuracy": acc, "sequence_accuracy": seq, "teacher_forced_accuracy": None}
+        for n, acc, seq in [(40, 0.9, 0.8), (50, 0.6, 0.2), (100, 0.5, 0.0)]
+    ]  # fmt: skip
+    results = with_length_generalization({"eval": records}, 40)
+    assert results["length_generalization_accuracy"] == pytest.approx(0.55)
+    assert results["length_generalization"] == pytest.approx(0.1)
 
 
 def test_length_generalization_is_none_when_a_length_past_the_range_could_not_be_measured():

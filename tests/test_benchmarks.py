@@ -29,6 +29,7 @@ RUNS = [
     ("tokenizer.py encode --quick", "encode_split"),
     ("tokenizer.py train --quick", "vocabulary 8,192"),
     ("task_steps.py --rounds 1 --tasks parity_check --encodings rope --slices 1 2", "2 slices"),
+    ("decode_cache.py --quick", "recomputed"),
 ]
 
 

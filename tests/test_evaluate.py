@@ -393,18 +393,37 @@ def test_loss_by_position_counts_only_the_scored_tail_of_a_last_partial_window()
 
 
 def test_answer_scores_count_bytes_whole_answers_and_each_depth():
-    correct, answer_bytes = torch.tensor([5, 3, 0, 5]), torch.tensor([5, 5, 5, 5])
-    scores = answer_scores(correct, answer_bytes, depth_percent=torch.tensor([0, 25, 0, 25]))
+    teacher_forced, decoded = torch.tensor([5, 4, 4, 5]), torch.tensor([5, 3, 0, 5])
+    answer_bytes = torch.tensor([5, 5, 5, 5])
+    depths = torch.tensor([0, 25, 0, 25])
+    scores = answer_scores(decoded, teacher_forced, answer_bytes, depth_percent=depths)
     assert scores["accuracy"] == 13 / 20 and scores["sequence_accuracy"] == 2 / 4
+    assert scores["teacher_forced_accuracy"] == 18 / 20
     assert scores["accuracy_by_depth"] == [
-        {"depth_percent": 0, "accuracy": 5 / 10, "sequence_accuracy": 1 / 2, "examples": 2},
-        {"depth_percent": 25, "accuracy": 8 / 10, "sequence_accuracy": 1 / 2, "examples": 2},
+        {
+            "depth_percent": 0,
+            "accuracy": 5 / 10,
+            "sequence_accuracy": 1 / 2,
+            "teacher_forced_accuracy": 9 / 10,
+            "examples": 2,
+        },
+        {
+            "depth_percent": 25,
+            "accuracy": 8 / 10,
+            "sequence_accuracy": 1 / 2,
+            "teacher_forced_accuracy": 9 / 10,
+            "examples": 2,
+        },
     ]
 
 
 def test_answers_of_different_lengths_weigh_by_their_bytes():
-    scores = answer_scores(torch.tensor([1, 9]), torch.tensor([2, 10]))
-    assert scores == {"accuracy": 10 / 12, "sequence_accuracy": 0.0}
+    scores = answer_scores(None, torch.tensor([1, 9]), torch.tensor([2, 10]))
+    assert scores == {
+        "accuracy": None,
+        "sequence_accuracy": 0.0,
+        "teacher_forced_accuracy": 10 / 12,
+    }
 
 
 class Teacher(torch.nn.Module):
@@ -430,16 +449,19 @@ class Teacher(torch.nn.Module):
 
 def test_a_model_that_predicts_every_answer_byte_scores_one():
     examples = load_data({"source": "recall", "val_examples": 6}).examples(48)
-    nll, correct = task_predictions(Teacher(examples), examples, 4, torch.device("cpu"))
+    cpu = torch.device("cpu")
+    nll, correct, decoded = task_predictions(Teacher(examples), examples, 4, cpu)
+    assert decoded is None  # not asked to decode
     assert torch.equal(correct, examples.answer.sum(1)) and nll < 1e-9
 
 
 def test_one_wrong_answer_byte_costs_one_byte_and_one_whole_answer():
     examples = load_data({"source": "copy", "val_examples": 3}).examples(16)
     last = examples.answer.shape[1] - 1  # the last answer byte of example 1
-    _, correct = task_predictions(Teacher(examples, [(1, last)]), examples, 2, torch.device("cpu"))
-    scores = answer_scores(correct, examples.answer.sum(1))
-    assert scores == {"accuracy": 23 / 24, "sequence_accuracy": 2 / 3}
+    teacher = Teacher(examples, [(1, last)])
+    _, correct, _ = task_predictions(teacher, examples, 2, torch.device("cpu"))
+    scores = answer_scores(None, correct, examples.answer.sum(1))
+    assert scores["teacher_forced_accuracy"] == 23 / 24 and scores["sequence_accuracy"] == 2 / 3
 
 
 def test_placeholders_score_the_answer_up_to_its_terminator_not_the_padding_after_it():
@@ -450,7 +472,7 @@ def test_placeholders_score_the_answer_up_to_its_terminator_not_the_padding_afte
     row = int(padded.any(1).nonzero()[0])
     last = int(padded[row].nonzero()[-1])
     teacher = Teacher(examples, [(row, last)])
-    nll, correct = task_predictions(teacher, examples, 2, torch.device("cpu"))
+    nll, correct, _ = task_predictions(teacher, examples, 2, torch.device("cpu"))
     assert torch.equal(correct, examples.answer.sum(1)) and nll < 1e-9
 
 

@@ -621,11 +621,14 @@ def test_runs_without_loss_by_position_get_no_position_table_or_figure(tmp_path)
     assert not (out / "loss_by_position.png").exists()
 
 
-def add_accuracy(run, accuracies):
-    """Task records: ``accuracies`` maps length -> (accuracy, sequence_accuracy)."""
+def add_accuracy(run, accuracies, decode="greedy"):
+    """Task records: ``accuracies`` maps length -> (accuracy, sequence_accuracy), scored as
+    ``decode`` says (None: a record from before the field existed)."""
     results = json.loads((run / "results.json").read_text())
     for record in results["eval"]:
         record["accuracy"], record["sequence_accuracy"] = accuracies[record["length"]]
+        if decode is not None:
+            record["decode"] = decode
     (run / "results.json").write_text(json.dumps(results))
 
 
@@ -647,6 +650,16 @@ def test_task_runs_get_accuracy_tables_averaged_over_seeds_and_a_figure(tmp_path
     events.Reload()
     points = [(e.step, round(e.value, 6)) for e in events.Scalars("report/accuracy")]
     assert points == [(16, 0.9), (32, 0.4)]
+
+
+def test_runs_from_before_greedy_decoding_report_sequence_accuracy_but_no_accuracy(tmp_path):
+    # Their accuracy was scored under teacher forcing: no greedy decode's to average.
+    add_accuracy(make_run(tmp_path / "a", seed=0), {16: (1.0, 1.0), 32: (0.9, 0.25)}, None)
+    (group,) = build_report(tmp_path).groups
+    cells = group.rows[0].cells
+    assert [c.accuracy.n for c in cells] == [0, 0]
+    assert [c.sequence_accuracy.mean for c in cells] == [1.0, 0.25]
+    assert "| rope | 1 | 1.00 | 0.25 |" in markdown(build_report(tmp_path)).split("Sequence")[1]
 
 
 def test_corpus_runs_get_no_accuracy_table_or_figure(tmp_path):
@@ -704,15 +717,19 @@ def test_a_run_from_before_a_model_option_existed_groups_with_runs_at_its_defaul
     assert {len(row.runs) for row in group.rows} == {2}
 
 
-def task_run(path, task, encoding, seed, accuracies, **config):
+def task_run(path, task, encoding, seed, accuracies, decode="greedy", **config):
     """A run on an algorithmic task trained at problem lengths 1-40: ``accuracies`` maps each
-    problem length to its (accuracy, sequence_accuracy); results.json holds the summary over
-    the lengths past 40, as runs.with_length_generalization writes it."""
+    problem length to its (accuracy, sequence_accuracy), its autoregressive answers scored as
+    ``decode`` says (None: a record from before the field existed, teacher-forced;
+    "placeholders": answers at placeholders); results.json holds the summary over the lengths
+    past 40, as runs.with_length_generalization writes it."""
     positions = config.get("train__random_positions")
     at = {} if positions is None else {"positions": "random", "random_positions": positions}
+    scored = {"answer_mode": "placeholders", "decode": None} if decode == "placeholders" else {}
+    scored = scored or ({} if decode is None else {"decode": decode})
     records = [
         {"length": n, "stride": None, "ppl": 1.5, "status": "ok", "reason": None,
-         "accuracy": acc, "sequence_accuracy": seq, **at}
+         "accuracy": acc, "sequence_accuracy": seq, **scored, **at}
         for n, (acc, seq) in accuracies.items()
     ]  # fmt: skip
     beyond = [(acc, seq) for n, (acc, seq) in accuracies.items() if n > 40]
@@ -801,11 +818,12 @@ def test_an_algorithmic_sweep_opens_with_ruoss_et_als_table_of_length_generaliza
     assert summary["length_generalization_mean"] == pytest.approx(0.2)
 
 
-def generalization_run(path, task, encoding, seed, score):
+def generalization_run(path, task, encoding, seed, score, decode="greedy"):
     """A run on ``task`` whose length_generalization (whole answers) and
-    length_generalization_accuracy (per byte) are both ``score``, at lengths 50 and 100."""
+    length_generalization_accuracy (per byte) are both ``score``, at lengths 50 and 100, its
+    answers scored as ``decode`` says (task_run)."""
     return task_run(path, task, encoding, seed, {40: (1.0, 1.0), 50: (score, score),
-                                                100: (score, score)})  # fmt: skip
+                                                100: (score, score)}, decode)  # fmt: skip
 
 
 def table_lines(text, title):
@@ -899,8 +917,9 @@ BASELINES_AT = {
 def test_baselines_from_the_records_are_averaged_over_the_lengths_past_the_training_range(
     tmp_path,
 ):
+    # Runs from before greedy decoding: their accuracy is teacher-forced, beside the prefix rule.
     for seed in (0, 1):
-        run = generalization_run(tmp_path / f"r{seed}", "reverse_string", "rope", seed, 0.6)
+        run = generalization_run(tmp_path / f"r{seed}", "reverse_string", "rope", seed, 0.6, None)
         add_baselines(run, BASELINES_AT)  # length 40 is inside the range: not averaged
     text = markdown(build_report(tmp_path))
     title = "Length generalization (Ruoss et al. 2023): mean accuracy per answer byte"
@@ -918,6 +937,31 @@ def test_baselines_from_the_records_are_averaged_over_the_lengths_past_the_train
         pytest.approx(0.55),
         pytest.approx(0.75),
     )
+
+
+@pytest.mark.parametrize("decode", ["greedy", "placeholders"])
+def test_the_model_s_own_answers_are_read_against_chance_and_the_constant_answer_only(
+    tmp_path, decode
+):
+    # A greedy decode's accuracy, or the one forward pass's at placeholders: no prefix rule.
+    run = generalization_run(tmp_path / "r", "reverse_string", "rope", 0, 0.6, decode)
+    add_baselines(run, BASELINES_AT)
+    (group,) = build_report(tmp_path).groups
+    assert not group.teacher_forced
+    mean = table_lines(
+        markdown(build_report(tmp_path)),
+        "Length generalization (Ruoss et al. 2023): mean accuracy per answer byte",
+    )
+    assert mean[0] == "| task | rope | chance | constant answer |"
+    assert mean[2] == "| reverse_string | 0.60 | 0.50 | 0.55 |"
+
+
+def test_a_teacher_forced_accuracy_is_not_averaged_with_the_model_s_own_answers(tmp_path):
+    generalization_run(tmp_path / "old", "reverse_string", "rope", 0, 0.9, None)
+    generalization_run(tmp_path / "new", "reverse_string", "rope", 1, 0.5)
+    (group,) = build_report(tmp_path).groups
+    assert not group.teacher_forced
+    assert group.rows[0].generalization_accuracy.values == (0.5,)
 
 
 def test_the_prefix_rule_is_not_set_beside_a_decodes_accuracy(tmp_path):

@@ -200,10 +200,20 @@ class Recorder:
 
 def test_task_records_plot_accuracy_against_length():
     writer = Recorder()
-    records = [record(16, accuracy=0.75), record(32, accuracy=0.25), record(64)]
-    log_eval_records(writer, records, AT_16)
+    greedy = {"decode": "greedy", "teacher_forced_accuracy": 0.9}
+    records = [record(16, accuracy=0.75, **greedy), record(32, accuracy=0.25, **greedy)]
+    log_eval_records(writer, [*records, record(64)], AT_16)
     accuracy = [(step, value) for tag, step, value in writer.scalars if tag == "eval/accuracy"]
     assert accuracy == [(16, 0.75), (32, 0.25)]
+    tags = {tag for tag, _, _ in writer.scalars}
+    assert "eval/teacher_forced_accuracy" in tags
+
+
+def test_a_task_record_from_before_decoding_plots_no_greedy_accuracy():
+    # Its accuracy was scored under teacher forcing.
+    writer = Recorder()
+    log_eval_records(writer, [record(16, accuracy=0.75, sequence_accuracy=0.5)], AT_16)
+    assert [tag for tag, _, _ in writer.scalars if "accuracy" in tag] == ["eval/sequence_accuracy"]
 
 
 def test_an_algorithmic_tasks_figure_is_sequence_accuracy_over_the_shaded_trained_lengths():

@@ -16,7 +16,7 @@ from posbench.commands.arguments import (
     threads_setting,
 )
 from posbench.commands.exits import fail
-from posbench.config import EvalPositions, eval_lengths
+from posbench.config import EvalDecode, EvalPositions, eval_lengths
 from posbench.encodings.rope import SCALING_METHODS
 from posbench.evaluate import evaluate_run, rope_scaling_overrides
 from posbench.reevaluate import check_rope_run, record_eval
@@ -79,6 +79,15 @@ def eval_parser() -> argparse.ArgumentParser:
         '"positions" (default: the run\'s eval.positions)',
     )
     parser.add_argument(
+        "--decode",
+        choices=[d.value for d in EvalDecode],
+        help="how a task's autoregressive answers are scored: greedy (decoded from the model's "
+        "own argmax: accuracy per answer byte and sequence accuracy) or teacher_forced (no "
+        "decoding: teacher_forced_accuracy and sequence_accuracy only); answers at "
+        "placeholders are written in one forward pass, nothing to decode; results.json records "
+        'it as "decode" (default: the run\'s eval.decode)',
+    )
+    parser.add_argument(
         "--rope-scaling",
         choices=list(SCALING_METHODS),
         metavar="METHOD",
@@ -127,6 +136,7 @@ def run_eval(args: Sequence[str]) -> None:
         encoding_overrides=overrides,
         precision=options.precision,
         positions=options.positions,
+        decode=options.decode,
     )
     results = record_eval(run_dir, records, trained_lengths(cfg))
     print(f"{cfg.encoding.name} trained at {trained_at(cfg)} ({run_dir})")

@@ -23,7 +23,9 @@ from posbench.report.aggregate import DEFAULT_SUCCESS_THRESHOLD, baselines_over
 from posbench.report.read import Excluded, Run, find_runs
 from posbench.report.run_table import no_reference
 from posbench.runs import (
+    decode_mode,
     eval_protocol,
+    headline_accuracy,
     positions_mode,
     protocol_text,
     saved_config,
@@ -91,7 +93,7 @@ class Cell:
     value: Stat  # the report's metric (ppl, bits_per_byte or word_ppl), per run
     ratio: Stat  # value(length) / value(train length) of the same protocol, per run
     unsupported: str | None  # the reason, when no run could measure this length
-    accuracy: Stat = Stat(0, None, None)  # a task's answer bytes right, per run
+    accuracy: Stat = Stat(0, None, None)  # a task's answer bytes right in its own answer
     sequence_accuracy: Stat = Stat(0, None, None)  # a task's examples right in full, per run
     documents: tuple[int, ...] = ()  # the documents its runs scored (distinct counts), if any
     missing: dict[str, str] = field(default_factory=dict)  # metric -> why a measured cell has none
@@ -160,10 +162,10 @@ class Group:
     chance_accuracy: float | None = None
     constant_answer_accuracy: float | None = None
     prefix_rule_accuracy: float | None = None
-    # whether its records' per-byte accuracy is scored under teacher forcing (autoregressive
-    # records written before greedy decoding became the accuracy, which have no
-    # teacher_forced_accuracy): the prefix rule is a baseline for it then, not for a decode's
-    # nor for answers at placeholders
+    # whether its Table 1 accuracy per byte is scored under teacher forcing: its runs' records
+    # are all autoregressive ones not decoded (written before greedy decoding became the
+    # accuracy, or eval.decode=teacher_forced: teacher_forced_scores); the prefix rule is a
+    # baseline for it then, not for a decode's nor for answers at placeholders
     teacher_forced: bool = True
     reference: ReferenceTable | None = None  # the --reference's table of its training length
 
@@ -295,6 +297,7 @@ def build_group(
             if run.path not in row_runs[key]:
                 row_runs[key].append(run.path)
     lengths = sorted({length for by_length in table.values() for length in by_length})
+    teacher_forced = teacher_forced_scores([run.results for run in runs])
     rows = []
     sorted_keys = sorted(table, key=lambda k: (k[0], k[1] != "none", k[1], k[2] or 0, k[3] or ""))
     for key in sorted_keys:
@@ -304,8 +307,10 @@ def build_group(
         row.cells = [cell(length, table[key].get(length, []), metric) for length in lengths]
         results = [run.results for run in runs if run.path in row.runs]
         row.generalization = Stat.of(summary_values(results, "length_generalization"))
+        # A teacher-forced accuracy is never averaged with the model's own answers' accuracies.
+        answered = results if teacher_forced else [r for r in results if own_answers(r)]
         row.generalization_accuracy = Stat.of(
-            summary_values(results, "length_generalization_accuracy")
+            summary_values(answered, "length_generalization_accuracy")
         )
         rows.append(row)
     train_seq_len = runs[0].config["train.seq_len"]
@@ -325,10 +330,7 @@ def build_group(
         if group.constant_answer_accuracy is None:
             group.constant_answer_accuracy = constant_answer_past(runs[0], past)
         group.prefix_rule_accuracy = recorded["prefix_rule_accuracy"]
-        group.teacher_forced = not any(
-            "teacher_forced_accuracy" in r or r.get("answer_mode") == "placeholders"
-            for r in records
-        )
+        group.teacher_forced = teacher_forced
     with_positions = [
         (key, length)
         for key, by_length in table.items()
@@ -376,10 +378,26 @@ def summary_values(results: Sequence[dict[str, Any]], key: str) -> list[float]:
     return [r[key] for r in results if r.get(key) is not None]
 
 
+def own_answers(results: dict[str, Any]) -> bool:
+    """Whether a run's task records score the model's own answers (written at placeholders, or
+    decoded greedily: runs.headline_accuracy); those from before eval.decode existed, and
+    eval.decode=teacher_forced's, score autoregressive answers under teacher forcing only."""
+    return any(decode_mode(e) != "teacher_forced" for e in results["eval"])
+
+
+def teacher_forced_scores(results: Sequence[dict[str, Any]]) -> bool:
+    """Whether none of the runs' records score the model's own answers (``own_answers``):
+    their length_generalization_accuracy, where they have one, is teacher-forced."""
+    return not any(own_answers(r) for r in results)
+
+
 def depth_accuracy(measured: Sequence[tuple[Run, dict]]) -> dict[int, Stat] | None:
-    """The runs' passkey accuracy at each needle depth, over runs; None when none has one."""
+    """The runs' passkey accuracy (of the greedy decode) at each needle depth, over runs; None
+    when none has one."""
     per_depth: dict[int, list[float]] = defaultdict(list)
     for _, record in measured:
+        if headline_accuracy(record) is None:  # teacher-forced
+            continue
         for entry in record.get("accuracy_by_depth", []):
             per_depth[entry["depth_percent"]].append(entry["accuracy"])
     return {depth: Stat.of(values) for depth, values in sorted(per_depth.items())} or None
@@ -435,7 +453,8 @@ def cell(length: int, measured: Sequence[tuple[Run, dict]], metric: str = "ppl")
         missing["ratio"] = no_reference(run.config["train.seq_len"], protocol_text(record))
     reasons = sorted({r["reason"] for _, r in measured if r["status"] != "ok"})
     unsupported = "; ".join(reasons) if reasons and not ok else None
-    scored = [r for _, r in measured if r.get("accuracy") is not None]
+    scored = [r for _, r in measured if r.get("sequence_accuracy") is not None]
+    own_accuracies = [a for r in scored if (a := headline_accuracy(r)) is not None]
     documents = {count for _, r in ok_records if (count := r.get("documents")) is not None}
     return Cell(
         length,
@@ -443,7 +462,7 @@ def cell(length: int, measured: Sequence[tuple[Run, dict]], metric: str = "ppl")
         Stat.of([r[metric] for _, r in valued]),
         Stat.of(ratios),
         unsupported,
-        Stat.of([r["accuracy"] for r in scored]),
+        Stat.of(own_accuracies),
         Stat.of([r["sequence_accuracy"] for r in scored]),
         tuple(sorted(documents)),
         missing,
@@ -478,7 +497,7 @@ def mark_not_comparable(group: Group) -> None:
 
 def has_accuracy(group: Group) -> bool:
     """Whether the group's runs are of a task (their records score answers)."""
-    return any(c.accuracy.n for row in group.rows for c in row.cells)
+    return any(c.sequence_accuracy.n for row in group.rows for c in row.cells)
 
 
 def group_title(config: dict[str, Any]) -> str:

@@ -8,7 +8,13 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from posbench.runs import eval_protocol, protocol_text, scaling_name, training_length_ppl
+from posbench.runs import (
+    eval_protocol,
+    headline_accuracy,
+    protocol_text,
+    scaling_name,
+    training_length_ppl,
+)
 from posbench.tensorboard_log import trained_lengths
 
 
@@ -53,7 +59,7 @@ def problem_length_table(
             lines.append(f"{measured}  unsupported: {r['reason']}")
             continue
         lines.append(
-            f"{measured}  {r['window']:>8,}  {r['ppl']:9.3f}  {r['accuracy']:8.3f}  "
+            f"{measured}  {r['window']:>8,}  {r['ppl']:9.3f}  {accuracy_text(r)}  "
             f"{r['sequence_accuracy']:8.3f}  {r['examples']:>8,}"
         )
     lines.append(f"* past the training range (problem lengths up to {longest_trained})")
@@ -65,9 +71,10 @@ def problem_length_table(
         )
     else:
         accuracy = results["length_generalization_accuracy"]
+        per_byte = "" if accuracy is None else f" ({accuracy:.3f} mean accuracy)"
         lines.append(
             f"length_generalization: {score:.3f} mean sequence accuracy past the training "
-            f"range ({accuracy:.3f} mean accuracy)"
+            f"range{per_byte}"
         )
     return "\n".join(lines)
 
@@ -111,10 +118,18 @@ def eval_table(
             count = r.get("documents")
             line += f"  {'-' if count is None else f'{count:,}':>9}"
         if scored:
-            line += f"  {r['accuracy']:8.3f}  {r['sequence_accuracy']:8.3f}"
+            line += f"  {accuracy_text(r)}  {r['sequence_accuracy']:8.3f}"
         lines.append(line)
     lines += [f"ratio -: {no_reference(train_seq_len, protocol)}" for protocol in unreferenced]
     return "\n".join(lines)
+
+
+def accuracy_text(record: dict[str, Any]) -> str:
+    """A task record's accuracy (the model's own answer's: written at placeholders, or its
+    greedy decode) in 8 characters; "-" when it was scored under teacher forcing
+    (runs.headline_accuracy)."""
+    accuracy = headline_accuracy(record)
+    return f"{'-':>8}" if accuracy is None else f"{accuracy:8.3f}"
 
 
 def ratio_title(train_seq_len: int, metric: str = "ppl") -> str:

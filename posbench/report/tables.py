@@ -149,7 +149,10 @@ def position_table(group: Group, footnotes: dict[str, int]) -> list[str]:
 
 
 ACCURACIES = {
-    "accuracy": "Accuracy (answer bytes right; autoregressive ones under teacher forcing)",
+    "accuracy": (
+        "Accuracy (answer bytes right in the model's own answer: written at placeholders, "
+        "or decoded greedily)"
+    ),
     "sequence_accuracy": "Sequence accuracy (examples whose whole answer is right)",
 }
 
