@@ -123,6 +123,19 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.skip(reason="needs a CUDA GPU"))
 
 
+def error_line(capsys, *args: str) -> str:
+    """What ``posbench ARGS`` (run in this process, through posbench.cli.main) prints on its one
+    error line, exit code 2."""
+    from posbench.cli import main
+
+    with pytest.raises(SystemExit) as exited:
+        main(list(args))
+    assert exited.value.code == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith("error: ")
+    return line.removeprefix("error: ")
+
+
 def posbench(
     *args, cwd, check: bool = True, env: dict | None = None, executable: str = "posbench"
 ) -> subprocess.CompletedProcess:

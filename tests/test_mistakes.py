@@ -6,24 +6,13 @@ import os
 from pathlib import Path
 
 import pytest
-from conftest import TINY_RUN
+from conftest import TINY_RUN, error_line
 from omegaconf import OmegaConf
 
-from posbench.cli import main
 from posbench.commands.overrides import group_options
 from posbench.config import compose_config
 from posbench.runs import save_config
 from posbench.sweep_summary import SweepSummary
-
-
-def error_line(capsys, *args: str) -> str:
-    """What `posbench ARGS` prints on its one error line (exit code 2)."""
-    with pytest.raises(SystemExit) as exited:
-        main(list(args))
-    assert exited.value.code == 2
-    (line,) = capsys.readouterr().err.strip().splitlines()
-    assert line.startswith("error: ")
-    return line.removeprefix("error: ")
 
 
 @pytest.mark.parametrize("experiment", group_options("experiment"))

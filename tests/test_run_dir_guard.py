@@ -8,10 +8,9 @@ import shutil
 from pathlib import Path
 
 import pytest
-from conftest import TINY, posbench
+from conftest import TINY, error_line, posbench
 
 from posbench.checkpoint import CHECKPOINT_FILE
-from posbench.cli import main
 from posbench.config import compose_config
 from posbench.errors import PosbenchError
 from posbench.train import train
@@ -37,16 +36,6 @@ def run(finished, tmp_path, monkeypatch):
 
 def contents(run_dir: Path) -> dict[str, bytes]:
     return {str(p.relative_to(run_dir)): p.read_bytes() for p in run_dir.rglob("*") if p.is_file()}
-
-
-def error_line(capsys, *args: str) -> str:
-    """What `posbench ARGS` prints on its one error line (exit code 2)."""
-    with pytest.raises(SystemExit) as exited:
-        main(list(args))
-    assert exited.value.code == 2
-    (line,) = capsys.readouterr().err.strip().splitlines()
-    assert line.startswith("error: ")
-    return line.removeprefix("error: ")
 
 
 def test_resuming_with_another_config_refuses_naming_the_keys_and_leaves_the_run_untouched(
