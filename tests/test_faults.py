@@ -249,9 +249,9 @@ BAD_INPUT = [
         "d_model=64 but config.yaml says d_model=32",
     ),
     (
-        "resume without a checkpoint",
+        "resume of a directory that holds no run",
         lambda t: ["train", "--resume", str(a_dir(t))],
-        "holds no checkpoint.pt",
+        "holds no config.yaml, so it is not a run directory",
     ),
     (
         "truncated checkpoint",
