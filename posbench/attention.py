@@ -57,7 +57,7 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
@@ -692,18 +692,19 @@ def of_layer(draw: torch.Tensor | None, layer: int) -> torch.Tensor | None:
 
 
 def layer_biases(
-    encodings: list[PositionalEncoding], positions: torch.Tensor, distances: torch.Tensor | None
-) -> list[QueryBlockBiases]:
-    """The QueryBlockBiases of each layer of a forward pass whose layers attend with
+    encodings: list[PositionalEncoding],
+    positions: torch.Tensor,
+    distances: torch.Tensor | None,
+    make: Callable[..., Any] = QueryBlockBiases,
+) -> list[Any]:
+    """The QueryBlockBiases (or what ``make(encoding, distances=...)`` builds: a bidirectional
+    model's TwoSidedBiases) of each layer of a forward pass whose layers attend with
     ``encodings`` at ``positions`` and randomized ``distances`` (None, or (B, T)) or a draw of
     either per layer ((n_layer, B, T)): layers that share an encoding instance share one,
     unless they attend at draws of their own, whose blocks' biases differ."""
     if positions.dim() == 3 or (distances is not None and distances.dim() == 3):
-        return [
-            QueryBlockBiases(e, distances=of_layer(distances, layer))
-            for layer, e in enumerate(encodings)
-        ]
-    shared = {id(e): QueryBlockBiases(e, distances=distances) for e in encodings}
+        return [make(e, distances=of_layer(distances, layer)) for layer, e in enumerate(encodings)]
+    shared = {id(e): make(e, distances=distances) for e in encodings}
     return [shared[id(e)] for e in encodings]
 
 

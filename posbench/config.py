@@ -22,6 +22,7 @@ from posbench.data import ALGORITHMIC_TASKS, DATA_SCHEMAS, TASKS, load_data
 from posbench.distributed import check_divisible, world_size
 from posbench.encodings import ENCODINGS, build_encoding
 from posbench.errors import PosbenchError
+from posbench.model import check_model_config
 from posbench.random_positions import RandomPositionsMode, position_sampler
 from posbench.threads import AUTO, is_threads_setting
 
@@ -77,6 +78,9 @@ class ModelConfig:
     # al.'s, without the final norm)
     norm_position: str = "pre"
     activation: str = "gelu"  # gelu | relu: the MLP's
+    # false: every token attends to every token of its row, as Ruoss et al.'s encoder does
+    # (posbench/bidirectional_attention.py); answers at placeholders only, two-sided encodings
+    causal: bool = True
 
 
 @dataclass
@@ -295,6 +299,7 @@ def validate(cfg: DictConfig) -> None:
             f"({cfg.train.seq_len}): each sequence takes seq_len distinct positions from it"
         )
     check_trained_positions(cfg)
+    check_bidirectional(cfg)
     position_sampler(cfg)  # a distances mode the encoding cannot take is refused here
     if choice(cfg.eval.positions) == "random" and positions is None:
         raise PosbenchError(
@@ -321,6 +326,29 @@ def validate(cfg: DictConfig) -> None:
             f"eval.stride ({cfg.eval.stride}) must not exceed the shortest eval length "
             f"({min(lengths)})"
         )
+
+
+def check_bidirectional(cfg: DictConfig) -> None:
+    """A model that attends both ways (``model.causal=false``) writes its answers at once, at
+    placeholders: next-token prediction (a corpus, autoregressive answers, their greedy decode)
+    reads each token from those before it, which needs causal attention. Refused with the
+    encodings and attention scalings that have no two-sided form, before a sweep's first job."""
+    if OmegaConf.select(cfg, "model.causal", default=True):
+        return
+    answer_mode = OmegaConf.select(cfg, "data.answer_mode")
+    if answer_mode is None:
+        raise PosbenchError(
+            f"model.causal=false attends both ways; data={cfg.data.source} is next-token "
+            "prediction, which needs causal attention: use model.causal=true"
+        )
+    if choice(answer_mode) != "placeholders":
+        raise PosbenchError(
+            "model.causal=false writes answers at once, at placeholders; autoregressive answers "
+            "are decoded a token at a time from those before it: set "
+            "data.answer_mode=placeholders or model.causal=true"
+        )
+    if cfg.model.d_model % cfg.model.n_head == 0:  # else the model's own error says so
+        check_model_config(cfg.model, cfg.encoding)
 
 
 def check_trained_positions(cfg: DictConfig) -> None:

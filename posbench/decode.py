@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import torch
 
+from posbench.errors import PosbenchError
 from posbench.kv_cache import DecodeCache
 from posbench.model import Transformer
 
@@ -43,6 +44,11 @@ def greedy_decode(
     benchmarks/decode_cache.py compares with): the same predictions but where an encoding reads
     the whole sequence's positions (RoPE's scaling factor from the length, from the prefix's).
     """
+    if not model.args.causal:
+        raise PosbenchError(
+            "greedy decoding reads each answer token from those before it: a model.causal=false "
+            "model writes its answers at once, at placeholders (data.answer_mode=placeholders)"
+        )
     B, T = inputs.shape
     device = inputs.device
     predictions = torch.full((B, T), NOT_DECODED, dtype=torch.long, device=device)

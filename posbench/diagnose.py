@@ -249,6 +249,11 @@ def check_diagnosable(
 ) -> None:
     """A one-line error when ``length`` is past the encoding's positions (or the randomized
     ``positions``' range) or does not fit."""
+    if not model.args.causal:
+        raise PosbenchError(
+            "posbench diagnose writes out causal attention; this run attends both ways "
+            "(model.causal=false)"
+        )
     if positions is not None and length > positions.n_positions:
         raise PosbenchError(
             f"this run trained at randomized positions from [0, {positions.n_positions}) "

@@ -670,7 +670,10 @@ def task_predictions(
             inputs, targets, scored = inputs.to(device), targets.to(device), scored.to(device)
             at = at.to(device)  # (B, T) tensors, or (n_layer, B, T)
             with autocast(precision, device):
-                logits = model(inputs, at.positions, distances=at.distances).float()  # (B, T, V)
+                # (B, T, V); a bidirectional model hides the padding after each row's end
+                logits = model(
+                    inputs, at.positions, distances=at.distances, lengths=row_lengths(targets)
+                ).float()
             nll_bt = F.cross_entropy(logits.transpose(1, 2), targets, reduction="none")  # (B, T)
             # Trained but unscored targets (the padding after a terminator) count for neither.
             nll += nll_bt.double().masked_fill(~scored, 0.0).sum().item()

@@ -4,7 +4,8 @@ Read top to bottom: attention -> MLP -> block -> ModelArgs -> Transformer. The m
 encoding (posbench.encodings.base.PositionalEncoding, whose docstring tables its hooks) to
 embed, transform queries and keys, and bias, and never branches on which encoding it has. How
 attention adds a bias (fused kernels, blocks of queries, a hand-written backward) is
-posbench/attention.py's business: the model calls its one entry point, causal_attention.
+posbench/attention.py's business: the model calls its one entry point, causal_attention (or,
+with ``causal=False``, posbench/bidirectional_attention.py's).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from posbench import bidirectional_attention as bidirectional
 from posbench.attention import (
     QueryBlockBiases,
     attention_scratch_elements,
@@ -81,7 +83,7 @@ class CausalSelfAttention(nn.Module):
         x: torch.Tensor,
         positions: torch.Tensor,
         encoding: PositionalEncoding,
-        biases: QueryBlockBiases | None = None,
+        biases: QueryBlockBiases | bidirectional.TwoSidedBiases | None = None,
         cache: LayerCache | None = None,
     ) -> torch.Tensor:
         B, T, C = x.shape
@@ -90,7 +92,9 @@ class CausalSelfAttention(nn.Module):
             y = cache.attend(q, k, v, encoding, content)  # (B, nh, T, hs)
         else:
             dropout = self.dropout if self.training else 0.0
-            y = causal_attention(q, k, v, positions, encoding, dropout, biases, content)
+            both_ways = isinstance(biases, bidirectional.TwoSidedBiases)
+            attend = bidirectional.bidirectional_attention if both_ways else causal_attention
+            y = attend(q, k, v, positions, encoding, dropout, biases, content)
         y = y.transpose(1, 2).reshape(B, T, C)  # (B, T, C)
         return self.proj(y)
 
@@ -160,6 +164,7 @@ class ModelArgs:
     attention_scale: float = 0.1  # llama4: HF Llama4TextConfig.attn_scale
     norm_position: str = "pre"  # pre | post (Block); runs saved before it: pre
     activation: str = "gelu"  # gelu | relu (MLP); runs saved before it: gelu
+    causal: bool = True  # false: each token attends to its whole row; runs saved before it: true
 
     def __post_init__(self) -> None:
         for key, allowed in (("norm_position", NORM_POSITIONS), ("activation", ACTIVATIONS)):
@@ -193,6 +198,7 @@ class Transformer(nn.Module):
         super().__init__()
         self.args = args
         self.encoding = encoding  # the first layer's, and the one that embeds and bounds lengths
+        bidirectional.check_two_sided(encoding, args.causal, args.attention_scaling)
         # The encoding says which encoding each layer attends with (one for all by default); the
         # instances it does not hold itself (a per-layer FIRE's fresh ones) are kept here.
         self.layer_encodings = encoding.layer_encodings(args.n_layer)
@@ -229,6 +235,7 @@ class Transformer(nn.Module):
         reduction: Literal["sum", "none"] = "sum",
         distances: torch.Tensor | None = None,
         cache: DecodeCache | None = None,
+        lengths: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Logits (B, T, vocab) for ``tokens`` (B, T) at increasing integer ``positions``: (T,),
         shared by the batch (0..T-1 by default), (B, T), one row per sequence (randomized
@@ -241,7 +248,9 @@ class Transformer(nn.Module):
         what training needs) or one per target (``"none"``, (B, T), 0 where -100: what
         evaluation needs). Given a ``cache`` (posbench/kv_cache.py) instead of ``positions``
         and ``distances``, ``tokens`` are the next T tokens of a decode after those cached, at
-        the cache's next positions (and distances), and are cached in turn."""
+        the cache's next positions (and distances), and are cached in turn. A bidirectional model
+        (``causal=False``) hides each row's tokens past ``lengths`` (B,) (by default ``targets``'
+        row_lengths) from it."""
         T = tokens.shape[1]
         needed = T  # the largest position + 1 (T by default, known without a device sync)
         if cache is not None:
@@ -258,7 +267,13 @@ class Transformer(nn.Module):
             )
         x = self.token_embedding(tokens)  # (B, T, C)
         x = self.dropout(self.encoding.embed(x, of_layer(positions, 0)))  # (B, T, C)
-        biases = layer_biases(self.layer_encodings, positions, distances)  # one per layer
+        biases = (  # one per layer
+            layer_biases(self.layer_encodings, positions, distances)
+            if self.args.causal
+            else bidirectional.two_sided_biases(
+                self.layer_encodings, positions, distances, lengths, targets
+            )
+        )
         for layer, block in enumerate(self.blocks):
             layer_cache = None if cache is None else cache.layers[layer]
             at = of_layer(positions, layer)
@@ -293,8 +308,9 @@ class Transformer(nn.Module):
         chunked = chunked_loss(tokens, a.d_model, a.vocab_size, device)
         logits = a.d_model if chunked else a.vocab_size
         elements = tokens * (8 * a.d_model + 2 * hidden + 3 * logits)
+        scratch = attention_scratch_elements if a.causal else bidirectional.scratch_elements
         elements += max(
-            attention_scratch_elements(encoding, batch_size, length, consecutive, device)
+            scratch(encoding, batch_size, length, consecutive, device)
             for encoding in unique(self.layer_encodings)
         )
         return elements * self.lm_head.weight.element_size()
@@ -370,7 +386,8 @@ def check_model_config(model: Mapping[str, Any], encoding: Mapping[str, Any]) ->
     encoding's parameters are small. Even on the meta device, initialising the weights would
     cost more than the check (meta normal_ imports torch._dynamo, as slow as importing torch)."""
     args = ModelArgs(**model)
-    build_encoding(encoding, args.d_model, args.n_head)
+    encoding = build_encoding(encoding, args.d_model, args.n_head)
+    bidirectional.check_two_sided(encoding, args.causal, args.attention_scaling)
 
 
 def build_model(

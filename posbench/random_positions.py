@@ -26,10 +26,12 @@ so they see one distribution.
 
 Where posbench differs from the reference: it draws per example where the reference draws one
 subset for the whole batch (one length per batch there; mixed lengths here unless
-data.batch_lengths=same: the same distribution per example either way); its models are causal,
-so only the reference's causal half of a bias applies, and its ALiBi has no +0.5 on past keys
-(the reference's non-causal ALiBi adds it to tell left from right, plain and noisy alike;
-posbench's plain ALiBi has none either); NOISY_RELATIVE is Transformer-XL's relative encoding,
+data.batch_lengths=same: the same distribution per example either way); a causal model
+(model.causal=true, the default) takes only the reference's causal half of a bias, without the
++0.5 on past keys that the reference's non-causal ALiBi adds to tell left from right (a model
+with model.causal=false takes both halves, the +0.5 included: the same relabelled distances
+on either side, as its randomize_both_sides=False; posbench/bidirectional_attention.py);
+NOISY_RELATIVE is Transformer-XL's relative encoding,
 which posbench does not have: its relabelling of distances is what T5, KERPLE and Sandwich get
 here. FIRE's bias depends on the query's position as well as the distance, and
 RoPE/xPos/learned/sinusoidal read positions: they take positions. FoX and CoPE read no

@@ -28,6 +28,7 @@ LAYERS = [
     [
         "attention",
         "attention_scaling",
+        "bidirectional_attention",
         "explicit_attention",
         "kv_cache",
         "model",

@@ -4,6 +4,11 @@ No position is added to the embeddings. Head h adds -m_h * (i - j) to the logit 
 key j, after the 1/sqrt(d) scaling of q.k (SDPA adds its mask after scaling), so attention
 fades linearly with distance at a rate fixed per head. The slopes m_h are a geometric sequence,
 set (not learned) exactly as in the paper's reference code.
+
+Attending both ways (``model.causal=false``), the bias is Ruoss et al.'s symmetric one
+(google-deepmind/randomized_positional_encodings, compute_alibi_encodings_biases):
+-m_h * (|i - j| - 1/2) for keys before the query, -m_h * |i - j| for keys after it; the 1/2
+tells left from right.
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ def alibi_slopes(n_heads: int) -> torch.Tensor:
 @register("alibi")
 class AlibiPositionalBias(PositionalEncoding):
     Config = AlibiConfig
+    bidirectional = True
 
     def __init__(self, config: AlibiConfig, d_model: int, n_head: int) -> None:
         super().__init__(config, d_model, n_head)
@@ -48,3 +54,7 @@ class AlibiPositionalBias(PositionalEncoding):
     def relative_bias(self, distance: torch.Tensor) -> torch.Tensor:
         # In the slopes' dtype: distances are exact below 2^24 in float32.
         return -self.slopes[:, None] * distance.to(self.slopes.dtype)  # (H, D)
+
+    def two_sided_bias(self, distance: torch.Tensor) -> torch.Tensor:
+        d = distance.to(self.slopes.dtype)
+        return -self.slopes[:, None] * (d.abs() - 0.5 * (d > 0))  # (H, D)

@@ -34,6 +34,11 @@ hook                   gets                                    returns; who over
                                                                it sets ``has_key_bias``
 ``layer_encodings``    the model's number of layers            the encoding of each layer
                                                                (per-layer FIRE, hybrid)
+``two_sided_bias``     integer distances i - j (D,) of either  (H, D), the bias of a model
+                       sign, under ``model.causal=false``      that attends both ways (ALiBi's
+                                                               symmetric one, T5's two-sided
+                                                               buckets); only an encoding that
+                                                               sets ``bidirectional``
 =====================  ======================================  ================================
 
 What an encoding author may assume:
@@ -52,6 +57,12 @@ What an encoding author may assume:
   layer's also embeds and answers ``max_length`` and ``scaling_record``).
 * ``window`` (``None`` by default; a hybrid sets it for its windowed layers): a query attends
   only to the ``window`` most recent tokens, itself included (counted in tokens, not positions).
+
+``bidirectional`` (``False`` by default) says the encoding has a two-sided form, which a model
+built with ``model.causal=false`` (posbench/bidirectional_attention.py) attends with: every token
+sees every token of its row, through ``embed``, ``queries_and_keys`` and ``two_sided_bias``
+alone (its other bias hooks are not asked). An encoding defined for keys at or before their
+query (a bias of past keys only, gates or counts accumulated over them, a window) keeps it off.
 
 ``max_length`` says how long a sequence the encoding can represent (``None``: any length),
 so evaluation can report a length as unsupported instead of silently clamping positions (or
@@ -86,6 +97,7 @@ class PositionalEncoding(nn.Module):
     """Base class: a no-op encoding. Subclasses override only the hooks they need."""
 
     Config: type[EncodingConfig] = EncodingConfig
+    bidirectional: bool = False  # has a two-sided form (model.causal=false): see above
 
     def __init__(self, config: EncodingConfig, d_model: int, n_head: int) -> None:
         super().__init__()
@@ -204,6 +216,13 @@ class PositionalEncoding(nn.Module):
         grid = torch.index_select(bias, 1, row.flatten(), out=flat)  # (H, [B *] Tq * Tk)
         grid = grid.view(-1, *row.shape)  # (H, [B,] Tq, Tk)
         return grid.movedim(0, -3)  # ([B,] H, Tq, Tk)
+
+    def two_sided_bias(self, distance: torch.Tensor) -> torch.Tensor | None:
+        """The attention-logit bias of a query at position i and a key at j in a model that
+        attends both ways (``bidirectional``): every head's bias at integer distances
+        ``distance`` = i - j (D,) of either sign (negative: keys after the query) -> (H, D).
+        ``None`` (the default): no bias."""
+        return None
 
     @property
     def has_content_bias(self) -> bool:

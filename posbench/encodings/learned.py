@@ -25,6 +25,7 @@ class LearnedConfig(EncodingConfig):
 @register("learned")
 class LearnedPositionalEncoding(PositionalEncoding):
     Config = LearnedConfig
+    bidirectional = True  # an absolute position says where a token is, whoever attends to it
 
     def __init__(self, config: LearnedConfig, d_model: int, n_head: int) -> None:
         super().__init__(config, d_model, n_head)

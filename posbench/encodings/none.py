@@ -12,3 +12,7 @@ from posbench.encodings.registry import register
 @register("none")
 class NoPositionalEncoding(PositionalEncoding):
     """Every hook keeps the base class's neutral default."""
+
+    # Nothing of positions to orient: a model attending both ways sees a bag of tokens, as the
+    # reference's NoPE encoder does (Ruoss et al. 2023).
+    bidirectional = True

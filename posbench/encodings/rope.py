@@ -407,6 +407,8 @@ def apply_rope(
 @register("rope")
 class RotaryPositionalEncoding(PositionalEncoding):
     Config = RopeConfig
+    # q.k of rotated queries and keys depends on i - j of either sign: two-sided by nature.
+    bidirectional = True
 
     def __init__(self, config: RopeConfig, d_model: int, n_head: int) -> None:
         super().__init__(config, d_model, n_head)

@@ -43,6 +43,7 @@ def sinusoidal_table(positions: torch.Tensor, dim: int, base: float = 10000.0) -
 @register("sinusoidal")
 class SinusoidalPositionalEncoding(PositionalEncoding):
     Config = SinusoidalConfig
+    bidirectional = True  # an absolute position says where a token is, whoever attends to it
 
     def __init__(self, config: SinusoidalConfig, d_model: int, n_head: int) -> None:
         super().__init__(config, d_model, n_head)

@@ -5,7 +5,9 @@ learned scalar per (bucket, head), added to the attention logits and shared by e
 model holds one encoding instance). Causal (unidirectional) buckets, as in T5's decoder: half
 the buckets hold one distance each (0, 1, ..., num_buckets/2 - 1), the other half cover
 distances up to ``max_distance`` in logarithmically growing ranges, and every farther distance
-shares the last bucket, which is what lets the bias extend to any length.
+shares the last bucket, which is what lets the bias extend to any length. Attending both ways
+(``model.causal=false``), T5's encoder's bidirectional buckets: half of them for keys at or
+before the query, half for keys after it, each half bucketed as above (t5_two_sided_bucket).
 """
 
 from __future__ import annotations
@@ -62,9 +64,22 @@ def t5_bucket(
     return torch.where(distance < exact, distance, log_bucket.clamp(max=num_buckets - 1))
 
 
+def t5_two_sided_bucket(
+    relative_position: torch.Tensor, num_buckets: int = 32, max_distance: int = 128
+) -> torch.Tensor:
+    """Bidirectional T5 bucket of each ``relative_position`` = key position - query position, as
+    T5's encoder buckets it (``_relative_position_bucket`` with ``bidirectional=True``): keys at
+    or before the query take t5_bucket of their distance among num_buckets/2 buckets, keys after
+    it the same of theirs, from bucket num_buckets/2 on."""
+    half = num_buckets // 2
+    after = (relative_position > 0).long() * half
+    return after + t5_bucket(-relative_position.abs(), half, max_distance)
+
+
 @register("t5")
 class T5RelativeBias(PositionalEncoding):
     Config = T5Config
+    bidirectional = True
 
     def __init__(self, config: T5Config, d_model: int, n_head: int) -> None:
         super().__init__(config, d_model, n_head)
@@ -75,4 +90,8 @@ class T5RelativeBias(PositionalEncoding):
 
     def relative_bias(self, distance: torch.Tensor) -> torch.Tensor:
         buckets = t5_bucket(-distance, self.config.num_buckets, self.config.max_distance)
+        return self.bias_table.weight.T[:, buckets]  # (H, D)
+
+    def two_sided_bias(self, distance: torch.Tensor) -> torch.Tensor:
+        buckets = t5_two_sided_bucket(-distance, self.config.num_buckets, self.config.max_distance)
         return self.bias_table.weight.T[:, buckets]  # (H, D)

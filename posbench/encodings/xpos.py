@@ -66,6 +66,9 @@ def xpos_decay(positions: torch.Tensor, dim: int, scale_base: float) -> torch.Te
 @register("xpos")
 class XposEncoding(RotaryPositionalEncoding):
     Config = XposConfig
+    # Its decay zeta^((i - j) / gamma) grows without bound for keys after the query: defined for
+    # past keys only (Sun et al. 2022 use it causally).
+    bidirectional = False
 
     def __init__(self, config: XposConfig, d_model: int, n_head: int) -> None:
         super().__init__(config, d_model, n_head)
