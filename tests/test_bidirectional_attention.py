@@ -194,6 +194,14 @@ def test_greedy_decoding_is_refused_in_one_line():
     assert "\n" not in str(error.value)
 
 
+def test_t5_with_fewer_than_two_buckets_a_side_is_one_line():
+    # Two sides of one bucket each would leave no exact distance: T5 asks for two at least.
+    model = build_model({"causal": False}, {"name": "t5", "num_buckets": 3, "max_distance": 8})
+    with pytest.raises(PosbenchError, match=r"must be >= 4 \(got 3\)$") as error:
+        model(torch.zeros(1, 4, dtype=torch.long))
+    assert "\n" not in str(error.value)
+
+
 def test_saved_runs_without_the_key_load_as_causal():
     assert build_model({}, {"name": "none"}).args.causal
 

@@ -72,6 +72,11 @@ def t5_two_sided_bucket(
     or before the query take t5_bucket of their distance among num_buckets/2 buckets, keys after
     it the same of theirs, from bucket num_buckets/2 on."""
     half = num_buckets // 2
+    if half < 2:  # each side needs two buckets at least (check_buckets of its half)
+        raise PosbenchError(
+            "model.causal=false splits encoding.num_buckets between keys before and after the "
+            f"query: it must be >= 4 (got {num_buckets})"
+        )
     after = (relative_position > 0).long() * half
     return after + t5_bucket(-relative_position.abs(), half, max_distance)
 
