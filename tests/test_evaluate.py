@@ -437,7 +437,7 @@ class Teacher(torch.nn.Module):
         self.targets = dict(zip(rows, examples.targets().clamp(min=0), strict=True))
         self.wrong = {rows[i]: t for i, t in wrong}
 
-    def forward(self, inputs, positions=None, distances=None):  # as Transformer.forward
+    def forward(self, inputs, positions=None, distances=None, lengths=None):  # as Transformer
         logits = torch.zeros(*inputs.shape, 256)  # (B, T, vocab)
         for row, x in enumerate(inputs):
             targets = self.targets[bytes(x.tolist())].clone()  # (T,)
