@@ -526,14 +526,11 @@ def baselines(task: Task, examples: Examples | None, length: int) -> dict[str, A
     ``chance_accuracy``, ``constant_answer_accuracy`` (the best fixed answer at this length)
     and, for autoregressive answers, ``prefix_rule_accuracy`` (the better of the prefix rules
     under teacher forcing); None where ``examples`` could not be drawn."""
-    constant = prefix = None
-    if examples is not None:
-        answers = (examples.targets(), examples.answer)
-        constant = constant_answer_accuracy([answers])
-        prefix = prefix_rule_accuracy(*answers, length)
-    fields = {"chance_accuracy": task.chance_accuracy(), "constant_answer_accuracy": constant}
-    if task.answer_mode is AnswerMode.autoregressive:
-        fields["prefix_rule_accuracy"] = prefix
+    fields: dict[str, Any] = {"chance_accuracy": task.chance_accuracy()}
+    answers = None if examples is None else (examples.targets(), examples.answer)
+    fields["constant_answer_accuracy"] = answers and constant_answer_accuracy([answers])
+    if task.answer_mode is AnswerMode.autoregressive:  # no answer token is an input otherwise
+        fields["prefix_rule_accuracy"] = answers and prefix_rule_accuracy(*answers, length)
     return fields
 
 
