@@ -198,7 +198,8 @@ def test_the_config_groups_table_lists_exactly_the_options_in_conf():
     header = "| group | options | what |"
     rows = markdown_table((DOCS / "getting-started.md").read_text(), header)
     documented = {row[0].strip("`"): re.findall(r"`([a-z0-9_]+)`", row[1]) for row in rows}
-    shipped = {group: group_options(group) for group in ("encoding", "model", "data", "experiment")}
+    groups = ("encoding", "model", "data", "experiment", "ruoss2023_encoding")
+    shipped = {group: group_options(group) for group in groups}
     assert {group: sorted(options) for group, options in documented.items()} == shipped
 
 
@@ -215,3 +216,31 @@ def test_the_api_examples_name_their_run_whatever_ran_after_readmes():
     text = (DOCS / "api.md").read_text()
     calls = re.findall(r"latest_run\(([^)]*)\)", text)
     assert calls and all(call == 'encoding="rope", data="synthetic"' for call in calls)
+
+
+def test_every_rendered_block_is_its_summarys_rendering():
+    """Result tables in README and docs/ are rendered from results/ (python -m
+    posbench.report.docs): a number edited by hand, or a summary replaced without rendering
+    again, fails here."""
+    from posbench.report.docs import render
+
+    assert render(ROOT, check=True) == []
+
+
+def test_a_number_edited_by_hand_in_a_rendered_block_fails_the_check(tmp_path):
+    from posbench.report.docs import BLOCKS, FIGURES, RENDERED, pages, render
+
+    for part in ("README.md", "docs", "results"):
+        copy = shutil.copytree if (ROOT / part).is_dir() else shutil.copy
+        copy(ROOT / part, tmp_path / part)
+    blocks = [(page, m) for page in pages(tmp_path) for m in RENDERED.finditer(page.read_text())]
+    assert {m["name"] for _, m in blocks} == set(BLOCKS)  # every block stands somewhere
+    page, match = next((p, m) for p, m in blocks if re.search(r"\d\.\d\d", m["body"]))
+    number = re.search(r"\d\.\d\d", match["body"])
+    edited = match["body"][: number.start()] + "9.99" + match["body"][number.end() :]
+    text = page.read_text()
+    page.write_text(text[: match.start("body")] + edited + text[match.end("body") :])
+    name = f"{page.relative_to(tmp_path)}: {match['name']}"
+    assert render(tmp_path, check=True) == [name]
+    assert render(tmp_path) == [name] and render(tmp_path, check=True) == []
+    assert all((tmp_path / figure).stat().st_size > 10_000 for figure in FIGURES)

@@ -196,13 +196,29 @@ def test_ruoss2023_is_the_references_recipe_on_their_15_tasks():
     validate(compose_config(randomized))
 
 
-def test_ruoss2023_cpu_trains_the_same_recipe_at_a_smaller_budget_on_some_of_the_tasks():
+def test_ruoss2023_cpu_sweeps_each_row_of_their_table_once_on_some_of_their_tasks():
+    """README's algorithmic table: their answers at placeholders, read both ways, their model's
+    shape; each row of their Table 1 that posbench has once (NoPE has no positions to
+    randomize), each a valid config on each task."""
     cpu = compose_config(["+experiment=ruoss2023_cpu"], with_hydra=True)
     full = compose_config(["+experiment=ruoss2023"])
-    assert cpu.model == full.model and cpu.data.batch_lengths == full.data.batch_lengths
-    assert [cpu.train[key] for key in RECIPE_KEYS] == [full.train[key] for key in RECIPE_KEYS]
+    assert not cpu.model.causal and cpu.model.n_layer == full.model.n_layer
     assert cpu.train.steps * cpu.train.batch_size < full.train.steps * full.train.batch_size
     tasks = swept_values(cpu, "data")
     assert set(tasks) <= set(RUOSS_TASKS)
-    for task in tasks:
-        validate(compose_config(["+experiment=ruoss2023_cpu", f"data={task}"]))
+    rows = []
+    for variant in swept_values(cpu, "+ruoss2023_encoding"):
+        for task in tasks:
+            cfg = compose_config(
+                ["+experiment=ruoss2023_cpu", f"data={task}", f"+ruoss2023_encoding={variant}"]
+            )
+            validate(cfg)
+            assert cfg.data.answer_mode.value == "placeholders"
+        rows.append((cfg.encoding.name, cfg.train.random_positions))
+    assert len(set(rows)) == len(rows) and ("none", 2048) not in rows
+    assert {name for name, _ in rows} == {"none", "sinusoidal", "rope", "alibi"}
+    assert {name for name, positions in rows if positions == 2048} == {
+        "sinusoidal",
+        "rope",
+        "alibi",
+    }

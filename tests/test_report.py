@@ -974,3 +974,61 @@ def test_the_prefix_rule_is_not_set_beside_a_decodes_accuracy(tmp_path):
     mean = table_lines(text, "Length generalization (Ruoss et al. 2023): mean accuracy per")
     assert mean[0] == "| task | rope | chance | constant answer |"
     assert "prefix rule" not in text
+
+
+def test_a_summary_reports_as_the_sweep_it_summarizes(sweep_copy, tmp_path):
+    """`posbench report DIR --summary FILE` keeps the runs' records as data; reading FILE gives
+    the same tables, without weights, checkpoints or TensorBoard files, in a few KB a run."""
+    summary = tmp_path / "results" / "tiny" / "sweep.json"
+    posbench("report", str(sweep_copy), "--out", "a", "--summary", str(summary), cwd=tmp_path)
+    assert summary.stat().st_size < 6_000 * 4  # 4 runs
+    shutil.rmtree(sweep_copy)  # the runs are gone; their summary stays
+    posbench("report", str(summary), "--out", "b", cwd=tmp_path)
+    first, *tables = (tmp_path / "a" / "report.md").read_text().splitlines()
+    assert first.endswith(str(sweep_copy))
+    assert (tmp_path / "b" / "report.md").read_text().splitlines()[1:] == tables
+    rows = json.loads((tmp_path / "b" / "report.json").read_text())["groups"][0]["rows"]
+    assert rows == {
+        "none": ["0_none_seed0", "1_none_seed1"],
+        "rope": ["2_rope_seed0", "3_rope_seed1"],
+    }
+    content = json.loads(summary.read_text())
+    (command,) = content["provenance"]["commands"]
+    assert command.startswith("posbench train -m encoding=none,rope seed=0,1")
+    assert content["provenance"]["runs"] == 4 and content["provenance"]["wall_s"] >= 0
+
+
+def test_a_summary_gives_back_each_runs_config_and_records(tmp_path):
+    from posbench.report.read import find_runs
+    from posbench.report.summary import read_summary, write_summary
+
+    task_run(tmp_path / "s" / "a", "parity_check", "rope", 0, {10: (1.0, 1.0), 50: (0.75, 0.5)})
+    task_run(
+        tmp_path / "s" / "b", "parity_check", "alibi", 1, {10: (0.5, 0.25), 50: (0.5, 0.0)},
+        train__random_positions=2048,
+    )  # fmt: skip
+    runs, _ = find_runs([tmp_path / "s"])
+    write_summary(tmp_path / "sweep.json", runs, [tmp_path / "s"])
+    back = {
+        path.name: (config, results)
+        for path, config, results in read_summary(tmp_path / "sweep.json")
+    }
+    assert back == {run.path.name: (run.config, run.results) for run in runs}
+
+
+def test_a_file_that_is_no_summary_is_a_one_line_error(tmp_path):
+    (tmp_path / "other.json").write_text('{"eval": []}')
+    with pytest.raises(PosbenchError, match="not a posbench summary") as err:
+        build_report(tmp_path / "other.json")
+    assert "\n" not in str(err.value)
+
+
+def test_every_registered_encoding_has_a_colour_and_marker_of_its_own_in_one_family():
+    from posbench.encodings import encoding_names
+    from posbench.report.figures import ENCODING_FAMILIES, ENCODING_STYLES
+
+    members = [name for family in ENCODING_FAMILIES.values() for name in family]
+    assert sorted(members) == sorted(ENCODING_STYLES) == sorted(encoding_names())
+    assert len(set(ENCODING_STYLES.values())) == len(ENCODING_STYLES)
+    colours = [colour for colour, _ in ENCODING_STYLES.values()]
+    assert len(set(colours)) == len(colours)

@@ -1,4 +1,5 @@
-"""``posbench report DIR [DIR ...] [--out OUT]``: compare the runs of sweeps (posbench/report/)."""
+"""``posbench report DIR [DIR ...] [--out OUT] [--summary FILE]``: compare the runs of sweeps
+(posbench/report/), or keep their records as data (posbench/report/summary.py)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,9 @@ from posbench.references import load_reference, reference_names
 from posbench.report import build_report, write_report
 from posbench.report.aggregate import DEFAULT_SUCCESS_THRESHOLD
 from posbench.report.groups import METRICS
+from posbench.report.read import find_runs
 from posbench.report.reference import reference_warnings
+from posbench.report.summary import is_summary, write_summary
 from posbench.report.tables import markdown
 
 
@@ -26,13 +29,26 @@ def report_parser() -> argparse.ArgumentParser:
         "not averaged.",
     )
     parser.add_argument(
-        "dirs", type=Path, nargs="+", metavar="DIR", help="searched recursively for runs"
+        "dirs",
+        type=Path,
+        nargs="+",
+        metavar="DIR",
+        help="searched recursively for runs; or a summary file (results/<experiment>/<name>.json) "
+        "read as the runs it holds",
     )
     parser.add_argument(
         "--out",
         type=Path,
         metavar="OUT",
-        help="output directory (default: DIR/report; required with several DIRs)",
+        help="output directory (default: DIR/report, or outputs/reports/<experiment>_<name> for "
+        "a summary; required with several DIRs)",
+    )
+    parser.add_argument(
+        "--summary",
+        type=Path,
+        metavar="FILE",
+        help="also write the runs' records (config and results.json, no weights) to FILE as "
+        "data docs are rendered from, e.g. results/<experiment>/<name>.json",
     )
     parser.add_argument(
         "--metric",
@@ -65,12 +81,24 @@ def run_report(args: Sequence[str]) -> None:
     options = parser.parse_args(list(args))
     if options.out is None and len(options.dirs) > 1:
         parser.error("with several DIRs, say where the report goes: --out OUT")
-    out = options.out if options.out is not None else options.dirs[0] / "report"
+    out = options.out if options.out is not None else default_out(options.dirs[0])
     reference = None if options.reference is None else load_reference(options.reference)
     metric = options.metric or (reference.metric if reference is not None else "ppl")
     report = build_report(options.dirs, out, metric, reference, options.success_threshold)
     for warning in reference_warnings(report):
         say(f"warning: {warning}")
     written = write_report(report, out)
+    if options.summary is not None:
+        runs, _ = find_runs(options.dirs, skip=out)
+        write_summary(options.summary, runs, options.dirs)
+        written.append(options.summary)
     print(markdown(report))
     print("wrote " + ", ".join(str(path) for path in written))
+
+
+def default_out(source: Path) -> Path:
+    """Where a report goes without --out: into the sweep's directory, or for a summary (in the
+    repository) below outputs/, which git ignores."""
+    if is_summary(source):
+        return Path("outputs") / "reports" / f"{source.parent.name}_{source.stem}"
+    return source / "report"

@@ -40,6 +40,43 @@ EDGE = 0.02  # of an axis's height beyond its outer ticks: a point on one shows 
 LINE_STYLES = ("-", "--", "-.", ":")
 
 
+# One colour and marker per encoding, the same in every figure that draws encodings by name,
+# grouped by family (a figure with many encodings draws one panel per family; dashed lines are
+# kept for variants, e.g. randomized positions).
+ENCODING_FAMILIES = {
+    "no positions and absolute": {
+        "none": ("black", "o"),
+        "learned": ("tab:brown", "v"),
+        "sinusoidal": ("tab:olive", "^"),
+    },
+    "rotary": {
+        "rope": ("tab:blue", "s"),
+        "xpos": ("tab:cyan", "D"),
+        "hybrid": ("navy", "P"),
+    },
+    "additive biases": {
+        "alibi": ("tab:red", "o"),
+        "t5": ("tab:orange", "v"),
+        "kerple": ("tab:pink", "^"),
+        "fire": ("tab:purple", "s"),
+        "sandwich": ("gold", "D"),
+    },
+    "gated and contextual": {
+        "fox": ("tab:green", "P"),
+        "cope": ("tab:gray", "X"),
+    },
+}
+ENCODING_STYLES = {
+    name: style for family in ENCODING_FAMILIES.values() for name, style in family.items()
+}
+
+
+def encoding_style(encoding: str, dashed: bool = False) -> dict[str, str]:
+    """The colour and marker of ``encoding`` (ENCODING_STYLES), its line dashed for a variant."""
+    colour, marker = ENCODING_STYLES[encoding]
+    return {"color": colour, "marker": marker, "linestyle": "--" if dashed else "-"}
+
+
 def row_style(index: int) -> dict[str, str]:
     """The colour and line style of a group's ``index``-th row, the same in every figure."""
     return {"color": f"C{index % 10}", "linestyle": LINE_STYLES[index // 10 % len(LINE_STYLES)]}

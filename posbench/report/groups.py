@@ -22,6 +22,7 @@ from posbench.references import Reference, ReferenceTable
 from posbench.report.aggregate import DEFAULT_SUCCESS_THRESHOLD, baselines_over
 from posbench.report.read import Excluded, Run, find_runs
 from posbench.report.run_table import no_reference
+from posbench.report.summary import is_summary
 from posbench.runs import (
     decode_mode,
     eval_protocol,
@@ -535,9 +536,10 @@ def build_report(
         )
     dirs = [Path(dirs)] if isinstance(dirs, (str, os.PathLike)) else [Path(d) for d in dirs]
     for directory in dirs:
-        if not directory.is_dir():
+        if not directory.is_dir() and not is_summary(directory):
             raise PosbenchError(
-                f"{directory} is not a directory; pass a multirun or outputs directory"
+                f"{directory} is neither a directory nor a summary file; pass a multirun or "
+                "outputs directory, or a summary (results/<experiment>/<name>.json)"
             )
     runs, excluded = find_runs(dirs, skip=out)
     if not runs:

@@ -1,4 +1,5 @@
-"""Finding the runs below a directory and reading each one, or the reason it is left out."""
+"""Finding the runs below a directory (or in a summary file) and reading each one, or the reason
+it is left out."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from omegaconf import OmegaConf
 
 from posbench.config import flat_config
 from posbench.errors import PosbenchError
+from posbench.report.summary import is_summary, read_summary
 from posbench.runs import CONFIG_FILE, RESULTS_FILE, read_results
 
 MISSING_RESULTS = "no results.json (failed, interrupted or still running)"
@@ -37,10 +39,14 @@ class Excluded:
 def find_runs(roots: Sequence[Path], skip: Path | None = None) -> tuple[list[Run], list[Excluded]]:
     """Every run directory below each of ``roots`` (not descending into runs, hidden
     directories or ``skip``; a run below two roots counted once), split into runs to report
-    and runs excluded with the reason."""
+    and runs excluded with the reason. A root that is a summary file (summary.py) gives the
+    runs it holds."""
     runs, excluded, seen = [], [], set()
     skipped = None if skip is None else skip.resolve()
     for root in roots:
+        if is_summary(root):
+            runs += [Run(path, config, results) for path, config, results in read_summary(root)]
+            continue
         for directory, subdirs, files in os.walk(root):
             path = Path(directory)
             resolved = path.resolve()

@@ -1,0 +1,208 @@
+"""A sweep's summary: the records ``posbench report`` reads from each run, kept in the repository
+as data (``results/<experiment>/<name>.json``) after the run directories are gone.
+
+    posbench report SWEEP --summary results/ruoss2023_cpu/sweep.json   # write it
+    posbench report results/ruoss2023_cpu/sweep.json                   # read it as the runs
+
+A summary holds, per finished run, its flattened config.yaml and its results.json without the
+weights, checkpoints and TensorBoard files; and, once, where the runs came from (the sweep's
+command, machine, date, wall time, posbench's commit). Tens of KB for a sweep of tens of runs:
+config keys equal in every run are stored once, the evaluation records as columns (a value
+equal in every record once), floats to SIGNIFICANT_DIGITS significant digits. Reading it gives
+back the runs' config and results as dicts, rounding aside, so a report of the summary is the
+report of the runs. Re-measuring a result means replacing its summary (docs are rendered from
+it: posbench/report/docs.py).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import shlex
+from collections.abc import Sequence
+from datetime import date
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+from omegaconf import OmegaConf
+
+from posbench.atomic import atomic_write
+from posbench.errors import PosbenchError
+from posbench.precision import bf16_hardware
+from posbench.runs import RESULTS_FILE
+
+if TYPE_CHECKING:
+    from posbench.report.read import Run
+
+SUMMARY_FORMAT = "posbench-summary/1"
+SIGNIFICANT_DIGITS = 6  # far below what a table shows; keeps a sweep's summary small
+MULTIRUN_FILE = "multirun.yaml"  # Hydra's record of a sweep's overrides, in its directory
+
+
+def is_summary(path: Path) -> bool:
+    """Whether ``path`` names a summary file (``posbench report`` reads it as its runs)."""
+    return path.suffix == ".json" and path.is_file()
+
+
+def summary_content(runs: Sequence[Run], sweeps: Sequence[Path]) -> dict[str, Any]:
+    """The summary of ``runs`` (finished runs below the sweep directories ``sweeps``)."""
+    if not runs:
+        raise PosbenchError("no finished run to summarize")
+    names = [run_name(run, sweeps) for run in runs]
+    if len(set(names)) < len(names):
+        raise PosbenchError(
+            "two runs share a directory name below different sweeps; summarize each sweep apart"
+        )
+    configs = [run.config for run in runs]
+    shared = {
+        key: value
+        for key, value in configs[0].items()
+        if all(key in c and json.dumps(c[key]) == json.dumps(value) for c in configs)
+    }
+    return {
+        "format": SUMMARY_FORMAT,
+        "provenance": provenance(runs, sweeps),
+        "config": shared,
+        "runs": [
+            {
+                "name": name,
+                "config": {k: v for k, v in run.config.items() if k not in shared},
+                "results": compact_results(run.results),
+            }
+            for name, run in sorted(zip(names, runs, strict=True), key=lambda item: item[0])
+        ],
+    }
+
+
+def write_summary(path: Path, runs: Sequence[Run], sweeps: Sequence[Path]) -> None:
+    """Write the summary of ``runs`` to ``path`` atomically (one line per run, for diffs)."""
+    content = rounded(summary_content(runs, sweeps))
+    head = {k: v for k, v in content.items() if k != "runs"}
+    lines = [json.dumps(run, separators=(",", ":")) for run in content["runs"]]
+    text = json.dumps(head, indent=1)[:-2] + ',\n "runs": [\n' + ",\n".join(lines) + "\n ]\n}\n"
+    atomic_write(path, text.encode())
+
+
+def read_summary(path: Path) -> list[tuple[Path, dict[str, Any], dict[str, Any]]]:
+    """The runs a summary holds, as (path, flat config, results): each at the path
+    ``<summary>/<run name>`` (no such directory exists: the path names the run in tables and
+    figures)."""
+    try:
+        content = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise PosbenchError(f"{path} is not a readable summary ({err}); write it again") from err
+    if not isinstance(content, dict) or content.get("format") != SUMMARY_FORMAT:
+        raise PosbenchError(
+            f'{path} is not a posbench summary (no "format": "{SUMMARY_FORMAT}"); pass a '
+            "run directory, or a file written by `posbench report DIR --summary FILE`"
+        )
+    return [
+        (
+            path / run["name"],
+            {**content["config"], **run["config"]},
+            expanded_results(run["results"]),
+        )
+        for run in content["runs"]
+    ]
+
+
+def summary_provenance(path: Path) -> dict[str, Any]:
+    """Where a summary's runs came from (its ``provenance``)."""
+    return json.loads(path.read_text())["provenance"]
+
+
+def run_name(run: Run, sweeps: Sequence[Path]) -> str:
+    """The run's directory below the sweep that holds it (its Hydra subdir)."""
+    for sweep in sweeps:
+        try:
+            return run.path.resolve().relative_to(sweep.resolve()).as_posix()
+        except ValueError:
+            continue
+    return run.path.name
+
+
+def compact_results(results: dict[str, Any]) -> dict[str, Any]:
+    """results.json with its evaluation records as columns: ``{"constant": {key: value},
+    "columns": {key: [value per record]}}``."""
+    records = results.get("eval", [])
+    keys = list(dict.fromkeys(key for record in records for key in record))
+    constant, columns = {}, {}
+    for key in keys:
+        values = [record.get(key) for record in records]
+        if all(json.dumps(v) == json.dumps(values[0]) for v in values):
+            constant[key] = values[0]
+        else:
+            columns[key] = values
+    return {**results, "eval": {"records": len(records), "constant": constant, "columns": columns}}
+
+
+def expanded_results(results: dict[str, Any]) -> dict[str, Any]:
+    """``compact_results`` undone: the evaluation records as a list of dicts again."""
+    table = results["eval"]
+    records = [dict(table["constant"]) for _ in range(table["records"])]
+    for key, values in table["columns"].items():
+        for record, value in zip(records, values, strict=True):
+            record[key] = value
+    return {**results, "eval": records}
+
+
+def rounded(value: Any) -> Any:
+    """``value`` with every float to SIGNIFICANT_DIGITS significant digits."""
+    if isinstance(value, float):
+        return float(f"{value:.{SIGNIFICANT_DIGITS}g}")
+    if isinstance(value, dict):
+        return {k: rounded(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [rounded(v) for v in value]
+    return value
+
+
+def provenance(runs: Sequence[Run], sweeps: Sequence[Path]) -> dict[str, Any]:
+    """The sweeps' commands (from Hydra's multirun.yaml), the commits that trained the runs,
+    this machine, today's date and the sweeps' wall time: the first job's start (its
+    directory's .hydra/) to the last results.json."""
+    started = [
+        os.stat(run.path / ".hydra").st_mtime for run in runs if (run.path / ".hydra").is_dir()
+    ]
+    ended = [os.stat(run.path / RESULTS_FILE).st_mtime for run in runs]
+    commits = sorted({str(run.results.get("versions", {}).get("git_commit")) for run in runs})
+    return {
+        "commands": [sweep_command(sweep) for sweep in sweeps],
+        "runs": len(runs),
+        "posbench_commits": commits,
+        "machine": machine_description(),
+        "date": date.today().isoformat(),
+        "wall_s": round(max(ended) - min(started)) if started else None,
+    }
+
+
+def sweep_command(sweep: Path) -> str | None:
+    """``posbench train -m <overrides>`` as the sweep in ``sweep`` was started; None without
+    Hydra's multirun.yaml there."""
+    path = sweep / MULTIRUN_FILE
+    if not path.is_file():
+        return None
+    overrides = OmegaConf.load(path).hydra.overrides
+    launcher = [o for o in overrides.hydra if o != "hydra.mode=MULTIRUN"]
+    return shlex.join(["posbench", "train", "-m", *overrides.task, *launcher])
+
+
+def machine_description() -> str:
+    """``AMD EPYC family 25 model 17 (x86_64, 2 cores, bf16: avx512_bf16), torch 2.13.0+cpu``:
+    what timings and bf16 results depend on."""
+    model = platform.processor() or platform.machine()
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.is_file():  # Linux: the first processor's name, family and model
+        fields = dict(
+            (key.strip(), value.strip())
+            for key, _, value in (line.partition(":") for line in cpuinfo.read_text().splitlines())
+            if value
+        )
+        model = fields.get("model name", model)
+        if "cpu family" in fields and "model" in fields:
+            model += f" family {fields['cpu family']} model {fields['model']}"
+    bf16 = bf16_hardware(torch.device("cpu")) or "none"
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return f"{model} ({platform.machine()}, {cores} cores, bf16: {bf16}), torch {torch.__version__}"
