@@ -82,9 +82,10 @@ def randomizes_distances(encodings: Sequence[PositionalEncoding]) -> bool:
 
 
 def row_lengths(targets: torch.Tensor) -> torch.Tensor:
-    """Each row's own length (B,) int64 for ``targets`` (B, T): its inputs up to its last scored
-    target (at least 1). A row's tokens after it change none of its losses (causal attention):
-    padding, or a window's unscored tail."""
+    """Each row's own length (B,) int64 for ``targets`` (B, T): its inputs up to its last target
+    that carries a loss (trained on, whether or not accuracy scores it; at least 1). What follows
+    is padding or a window's untrained tail: causal attention never reads it, and attention both
+    ways masks it by these lengths."""
     columns = torch.arange(1, targets.shape[1] + 1, device=targets.device)
     return torch.where(targets != IGNORE, columns, 1).amax(dim=1)
 
