@@ -48,6 +48,7 @@ encodings (encoding=...): {", ".join(encoding_names())}
 models    (model=...):    {", ".join(group_options("model"))}
 data      (data=...):     {", ".join(group_options("data"))}
 sweeps    (-m +experiment=...): {", ".join(group_options("experiment"))}
+loggers   (logger=...):   {", ".join(group_options("logger"))} (tensorboard by default)
 key options: {KEY_OPTIONS}
 {LENGTHS_IN_TOKENS}
 

@@ -150,10 +150,22 @@ class EvalConfig:
 
 
 @dataclass
+class LoggerConfig:
+    """``logger=tensorboard`` and ``logger=none``: nothing to set besides the name."""
+
+    name: str = "tensorboard"
+
+
+# The schema of each option of the logger group (posbench/loggers/ holds the loggers).
+LOGGER_SCHEMAS = {"tensorboard": LoggerConfig, "none": LoggerConfig}
+
+
+@dataclass
 class PosbenchConfig:
     encoding: Any = MISSING
     model: ModelConfig = MISSING
     data: Any = MISSING
+    logger: Any = MISSING
     train: TrainConfig = field(default_factory=TrainConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     seed: int = 0
@@ -184,6 +196,8 @@ def register_schemas() -> None:
         store.store(group="schema/encoding", name=name, node=encoding.Config)
     for name, schema in DATA_SCHEMAS.items():
         store.store(group="schema/data", name=name, node=schema)
+    for name, schema in LOGGER_SCHEMAS.items():
+        store.store(group="schema/logger", name=name, node=schema)
 
 
 def config_dir() -> Path:

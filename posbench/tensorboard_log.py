@@ -1,4 +1,6 @@
-"""What posbench writes to TensorBoard, in one place so train and eval log alike.
+"""What posbench writes to TensorBoard, in one place so train and eval log alike. The other
+loggers (posbench/loggers/) log the same tags, curve points (length_points,
+loss_by_position_points) and figure (eval_figure).
 
 The extrapolation curve is a scalar series whose global step is the evaluation length, so
 TensorBoard's Scalars tab plots perplexity against length (set its x-axis to "step").
@@ -27,14 +29,12 @@ from __future__ import annotations
 import shutil
 import tempfile
 from collections.abc import Mapping, Sequence
-from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from omegaconf import DictConfig, OmegaConf
 from torch.utils.tensorboard import SummaryWriter
 
-from posbench import distributed
 from posbench.atomic import atomic_path
 from posbench.config import flat_config
 from posbench.runs import headline_accuracy, scaling_method, scaling_setting
@@ -70,25 +70,6 @@ def trained_lengths(cfg: DictConfig) -> TrainedLengths:
 # timestamped ones SummaryWriter makes (digits < letters), so a resumed run's purge of later
 # training steps (a SessionLog START) never drops evaluation points, whose step is a length.
 EVAL_EVENTS_FILE = "events.out.tfevents.eval"
-
-
-class NoEvents:
-    """The TensorBoard writer of ranks other than 0: rank 0 logs the run's (global) numbers."""
-
-    def add_scalar(self, *args: Any, **kwargs: Any) -> None:
-        pass
-
-    def flush(self) -> None:
-        pass
-
-
-def event_writer(run_dir: Path, purge_step: int | None) -> AbstractContextManager:
-    """The run's TensorBoard writer on rank 0, NoEvents on the others. ``purge_step``: a resumed
-    run's first step, from which on the events a stopped run wrote past its checkpoint are
-    dropped, so that no step shows twice."""
-    if distributed.is_main():
-        return SummaryWriter(log_dir=str(run_dir), purge_step=purge_step)
-    return nullcontext(NoEvents())
 
 
 def series_name(record: Mapping[str, Any]) -> str:

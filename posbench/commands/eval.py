@@ -1,5 +1,5 @@
 """``posbench eval --length N [--run DIR] ...``: re-evaluate a trained run at other lengths,
-optionally with eval-time RoPE scaling; the records go to its results.json and TensorBoard."""
+optionally with eval-time RoPE scaling; the records go to its results.json and its logger."""
 
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ def eval_parser() -> argparse.ArgumentParser:
     parser = OneLineParser(
         prog="posbench eval",
         description="Re-evaluate a trained run at any length; appends to its results.json "
-        "and TensorBoard.",
+        "and its logger's view (TensorBoard's by default).",
     )
     parser.add_argument(
         "--length",
@@ -138,7 +138,7 @@ def run_eval(args: Sequence[str]) -> None:
         positions=options.positions,
         decode=options.decode,
     )
-    results = record_eval(run_dir, records, trained_lengths(cfg))
+    results = record_eval(run_dir, cfg, records, trained_lengths(cfg))
     print(f"{cfg.encoding.name} trained at {trained_at(cfg)} ({run_dir})")
     if options.rope_scaling not in (None, "none"):
         print(scaling_factors(options.rope_scaling, records))
