@@ -16,7 +16,7 @@ from posbench.commands.arguments import (
     threads_setting,
 )
 from posbench.commands.exits import fail
-from posbench.config import EvalDecode, EvalPositions, eval_lengths
+from posbench.config import EvalDecode, EvalPositions, check_logger, eval_lengths
 from posbench.encodings.rope import SCALING_METHODS
 from posbench.evaluate import evaluate_run, rope_scaling_overrides
 from posbench.reevaluate import check_rope_run, record_eval
@@ -30,7 +30,7 @@ def eval_parser() -> argparse.ArgumentParser:
     parser = OneLineParser(
         prog="posbench eval",
         description="Re-evaluate a trained run at any length; appends to its results.json "
-        "and its logger's view (TensorBoard's by default).",
+        "and its logger's view (TensorBoard, or a new W&B run of its group).",
     )
     parser.add_argument(
         "--length",
@@ -118,6 +118,7 @@ def run_eval(args: Sequence[str]) -> None:
         fail("--factor needs --rope-scaling METHOD (see posbench eval --help)")
     run_dir = chosen_run(options)
     cfg = load_run_config(run_dir)  # for the defaults; evaluate_run loads the weights
+    check_logger(cfg)
     lengths = options.length or eval_lengths(cfg)
     if options.stride is not None and options.stride > min(lengths):
         fail(f"--stride {options.stride} must not exceed the shortest --length ({min(lengths)})")

@@ -1,5 +1,5 @@
-"""Where a run's metrics go: ``logger=tensorboard`` (the default) or ``logger=none``, each one
-RunLogger found by name in LOGGERS.
+"""Where a run's metrics go: ``logger=tensorboard`` (the default), ``logger=wandb`` or
+``logger=none``, each one RunLogger found by name in LOGGERS.
 
 Training and ``posbench eval`` call only the RunLogger methods, never a logger by name: adding
 a logger means one module here, one entry in LOGGERS, one YAML file in conf/logger/ and its
@@ -18,6 +18,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from posbench import distributed
 from posbench.loggers.tensorboard import TensorBoardLogger
+from posbench.loggers.wandb import WandbLogger
 from posbench.tensorboard_log import TrainedLengths
 
 
@@ -69,6 +70,7 @@ class NoLogger:
 # Each is built as LOGGERS[name](cfg, run_dir, job_type, purge_step).
 LOGGERS: dict[str, Callable[[DictConfig, Path, str, int | None], RunLogger]] = {
     "tensorboard": TensorBoardLogger,
+    "wandb": WandbLogger,
     "none": NoLogger,
 }
 
