@@ -146,7 +146,7 @@ def test_a_wandb_run_is_named_after_its_run_directory_and_lives_in_it(fake_wandb
     wandb_run(tmp_path / "08-06-17_rope", overrides=["logger.project=mine", "logger.mode=offline"])
     (run,) = fake_wandb.runs
     assert run.init["name"] == "08-06-17_rope"
-    assert run.init["dir"] == tmp_path / "08-06-17_rope"
+    assert run.init["dir"] == str(tmp_path / "08-06-17_rope")
     assert (run.init["project"], run.init["mode"], run.init["group"]) == ("mine", "offline", None)
 
 

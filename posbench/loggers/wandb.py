@@ -73,7 +73,7 @@ class WandbLogger:
             job_type=job_type,
             name=run_dir.name if job_type == "train" else f"{run_dir.name}-{job_type}",
             config=flat_config(cfg),
-            dir=run_dir,
+            dir=str(run_dir),
             id=identity["id"] if resumed else None,
             resume="allow" if resumed else None,
         )
