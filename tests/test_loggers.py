@@ -112,7 +112,7 @@ def test_eval_curves_are_drawn_against_the_length_from_left_to_right(fake_wandb,
     with open_logger(cfg, tmp_path) as logger:
         logger.log_evaluation(records, AT_16)
     (run,) = fake_wandb.runs
-    *rows, (figure,) = run.rows
+    *rows, figure = run.rows
     assert rows == [
         {"eval/length": 16, "eval/ppl": 2.0, "eval/bits_per_byte": 0.2},
         {
@@ -127,7 +127,7 @@ def test_eval_curves_are_drawn_against_the_length_from_left_to_right(fake_wandb,
     ]
     assert run.axes["eval/ppl/yarn"] == "eval/length"
     assert run.axes["eval/loss_by_position/L16"] == "eval/position"
-    assert figure == "eval/ppl_vs_length"
+    assert list(figure) == ["eval/ppl_vs_length"]  # a wandb.Image
 
 
 def test_the_headline_metrics_go_to_the_wandb_summary_and_the_config_to_its_config(
