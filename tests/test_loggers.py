@@ -15,6 +15,7 @@ import pytest
 from conftest import TINY, error_line, posbench
 
 from posbench import loggers
+from posbench.commands.overrides import group_options
 from posbench.config import compose_config
 from posbench.loggers import NoLogger, open_logger
 from posbench.loggers.wandb import RUN_FILE
@@ -80,6 +81,12 @@ def wandb_run(run_dir, job_type="train", overrides=()):
 
 def test_tensorboard_is_the_default_logger():
     assert compose_config().logger.name == "tensorboard"
+
+
+def test_every_logger_option_is_the_logger_of_its_name():
+    options = group_options("logger")
+    assert [compose_config([f"logger={o}"]).logger.name for o in options] == options
+    assert sorted(loggers.LOGGERS) == options
 
 
 def test_every_logger_takes_the_calls_training_and_eval_make(fake_wandb, tmp_path):
