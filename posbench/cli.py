@@ -47,6 +47,7 @@ commands:
 encodings (encoding=...): {", ".join(encoding_names())}
 models    (model=...):    {", ".join(group_options("model"))}
 data      (data=...):     {", ".join(group_options("data"))}
+loggers   (logger=...):   {", ".join(group_options("logger"))} (tensorboard by default)
 sweeps    (-m +experiment=...): {", ".join(group_options("experiment"))}
 key options: {KEY_OPTIONS}
 {LENGTHS_IN_TOKENS}

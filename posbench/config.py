@@ -7,6 +7,7 @@ types, so a typo or a wrong type fails when the config is composed, not halfway 
 
 from __future__ import annotations
 
+import importlib.util
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import Enum
@@ -58,6 +59,12 @@ class EvalPositions(Enum):
 class EvalDecode(Enum):
     greedy = "greedy"  # a task's answers decoded from the model's own argmax (accuracy)
     teacher_forced = "teacher_forced"  # not decoded: argmax given the true prefix only
+
+
+class WandbMode(Enum):
+    online = "online"
+    offline = "offline"  # written under <run>/wandb/ only: `wandb sync` uploads it later
+    disabled = "disabled"  # wandb's calls do nothing
 
 
 @dataclass
@@ -150,10 +157,31 @@ class EvalConfig:
 
 
 @dataclass
+class LoggerConfig:
+    """``logger=tensorboard`` and ``logger=none``: nothing to set besides the name."""
+
+    name: str = "tensorboard"
+
+
+@dataclass
+class WandbConfig(LoggerConfig):
+    name: str = "wandb"
+    project: str = "posbench"
+    entity: str | None = None  # null: the account's default entity
+    # null: WANDB_MODE, else online
+    mode: WandbMode | None = None
+
+
+# The schema of each option of the logger group (posbench/loggers/ holds the loggers).
+LOGGER_SCHEMAS = {"tensorboard": LoggerConfig, "wandb": WandbConfig, "none": LoggerConfig}
+
+
+@dataclass
 class PosbenchConfig:
     encoding: Any = MISSING
     model: ModelConfig = MISSING
     data: Any = MISSING
+    logger: Any = MISSING
     train: TrainConfig = field(default_factory=TrainConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     seed: int = 0
@@ -184,6 +212,8 @@ def register_schemas() -> None:
         store.store(group="schema/encoding", name=name, node=encoding.Config)
     for name, schema in DATA_SCHEMAS.items():
         store.store(group="schema/data", name=name, node=schema)
+    for name, schema in LOGGER_SCHEMAS.items():
+        store.store(group="schema/logger", name=name, node=schema)
 
 
 def config_dir() -> Path:
@@ -300,6 +330,7 @@ def validate(cfg: DictConfig) -> None:
         )
     check_trained_positions(cfg)
     check_bidirectional(cfg)
+    check_logger(cfg)
     position_sampler(cfg)  # a distances mode the encoding cannot take is refused here
     if choice(cfg.eval.positions) == "random" and positions is None:
         raise PosbenchError(
@@ -326,6 +357,15 @@ def validate(cfg: DictConfig) -> None:
             f"eval.stride ({cfg.eval.stride}) must not exceed the shortest eval length "
             f"({min(lengths)})"
         )
+
+
+def check_logger(cfg: DictConfig) -> None:
+    """``logger=wandb`` without the optional wandb package: refused before anything runs (a
+    sweep: before its first job; ``posbench eval`` of a W&B run: before evaluating), not when
+    the run would be logged."""
+    name = OmegaConf.select(cfg, "logger.name")  # none in a run saved before the logger group
+    if name == "wandb" and importlib.util.find_spec("wandb") is None:
+        raise PosbenchError('logger=wandb needs the wandb package: pip install -e ".[wandb]"')
 
 
 def check_bidirectional(cfg: DictConfig) -> None:

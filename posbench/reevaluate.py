@@ -1,5 +1,6 @@
 """``posbench eval``: which run to re-evaluate, and where its new records go (results.json and
-its TensorBoard view, rewritten together so that they always agree)."""
+its logger's view: TensorBoard's, rewritten together so that they always agree, or a W&B run of
+its own)."""
 
 from __future__ import annotations
 
@@ -11,12 +12,10 @@ from omegaconf import DictConfig
 
 from posbench.errors import PosbenchError
 from posbench.evaluate import ROPE_SCALING_NEEDS_ROPE
-from posbench.runs import WEIGHTS_FILE, append_eval_results, latest_run
-from posbench.tensorboard_log import TrainedLengths, write_eval_events
+from posbench.loggers import open_logger
+from posbench.runs import WEIGHTS_FILE, append_eval_results, latest_run, sweep_of
+from posbench.tensorboard_log import TrainedLengths
 from posbench.versions import code_versions
-
-# Hydra writes this file into every sweep directory, next to the sweep's job directories.
-SWEEP_MARKER = "multirun.yaml"
 
 
 def default_run(root: Path = Path("outputs")) -> tuple[Path, str]:
@@ -26,8 +25,9 @@ def default_run(root: Path = Path("outputs")) -> tuple[Path, str]:
         f"no --run given: evaluating the newest run under {root}/ (the one whose {WEIGHTS_FILE} "
         f"was written last): {run_dir}"
     )
-    if (run_dir.parent / SWEEP_MARKER).is_file():
-        why += f", the last job of the sweep {run_dir.parent}"
+    sweep = sweep_of(run_dir)
+    if sweep is not None:
+        why += f", the last job of the sweep {sweep}"
     return run_dir, why + "; pass --run DIR to choose another"
 
 
@@ -46,17 +46,19 @@ def check_rope_run(cfg: DictConfig, run_dir: Path, root: Path = Path("outputs"))
 
 
 def record_eval(
-    run_dir: Path, records: Sequence[dict[str, Any]], trained: TrainedLengths
+    run_dir: Path, cfg: DictConfig, records: Sequence[dict[str, Any]], trained: TrainedLengths
 ) -> dict[str, Any]:
     """Add ``records`` to the run's results.json (replacing those of the same length, stride
     and scaling method; an algorithmic task's summary past its ``trained`` lengths, see
-    append_eval_results) and redraw its TensorBoard evaluation from all the records it now
-    holds. Each record names the code that computed it (``versions``, as results.json names the
-    training's): a re-evaluation may run other code than the training did. Returns the new
-    results."""
+    append_eval_results) and log all the records it now holds to the logger of the run's
+    ``cfg`` (posbench/loggers/: TensorBoard redraws the run's evaluation, W&B starts an
+    ``eval`` run). Each record names the code that computed it (``versions``, as results.json
+    names the training's): a re-evaluation may run other code than the training did. Returns
+    the new results."""
     longest_trained = trained.hi if trained.problem_lengths else None
     versions = code_versions()
     stamped = [{**record, "versions": versions} for record in records]
     results = append_eval_results(run_dir, stamped, longest_trained)
-    write_eval_events(run_dir, results["eval"], trained)
+    with open_logger(cfg, run_dir, job_type="eval") as logger:
+        logger.log_evaluation(results["eval"], trained)
     return results

@@ -40,6 +40,7 @@ RESUMABLE_KEYS = (
     "train.precision",
     "eval.",
     "data.cache_dir",
+    "logger.",  # where the metrics go, not what they are
 )
 
 

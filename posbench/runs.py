@@ -4,7 +4,8 @@
     <run>/config.yaml        the fully resolved config the run was trained with
     <run>/checkpoint.pt      training state for resuming (posbench/checkpoint.py)
     <run>/results.json       training summary and one record per evaluated length
-    <run>/events.out.tfevents.*  TensorBoard scalars, hparams and figures
+    <run>/events.out.tfevents.*  TensorBoard scalars, hparams and figures (logger=tensorboard)
+    <run>/wandb/, wandb_run.json  W&B's local files, and the W&B run's id and group (logger=wandb)
     <run>/.hydra/            Hydra's own record of the composed config and overrides
 
 Weights are safetensors, so loading a run never executes code from the file.
@@ -42,6 +43,14 @@ CONFIG_FILE = "config.yaml"
 TOKENIZER_FILE = "tokenizer.json"  # a run on tokens (data.tokenizer): the tokenizer it used
 RESULTS_FILE = "results.json"
 METADATA_KEY = "posbench"
+# Hydra writes this file into every sweep directory, next to the sweep's job directories.
+SWEEP_MARKER = "multirun.yaml"
+
+
+def sweep_of(run_dir: Path) -> Path | None:
+    """The directory of the sweep whose job ``run_dir`` is, or None for a single run."""
+    parent = Path(run_dir).parent
+    return parent if (parent / SWEEP_MARKER).is_file() else None
 
 
 def save_weights(run_dir: Path, model: Transformer) -> Path:

@@ -1,4 +1,6 @@
-"""What posbench writes to TensorBoard, in one place so train and eval log alike.
+"""What posbench writes to TensorBoard, in one place so train and eval log alike. The other
+loggers (posbench/loggers/) log the same tags, curve points (length_points,
+loss_by_position_points) and figure (eval_figure).
 
 The extrapolation curve is a scalar series whose global step is the evaluation length, so
 TensorBoard's Scalars tab plots perplexity against length (set its x-axis to "step").
@@ -27,14 +29,12 @@ from __future__ import annotations
 import shutil
 import tempfile
 from collections.abc import Mapping, Sequence
-from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from omegaconf import DictConfig, OmegaConf
 from torch.utils.tensorboard import SummaryWriter
 
-from posbench import distributed
 from posbench.atomic import atomic_path
 from posbench.config import flat_config
 from posbench.runs import headline_accuracy, scaling_method, scaling_setting
@@ -72,25 +72,6 @@ def trained_lengths(cfg: DictConfig) -> TrainedLengths:
 EVAL_EVENTS_FILE = "events.out.tfevents.eval"
 
 
-class NoEvents:
-    """The TensorBoard writer of ranks other than 0: rank 0 logs the run's (global) numbers."""
-
-    def add_scalar(self, *args: Any, **kwargs: Any) -> None:
-        pass
-
-    def flush(self) -> None:
-        pass
-
-
-def event_writer(run_dir: Path, purge_step: int | None) -> AbstractContextManager:
-    """The run's TensorBoard writer on rank 0, NoEvents on the others. ``purge_step``: a resumed
-    run's first step, from which on the events a stopped run wrote past its checkpoint are
-    dropped, so that no step shows twice."""
-    if distributed.is_main():
-        return SummaryWriter(log_dir=str(run_dir), purge_step=purge_step)
-    return nullcontext(NoEvents())
-
-
 def series_name(record: Mapping[str, Any]) -> str:
     """How a record was measured, as a path: "" (plain), "yarn", "yarn_s4" (factor 4),
     "stride_64", "yarn/stride_64"."""
@@ -110,13 +91,21 @@ def eval_tag(metric: str, record: Mapping[str, Any]) -> str:
     return f"eval/{metric}/{series}" if series else f"eval/{metric}"
 
 
-def log_eval_records(
-    writer: SummaryWriter, records: Sequence[Mapping[str, Any]], trained: TrainedLengths
-) -> None:
+class Point(NamedTuple):
+    """One point of an evaluation curve: ``value`` of the series ``tag`` at ``x``, the
+    evaluation length (for loss by position: the bucket's end position)."""
+
+    tag: str
+    x: int
+    value: float
+
+
+def length_points(records: Sequence[Mapping[str, Any]]) -> list[Point]:
     """One point per evaluated length on ``eval/ppl``, ``eval/bits_per_byte``, ``eval/word_ppl``
     (text: the metrics that compare across tokenizers) and, for a task, ``eval/accuracy`` (of
     the model's own answer), ``eval/sequence_accuracy`` and ``eval/teacher_forced_accuracy`` (an
-    algorithmic task's at step = problem length)."""
+    algorithmic task's at x = problem length)."""
+    points = []
     for record in records:
         if record["status"] != "ok":
             continue
@@ -128,16 +117,8 @@ def log_eval_records(
         values["teacher_forced_accuracy"] = record.get("teacher_forced_accuracy")
         for metric, value in values.items():
             if value is not None:  # word_ppl: text only; accuracy: tasks only
-                writer.add_scalar(eval_tag(metric, record), value, global_step=record["length"])
-    log_loss_by_position(writer, records)
-    if trained.problem_lengths:
-        figure = problem_length_figure(records, trained)
-        tag = "eval/sequence_accuracy_vs_problem_length"
-    else:
-        figure, tag = extrapolation_figure(records, trained.lo), "eval/ppl_vs_length"
-    if figure is not None:
-        writer.add_figure(tag, figure)
-    writer.flush()
+                points.append(Point(eval_tag(metric, record), record["length"], value))
+    return points
 
 
 def loss_by_position_tag(record: Mapping[str, Any]) -> str:
@@ -146,13 +127,39 @@ def loss_by_position_tag(record: Mapping[str, Any]) -> str:
     return f"eval/loss_by_position/L{record['length']}" + (f"/{series}" if series else "")
 
 
-def log_loss_by_position(writer: SummaryWriter, records: Sequence[Mapping[str, Any]]) -> None:
-    """Each record's bucket NLLs at step = the bucket's end position."""
-    for record in records:
-        for bucket in record.get("loss_by_position", []):
-            writer.add_scalar(
-                loss_by_position_tag(record), bucket["nll"], global_step=bucket["end"]
-            )
+def loss_by_position_points(records: Sequence[Mapping[str, Any]]) -> list[Point]:
+    """Each record's bucket NLLs at x = the bucket's end position."""
+    return [
+        Point(loss_by_position_tag(record), bucket["end"], bucket["nll"])
+        for record in records
+        for bucket in record.get("loss_by_position", [])
+    ]
+
+
+def eval_figure(
+    records: Sequence[Mapping[str, Any]], trained: TrainedLengths
+) -> tuple[str, Figure] | None:
+    """The run's evaluation at a glance, with its tag: an algorithmic task's sequence accuracy
+    by problem length, else perplexity by length; None when nothing was measured."""
+    if trained.problem_lengths:
+        figure = problem_length_figure(records, trained)
+        tag = "eval/sequence_accuracy_vs_problem_length"
+    else:
+        figure, tag = extrapolation_figure(records, trained.lo), "eval/ppl_vs_length"
+    return None if figure is None else (tag, figure)
+
+
+def log_eval_records(
+    writer: SummaryWriter, records: Sequence[Mapping[str, Any]], trained: TrainedLengths
+) -> None:
+    """``records``'s points (length_points, then loss_by_position_points) with the x as the
+    global step, and their figure."""
+    for point in [*length_points(records), *loss_by_position_points(records)]:
+        writer.add_scalar(point.tag, point.value, global_step=point.x)
+    figure = eval_figure(records, trained)
+    if figure is not None:
+        writer.add_figure(*figure)
+    writer.flush()
 
 
 def write_eval_events(

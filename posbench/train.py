@@ -2,7 +2,7 @@
 
 A plain function that returns the results it also writes to ``run_dir``; the Hydra entry point
 in posbench/commands/train.py is a thin wrapper around it. ``train`` builds the run's parts
-once (data, model, optimizer, batch sampler, checkpointer, TensorBoard writer, precision),
+once (data, model, optimizer, batch sampler, checkpointer, run logger, precision),
 ``train_steps`` runs the optimisation loop over those objects, one ``train_step`` at a time,
 and ``evaluate_and_record`` writes the run.
 """
@@ -21,7 +21,6 @@ from typing import Any
 import numpy as np
 import torch
 from omegaconf import DictConfig
-from torch.utils.tensorboard import SummaryWriter
 from tqdm.auto import tqdm
 
 from posbench import distributed
@@ -31,6 +30,7 @@ from posbench.data import IGNORE, Corpus, Task, load_data
 from posbench.errors import PosbenchError
 from posbench.evaluate import RandomPositions, eval_positions, evaluate_data
 from posbench.finetune import fine_tune_config, load_parent_weights
+from posbench.loggers import RunLogger, open_logger
 from posbench.model import Transformer, build_model
 from posbench.precision import autocast, compile_for_training, resolve_precision
 from posbench.random_positions import PositionDraw, PositionSampler, position_sampler, row_lengths
@@ -48,15 +48,7 @@ from posbench.runs import (
     write_results,
 )
 from posbench.signals import stop_requests
-from posbench.tensorboard_log import (
-    NoEvents,
-    event_writer,
-    headline_metrics,
-    hparams,
-    log_hparams,
-    trained_lengths,
-    write_eval_events,
-)
+from posbench.tensorboard_log import headline_metrics, trained_lengths
 from posbench.threads import (
     ThreadController,
     Threads,
@@ -179,7 +171,7 @@ def train_with_threads(
     # Events past the checkpoint (written before a crash) are dropped, so no step repeats; a
     # resumed run without a checkpoint starts again at step 1, past anything logged before.
     purge_step = progress.step + 1 if cfg.train.resume else None
-    with event_writer(run_dir, purge_step) as writer:
+    with open_logger(cfg, run_dir, purge_step=purge_step) as logger:
         try:
             summary = train_steps(
                 model,
@@ -188,7 +180,7 @@ def train_with_threads(
                 sampler,
                 progress,
                 checkpointer,
-                writer,
+                logger,
                 settings,
                 controller,
             )
@@ -200,7 +192,7 @@ def train_with_threads(
         # Rank 0 evaluates and writes the run; the other ranks wait for its results.
         results = {**results, "train": summary}
         return distributed.from_rank_zero(
-            lambda: evaluate_and_record(model, data, cfg, run_dir, writer, results)
+            lambda: evaluate_and_record(model, data, cfg, run_dir, logger, results)
         )
 
 
@@ -225,11 +217,11 @@ def evaluate_and_record(
     data: Corpus | Task,
     cfg: DictConfig,
     run_dir: Path,
-    writer: SummaryWriter,
+    logger: RunLogger,
     results: dict[str, Any],
 ) -> dict[str, Any]:
     """Save the weights, evaluate them at every eval length, and write ``results`` with the
-    evaluation records to results.json and TensorBoard; returns what it wrote."""
+    evaluation records to results.json and the run's logger; returns what it wrote."""
     save_weights(run_dir, model)
     records = evaluate_data(
         model,
@@ -248,8 +240,8 @@ def evaluate_and_record(
     if trained.problem_lengths:
         results = with_length_generalization(results, trained.hi)
     write_results(run_dir, results)
-    write_eval_events(run_dir, records, trained)
-    log_hparams(writer, hparams(cfg), headline_metrics(results))
+    logger.log_evaluation(records, trained)
+    logger.log_summary(headline_metrics(results))
     return results
 
 
@@ -272,7 +264,7 @@ def train_steps(
     sampler: torch.Generator,
     progress: TrainProgress,
     checkpointer: Checkpointer,
-    writer: SummaryWriter | NoEvents,
+    logger: RunLogger,
     settings: LoopSettings,
     threads: ThreadController | None = None,
 ) -> dict[str, Any]:
@@ -333,15 +325,15 @@ def train_steps(
             # The window final_loss averages: the last log_every losses.
             progress.recent_losses = [*progress.recent_losses, loss_value][-tcfg.log_every :]
             if progress.step % tcfg.log_every == 0 or progress.step == tcfg.steps:
-                log_training(writer, bar, progress, loss_value, lr_at(step, tcfg))
+                log_training(logger, bar, progress, loss_value, lr_at(step, tcfg))
             if progress.step % tcfg.val_every == 0 or progress.step == tcfg.steps:
                 progress.val_loss = validation_loss(
                     model, data, tcfg, precision, settings.val_positions
                 )
-                writer.add_scalar("val/loss", progress.val_loss, progress.step)
-                writer.add_scalar("val/ppl", math.exp(progress.val_loss), progress.step)
+                validation = {"val/loss": progress.val_loss, "val/ppl": math.exp(progress.val_loss)}
+                logger.log_scalars(validation, progress.step)
             if checkpointer.due(progress.step) or stopping is not None:
-                writer.flush()  # TensorBoard holds at least what the checkpoint holds
+                logger.flush()  # the logged curves reach at least as far as the checkpoint
                 checkpointer.save(model, optimizer, sampler, progress)
             if stopping is not None:
                 break
@@ -363,12 +355,11 @@ def seed_dropout(seed: int, step: int) -> None:
 
 
 def log_training(
-    writer: SummaryWriter | NoEvents, bar: tqdm, progress: TrainProgress, loss: float, lr: float
+    logger: RunLogger, bar: tqdm, progress: TrainProgress, loss: float, lr: float
 ) -> None:
     tokens_per_s = progress.tokens_seen / progress.train_time
-    writer.add_scalar("train/loss", loss, progress.step)
-    writer.add_scalar("train/lr", lr, progress.step)
-    writer.add_scalar("train/tokens_per_s", tokens_per_s, progress.step)
+    scalars = {"train/loss": loss, "train/lr": lr, "train/tokens_per_s": tokens_per_s}
+    logger.log_scalars(scalars, progress.step)
     bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{tokens_per_s:,.0f}")
 
 

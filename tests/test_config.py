@@ -14,7 +14,7 @@ def test_every_registered_encoding_has_a_config_file_that_composes(encoding):
     assert cfg.encoding.name == encoding
 
 
-@pytest.mark.parametrize("group", ["model", "data"])
+@pytest.mark.parametrize("group", ["model", "data", "logger"])
 def test_every_option_of_a_group_composes(group):
     for path in sorted((config_dir() / group).glob("*.yaml")):
         cfg = compose_config(

@@ -178,6 +178,14 @@ def test_only_seed_differences_are_averaged(tmp_path):
     assert row.cells[1].ratio.mean == pytest.approx(2.0) and row.cells[1].ratio.std == 0.0
 
 
+def test_runs_logged_to_different_places_are_averaged(tmp_path):
+    make_run(tmp_path / "s0", seed=0, ppls={16: 4.0, 32: 8.0})  # from before the logger group
+    make_run(tmp_path / "s1", seed=1, ppls={16: 6.0, 32: 12.0}, logger__name="wandb")
+    (group,) = build_report(tmp_path).groups
+    (row,) = group.rows
+    assert [c.ppl.mean for c in row.cells] == [5.0, 10.0]
+
+
 def test_unsupported_lengths_are_shown_with_their_reason(tmp_path):
     make_run(tmp_path / "learned", encoding="learned", ppls={16: 5.0, 32: None})
     text = markdown(build_report(tmp_path))

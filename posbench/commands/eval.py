@@ -1,5 +1,5 @@
 """``posbench eval --length N [--run DIR] ...``: re-evaluate a trained run at other lengths,
-optionally with eval-time RoPE scaling; the records go to its results.json and TensorBoard."""
+optionally with eval-time RoPE scaling; the records go to its results.json and its logger."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from posbench.commands.arguments import (
     threads_setting,
 )
 from posbench.commands.exits import fail
-from posbench.config import EvalDecode, EvalPositions, eval_lengths
+from posbench.config import EvalDecode, EvalPositions, check_logger, eval_lengths
 from posbench.encodings.rope import SCALING_METHODS
 from posbench.evaluate import evaluate_run, rope_scaling_overrides
 from posbench.reevaluate import check_rope_run, record_eval
@@ -30,7 +30,7 @@ def eval_parser() -> argparse.ArgumentParser:
     parser = OneLineParser(
         prog="posbench eval",
         description="Re-evaluate a trained run at any length; appends to its results.json "
-        "and TensorBoard.",
+        "and its logger's view (TensorBoard, or a new W&B run of its group).",
     )
     parser.add_argument(
         "--length",
@@ -118,6 +118,7 @@ def run_eval(args: Sequence[str]) -> None:
         fail("--factor needs --rope-scaling METHOD (see posbench eval --help)")
     run_dir = chosen_run(options)
     cfg = load_run_config(run_dir)  # for the defaults; evaluate_run loads the weights
+    check_logger(cfg)
     lengths = options.length or eval_lengths(cfg)
     if options.stride is not None and options.stride > min(lengths):
         fail(f"--stride {options.stride} must not exceed the shortest --length ({min(lengths)})")
@@ -138,7 +139,7 @@ def run_eval(args: Sequence[str]) -> None:
         positions=options.positions,
         decode=options.decode,
     )
-    results = record_eval(run_dir, records, trained_lengths(cfg))
+    results = record_eval(run_dir, cfg, records, trained_lengths(cfg))
     print(f"{cfg.encoding.name} trained at {trained_at(cfg)} ({run_dir})")
     if options.rope_scaling not in (None, "none"):
         print(scaling_factors(options.rope_scaling, records))

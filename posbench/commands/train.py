@@ -153,7 +153,7 @@ def train_help(overrides: Sequence[str]) -> str:
     """``posbench train --help``: the config groups and the config these overrides compose."""
     groups = "\n".join(
         f"  {group:<10} {', '.join(group_options(group))}"
-        for group in ("encoding", "model", "data", "experiment")
+        for group in ("encoding", "model", "data", "logger", "experiment")
     )
     cfg = compose_or_fail(overrides)
     return f"""usage: posbench train [KEY=VALUE ...] [-m KEY=A,B ...] [--resume DIR] [--debug]

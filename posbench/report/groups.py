@@ -48,6 +48,7 @@ NOT_A_SETTING = (
     "train.val_batches",
     "train.checkpoint_every",
     "train.resume",
+    "logger",  # where the metrics went
     # The tokenizer makes rows, not groups: runs on bytes and on BPE tokens side by side,
     # compared by bits_per_byte or word_ppl (--metric).
     "data.tokenizer",
