@@ -114,12 +114,14 @@ def summary_provenance(path: Path) -> dict[str, Any]:
 
 
 def run_name(run: Run, sweeps: Sequence[Path]) -> str:
-    """The run's directory below the sweep that holds it (its Hydra subdir)."""
+    """The run's directory below the sweep that holds it (its Hydra subdir), after the sweep's
+    own name when there are several."""
     for sweep in sweeps:
         try:
-            return run.path.resolve().relative_to(sweep.resolve()).as_posix()
+            name = run.path.resolve().relative_to(sweep.resolve()).as_posix()
         except ValueError:
             continue
+        return f"{sweep.resolve().name}/{name}" if len(sweeps) > 1 else name
     return run.path.name
 
 
