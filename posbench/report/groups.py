@@ -467,7 +467,7 @@ def unlike_evaluations(measured: Sequence[tuple[Run, dict]]) -> str | None:
     for run, _ in ok:
         by_seed[run.config.get("seed")].append(run)
     for seed, same in by_seed.items():
-        if len(same) > 1:
+        if seed is not None and len(same) > 1:  # None: a config that does not say
             configs = [identity_config(run) for run in same]
             keys = sorted(
                 k for k in set().union(*configs) if len({json.dumps(c.get(k)) for c in configs}) > 1
