@@ -606,19 +606,6 @@ def test_every_row_has_its_own_line_style_the_same_in_both_figures(tmp_path):
     assert by_position == by_length
 
 
-def test_a_long_group_title_is_wrapped_to_fit_the_figures(tmp_path):
-    run = make_run(tmp_path / "r", ppls={16: 5.0, 40: 6.0})
-    add_loss_by_position(run, 40, dict(zip(BUCKETS, [2.0, 1.0, 3.0, 4.0], strict=True)))
-    (group,) = build_report(tmp_path).groups
-    options = ", ".join(f"data.option{i}=value{i}" for i in range(12))
-    group.title = f"copy data, model 2x128; {options}"
-    for figure in (value_figure(group), position_figure(group)):
-        (axes,) = figure.axes
-        lines = axes.get_title().splitlines()
-        assert len(lines) > 1 and max(map(len, lines)) <= 100
-        assert " ".join(lines) == group.title
-
-
 def test_runs_without_loss_by_position_get_no_position_table_or_figure(tmp_path):
     make_run(tmp_path / "r")  # results.json from before loss by position, or sliding windows
     out = tmp_path / "report"

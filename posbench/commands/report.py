@@ -26,7 +26,7 @@ def report_parser() -> argparse.ArgumentParser:
         "several DIRs are read as one sweep, e.g. a sweep and one that added rows to it): "
         "mean ± std perplexity over seeds per encoding and length, as Markdown (printed), "
         "CSV, JSON, a PNG plot and TensorBoard runs. Unfinished and diverged runs are listed, "
-        "not averaged.",
+        "not averaged, and so are runs repeated (the same config and seed: the newest is kept).",
     )
     parser.add_argument(
         "dirs",
@@ -54,7 +54,8 @@ def report_parser() -> argparse.ArgumentParser:
         "--metric",
         choices=list(METRICS),
         help="what the tables and the figure show, each with its ratio to the training length: "
-        "ppl (per token, the default), bits_per_byte or word_ppl (per byte and per word of the "
+        "ppl (per token: the default, and compared within each tokenizer), bits_per_byte (the "
+        "default for runs on several tokenizers) or word_ppl (per byte and per word of the "
         "text: these compare runs on different tokenizers); with --reference, the reference's",
     )
     parser.add_argument(
@@ -83,7 +84,7 @@ def run_report(args: Sequence[str]) -> None:
         parser.error("with several DIRs, say where the report goes: --out OUT")
     out = options.out if options.out is not None else default_out(options.dirs[0])
     reference = None if options.reference is None else load_reference(options.reference)
-    metric = options.metric or (reference.metric if reference is not None else "ppl")
+    metric = options.metric or (reference.metric if reference is not None else None)
     report = build_report(options.dirs, out, metric, reference, options.success_threshold)
     for warning in reference_warnings(report):
         say(f"warning: {warning}")

@@ -2,7 +2,8 @@
 extrapolates, by how much, with what spread over seeds) and the table of one run's evaluation
 that ``posbench train`` and ``posbench eval`` print.
 
-read.py       find the runs below DIR; read each, or say why it is left out
+read.py       find the runs below DIR; read each, or say why it is left out; a run repeated
+              (the same config and seed) kept once, the newest
 groups.py     runs grouped by training setting, rows, cells of mean ± std (build_report)
 aggregate.py  an algorithmic sweep's max and success rate over seeds, mean reciprocal rank
               across tasks, and the baselines over the lengths a score averages
@@ -16,8 +17,12 @@ reference.py  a sweep against published numbers (--reference): the rows that mee
 
 Every run below DIR (a directory holding results.json, config.yaml or Hydra's .hydra/) is
 read; runs that differ only in their seed are averaged, and runs whose training setting
-differs (model, data, train.*) are reported in separate groups, never averaged together.
-Written to DIR/report/ (or --out):
+differs (model, data, train.*) or that scored other numbers of tokens (eval.max_tokens) are
+reported in separate groups, never averaged together, each headed by the settings that tell it
+from the others (groups.group_titles). Runs with the same config and seed are one run: the
+newest is kept, the others listed as its duplicates. A cell whose records are still no sample
+over seeds (other numbers of tokens scored, one seed twice) is not averaged: its footnote says
+why. Written to DIR/report/ (or --out):
 
     report.md                    the tables (also printed)
     report.csv, report.json      the same numbers, one row per (group, row, length)
@@ -35,10 +40,13 @@ Written to DIR/report/ (or --out):
 ``--metric`` (groups.METRICS) chooses what the tables and the figure show: ``ppl`` (the
 default), or ``bits_per_byte`` and ``word_ppl``, which compare runs on different tokenizers
 (a run on bytes beside one on BPE tokens: the tokenizer is part of a row's label when the runs
-of a group differ in it, not a setting that splits the group). A ratio is each run's metric
-over its own at the training length measured the same way (runs.eval_protocol). An encoding
-whose perplexity there is more than groups.COMPARABLE_PPL times the best encoding's did not
-learn comparably: its rows are marked, their ratios saying little.
+of a group differ in it, not a setting that splits the group). Runs on different tokenizers
+are never compared per token: their default is ``bits_per_byte``, and ``ppl`` makes each
+tokenizer a group of its own, a line of the report saying which (groups.chosen_metric). A
+ratio is each run's metric over its own at the training length measured the same way
+(runs.eval_protocol). An encoding whose perplexity there is more than groups.COMPARABLE_PPL
+times the best encoding's on its tokenizer did not learn comparably: its rows are marked,
+their ratios saying little.
 
 Loss by position is reported at the longest length whose records hold it: the mean NLL per
 position bucket over seeds, and per run "nll after / before" = the token-weighted mean NLL of

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import math
 import re
-import textwrap
 from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -22,7 +21,6 @@ if TYPE_CHECKING:
 
 FIGURE_INCHES = (8.0, 5.0)
 FIGURE_DPI = 100  # with FIGURE_INCHES: 800 x 500 pixels
-TITLE_CHARACTERS = 100  # per line of a figure's title (a group's full setting can be longer)
 # The perplexity axis is log scaled when its highest value is more than this many times its
 # lowest: a curve that blows up past the training length then leaves the others readable. A
 # narrower range is linear, where evenly spaced round ticks read better than a log scale's few.
@@ -208,6 +206,14 @@ def accuracy_figure(group: Group) -> Figure:
     return figure
 
 
+def length_unit(group: Group) -> str:
+    """What a group's lengths count: tokens, of each row's tokenizer where its runs differ in
+    theirs (a token of one is not one of another)."""
+    if len(group.tokenizers) > 1:
+        return f"tokens of each row's tokenizer: {', '.join(group.tokenizers)}"
+    return "tokens"
+
+
 def length_figure(group: Group, metric: str) -> tuple[Figure, Any]:
     """The cells' ``metric`` Stat against evaluation length (log x), ± one std shaded, one
     line per row, the training length marked; the caller labels the y axis."""
@@ -232,8 +238,8 @@ def length_figure(group: Group, metric: str) -> tuple[Figure, Any]:
         axes.axvline(group.train_seq_len, color="grey", linestyle="--", label="train length")
         axes.set_xscale("log", base=2)
         axes.set_xticks(group.lengths, labels=[str(length) for length in group.lengths])
-        axes.set_xlabel("evaluation length (tokens)")
-    axes.set_title(textwrap.fill(group.title, TITLE_CHARACTERS), fontsize="small")
+        axes.set_xlabel(f"evaluation length ({length_unit(group)})")
+    axes.set_title(group.title, fontsize="small")
     axes.grid(True, which="both", alpha=0.3)
     axes.legend(fontsize="small")
     return figure, axes
@@ -261,7 +267,7 @@ def position_figure(group: Group) -> Figure:
     axes.set_xlabel(f"position in the window (bucket end; window {group.position_length} tokens)")
     stats = [stat for row in group.rows if row.by_position for stat in row.by_position.nll]
     axes.set_ylabel("NLL, nats per token" + spread(stats))
-    axes.set_title(textwrap.fill(group.title, TITLE_CHARACTERS), fontsize="small")
+    axes.set_title(group.title, fontsize="small")
     axes.grid(True, which="both", alpha=0.3)
     axes.legend(fontsize="small")
     figure.tight_layout()

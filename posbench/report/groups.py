@@ -1,9 +1,9 @@
-"""A sweep's numbers: runs grouped by training setting (never averaged across settings), rows
-by encoding and evaluation protocol, cells of mean and sample std over the runs (seeds)."""
+"""A sweep's numbers: runs grouped by training setting and tokens scored (never averaged across
+them), rows by encoding and evaluation protocol, cells of mean and sample std over the runs
+(seeds), a run repeated counted once."""
 
 from __future__ import annotations
 
-import functools
 import json
 import os
 import statistics
@@ -13,14 +13,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from omegaconf import OmegaConf
-
-from posbench.config import ModelConfig, TrainConfig, flat_config
 from posbench.data import TASKS, load_data
 from posbench.errors import PosbenchError
 from posbench.references import Reference, ReferenceTable
 from posbench.report.aggregate import DEFAULT_SUCCESS_THRESHOLD, baselines_over
-from posbench.report.read import Excluded, Run, find_runs
+from posbench.report.read import (
+    BOOKKEEPING,
+    Duplicate,
+    Excluded,
+    Run,
+    drop_duplicates,
+    find_runs,
+    identity_config,
+    is_under,
+    schema_defaults,
+)
 from posbench.report.run_table import no_reference
 from posbench.report.summary import is_summary
 from posbench.runs import (
@@ -37,18 +44,10 @@ from posbench.runs import (
 # Keys that do not change the trained model, so runs differing only in them are averaged.
 # Seed is what is averaged over; encoding makes the rows; eval records are per length anyway.
 NOT_A_SETTING = (
+    *BOOKKEEPING,
     "seed",
     "encoding",
-    "device",
-    "threads",
     "eval",
-    "data.cache_dir",
-    "train.log_every",
-    "train.val_every",
-    "train.val_batches",
-    "train.checkpoint_every",
-    "train.resume",
-    "logger",  # where the metrics went
     # The tokenizer makes rows, not groups: runs on bytes and on BPE tokens side by side,
     # compared by bits_per_byte or word_ppl (--metric).
     "data.tokenizer",
@@ -56,6 +55,21 @@ NOT_A_SETTING = (
     # Randomized positions make rows too: Ruoss et al.'s method beside the encodings.
     "train.random_positions",
 )
+# Evaluation keys that make groups: runs that scored other text at each length (more or fewer
+# tokens) are never averaged. A record's stride and positions make rows of their own.
+MEASUREMENT = ("eval.max_tokens",)
+TITLE_CHARACTERS = 80  # of a group's heading and figure title at most (longer ones are cut)
+# The settings a group's title names first, where several tell the groups apart: the data, the
+# tokenizer, the training length and steps, the tokens scored; then the others by name.
+TITLE_ORDER = (
+    "data.name",
+    "data.tokenizer",
+    "train.seq_len",
+    "data.train_lengths",
+    "train.steps",
+    "eval.max_tokens",
+)
+TITLE_NAMES = {"data.name": "data"}  # as a title writes them
 # An encoding whose mean perplexity at the training length is more than this many times the
 # best encoding's did not learn comparably (e.g. under-trained): a flat ratio from a high start
 # says nothing about extrapolating.
@@ -135,6 +149,7 @@ class Row:
     generalization: Stat = Stat(0, None, None)
     generalization_accuracy: Stat = Stat(0, None, None)
     name: str = ""  # its runs' encoding.name: "rope" for "rope (base=500)" or "rope [bpe 8192]"
+    tokenizer: str = "bytes"  # its runs' (tokenizer_text): perplexities compare within one
 
     @property
     def as_trained(self) -> bool:
@@ -170,6 +185,7 @@ class Group:
     # baseline for it then, not for a decode's nor for answers at placeholders
     teacher_forced: bool = True
     reference: ReferenceTable | None = None  # the --reference's table of its training length
+    tokenizers: list[str] = field(default_factory=list)  # its runs' (tokenizer_text), sorted
 
 
 @dataclass
@@ -186,16 +202,10 @@ class Report:
     code: list[tuple[dict[str, Any] | None, int]] = field(default_factory=list)
     # a seed succeeds on an algorithmic task when its summary is above this (--success-threshold)
     success_threshold: float = DEFAULT_SUCCESS_THRESHOLD
-
-
-@functools.cache
-def schema_defaults() -> dict[str, Any]:
-    """The model and train keys' defaults, flat ({"model.attention_scaling": "none", ...})."""
-    return {
-        f"{section}.{key}": value
-        for section, schema in (("model", ModelConfig), ("train", TrainConfig))
-        for key, value in flat_config(OmegaConf.structured(schema)).items()
-    }
+    # runs left out because a newer one has their config and seed (not two seeds)
+    duplicates: list[Duplicate] = field(default_factory=list)
+    # why the metric is what it is, when the runs' tokenizers chose it (chosen_metric)
+    metric_note: str | None = None
 
 
 def training_setting(run: Run) -> tuple[tuple[str, str], ...]:
@@ -206,7 +216,7 @@ def training_setting(run: Run) -> tuple[tuple[str, str], ...]:
     return tuple(
         (key, json.dumps(value))
         for key, value in sorted(config.items())
-        if not any(key == k or key.startswith(f"{k}.") for k in NOT_A_SETTING)
+        if not is_under(key, NOT_A_SETTING)
     )
 
 
@@ -284,6 +294,7 @@ def build_group(
 ) -> Group:
     labels = encoding_labels(runs)
     names = {labels[run.path]: run.config["encoding.name"] for run in runs}
+    tokenizers = {labels[run.path]: tokenizer_text(run) for run in runs}
     # (label, scaling name, stride, other positions) -> length -> the runs' records there
     table: dict[tuple, dict[int, list[tuple[Run, dict]]]] = defaultdict(lambda: defaultdict(list))
     row_runs: dict[tuple, list[Path]] = defaultdict(list)
@@ -306,6 +317,7 @@ def build_group(
         label, scaling, stride, positions = key
         shown = row_label(label, scaling, stride, positions)
         row = Row(shown, label, scaling, stride, positions, row_runs[key], name=names[label])
+        row.tokenizer = tokenizers[label]
         row.cells = [cell(length, table[key].get(length, []), metric) for length in lengths]
         results = [run.results for run in runs if run.path in row.runs]
         row.generalization = Stat.of(summary_values(results, "length_generalization"))
@@ -317,6 +329,7 @@ def build_group(
         rows.append(row)
     train_seq_len = runs[0].config["train.seq_len"]
     group = Group(name, title, setting, train_seq_len, lengths, rows)
+    group.tokenizers = sorted(set(tokenizers.values()))
     group.problem_lengths = problem_lengths(runs[0])
     if group.problem_lengths is None:
         mark_not_comparable(group)
@@ -342,7 +355,7 @@ def build_group(
     if with_positions:
         group.position_length = max(length for _, length in with_positions)
         for key, row in zip(sorted_keys, rows, strict=True):
-            measured = table[key].get(group.position_length, [])
+            measured = alike(table[key].get(group.position_length, []))
             row.by_position = position_curve(measured, train_seq_len)
     with_depths = [
         length
@@ -353,7 +366,7 @@ def build_group(
     if with_depths:
         group.depth_length = max(with_depths)
         for key, row in zip(sorted_keys, rows, strict=True):
-            row.by_depth = depth_accuracy(table[key].get(group.depth_length, []))
+            row.by_depth = depth_accuracy(alike(table[key].get(group.depth_length, [])))
     return group
 
 
@@ -439,7 +452,53 @@ def position_curve(
     )
 
 
+def unlike_evaluations(measured: Sequence[tuple[Run, dict]]) -> str | None:
+    """Why the records of one row at one length are no sample of one measurement over seeds,
+    or None: they scored different numbers of tokens (a run re-evaluated with ``posbench eval
+    --max-tokens``), or two of them are one seed (one model evaluated in other ways)."""
+    ok = [(run, r) for run, r in measured if r["status"] == "ok"]
+    tokens = sorted({r["tokens"] for _, r in ok if r.get("tokens") is not None})
+    if len(tokens) > 1:
+        counts = ", ".join(f"{n:,}" for n in tokens)
+        return (
+            f"its runs scored different numbers of tokens here ({counts}): not averaged; "
+            "evaluate them alike (eval.max_tokens, posbench eval --max-tokens)"
+        )
+    by_seed: dict[Any, list[Run]] = defaultdict(list)
+    for run, _ in ok:
+        by_seed[run.config.get("seed")].append(run)
+    for seed, same in by_seed.items():
+        if seed is not None and len(same) > 1:  # None: a config that does not say
+            configs = [identity_config(run) for run in same]
+            keys = sorted(
+                k for k in set().union(*configs) if len({json.dumps(c.get(k)) for c in configs}) > 1
+            )
+            return (
+                f"{len(same)} of its runs are seed {seed}, differing in {', '.join(keys)}: one "
+                "model evaluated in other ways, not averaged as seeds; report one of them"
+            )
+    return None
+
+
+def alike(measured: Sequence[tuple[Run, dict]]) -> Sequence[tuple[Run, dict]]:
+    """``measured``, or nothing where its records may not be averaged (unlike_evaluations)."""
+    return [] if unlike_evaluations(measured) else measured
+
+
+def no_value(metric: str, records: Sequence[dict[str, Any]]) -> str:
+    """Why measured ``records`` hold no ``metric``."""
+    if not any(metric in r for r in records):
+        return f"its records have no {metric} (written before posbench measured it)"
+    if metric == "word_ppl":  # measured as null: text only
+        return "word_ppl is null in its records: its data delimits no words (synthetic, a task)"
+    return f"{metric} is null in its records"
+
+
 def cell(length: int, measured: Sequence[tuple[Run, dict]], metric: str = "ppl") -> Cell:
+    if (why := unlike_evaluations(measured)) is not None:
+        empty = Stat.of([])
+        refused = {part: why for part in ("value", "ratio", "accuracy", "sequence_accuracy")}
+        return Cell(length, empty, empty, empty, None, missing=refused)
     ok_records = [(run, r) for run, r in measured if r["status"] == "ok"]
     ok = [(run, r["ppl"]) for run, r in ok_records]
     # Records from before a metric existed (word_ppl) or without it (a task's) have none.
@@ -449,7 +508,7 @@ def cell(length: int, measured: Sequence[tuple[Run, dict]], metric: str = "ppl")
     ]
     missing = {}
     if ok and not valued:
-        missing["value"] = f"its records have no {metric} (written before it existed?)"
+        missing["value"] = no_value(metric, [r for _, r in ok_records])
     if valued and not ratios:  # measured, but no run measured the training length that way
         run, record = valued[0]
         missing["ratio"] = no_reference(run.config["train.seq_len"], protocol_text(record))
@@ -474,26 +533,30 @@ def cell(length: int, measured: Sequence[tuple[Run, dict]], metric: str = "ppl")
 def mark_not_comparable(group: Group) -> None:
     """Mark every row of an encoding whose model did not learn comparably: its plain (as
     trained: non-overlapping, unscaled) mean perplexity at the training length is more than
-    COMPARABLE_PPL times the best encoding's. Its ratios, flat from a high start, are no sign
-    of extrapolating. Nothing without plain records at that length."""
+    COMPARABLE_PPL times the best encoding's on its tokenizer (a token of one tokenizer is not
+    one of another). Its ratios, flat from a high start, are no sign of extrapolating. Nothing
+    without plain records at that length."""
     if group.train_seq_len not in group.lengths:
         return
     column = group.lengths.index(group.train_seq_len)
     trained = {
-        row.encoding: row.cells[column].ppl.mean
+        row.encoding: (row.tokenizer, row.cells[column].ppl.mean)
         for row in group.rows
         if row.as_trained and row.cells[column].ppl.n
     }
-    if not trained:
-        return
-    best = min(trained, key=trained.__getitem__)
+    best_of: dict[str, tuple[float, str]] = {}  # tokenizer -> (best mean, its encoding)
+    for encoding, (tokenizer, mean) in trained.items():
+        best_of[tokenizer] = min(best_of.get(tokenizer, (mean, encoding)), (mean, encoding))
     for row in group.rows:
-        mean = trained.get(row.encoding)
-        if mean is not None and mean > COMPARABLE_PPL * trained[best]:
+        if row.encoding not in trained:
+            continue
+        tokenizer, mean = trained[row.encoding]
+        best_mean, best = best_of[tokenizer]
+        if mean > COMPARABLE_PPL * best_mean:
             row.not_comparable = (
                 f"did not learn comparably at the training length (ppl {mean:.2f} at "
                 f"{group.train_seq_len}, more than {COMPARABLE_PPL:g}× the best encoding's, "
-                f"{best}: {trained[best]:.2f}): its ratios say little about extrapolation"
+                f"{best}: {best_mean:.2f}): its ratios say little about extrapolation"
             )
 
 
@@ -503,27 +566,93 @@ def has_accuracy(group: Group) -> bool:
 
 
 def group_title(config: dict[str, Any]) -> str:
+    """A report of one group's title: its data, model and training."""
     trained = f"{config['train.seq_len']} tokens"
     if (lengths := config.get("data.train_lengths")) is not None:
         trained = f"problem lengths {lengths[0]}–{lengths[1]}"
-    return (
+    return shortened(
         f"{config.get('data.name', '?')} data, model {config['model.n_layer']}×"
         f"{config['model.d_model']}, trained at {trained} for {config['train.steps']} steps"
     )
 
 
+def group_titles(settings: Sequence[dict[str, Any]]) -> list[str]:
+    """Each group's title among several, from the settings that differ between them: the
+    fewest, most telling first (TITLE_ORDER), whose values tell every group from the others
+    ("data=wikitext2, train.seq_len=256": data.name as "data", the data's other keys following
+    from it), cut to TITLE_CHARACTERS; "–" for a key a group has not."""
+    keys = sorted(
+        {key for setting in settings for key in setting},
+        key=lambda k: (TITLE_ORDER.index(k) if k in TITLE_ORDER else len(TITLE_ORDER), k),
+    )
+    named: list[str] = []
+    told: list[tuple[str, ...]] = [() for _ in settings]  # the values named so far, per group
+    for key in keys:
+        more = [(*t, json.dumps(s.get(key))) for t, s in zip(told, settings, strict=True)]
+        if len(set(more)) > len(set(told)):  # it tells apart groups the others do not
+            named.append(key)
+            told = more
+    return [
+        shortened(", ".join(f"{TITLE_NAMES.get(k, k)}={setting_text(s, k)}" for k in named))
+        for s in settings
+    ]
+
+
+def setting_text(setting: dict[str, Any], key: str) -> str:
+    """A setting's value as an override writes it: wikitext2, 256, null, [16, 2048]."""
+    if key not in setting:
+        return "–"
+    value = setting[key]
+    return value if isinstance(value, str) else json.dumps(value)
+
+
+def shortened(title: str) -> str:
+    """``title`` cut to TITLE_CHARACTERS, an ellipsis marking the cut."""
+    return title if len(title) <= TITLE_CHARACTERS else title[: TITLE_CHARACTERS - 1] + "…"
+
+
+def group_setting(run: Run, by_tokenizer: bool) -> tuple[tuple[str, str], ...]:
+    """What a run's group is, hashable: its training setting, the tokens it scored
+    (MEASUREMENT), and, ``by_tokenizer``, its tokenizer."""
+    config = {**schema_defaults(), **run.config}
+    setting = training_setting(run) + tuple((k, json.dumps(config.get(k))) for k in MEASUREMENT)
+    if by_tokenizer:
+        setting += (("data.tokenizer", json.dumps(tokenizer_text(run))),)
+    return setting
+
+
+def chosen_metric(metric: str | None, tokenizers: Sequence[str]) -> tuple[str, str | None]:
+    """The metric a report shows (``metric``, or by default ppl, or bits_per_byte where the runs
+    differ in tokenizer) and, where the tokenizers decide, a line that says so."""
+    if len(tokenizers) < 2:
+        return metric or "ppl", None
+    which = ", ".join(tokenizers)
+    if metric is None:
+        return "bits_per_byte", (
+            f"Bits per byte, not perplexity: the runs differ in tokenizer ({which}), whose "
+            "tokens are not alike (`--metric ppl` compares perplexity within each tokenizer)."
+        )
+    if metric == "ppl":
+        return metric, (
+            f"Perplexity per token, compared within each tokenizer: the runs differ in tokenizer "
+            f"({which}), so each is a group of its own (`--metric bits_per_byte` compares them)."
+        )
+    return metric, None
+
+
 def build_report(
     dirs: Path | Sequence[Path],
     out: Path | None = None,
-    metric: str = "ppl",
+    metric: str | None = None,
     reference: Reference | None = None,
     success_threshold: float = DEFAULT_SUCCESS_THRESHOLD,
 ) -> Report:
     """Read every run below ``dirs`` (one directory or several: e.g. a sweep and the sweep
-    that added a row to it) and aggregate its ``metric`` (METRICS), each group beside
+    that added a row to it), a run repeated counted once, and aggregate its ``metric``
+    (METRICS; by default ppl, or bits_per_byte for runs on several tokenizers), each group beside
     ``reference``'s table of its training length if it has one, an algorithmic task's seeds
     counted as succeeding above ``success_threshold``; a one-line error if no run finished."""
-    if metric not in METRICS:
+    if metric is not None and metric not in METRICS:
         raise PosbenchError(f"--metric must be one of {', '.join(METRICS)} (got {metric!r})")
     if not 0 <= success_threshold < 1:
         raise PosbenchError(
@@ -550,28 +679,32 @@ def build_report(
             f"no finished run under {searched} ({found} run directories); point at a "
             "directory made by `posbench train` once a run has finished"
         )
+    runs, duplicates = drop_duplicates(runs)
+    tokenizers = sorted({tokenizer_text(run) for run in runs})
+    metric, metric_note = chosen_metric(metric, tokenizers)
     by_setting: dict[tuple, list[Run]] = defaultdict(list)
     for run in runs:
-        by_setting[training_setting(run)].append(run)
+        by_setting[group_setting(run, metric == "ppl" and len(tokenizers) > 1)].append(run)
     settings = sorted(by_setting)
-    differing = sorted(
-        {k for s in settings for k, v in s if any((k, v) not in t for t in settings)}
-    )
+    differing = {k for s in settings for k, v in s if any((k, v) not in t for t in settings)}
+    distinct = [{k: json.loads(v) for k, v in s if k in differing} for s in settings]
+    if len(settings) > 1:
+        titles = group_titles(distinct)
+    else:
+        titles = [group_title(by_setting[settings[0]][0].config)]
     groups = []
     for number, setting in enumerate(settings, start=1):
-        members = by_setting[setting]
-        distinct = {k: members[0].config[k] for k in differing if k in members[0].config}
-        title = group_title(members[0].config)
-        if distinct:
-            title += "; " + ", ".join(f"{k}={v}" for k, v in distinct.items())
         name = f"group{number}" if len(settings) > 1 else ""
-        group = build_group(members, name, title, distinct, metric)
+        members, title = by_setting[setting], titles[number - 1]
+        group = build_group(members, name, title, distinct[number - 1], metric)
         if reference is not None:
             group.reference = reference.table(group.train_seq_len)
         groups.append(group)
     root = dirs[0] if len(dirs) == 1 else Path(os.path.commonpath([d.absolute() for d in dirs]))
     code = runs_by_code(runs)
-    return Report(root, dirs, groups, excluded, metric, reference, code, success_threshold)
+    report = Report(root, dirs, groups, excluded, metric, reference, code, success_threshold)
+    report.duplicates, report.metric_note = duplicates, metric_note
+    return report
 
 
 def runs_by_code(runs: Sequence[Run]) -> list[tuple[dict[str, Any] | None, int]]:

@@ -1,9 +1,14 @@
 """Finding the runs below a directory (or in a summary file) and reading each one, or the reason
-it is left out."""
+it is left out; and the runs that are one run (the same config and seed run again), of which
+the newest is kept."""
 
 from __future__ import annotations
 
+import functools
+import json
+import math
 import os
+from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -11,12 +16,29 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from posbench.config import flat_config
+from posbench.config import EvalConfig, ModelConfig, TrainConfig, flat_config
 from posbench.errors import PosbenchError
 from posbench.report.summary import is_summary, read_summary
 from posbench.runs import CONFIG_FILE, RESULTS_FILE, read_results
 
 MISSING_RESULTS = "no results.json (failed, interrupted or still running)"
+# Keys that change neither the trained model nor any record's number (where it runs, what it
+# logs, where its caches are, how many windows a forward pass holds, which lengths it scores:
+# a record is one length): runs that differ only in them are one run, not two seeds.
+BOOKKEEPING = (
+    "device",
+    "threads",
+    "data.cache_dir",
+    "train.log_every",
+    "train.val_every",
+    "train.val_batches",
+    "train.checkpoint_every",
+    "train.resume",
+    "logger",  # where the metrics went
+    "eval.batch_size",
+    "eval.lengths",
+    "eval.task_lengths",
+)
 
 
 @dataclass(frozen=True)
@@ -26,6 +48,14 @@ class Run:
     path: Path
     config: dict[str, Any]  # flat: {"train.seq_len": 128, ...}
     results: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Duplicate:
+    """A run left out because a newer run has its config and seed: ``of``, the one kept."""
+
+    path: Path
+    of: Path
 
 
 @dataclass(frozen=True)
@@ -80,3 +110,52 @@ def read_run(path: Path) -> Run | Excluded:
     if not (path / CONFIG_FILE).is_file():
         return Excluded(path, f"no {CONFIG_FILE}: not a posbench run")
     return Run(path, flat_config(OmegaConf.load(path / CONFIG_FILE)), results)
+
+
+@functools.cache
+def schema_defaults() -> dict[str, Any]:
+    """The model, train and eval keys' defaults, flat ({"model.attention_scaling": "none",
+    ...}): what a run whose config.yaml lacks one of them (written before posbench had it)
+    ran with."""
+    schemas = (("model", ModelConfig), ("train", TrainConfig), ("eval", EvalConfig))
+    return {
+        f"{section}.{key}": value
+        for section, schema in schemas
+        for key, value in flat_config(OmegaConf.structured(schema)).items()
+    }
+
+
+def identity_config(run: Run) -> dict[str, Any]:
+    """What makes a run the run it is: its whole config, seed included, keys it lacks at their
+    defaults, BOOKKEEPING aside."""
+    config = {**schema_defaults(), **run.config}
+    return {key: value for key, value in config.items() if not is_under(key, BOOKKEEPING)}
+
+
+def is_under(key: str, sections: Sequence[str]) -> bool:
+    """Whether the flat ``key`` is one of ``sections`` or inside one ("eval.stride", "eval")."""
+    return any(key == section or key.startswith(f"{section}.") for section in sections)
+
+
+def modified(run: Run) -> float:
+    """When the run's results.json was last written; -inf for a run read from a summary file,
+    whose path is no directory on disk."""
+    try:
+        return (run.path / RESULTS_FILE).stat().st_mtime
+    except OSError:
+        return -math.inf
+
+
+def drop_duplicates(runs: Sequence[Run]) -> tuple[list[Run], list[Duplicate]]:
+    """``runs`` with one run per ``identity_config`` (a run repeated is one seed, not several): the
+    newest (results.json's time; among equal times, or runs of a summary file, the last found),
+    in the order found; and the others, each with the run kept."""
+    same: dict[str, list[int]] = defaultdict(list)
+    for index, run in enumerate(runs):
+        same[json.dumps(identity_config(run), sort_keys=True)].append(index)
+    kept, duplicates = set(), []
+    for indices in same.values():
+        newest = max(indices, key=lambda i: (modified(runs[i]), i))
+        kept.add(newest)
+        duplicates += [Duplicate(runs[i].path, runs[newest].path) for i in indices if i != newest]
+    return [run for i, run in enumerate(runs) if i in kept], duplicates

@@ -236,6 +236,8 @@ def markdown(report: Report) -> str:
         "accuracy; none where every mean prints alike).",
     ]
     lines += ["", code_line(report.code)]
+    if report.metric_note is not None:
+        lines += ["", report.metric_note]
     footnotes: dict[str, int] = {}
     lines += generalization_tables(report)
     for group in report.groups:
@@ -263,6 +265,13 @@ def markdown(report: Report) -> str:
     if report.excluded:
         lines += ["", "Excluded runs (not in the means):", ""]
         lines += [f"- `{relative(e.path, report.root)}`: {e.reason}" for e in report.excluded]
+    if report.duplicates:
+        what = "a newer run's config and seed, run again: one seed, not in the means"
+        lines += ["", f"Duplicates ({what}):", ""]
+        lines += [
+            f"- `{relative(d.path, report.root)}`: duplicate of `{relative(d.of, report.root)}`"
+            for d in report.duplicates
+        ]
     return "\n".join(lines) + "\n"
 
 
@@ -324,7 +333,8 @@ def cell_records(report: Report) -> list[dict[str, Any]]:
             else "ok"
             if c.ppl.n
             else "missing",
-            "reason": c.unsupported,
+            # why the cell, or its value or ratio, has no number
+            "reason": c.unsupported or "; ".join(dict.fromkeys(c.missing.values())) or None,
             "ppl_n": c.ppl.n,
             "ppl_mean": c.ppl.mean,
             "ppl_std": c.ppl.std,
@@ -364,6 +374,7 @@ def json_content(report: Report, records: Sequence[dict[str, Any]]) -> dict[str,
         "root": str(report.root),  # the runs' and excluded paths below are relative to it
         "dirs": [str(d) for d in report.dirs],
         "metric": report.metric,
+        "metric_note": report.metric_note,
         "std": "sample standard deviation (n - 1) over runs; null for a single run",
         "groups": [
             {
@@ -391,6 +402,10 @@ def json_content(report: Report, records: Sequence[dict[str, Any]]) -> dict[str,
         "code": [{"versions": versions, "runs": n} for versions, n in report.code],
         "excluded": [
             {"path": relative(e.path, report.root), "reason": e.reason} for e in report.excluded
+        ],
+        "duplicates": [
+            {"path": relative(d.path, report.root), "duplicate_of": relative(d.of, report.root)}
+            for d in report.duplicates
         ],
     }
 
