@@ -15,6 +15,7 @@ from posbench.data import load_data
 from posbench.errors import PosbenchError
 from posbench.report import build_report, write_report
 from posbench.report.aggregate import reciprocal_ranks
+from posbench.report.cells import Stat
 from posbench.report.figures import (
     FIGURE_DPI,
     FIGURE_INCHES,
@@ -22,7 +23,6 @@ from posbench.report.figures import (
     position_figure,
     value_figure,
 )
-from posbench.report.groups import Stat
 from posbench.report.tables import best_shown, markdown, stat_text
 
 

@@ -11,8 +11,8 @@ from test_report import add_records, make_run
 
 from posbench.report import build_report, write_report
 from posbench.report.figures import value_figure
-from posbench.report.groups import TITLE_CHARACTERS
 from posbench.report.read import Run, drop_duplicates
+from posbench.report.settings import TITLE_CHARACTERS
 from posbench.report.tables import markdown
 
 

@@ -2,9 +2,13 @@
 extrapolates, by how much, with what spread over seeds) and the table of one run's evaluation
 that ``posbench train`` and ``posbench eval`` print.
 
-read.py       find the runs below DIR; read each, or say why it is left out; a run repeated
-              (the same config and seed) kept once, the newest
-groups.py     runs grouped by training setting, rows, cells of mean ± std (build_report)
+read.py       find the runs below DIR (or in a summary file); read each, or say why it is left
+              out; a run repeated (the same config and seed) kept once, the newest
+summary.py    a sweep's runs as data (--summary): results/<experiment>/<name>.json
+settings.py   what splits runs into groups (training setting, tokens scored, tokenizer), the
+              metric when tokenizers differ, group titles
+cells.py      a row's cells at one length: mean ± std over its runs, refused where unlike
+groups.py     runs grouped, rows by encoding and protocol, their cells (build_report)
 aggregate.py  an algorithmic sweep's max and success rate over seeds, mean reciprocal rank
               across tasks, and the baselines over the lengths a score averages
 tables.py     Markdown (printed, report.md) and the flat records of report.csv / report.json
@@ -14,6 +18,7 @@ figures.py    the PNG figures and the TensorBoard runs
 run_table.py  one run's records as a terminal table, and the ratio's wording both share
 reference.py  a sweep against published numbers (--reference): the rows that meet them, the
               warnings where they do not
+docs.py       README's and docs/'s result tables and figures, rendered from results/
 
 Every run below DIR (a directory holding results.json, config.yaml or Hydra's .hydra/) is
 read; runs that differ only in their seed are averaged, and runs whose training setting

@@ -13,7 +13,8 @@ import numpy as np
 from torch.utils.tensorboard import SummaryWriter
 
 from posbench.references import Reference
-from posbench.report.groups import Group, Report, Row, Stat
+from posbench.report.cells import Stat
+from posbench.report.groups import Group, Report, Row
 from posbench.report.reference import compared_rows
 
 if TYPE_CHECKING:

@@ -15,7 +15,8 @@ from posbench.report.aggregate import (
     mean_reciprocal_ranks,
     success_rate,
 )
-from posbench.report.groups import Group, Report, Stat
+from posbench.report.cells import Stat
+from posbench.report.groups import Group, Report
 from posbench.report.text import best_shown, stat_text
 
 # The summaries of a run on an algorithmic task (runs.with_length_generalization), by the Row

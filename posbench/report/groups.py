@@ -17,59 +17,39 @@ from posbench.data import TASKS, load_data
 from posbench.errors import PosbenchError
 from posbench.references import Reference, ReferenceTable
 from posbench.report.aggregate import DEFAULT_SUCCESS_THRESHOLD, baselines_over
+from posbench.report.cells import (
+    NOT_MEASURED,
+    Cell,
+    PositionCurve,
+    Stat,
+    alike,
+    cell,
+    depth_accuracy,
+    position_curve,
+    problem_lengths,
+)
 from posbench.report.read import (
-    BOOKKEEPING,
     Duplicate,
     Excluded,
     Run,
     drop_duplicates,
     find_runs,
-    identity_config,
-    is_under,
-    schema_defaults,
 )
-from posbench.report.run_table import no_reference
+from posbench.report.settings import (
+    chosen_metric,
+    group_setting,
+    group_title,
+    group_titles,
+    tokenizer_text,
+)
 from posbench.report.summary import is_summary
 from posbench.runs import (
     decode_mode,
-    eval_protocol,
-    headline_accuracy,
     positions_mode,
-    protocol_text,
     saved_config,
     scaling_name,
-    training_length_ppl,
 )
 
-# Keys that do not change the trained model, so runs differing only in them are averaged.
-# Seed is what is averaged over; encoding makes the rows; eval records are per length anyway.
-NOT_A_SETTING = (
-    *BOOKKEEPING,
-    "seed",
-    "encoding",
-    "eval",
-    # The tokenizer makes rows, not groups: runs on bytes and on BPE tokens side by side,
-    # compared by bits_per_byte or word_ppl (--metric).
-    "data.tokenizer",
-    "data.vocab_size",
-    # Randomized positions make rows too: Ruoss et al.'s method beside the encodings.
-    "train.random_positions",
-)
-# Evaluation keys that make groups: runs that scored other text at each length (more or fewer
-# tokens) are never averaged. A record's stride and positions make rows of their own.
-MEASUREMENT = ("eval.max_tokens",)
-TITLE_CHARACTERS = 80  # of a group's heading and figure title at most (longer ones are cut)
-# The settings a group's title names first, where several tell the groups apart: the data, the
-# tokenizer, the training length and steps, the tokens scored; then the others by name.
-TITLE_ORDER = (
-    "data.name",
-    "data.tokenizer",
-    "train.seq_len",
-    "data.train_lengths",
-    "train.steps",
-    "eval.max_tokens",
-)
-TITLE_NAMES = {"data.name": "data"}  # as a title writes them
 # An encoding whose mean perplexity at the training length is more than this many times the
 # best encoding's did not learn comparably (e.g. under-trained): a flat ratio from a high start
 # says nothing about extrapolating.
@@ -81,54 +61,6 @@ METRICS = {
     "bits_per_byte": "Bits per byte (total NLL / ln 2 over the UTF-8 bytes scored)",
     "word_ppl": "Word-level perplexity (exp of the total NLL over the words scored)",
 }
-
-
-@dataclass(frozen=True)
-class Stat:
-    """Mean and sample standard deviation (n - 1) of ``n`` values; ``std`` is None below 2.
-    ``values`` themselves (one per run) for what else is read from them: the best seed, the
-    share that succeed (aggregate.py)."""
-
-    n: int
-    mean: float | None
-    std: float | None
-    values: tuple[float, ...] = ()
-
-    @classmethod
-    def of(cls, values: Sequence[float]) -> Stat:
-        if not values:
-            return cls(0, None, None)
-        std = statistics.stdev(values) if len(values) > 1 else None
-        return cls(len(values), statistics.fmean(values), std, tuple(values))
-
-
-@dataclass(frozen=True)
-class Cell:
-    length: int
-    ppl: Stat
-    value: Stat  # the report's metric (ppl, bits_per_byte or word_ppl), per run
-    ratio: Stat  # value(length) / value(train length) of the same protocol, per run
-    unsupported: str | None  # the reason, when no run could measure this length
-    accuracy: Stat = Stat(0, None, None)  # a task's answer bytes right in its own answer
-    sequence_accuracy: Stat = Stat(0, None, None)  # a task's examples right in full, per run
-    documents: tuple[int, ...] = ()  # the documents its runs scored (distinct counts), if any
-    missing: dict[str, str] = field(default_factory=dict)  # metric -> why a measured cell has none
-
-
-@dataclass(frozen=True)
-class PositionCurve:
-    """A row's loss by position at its group's ``position_length``, over its runs (seeds).
-
-    ``before`` / ``after``: each run's token-weighted mean NLL of the buckets at positions
-    below / from the training length S; ``ratio``: each run's after / before (None when the
-    window holds no position >= S).
-    """
-
-    buckets: list[tuple[int, int]]  # [start, end) positions
-    nll: list[Stat]  # per bucket
-    before: Stat
-    after: Stat
-    ratio: Stat
 
 
 @dataclass
@@ -146,8 +78,8 @@ class Row:
     by_depth: dict[int, Stat] | None = None  # passkey: accuracy per needle depth (percent)
     not_comparable: str | None = None  # why its ratios say little (mark_not_comparable)
     # an algorithmic task's: its runs' length_generalization(_accuracy) (runs.py)
-    generalization: Stat = Stat(0, None, None)
-    generalization_accuracy: Stat = Stat(0, None, None)
+    generalization: Stat = NOT_MEASURED
+    generalization_accuracy: Stat = NOT_MEASURED
     name: str = ""  # its runs' encoding.name: "rope" for "rope (base=500)" or "rope [bpe 8192]"
     tokenizer: str = "bytes"  # its runs' (tokenizer_text): perplexities compare within one
 
@@ -208,26 +140,6 @@ class Report:
     metric_note: str | None = None
 
 
-def training_setting(run: Run) -> tuple[tuple[str, str], ...]:
-    """What the trained model depends on besides encoding and seed, hashable. A model or train
-    key the run's config.yaml lacks (written before posbench had it) takes its default, which
-    the run trained with: so it groups with newer runs that left the key at that default."""
-    config = {**schema_defaults(), **run.config}
-    return tuple(
-        (key, json.dumps(value))
-        for key, value in sorted(config.items())
-        if not is_under(key, NOT_A_SETTING)
-    )
-
-
-def tokenizer_text(run: Run) -> str:
-    """A run's tokenizer in a row label: "bytes", "bpe 8192", or the file or hub name."""
-    tokenizer = run.config.get("data.tokenizer", "bytes")
-    if tokenizer == "bpe":
-        return f"bpe {run.config['data.vocab_size']}"
-    return tokenizer if tokenizer == "bytes" else Path(tokenizer).name or tokenizer
-
-
 def encoding_labels(runs: Sequence[Run]) -> dict[Path, str]:
     """Each run's encoding name, plus the encoding options and randomized positions that
     differ between runs of that name (so rope with two bases makes two rows instead of one
@@ -271,22 +183,6 @@ def other_positions(run: Run, record: dict[str, Any]) -> str | None:
     trained = "consecutive" if run.config.get("train.random_positions") is None else "random"
     mode = positions_mode(record)
     return None if mode == trained else mode
-
-
-def problem_lengths(run: Run) -> tuple[int, int] | None:
-    """The training range of a run on an algorithmic task (None: any other run)."""
-    lengths = run.config.get("data.train_lengths")
-    return None if lengths is None else (lengths[0], lengths[1])
-
-
-def reference_value(run: Run, record: dict[str, Any], metric: str) -> float | None:
-    """The run's ``metric`` at its training length measured as ``record`` was (the same
-    ``eval_protocol``): what ``record``'s ratio divides by. None for an algorithmic task,
-    whose evaluation lengths are problem lengths, not multiples of a window."""
-    if problem_lengths(run) is not None:
-        return None
-    records, seq_len = run.results["eval"], run.config["train.seq_len"]
-    return training_length_ppl(records, seq_len, metric).get(eval_protocol(record))
 
 
 def build_group(
@@ -406,130 +302,6 @@ def teacher_forced_scores(results: Sequence[dict[str, Any]]) -> bool:
     return not any(own_answers(r) for r in results)
 
 
-def depth_accuracy(measured: Sequence[tuple[Run, dict]]) -> dict[int, Stat] | None:
-    """The runs' passkey accuracy (of the greedy decode) at each needle depth, over runs; None
-    when none has one."""
-    per_depth: dict[int, list[float]] = defaultdict(list)
-    for _, record in measured:
-        if headline_accuracy(record) is None:  # teacher-forced
-            continue
-        for entry in record.get("accuracy_by_depth", []):
-            per_depth[entry["depth_percent"]].append(entry["accuracy"])
-    return {depth: Stat.of(values) for depth, values in sorted(per_depth.items())} or None
-
-
-def nll_split(buckets: Sequence[dict[str, Any]], train_seq_len: int) -> tuple[float, float | None]:
-    """Token-weighted mean NLL of the buckets before the training length, and from it on
-    (None when the window ends at or before it). The training length is a bucket boundary."""
-
-    def mean(part: list[dict[str, Any]]) -> float | None:
-        tokens = sum(b["tokens"] for b in part)
-        return sum(b["nll"] * b["tokens"] for b in part) / tokens if tokens else None
-
-    before = mean([b for b in buckets if b["end"] <= train_seq_len])
-    after = mean([b for b in buckets if b["start"] >= train_seq_len])
-    return before, after
-
-
-def position_curve(
-    measured: Sequence[tuple[Run, dict]], train_seq_len: int
-) -> PositionCurve | None:
-    """The runs' loss by position averaged per bucket; None when none of them has one."""
-    curves = [r["loss_by_position"] for _, r in measured if "loss_by_position" in r]
-    if not curves:
-        return None
-    buckets = [(b["start"], b["end"]) for b in curves[0]]
-    assert all([(b["start"], b["end"]) for b in c] == buckets for c in curves), "same S, length"
-    nll = [Stat.of([c[i]["nll"] for c in curves]) for i in range(len(buckets))]
-    splits = [nll_split(c, train_seq_len) for c in curves]
-    afters = [(before, after) for before, after in splits if after is not None]
-    return PositionCurve(
-        buckets,
-        nll,
-        Stat.of([before for before, _ in splits]),
-        Stat.of([after for _, after in afters]),
-        Stat.of([after / before for before, after in afters]),
-    )
-
-
-def unlike_evaluations(measured: Sequence[tuple[Run, dict]]) -> str | None:
-    """Why the records of one row at one length are no sample of one measurement over seeds,
-    or None: they scored different numbers of tokens (a run re-evaluated with ``posbench eval
-    --max-tokens``), or two of them are one seed (one model evaluated in other ways)."""
-    ok = [(run, r) for run, r in measured if r["status"] == "ok"]
-    tokens = sorted({r["tokens"] for _, r in ok if r.get("tokens") is not None})
-    if len(tokens) > 1:
-        counts = ", ".join(f"{n:,}" for n in tokens)
-        return (
-            f"its runs scored different numbers of tokens here ({counts}): not averaged; "
-            "evaluate them alike (eval.max_tokens, posbench eval --max-tokens)"
-        )
-    by_seed: dict[Any, list[Run]] = defaultdict(list)
-    for run, _ in ok:
-        by_seed[run.config.get("seed")].append(run)
-    for seed, same in by_seed.items():
-        if seed is not None and len(same) > 1:  # None: a config that does not say
-            configs = [identity_config(run) for run in same]
-            keys = sorted(
-                k for k in set().union(*configs) if len({json.dumps(c.get(k)) for c in configs}) > 1
-            )
-            return (
-                f"{len(same)} of its runs are seed {seed}, differing in {', '.join(keys)}: one "
-                "model evaluated in other ways, not averaged as seeds; report one of them"
-            )
-    return None
-
-
-def alike(measured: Sequence[tuple[Run, dict]]) -> Sequence[tuple[Run, dict]]:
-    """``measured``, or nothing where its records may not be averaged (unlike_evaluations)."""
-    return [] if unlike_evaluations(measured) else measured
-
-
-def no_value(metric: str, records: Sequence[dict[str, Any]]) -> str:
-    """Why measured ``records`` hold no ``metric``."""
-    if not any(metric in r for r in records):
-        return f"its records have no {metric} (written before posbench measured it)"
-    if metric == "word_ppl":  # measured as null: text only
-        return "word_ppl is null in its records: its data delimits no words (synthetic, a task)"
-    return f"{metric} is null in its records"
-
-
-def cell(length: int, measured: Sequence[tuple[Run, dict]], metric: str = "ppl") -> Cell:
-    if (why := unlike_evaluations(measured)) is not None:
-        empty = Stat.of([])
-        refused = {part: why for part in ("value", "ratio", "accuracy", "sequence_accuracy")}
-        return Cell(length, empty, empty, empty, None, missing=refused)
-    ok_records = [(run, r) for run, r in measured if r["status"] == "ok"]
-    ok = [(run, r["ppl"]) for run, r in ok_records]
-    # Records from before a metric existed (word_ppl) or without it (a task's) have none.
-    valued = [(run, r) for run, r in ok_records if r.get(metric) is not None]
-    ratios = [
-        r[metric] / ref for run, r in valued if (ref := reference_value(run, r, metric)) is not None
-    ]
-    missing = {}
-    if ok and not valued:
-        missing["value"] = no_value(metric, [r for _, r in ok_records])
-    if valued and not ratios:  # measured, but no run measured the training length that way
-        run, record = valued[0]
-        missing["ratio"] = no_reference(run.config["train.seq_len"], protocol_text(record))
-    reasons = sorted({r["reason"] for _, r in measured if r["status"] != "ok"})
-    unsupported = "; ".join(reasons) if reasons and not ok else None
-    scored = [r for _, r in measured if r.get("sequence_accuracy") is not None]
-    own_accuracies = [a for r in scored if (a := headline_accuracy(r)) is not None]
-    documents = {count for _, r in ok_records if (count := r.get("documents")) is not None}
-    return Cell(
-        length,
-        Stat.of([ppl for _, ppl in ok]),
-        Stat.of([r[metric] for _, r in valued]),
-        Stat.of(ratios),
-        unsupported,
-        Stat.of(own_accuracies),
-        Stat.of([r["sequence_accuracy"] for r in scored]),
-        tuple(sorted(documents)),
-        missing,
-    )
-
-
 def mark_not_comparable(group: Group) -> None:
     """Mark every row of an encoding whose model did not learn comparably: its plain (as
     trained: non-overlapping, unscaled) mean perplexity at the training length is more than
@@ -563,81 +335,6 @@ def mark_not_comparable(group: Group) -> None:
 def has_accuracy(group: Group) -> bool:
     """Whether the group's runs are of a task (their records score answers)."""
     return any(c.sequence_accuracy.n for row in group.rows for c in row.cells)
-
-
-def group_title(config: dict[str, Any]) -> str:
-    """A report of one group's title: its data, model and training."""
-    trained = f"{config['train.seq_len']} tokens"
-    if (lengths := config.get("data.train_lengths")) is not None:
-        trained = f"problem lengths {lengths[0]}–{lengths[1]}"
-    return shortened(
-        f"{config.get('data.name', '?')} data, model {config['model.n_layer']}×"
-        f"{config['model.d_model']}, trained at {trained} for {config['train.steps']} steps"
-    )
-
-
-def group_titles(settings: Sequence[dict[str, Any]]) -> list[str]:
-    """Each group's title among several, from the settings that differ between them: the
-    fewest, most telling first (TITLE_ORDER), whose values tell every group from the others
-    ("data=wikitext2, train.seq_len=256": data.name as "data", the data's other keys following
-    from it), cut to TITLE_CHARACTERS; "–" for a key a group has not."""
-    keys = sorted(
-        {key for setting in settings for key in setting},
-        key=lambda k: (TITLE_ORDER.index(k) if k in TITLE_ORDER else len(TITLE_ORDER), k),
-    )
-    named: list[str] = []
-    told: list[tuple[str, ...]] = [() for _ in settings]  # the values named so far, per group
-    for key in keys:
-        more = [(*t, json.dumps(s.get(key))) for t, s in zip(told, settings, strict=True)]
-        if len(set(more)) > len(set(told)):  # it tells apart groups the others do not
-            named.append(key)
-            told = more
-    return [
-        shortened(", ".join(f"{TITLE_NAMES.get(k, k)}={setting_text(s, k)}" for k in named))
-        for s in settings
-    ]
-
-
-def setting_text(setting: dict[str, Any], key: str) -> str:
-    """A setting's value as an override writes it: wikitext2, 256, null, [16, 2048]."""
-    if key not in setting:
-        return "–"
-    value = setting[key]
-    return value if isinstance(value, str) else json.dumps(value)
-
-
-def shortened(title: str) -> str:
-    """``title`` cut to TITLE_CHARACTERS, an ellipsis marking the cut."""
-    return title if len(title) <= TITLE_CHARACTERS else title[: TITLE_CHARACTERS - 1] + "…"
-
-
-def group_setting(run: Run, by_tokenizer: bool) -> tuple[tuple[str, str], ...]:
-    """What a run's group is, hashable: its training setting, the tokens it scored
-    (MEASUREMENT), and, ``by_tokenizer``, its tokenizer."""
-    config = {**schema_defaults(), **run.config}
-    setting = training_setting(run) + tuple((k, json.dumps(config.get(k))) for k in MEASUREMENT)
-    if by_tokenizer:
-        setting += (("data.tokenizer", json.dumps(tokenizer_text(run))),)
-    return setting
-
-
-def chosen_metric(metric: str | None, tokenizers: Sequence[str]) -> tuple[str, str | None]:
-    """The metric a report shows (``metric``, or by default ppl, or bits_per_byte where the runs
-    differ in tokenizer) and, where the tokenizers decide, a line that says so."""
-    if len(tokenizers) < 2:
-        return metric or "ppl", None
-    which = ", ".join(tokenizers)
-    if metric is None:
-        return "bits_per_byte", (
-            f"Bits per byte, not perplexity: the runs differ in tokenizer ({which}), whose "
-            "tokens are not alike (`--metric ppl` compares perplexity within each tokenizer)."
-        )
-    if metric == "ppl":
-        return metric, (
-            f"Perplexity per token, compared within each tokenizer: the runs differ in tokenizer "
-            f"({which}), so each is a group of its own (`--metric bits_per_byte` compares them)."
-        )
-    return metric, None
 
 
 def build_report(

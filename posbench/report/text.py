@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from posbench.report.groups import Stat
+from posbench.report.cells import Stat
 
 
 def stat_text(stat: Stat, best: str | None = None) -> str:
