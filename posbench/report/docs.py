@@ -78,6 +78,21 @@ class Source:
             return row.label
         return re.sub(r" \(random_positions=\d+\)", "", row.label) + ", random"
 
+    def baseline_by_length(self, group: Group, name: str) -> list[tuple[int, float]]:
+        """(length, mean of the records' ``name`` there) over the group's task's records."""
+        records = [
+            r
+            for run in self.runs
+            if run.config.get("data.name") == group.task
+            for r in run.results["eval"]
+            if r.get(name) is not None
+        ]
+        return [
+            (n, statistics.fmean(r[name] for r in records if r["length"] == n))
+            for n in group.lengths
+            if any(r["length"] == n for r in records)
+        ]
+
     def ordered_rows(self, group: Group) -> list[Row]:
         """Consecutive positions first, then randomized ones, each by family (ENCODING_STYLES)."""
         order = list(ENCODING_STYLES)
@@ -208,6 +223,14 @@ def accuracy_panels(source: Source):  # -> matplotlib Figure
         axes.axvspan(*group.problem_lengths, color="grey", alpha=0.15, label="trained lengths")
         if group.chance_accuracy is not None:
             axes.axhline(group.chance_accuracy, color="grey", linestyle=":", label="chance")
+        constant = source.baseline_by_length(group, "constant_answer_accuracy")
+        if constant:
+            axes.plot(
+                *zip(*constant, strict=True),
+                color="grey",
+                linestyle="-.",
+                label="constant answer per length",
+            )
         axes.set_title(group.task, fontsize="medium")
         axes.set_xlabel("problem length")
         axes.set_ylim(0, 1.02)
