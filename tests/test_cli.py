@@ -330,7 +330,7 @@ def test_eval_without_run_after_a_sweep_says_it_took_the_sweeps_last_job(sweep):
         (["eval", "--rope-scaling", "stretch"], "invalid choice"),
         (["eval", "--rope-scaling", "yarn", "--factor", "0.5"], "a number >= 1"),
         (["eval", "--factor", "2"], "--factor needs --rope-scaling"),
-        (["report", "no/such/dir"], "no/such/dir is not a directory"),
+        (["report", "no/such/dir"], "no/such/dir is neither a directory nor a summary file"),
         (["report"], "the following arguments are required: DIR"),
         (["report", "a", "b"], "with several DIRs, say where the report goes: --out OUT"),
         (["train", "-m", "hydra/launcher=nope"], "unknown hydra/launcher 'nope'"),
