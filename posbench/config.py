@@ -86,7 +86,7 @@ class ModelConfig:
     norm_position: str = "pre"
     activation: str = "gelu"  # gelu | relu: the MLP's
     # false: every token attends to every token of its row, as Ruoss et al.'s encoder does
-    # (posbench/bidirectional_attention.py); answers at placeholders only, two-sided encodings
+    # (posbench/attention/bidirectional.py); answers at placeholders only, two-sided encodings
     causal: bool = True
 
 

@@ -4,8 +4,8 @@ Read top to bottom: attention -> MLP -> block -> ModelArgs -> Transformer. The m
 encoding (posbench.encodings.base.PositionalEncoding, whose docstring tables its hooks) to
 embed, transform queries and keys, and bias, and never branches on which encoding it has. How
 attention adds a bias (fused kernels, blocks of queries, a hand-written backward) is
-posbench/attention.py's business: the model calls its one entry point, causal_attention (or,
-with ``causal=False``, posbench/bidirectional_attention.py's).
+posbench/attention/'s business: the model calls its one entry point, causal_attention (or,
+with ``causal=False``, posbench/attention/bidirectional.py's).
 """
 
 from __future__ import annotations
@@ -18,10 +18,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from posbench import bidirectional_attention as bidirectional
 from posbench.attention import (
     QueryBlockBiases,
     attention_scratch_elements,
+    bidirectional,
     causal_attention,
     layer_biases,
     of_layer,

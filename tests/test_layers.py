@@ -28,8 +28,6 @@ LAYERS = [
     [
         "attention",
         "attention_scaling",
-        "bidirectional_attention",
-        "explicit_attention",
         "kv_cache",
         "model",
         "random_positions",
