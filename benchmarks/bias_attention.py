@@ -47,7 +47,8 @@ from posbench.attention import biases, blocks
 from posbench.config import compose_config
 from posbench.encodings import PositionalEncoding, encoding_names
 from posbench.encodings.kerple import KerpleConfig, KerpleRelativeBias
-from posbench.model import ModelArgs, Transformer, build_model
+from posbench.model import Transformer, build_model
+from posbench.model_args import ModelArgs
 from posbench.precision import autocast, resolve_precision
 
 # Configurations besides the registered encodings: (encoding overrides, model options).

@@ -8,7 +8,7 @@ types, so a typo or a wrong type fails when the config is composed, not halfway 
 from __future__ import annotations
 
 import importlib.util
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
@@ -19,11 +19,12 @@ from hydra import compose, initialize_config_dir
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf
 
+from posbench.attention.bidirectional import check_two_sided
 from posbench.data import ALGORITHMIC_TASKS, DATA_SCHEMAS, TASKS, load_data
 from posbench.distributed import check_divisible, world_size
 from posbench.encodings import ENCODINGS, build_encoding
 from posbench.errors import PosbenchError
-from posbench.model import check_model_config
+from posbench.model_args import ModelArgs
 from posbench.random_positions import RandomPositionsMode, position_sampler
 from posbench.threads import AUTO, is_threads_setting
 
@@ -438,3 +439,13 @@ def resolve_device(device: str | Device) -> torch.device:
     if name == "cuda" and not torch.cuda.is_available():
         raise PosbenchError("device=cuda but no CUDA GPU is visible; use device=cpu or auto")
     return torch.device(name)
+
+
+def check_model_config(model: Mapping[str, Any], encoding: Mapping[str, Any]) -> None:
+    """Raise the PosbenchError ``build_model`` would raise for these configs, without building
+    the model: its checks are the model's shape (ModelArgs) and the encoding's own, and an
+    encoding's parameters are small. Even on the meta device, initialising the weights would
+    cost more than the check (meta normal_ imports torch._dynamo, as slow as importing torch)."""
+    args = ModelArgs(**model)
+    encoding = build_encoding(encoding, args.d_model, args.n_head)
+    check_two_sided(encoding, args.causal, args.attention_scaling)

@@ -57,7 +57,7 @@ from posbench.evaluate import (
     positions_record,
     too_short,
 )
-from posbench.memory import available_memory
+from posbench.memory import available_memory, inference_memory_bytes
 from posbench.model import Transformer
 from posbench.random_positions import PositionDraw
 from posbench.runs import load_run
@@ -235,13 +235,13 @@ def diagnose(
 def diagnosis_memory_bytes(model: Transformer, length: int, consecutive: bool = True) -> int:
     """An upper estimate of the memory ``diagnose`` adds for one window of ``length`` tokens at
     ``consecutive`` positions (else at randomized ones): the forward pass
-    (Transformer.inference_memory_bytes), the recorded attention inputs of every layer, one
+    (posbench.memory.inference_memory_bytes), the recorded attention inputs of every layer, one
     layer's q and k, and one block of scores."""
     a = model.args
     elements = a.n_layer * length * a.d_model + 2 * length * a.d_model
     elements += LIVE_SCORE_COPIES * a.n_head * diagnose_block_size(a.n_head, length) * length
     element_size = model.lm_head.weight.element_size()
-    return model.inference_memory_bytes(1, length, consecutive) + elements * element_size
+    return inference_memory_bytes(model, 1, length, consecutive) + elements * element_size
 
 
 def check_diagnosable(

@@ -33,7 +33,8 @@ import posbench.attention.explicit
 import posbench.attention.flex
 from posbench.attention.blocks import causal_bias
 from posbench.encodings import PositionalEncoding
-from posbench.model import ModelArgs, Transformer
+from posbench.model import Transformer
+from posbench.model_args import ModelArgs
 
 
 def test_causal_bias_puts_minus_infinity_strictly_above_the_diagonal_and_keeps_the_rest():

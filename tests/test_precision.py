@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from conftest import TINY, TINY_REVERSE_STRING, chunked_calls
 
-import posbench.model
+import posbench.loss
 from posbench.attention import unbiased_causal_attention
 from posbench.checkpoint import CHECKPOINT_FILE, load_checkpoint
 from posbench.cli import main
@@ -375,7 +375,7 @@ def test_a_compiled_training_loss_and_its_gradients_equal_eagers(chunked, monkey
     # (F.linear_cross_entropy's chunks, here for these small logits too, or the logits whole).
     calls = chunked_calls(monkeypatch)
     if not chunked:
-        monkeypatch.setattr(posbench.model, "CHUNKED_LOSS_DEVICES", frozenset())
+        monkeypatch.setattr(posbench.loss, "CHUNKED_LOSS_DEVICES", frozenset())
     torch.manual_seed(0)
     model = build_model({"n_layer": 2, "n_head": 2, "d_model": 16}, {"name": "rope"}).train()
     generator = torch.Generator().manual_seed(1)

@@ -24,7 +24,8 @@ from posbench.diagnose import diagnose_run
 from posbench.encodings import build_encoding, encoding_names
 from posbench.errors import PosbenchError
 from posbench.evaluate import RandomPositions, eval_positions, evaluate_length
-from posbench.model import ModelArgs, Transformer, build_model
+from posbench.model import Transformer, build_model
+from posbench.model_args import ModelArgs
 from posbench.random_positions import (
     PositionSampler,
     position_sampler,
