@@ -28,7 +28,7 @@ import torch
 from throughput import trained_encoding
 
 import posbench.loss
-from posbench.evaluate import evaluate_length
+from posbench.evaluation.perplexity import evaluate_length
 from posbench.memory import inference_memory_bytes
 from posbench.model import build_model
 

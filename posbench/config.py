@@ -149,11 +149,11 @@ class EvalConfig:
     # fp32 | bf16 (autocast for the forward passes; log-probabilities stay fp32/fp64)
     precision: EvalPrecision = EvalPrecision.fp32
     # auto | consecutive | random (randomized positions: as the run trained, the default for
-    # runs with train.random_positions; see posbench/evaluate.py)
+    # runs with train.random_positions; see posbench/evaluation/positions.py)
     positions: EvalPositions = EvalPositions.auto
     # greedy | teacher_forced: how a task's autoregressive answers are scored (see
-    # posbench/evaluate.py); accuracy is the greedy decode's, null under teacher_forced (answers
-    # at placeholders: one forward pass, nothing to decode)
+    # posbench/evaluation/task_accuracy.py); accuracy is the greedy decode's, null under
+    # teacher_forced (answers at placeholders: one forward pass, nothing to decode)
     decode: EvalDecode = EvalDecode.greedy
 
 

@@ -28,7 +28,8 @@ from posbench.checkpoint import Checkpointer, TrainProgress, restore_checkpoint
 from posbench.config import choice, eval_lengths, resolve_device, validate
 from posbench.data import IGNORE, Corpus, Task, load_data
 from posbench.errors import PosbenchError
-from posbench.evaluate import RandomPositions, eval_positions, evaluate_data
+from posbench.evaluation.positions import RandomPositions, eval_positions
+from posbench.evaluation.run import evaluate_data
 from posbench.finetune import fine_tune_config, load_parent_weights
 from posbench.loggers import RunLogger, open_logger
 from posbench.model import Transformer, build_model

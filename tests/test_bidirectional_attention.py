@@ -22,7 +22,7 @@ from posbench.encodings import build_encoding
 from posbench.encodings.alibi import alibi_slopes
 from posbench.encodings.t5 import t5_two_sided_bucket
 from posbench.errors import PosbenchError
-from posbench.evaluate import evaluate_task
+from posbench.evaluation.task_accuracy import evaluate_task
 from posbench.model import build_model
 from posbench.train import make_optimizer
 

@@ -14,21 +14,18 @@ from posbench.data import IGNORE, load_data
 from posbench.data.baselines import prefix_rule_accuracy
 from posbench.encodings import build_encoding
 from posbench.errors import PosbenchError
-from posbench.evaluate import (
+from posbench.evaluation.perplexity import (
     MAX_POSITION_BUCKETS,
-    answer_scores,
     count_windows,
     document_bounds,
     document_windows,
     evaluate,
-    evaluate_data,
     evaluate_length,
-    evaluate_task_length,
     position_buckets,
-    rope_scaling_overrides,
-    task_predictions,
     windows,
 )
+from posbench.evaluation.run import evaluate_data, rope_scaling_overrides
+from posbench.evaluation.task_accuracy import answer_scores, evaluate_task_length, task_predictions
 from posbench.model import Transformer
 from posbench.model_args import ModelArgs
 

@@ -35,7 +35,7 @@ LAYERS = [
         "random_positions",
     ],
     ["config", "memory", "checkpoint", "runs", "finetune", "resume"],
-    ["decode", "evaluate", "tensorboard_log", "loggers", "sweep_summary", "reevaluate"],
+    ["decode", "evaluation", "tensorboard_log", "loggers", "sweep_summary", "reevaluate"],
     ["train", "diagnose"],
     ["report"],
     ["commands"],

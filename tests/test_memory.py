@@ -16,7 +16,7 @@ import posbench.memory
 from posbench.attention.biases import SHARED_BIAS_ELEMENTS
 from posbench.attention.blocks import MAX_SCORE_ELEMENTS
 from posbench.encodings import EncodingConfig, PositionalEncoding, build_encoding
-from posbench.evaluate import evaluate_length
+from posbench.evaluation.perplexity import evaluate_length
 from posbench.memory import available_memory, fitting_batch_size, inference_memory_bytes
 from posbench.model import Transformer, build_model
 from posbench.model_args import ModelArgs

@@ -17,7 +17,9 @@ from posbench.data import Corpus, load_data
 from posbench.encodings import ENCODINGS
 from posbench.encodings.rope import SCALING_METHODS
 from posbench.errors import PosbenchError
-from posbench.evaluate import evaluate_length, evaluate_run, evaluate_task_length
+from posbench.evaluation.perplexity import evaluate_length
+from posbench.evaluation.run import evaluate_run
+from posbench.evaluation.task_accuracy import evaluate_task_length
 from posbench.model import build_model
 from posbench.precision import BF16_MIN_D_MODEL, autocast, bf16_hardware, resolve_precision
 from posbench.random_positions import (

@@ -23,7 +23,8 @@ from posbench.data import Corpus, load_data, sample_positions
 from posbench.diagnose import diagnose_run
 from posbench.encodings import build_encoding, encoding_names
 from posbench.errors import PosbenchError
-from posbench.evaluate import RandomPositions, eval_positions, evaluate_length
+from posbench.evaluation.perplexity import evaluate_length
+from posbench.evaluation.positions import RandomPositions, eval_positions
 from posbench.model import Transformer, build_model
 from posbench.model_args import ModelArgs
 from posbench.random_positions import (

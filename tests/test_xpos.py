@@ -18,7 +18,7 @@ from test_encodings import rotation
 
 from posbench.encodings import build_encoding
 from posbench.errors import PosbenchError
-from posbench.evaluate import beyond_max_length
+from posbench.evaluation.perplexity import beyond_max_length
 from posbench.model import Transformer
 from posbench.model_args import ModelArgs
 
