@@ -12,8 +12,8 @@ os.environ["HF_DATASETS_OFFLINE"] = "1"
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["TQDM_DISABLE"] = "1"
 
-# posbench.train is the training function (posbench/__init__.py); tests of the loop's helpers
-# (train_step, make_optimizer, ...) take its module from here.
+# posbench.train is the training function (posbench/__init__.py); tests that replace what it
+# calls (train_steps, registered_threads) take its module from here.
 train_module = importlib.import_module("posbench.train")
 
 # pytest-xdist runs one worker per core (pyproject's addopts). Each worker keeps to a core of

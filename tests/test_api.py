@@ -45,7 +45,7 @@ def test_evaluate_takes_any_model_and_byte_tensor(run_dir):
 
 def test_diverged_is_exported_and_is_the_training_loops_error():
     from posbench.errors import PosbenchError
-    from posbench.train import Diverged
+    from posbench.train_loop import Diverged
 
     assert posbench.Diverged is Diverged and issubclass(posbench.Diverged, PosbenchError)
 

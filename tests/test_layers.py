@@ -36,7 +36,7 @@ LAYERS = [
     ],
     ["config", "memory", "checkpoint", "runs", "finetune", "resume"],
     ["decode", "evaluation", "tensorboard_log", "loggers", "sweep_summary", "reevaluate"],
-    ["train", "diagnose"],
+    ["train", "train_loop", "diagnose"],
     ["report"],
     ["commands"],
     ["cli", "__main__", "__init__"],

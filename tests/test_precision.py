@@ -28,7 +28,8 @@ from posbench.random_positions import (
     position_sampler,
     randomizes_distances,
 )
-from posbench.train import train, train_step
+from posbench.train import train
+from posbench.train_loop import train_step
 
 CPU, CUDA = torch.device("cpu"), torch.device("cuda")
 # bf16 keeps 8 significant bits: one rounding is off by at most u = 2^-9 relative. A bf16
