@@ -43,7 +43,8 @@ import torch.nn.functional as F
 from throughput import interleaved_seconds
 
 import posbench.attention
-from posbench.attention import fused_attention, unbiased_causal_attention
+from posbench.attention import unbiased_causal_attention
+from posbench.attention.fused import fused_attention
 from posbench.config import compose_config
 from posbench.data import Corpus
 from posbench.encodings.alibi import alibi_slopes

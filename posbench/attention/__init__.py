@@ -80,11 +80,7 @@ from posbench.attention.biases import QueryBlockBiases, layer_biases, of_layer
 from posbench.attention.blocked_bias import blocked_bias_attention
 from posbench.attention.blocks import hiding_window
 from posbench.attention.flex import flex_attention_bias
-from posbench.attention.fused import (
-    fused_attention,
-    merges_by_log_sum_exp,
-    unbiased_causal_attention,
-)
+from posbench.attention.fused import merges_by_log_sum_exp, unbiased_causal_attention
 from posbench.attention.key_bias import (
     blocked_key_bias_attention,
     fuses_key_bias,
@@ -95,12 +91,11 @@ from posbench.attention.relative_bias import relative_bias_attention
 from posbench.attention.scratch import attention_scratch_elements
 from posbench.encodings import PositionalEncoding
 
-__all__ = [  # the entry point, and what the model, diagnose and the decode cache use
+__all__ = [  # the entry point, and what the model, memory, diagnose and the decode cache use
     "QueryBlockBiases",
     "attention_probabilities",
     "attention_scratch_elements",
     "causal_attention",
-    "fused_attention",
     "layer_biases",
     "of_layer",
     "query_probabilities",
