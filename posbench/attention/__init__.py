@@ -75,6 +75,7 @@ from __future__ import annotations
 
 import torch
 
+# key_bias.KEY_BIAS_LENGTH as an attribute: set in one place for the entry and fuses_key_bias
 from posbench.attention import key_bias
 from posbench.attention.biases import QueryBlockBiases, layer_biases, of_layer
 from posbench.attention.blocked_bias import blocked_bias_attention

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import torch
 
+# blocks.QUERY_BLOCK as an attribute: set in one place for every path (the package's docstring)
 from posbench.attention import blocks
 from posbench.attention.biases import QueryBlockBiases
 from posbench.attention.blocks import (

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import torch
 
+# Their constants as attributes: set in one place for every path (the package's docstring).
 from posbench.attention import biases, blocks, fused
 from posbench.attention.blocks import hiding_window, query_block_size
 from posbench.attention.key_bias import fuses_key_bias
