@@ -48,7 +48,7 @@ def test_evaluate_takes_any_model_and_byte_tensor(run_dir):
 def test_every_public_name_imports_from_posbench_as_the_object_it_names(name):
     namespace = {}
     exec(f"from posbench import {name}", namespace)  # as a notebook imports it
-    # posbench.train and posbench.evaluate are also modules' names: the API's are the functions
+    # posbench.train is also a module's name (posbench/train.py): the API's is the function
     expected = {"data": ModuleType, "Diverged": type}.get(name, FunctionType)
     assert isinstance(namespace[name], expected)
 
