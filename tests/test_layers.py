@@ -1,5 +1,5 @@
 """The package's layers (docs/development.md, "Layout"): a module imports only from its own
-layer or the layers below it, and every module has a layer."""
+layer or the layers below it, every module has a layer, and no imports run in a circle."""
 
 import ast
 from pathlib import Path
@@ -111,3 +111,39 @@ def test_the_layer_table_in_the_docs_names_every_layer_entry():
     text = (PACKAGE.parent / "docs" / "development.md").read_text()
     missing = [name for name in LAYER_OF if f"`{name}.py`" not in text and f"`{name}/`" not in text]
     assert not missing, f"docs/development.md's layer table lacks {missing}"
+
+
+def import_circle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One circle of imports in ``graph`` (each module's imported modules), as the modules
+    along it with the first again at the end; None when there is none."""
+    finished: set[str] = set()
+    path: list[str] = []
+
+    def circle_from(module: str) -> list[str] | None:
+        if module in path:
+            return [*path[path.index(module) :], module]
+        if module in finished or module not in graph:
+            return None
+        path.append(module)
+        for imported in sorted(graph[module]):
+            if circle := circle_from(imported):
+                return circle
+        path.pop()
+        finished.add(module)
+        return None
+
+    for module in sorted(graph):
+        if circle := circle_from(module):
+            return circle
+    return None
+
+
+def test_the_circle_check_finds_a_circle_and_only_a_circle():
+    assert import_circle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == ["a", "b", "c", "a"]
+    assert import_circle({"a": {"b"}, "b": set(), "c": {"a", "b"}}) is None
+
+
+def test_no_imports_run_in_a_circle():
+    graph = {module: imported_modules(path, module) - {module} for module, path in MODULES}
+    circle = import_circle(graph)
+    assert circle is None, f"an import circle: {' -> '.join(circle)}; move what both need below"
