@@ -1,5 +1,7 @@
-"""The package's layers (docs/development.md, "Layout"): a module imports only from its own
-layer or the layers below it, every module has a layer, and no imports run in a circle."""
+"""The package's layout (docs/development.md, "Layout"): a module imports only from its own
+layer or the layers below it, every module has a layer, no imports run in a circle, and modules
+keep to their bounds (model.py at most 300 lines; any module at most 500 unless its docstring
+starts with why it is longer)."""
 
 import ast
 from pathlib import Path
@@ -42,6 +44,13 @@ LAYERS = [
     ["cli", "__main__", "__init__"],
 ]
 LAYER_OF = {name: level for level, names in enumerate(LAYERS) for name in names}
+# The decoder reads in one file of at most this many lines; what is not its reading path lives in
+# modules named for their job.
+MODEL_LINES = 300
+# A module past this many lines holds more than one job, unless its docstring starts with
+# LONGER_BECAUSE and the reason a split would hurt reading.
+MODULE_LINES = 500
+LONGER_BECAUSE = "Longer than 500 lines because"
 
 
 def unit(module: str) -> str:
@@ -147,3 +156,22 @@ def test_no_imports_run_in_a_circle():
     graph = {module: imported_modules(path, module) - {module} for module, path in MODULES}
     circle = import_circle(graph)
     assert circle is None, f"an import circle: {' -> '.join(circle)}; move what both need below"
+
+
+def test_the_model_file_reads_in_at_most_300_lines():
+    lines = len((PACKAGE / "model.py").read_text().splitlines())
+    assert lines <= MODEL_LINES, (
+        f"posbench/model.py has {lines} lines (at most {MODEL_LINES}): keep the decoder there "
+        "and move what is not on its reading path to a module named for its job"
+    )
+
+
+@pytest.mark.parametrize(("module", "path"), MODULES, ids=[m for m, _ in MODULES])
+def test_a_module_over_500_lines_starts_its_docstring_with_why(module, path):
+    source = path.read_text()
+    lines = len(source.splitlines())
+    docstring = ast.get_docstring(ast.parse(source, str(path))) or ""
+    assert lines <= MODULE_LINES or docstring.startswith(LONGER_BECAUSE), (
+        f"{module} has {lines} lines (at most {MODULE_LINES}): split it by responsibility, or "
+        f"start its docstring with '{LONGER_BECAUSE} ...' where a split would hurt reading"
+    )
