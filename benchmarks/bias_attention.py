@@ -26,7 +26,7 @@ per model as a run resolves it); the models of every precision are timed in the 
 rounds, each precision's ratios are to NoPE's in that precision, and with fp32 among them each
 model's tokens/s is also given as a ratio to its own in fp32.
 
-Two figures behind design constants of posbench/attention.py: ``layer`` times one attention layer
+Two figures behind design constants of posbench/attention/: ``layer`` times one attention layer
 with a learned bias (T5's), forward and backward at ``--batch`` x ``--seq-len``, with the
 explicit computation's blocks of 128, 64, 32 and 16 queries (EXPLICIT_QUERY_BLOCK), next to
 NoPE's fused kernel; ``shared`` times one forward pass of fire-switching in each model size
@@ -37,16 +37,18 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Callable
+from types import ModuleType
 from unittest import mock
 
 import torch
 from throughput import median_seconds, trained_encoding
 
-import posbench.attention
+from posbench.attention import biases, blocks
 from posbench.config import compose_config
 from posbench.encodings import PositionalEncoding, encoding_names
 from posbench.encodings.kerple import KerpleConfig, KerpleRelativeBias
-from posbench.model import ModelArgs, Transformer, build_model
+from posbench.model import Transformer, build_model
+from posbench.model_args import ModelArgs
 from posbench.precision import autocast, resolve_precision
 
 # Configurations besides the registered encodings: (encoding overrides, model options).
@@ -177,11 +179,14 @@ def train_step(
     return step
 
 
-def with_attention_constant(step: Callable[[], None], name: str, value: int) -> Callable[[], None]:
-    """``step`` run with posbench.attention's constant ``name`` set to ``value``."""
+def with_attention_constant(
+    step: Callable[[], None], module: ModuleType, name: str, value: int
+) -> Callable[[], None]:
+    """``step`` run with the constant ``name`` of ``module`` (of posbench.attention) set to
+    ``value``."""
 
     def patched() -> None:
-        with mock.patch.object(posbench.attention, name, value):
+        with mock.patch.object(module, name, value):
             step()
 
     return patched
@@ -198,7 +203,9 @@ def layer_step(block: int | None, batch: int, seq_len: int) -> Callable[[], None
     def step() -> None:
         attention(x, positions, encoding).square().mean().backward()
 
-    return step if block is None else with_attention_constant(step, "EXPLICIT_QUERY_BLOCK", block)
+    if block is None:
+        return step
+    return with_attention_constant(step, blocks, "EXPLICIT_QUERY_BLOCK", block)
 
 
 def report(title: str, seconds: dict[str, float], targets: dict[str, float], slower: bool) -> None:
@@ -283,11 +290,11 @@ def main() -> None:
             model = untrained_model(
                 "fire-switching", length, args.seq_len, args.fire_switches, size
             )
-            shared = posbench.attention.SHARED_BIAS_ELEMENTS
+            shared = biases.SHARED_BIAS_ELEMENTS
             step = eval_step(model, length)
             steps = {  # the layers sharing up to that many values, or none
-                "shared": with_attention_constant(step, "SHARED_BIAS_ELEMENTS", shared),
-                "per layer": with_attention_constant(step, "SHARED_BIAS_ELEMENTS", 0),
+                "shared": with_attention_constant(step, biases, "SHARED_BIAS_ELEMENTS", shared),
+                "per layer": with_attention_constant(step, biases, "SHARED_BIAS_ELEMENTS", 0),
             }
             seconds = median_seconds(steps, rounds)
             gain = seconds["per layer"] / seconds["shared"]

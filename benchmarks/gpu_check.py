@@ -37,7 +37,7 @@ import torch._dynamo
 from posbench.atomic import write_json
 from posbench.config import compose_config
 from posbench.encodings import encoding_names
-from posbench.evaluate import evaluate_run
+from posbench.evaluation.run import evaluate_run
 from posbench.precision import resolve_precision
 from posbench.train import train
 

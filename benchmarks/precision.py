@@ -43,13 +43,15 @@ import torch.nn.functional as F
 from throughput import interleaved_seconds
 
 import posbench.attention
-from posbench.attention import fused_attention, unbiased_causal_attention
+from posbench.attention import unbiased_causal_attention
+from posbench.attention.fused import fused_attention
 from posbench.config import compose_config
 from posbench.data import Corpus
 from posbench.encodings.alibi import alibi_slopes
 from posbench.model import build_model
 from posbench.precision import bf16_hardware, compile_for_training, resolve_precision
-from posbench.train import make_optimizer, train, train_step
+from posbench.train import make_optimizer, train
+from posbench.train_loop import train_step
 
 MODELS = ("tiny", "small", "base")
 VARIANTS = ("fp32", "bf16", "bf16-sdpa", "bf16-fused", "bf16-compile")

@@ -6,7 +6,7 @@ whole, as ratios in one process.
 
 Each task's batch is as wide as its longest problem; ``train_step`` sorts the rows by the width
 their answers reach and runs them in up to ``WIDTH_SLICES`` slices, each cut to its own widest
-row (posbench/train.py, ``width_slices``). This times ``train_step`` itself (forward, backward
+row (posbench/train_loop.py, ``width_slices``). This times ``train_step`` itself (forward, backward
 and AdamW) on ``+experiment=algorithmic``'s model and batches, with ``WIDTH_SLICES`` set to each
 of ``--slices`` (1: the whole batch at once), on the same batches, in interleaved rounds.
 """
@@ -14,17 +14,16 @@ of ``--slices`` (1: the whole batch at once), on the same batches, in interleave
 from __future__ import annotations
 
 import argparse
-import importlib
 from collections.abc import Callable
 
 import torch
 from throughput import median_seconds
 
+from posbench import train_loop
 from posbench.config import compose_config
 from posbench.data import load_data
 from posbench.model import build_model
-
-train_module = importlib.import_module("posbench.train")  # posbench.train is also the function
+from posbench.train import make_optimizer
 
 TASKS = ["parity_check", "lego", "reverse_string", "duplicate_string"]
 BATCHES = 8  # distinct batches, cycled: the problem lengths differ from step to step
@@ -37,14 +36,14 @@ def step_with(task: str, encoding: str, slices: int) -> Callable[[], None]:
     data = load_data(cfg.data)
     torch.manual_seed(0)
     model = build_model(cfg.model, cfg.encoding, data.vocab_size)
-    optimizer = train_module.make_optimizer(model, cfg.train)
+    optimizer = make_optimizer(model, cfg.train)
     calls = 0
 
     def step() -> None:
         nonlocal calls
         sampler = torch.Generator().manual_seed(calls % BATCHES)  # the same batches each way
-        train_module.WIDTH_SLICES = slices
-        train_module.train_step(model, optimizer, data, sampler, calls, cfg.train)
+        train_loop.WIDTH_SLICES = slices
+        train_loop.train_step(model, optimizer, data, sampler, calls, cfg.train)
         calls += 1
 
     return step

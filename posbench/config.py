@@ -8,7 +8,7 @@ types, so a typo or a wrong type fails when the config is composed, not halfway 
 from __future__ import annotations
 
 import importlib.util
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
@@ -19,11 +19,12 @@ from hydra import compose, initialize_config_dir
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf
 
+from posbench.attention.bidirectional import check_two_sided
 from posbench.data import ALGORITHMIC_TASKS, DATA_SCHEMAS, TASKS, load_data
 from posbench.distributed import check_divisible, world_size
 from posbench.encodings import ENCODINGS, build_encoding
 from posbench.errors import PosbenchError
-from posbench.model import check_model_config
+from posbench.model_args import ModelArgs
 from posbench.random_positions import RandomPositionsMode, position_sampler
 from posbench.threads import AUTO, is_threads_setting
 
@@ -86,7 +87,7 @@ class ModelConfig:
     norm_position: str = "pre"
     activation: str = "gelu"  # gelu | relu: the MLP's
     # false: every token attends to every token of its row, as Ruoss et al.'s encoder does
-    # (posbench/bidirectional_attention.py); answers at placeholders only, two-sided encodings
+    # (posbench/attention/bidirectional.py); answers at placeholders only, two-sided encodings
     causal: bool = True
 
 
@@ -148,11 +149,11 @@ class EvalConfig:
     # fp32 | bf16 (autocast for the forward passes; log-probabilities stay fp32/fp64)
     precision: EvalPrecision = EvalPrecision.fp32
     # auto | consecutive | random (randomized positions: as the run trained, the default for
-    # runs with train.random_positions; see posbench/evaluate.py)
+    # runs with train.random_positions; see posbench/evaluation/positions.py)
     positions: EvalPositions = EvalPositions.auto
     # greedy | teacher_forced: how a task's autoregressive answers are scored (see
-    # posbench/evaluate.py); accuracy is the greedy decode's, null under teacher_forced (answers
-    # at placeholders: one forward pass, nothing to decode)
+    # posbench/evaluation/task_accuracy.py); accuracy is the greedy decode's, null under
+    # teacher_forced (answers at placeholders: one forward pass, nothing to decode)
     decode: EvalDecode = EvalDecode.greedy
 
 
@@ -438,3 +439,13 @@ def resolve_device(device: str | Device) -> torch.device:
     if name == "cuda" and not torch.cuda.is_available():
         raise PosbenchError("device=cuda but no CUDA GPU is visible; use device=cpu or auto")
     return torch.device(name)
+
+
+def check_model_config(model: Mapping[str, Any], encoding: Mapping[str, Any]) -> None:
+    """Raise the PosbenchError ``build_model`` would raise for these configs, without building
+    the model: its checks are the model's shape (ModelArgs) and the encoding's own, and an
+    encoding's parameters are small. Even on the meta device, initialising the weights would
+    cost more than the check (meta normal_ imports torch._dynamo, as slow as importing torch)."""
+    args = ModelArgs(**model)
+    encoding = build_encoding(encoding, args.d_model, args.n_head)
+    check_two_sided(encoding, args.causal, args.attention_scaling)

@@ -6,10 +6,11 @@ scores at N), the exact attention probabilities of every layer and head,
     p_ij = softmax_j(q_i . k_j / sqrt(hs) + score_bias(i, j) + content_bias(i, j)),  j <= i,
 
 with q and k transformed by the run's encoding (rotated, for RoPE), are summarised per query i
-and averaged over the queries of each position bucket (posbench.evaluate.position_buckets) in
-every window. A run trained with randomized positions is diagnosed at them, as evaluation
-draws them for the same windows (every layer at its own draw, or at its randomized distances:
-posbench/random_positions.py); i, j and the buckets count tokens either way:
+and averaged over the queries of each position bucket
+(posbench.evaluation.perplexity.position_buckets) in every window. A run trained with randomized
+positions is diagnosed at them, as evaluation draws them for the same windows (every layer at its
+own draw, or at its randomized distances: posbench/random_positions.py); i, j and the buckets
+count tokens either way:
 
     entropy                   -sum_j p_ij ln p_ij (nats); ln(i + 1) would be uniform attention
     mean_distance             sum_j p_ij (i - j), in tokens
@@ -48,16 +49,14 @@ from posbench.config import resolve_device
 from posbench.data import Bytes, Offsets, gather_windows, load_corpus
 from posbench.encodings import PositionalEncoding
 from posbench.errors import PosbenchError
-from posbench.evaluate import (
-    RandomPositions,
+from posbench.evaluation.perplexity import (
     document_bounds,
     document_windows,
-    eval_positions,
     position_buckets,
-    positions_record,
     too_short,
 )
-from posbench.memory import available_memory
+from posbench.evaluation.positions import RandomPositions, eval_positions, positions_record
+from posbench.memory import available_memory, inference_memory_bytes
 from posbench.model import Transformer
 from posbench.random_positions import PositionDraw
 from posbench.runs import load_run
@@ -235,13 +234,13 @@ def diagnose(
 def diagnosis_memory_bytes(model: Transformer, length: int, consecutive: bool = True) -> int:
     """An upper estimate of the memory ``diagnose`` adds for one window of ``length`` tokens at
     ``consecutive`` positions (else at randomized ones): the forward pass
-    (Transformer.inference_memory_bytes), the recorded attention inputs of every layer, one
+    (posbench.memory.inference_memory_bytes), the recorded attention inputs of every layer, one
     layer's q and k, and one block of scores."""
     a = model.args
     elements = a.n_layer * length * a.d_model + 2 * length * a.d_model
     elements += LIVE_SCORE_COPIES * a.n_head * diagnose_block_size(a.n_head, length) * length
     element_size = model.lm_head.weight.element_size()
-    return model.inference_memory_bytes(1, length, consecutive) + elements * element_size
+    return inference_memory_bytes(model, 1, length, consecutive) + elements * element_size
 
 
 def check_diagnosable(

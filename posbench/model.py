@@ -1,39 +1,35 @@
 """A small decoder-only transformer whose positional encoding is pluggable.
 
-Read top to bottom: attention -> MLP -> block -> ModelArgs -> Transformer. The model asks its
-encoding (posbench.encodings.base.PositionalEncoding, whose docstring tables its hooks) to
-embed, transform queries and keys, and bias, and never branches on which encoding it has. How
-attention adds a bias (fused kernels, blocks of queries, a hand-written backward) is
-posbench/attention.py's business: the model calls its one entry point, causal_attention (or,
-with ``causal=False``, posbench/bidirectional_attention.py's).
+Read top to bottom: attention -> MLP -> block -> Transformer, built from ModelArgs
+(posbench/model_args.py). The model asks its encoding (posbench.encodings.base.PositionalEncoding,
+whose docstring tables its hooks) to embed, transform queries and keys, and bias, and never
+branches on which encoding it has. How attention adds a bias (fused kernels, blocks of queries,
+a hand-written backward) is posbench/attention/'s business: the model calls its one entry
+point, causal_attention (or, with ``causal=False``, posbench/attention/bidirectional.py's). The
+loss is posbench/loss.py's, the memory a forward pass needs posbench/memory.py's estimate.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from posbench import bidirectional_attention as bidirectional
 from posbench.attention import (
     QueryBlockBiases,
-    attention_scratch_elements,
+    bidirectional,
     causal_attention,
     layer_biases,
     of_layer,
 )
-from posbench.attention_scaling import SCALINGS, AttentionScaling, build_attention_scaling
+from posbench.attention_scaling import AttentionScaling, build_attention_scaling
 from posbench.encodings import PositionalEncoding, build_encoding
 from posbench.errors import PosbenchError
 from posbench.kv_cache import DecodeCache, LayerCache
-
-VOCAB_SIZE = 256  # byte-level: every corpus is read as raw bytes, no tokenizer to download
-ACTIVATIONS = {"gelu": F.gelu, "relu": F.relu}  # model.activation: the MLP's
-NORM_POSITIONS = ("pre", "post")  # model.norm_position: see Block
+from posbench.loss import next_token_nll
+from posbench.model_args import ACTIVATIONS, ModelArgs
 
 
 class CausalSelfAttention(nn.Module):
@@ -147,49 +143,6 @@ class Block(nn.Module):
         return x + self.mlp(self.ln_mlp(x))  # (B, T, C)
 
 
-@dataclass
-class ModelArgs:
-    """Everything besides the encoding that is needed to rebuild a model from its weights."""
-
-    n_layer: int = 2
-    n_head: int = 4
-    d_model: int = 128
-    mlp_ratio: int = 4
-    dropout: float = 0.0
-    vocab_size: int = VOCAB_SIZE
-    # Queries scaled by the keys they see or their position (posbench/attention_scaling.py).
-    # Runs saved before these fields existed load with the defaults: no scaling.
-    attention_scaling: str = "none"  # none | ssmax | llama4
-    attention_floor_scale: int = 8192  # llama4: HF Llama4TextConfig.floor_scale
-    attention_scale: float = 0.1  # llama4: HF Llama4TextConfig.attn_scale
-    norm_position: str = "pre"  # pre | post (Block); runs saved before it: pre
-    activation: str = "gelu"  # gelu | relu (MLP); runs saved before it: gelu
-    causal: bool = True  # false: each token attends to its whole row; runs saved before it: true
-
-    def __post_init__(self) -> None:
-        for key, allowed in (("norm_position", NORM_POSITIONS), ("activation", ACTIVATIONS)):
-            if getattr(self, key) not in allowed:
-                raise PosbenchError(
-                    f"model.{key} must be one of {', '.join(allowed)} (got {getattr(self, key)!r})"
-                )
-        if self.d_model % self.n_head:
-            raise PosbenchError(
-                f"model.n_head ({self.n_head}) must divide model.d_model ({self.d_model})"
-            )
-        if self.attention_scaling not in SCALINGS:
-            raise PosbenchError(
-                f"model.attention_scaling must be one of {', '.join(SCALINGS)} "
-                f"(got {self.attention_scaling!r})"
-            )
-        if self.attention_floor_scale <= 0:
-            raise PosbenchError(
-                f"model.attention_floor_scale must be positive (got {self.attention_floor_scale})"
-            )
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-
 class Transformer(nn.Module):
     """Decoder-only language model over bytes or a tokenizer's tokens:
     ``model(tokens (B, T)) -> logits (B, T, vocab)``."""
@@ -286,108 +239,14 @@ class Transformer(nn.Module):
             return nll.view_as(targets) if reduction == "none" else nll
         return self.lm_head(x)  # (B, T, vocab)
 
-    def inference_memory_bytes(self, batch_size: int, length: int, consecutive: bool = True) -> int:
-        """An upper estimate of the memory one forward pass adds under inference mode (on top
-        of the weights) for ``batch_size`` sequences of ``length`` tokens at ``consecutive``
-        positions (else each at its own), so that evaluation can choose a batch that fits
-        before it starts (benchmarks/long_eval_memory.py compares it with measured peaks).
-
-        Terms, in elements: the live activations of one block (residual, layer-norm output,
-        q/k/v and their rotated copies, attention output, the MLP's hidden layer and its GELU:
-        at most 8*C + 2*hidden per token), the logits with the log-softmax of the loss (3*V
-        per token; 3*C where ``next_token_nll`` takes them a chunk at a time, whose chunks of
-        logits hold at most as many elements as its input), and what attention with the
-        encoding's score bias holds besides
-        (posbench.attention.attention_scratch_elements, for the layer whose encoding holds the
-        most).
-        """
-        a = self.args
-        tokens = batch_size * length
-        hidden = a.mlp_ratio * a.d_model
-        device = self.lm_head.weight.device
-        chunked = chunked_loss(tokens, a.d_model, a.vocab_size, device)
-        logits = a.d_model if chunked else a.vocab_size
-        elements = tokens * (8 * a.d_model + 2 * hidden + 3 * logits)
-        scratch = attention_scratch_elements if a.causal else bidirectional.scratch_elements
-        elements += max(
-            scratch(encoding, batch_size, length, consecutive, device)
-            for encoding in unique(self.layer_encodings)
-        )
-        return elements * self.lm_head.weight.element_size()
-
     def num_parameters(self) -> int:
         """Parameters counted once (the tied embedding is shared with the output layer)."""
         return sum(p.numel() for p in self.parameters())
 
 
-# Where the loss is computed by F.linear_cross_entropy's chunked path: on these devices, for
-# logits of at least CHUNKED_LOSS_MIN_ELEMENTS. A CPU's logits way writes several (N, vocab)
-# float tensors a step; past glibc's largest mmap threshold (32 MiB) each is fresh memory the
-# kernel faults in, step after step. Measured (benchmarks/README.md, "The loss at a large
-# vocabulary", Zen 4): at a vocabulary of 8,192 the chunked path trained tiny at 1.24x (fp32)
-# and 1.29x (bf16) the logits way's tokens/s, small at 1.07x and 0.98x, with 35-45 % less
-# peak memory; at bytes' 256 and d_model 128 (logits of 4 MiB) it cost about 1 %, so small
-# logits keep the logits way. CUDA keeps it too until it is measured there.
-CHUNKED_LOSS_DEVICES = frozenset({"cpu"})
-CHUNKED_LOSS_MIN_ELEMENTS = 2**23  # 32 MiB of float32 logits
-
-
-def chunked_loss(rows: int, width: int, vocab: int, device: torch.device) -> bool:
-    """Whether ``next_token_nll`` takes the logits of ``rows`` x ``width`` hidden states over
-    ``vocab`` classes a chunk of rows at a time (F.linear_cross_entropy), on ``device``."""
-    return (
-        device.type in CHUNKED_LOSS_DEVICES
-        and hasattr(F, "linear_cross_entropy")
-        and rows * vocab >= CHUNKED_LOSS_MIN_ELEMENTS
-        # Torch's advice (LinearCrossEntropyOptions): chunks pay only with more rows and classes
-        # than features.
-        and rows >= width
-        and vocab > width
-    )
-
-
-def next_token_nll(
-    hidden: torch.Tensor,
-    weight: torch.Tensor,
-    targets: torch.Tensor,
-    reduction: Literal["sum", "none"] = "sum",
-) -> torch.Tensor:
-    """The negative log-likelihood (float32) of ``targets`` (N,) under the logits ``hidden``
-    (N, C) @ ``weight``.T (vocab, C): summed (``reduction="sum"``, a scalar) or one per target
-    (``"none"``, (N,)); a target of -100 is not scored (F.cross_entropy's ignore_index,
-    posbench.data.IGNORE), its NLL 0.
-
-    Large logits on CHUNKED_LOSS_DEVICES: F.linear_cross_entropy (torch 2.13) computes it a
-    chunk of rows at a time, with the gradients of ``hidden`` and ``weight`` in the same pass,
-    so the (N, vocab) logits are never held whole. It computes in float32 also under bf16
-    autocast (a custom op, which autocast leaves alone), where the logits way rounds the
-    logits to bf16: gradients as close to float32's (tests/test_model.py).
-    """
-    dtype = torch.promote_types(hidden.dtype, torch.float32)  # float32; float64 stays float64
-    rows, width = hidden.shape
-    if chunked_loss(rows, width, weight.shape[0], hidden.device):
-        # Under torch.compile the op needs allow_retain_graph (it warns and sets it otherwise).
-        options = nn.LinearCrossEntropyOptions(allow_retain_graph=torch.compiler.is_compiling())
-        return F.linear_cross_entropy(
-            hidden.to(dtype), weight.to(dtype), targets, reduction=reduction, options=options
-        )
-    logits = F.linear(hidden, weight).to(dtype)  # (N, vocab): bf16 under autocast, cast up
-    return F.cross_entropy(logits, targets, reduction=reduction)
-
-
 def unique(encodings: list[PositionalEncoding]) -> list[PositionalEncoding]:
     """The distinct instances among ``encodings``, in order of first appearance."""
     return list({id(e): e for e in encodings}.values())
-
-
-def check_model_config(model: Mapping[str, Any], encoding: Mapping[str, Any]) -> None:
-    """Raise the PosbenchError ``build_model`` would raise for these configs, without building
-    the model: its checks are the model's shape (ModelArgs) and the encoding's own, and an
-    encoding's parameters are small. Even on the meta device, initialising the weights would
-    cost more than the check (meta normal_ imports torch._dynamo, as slow as importing torch)."""
-    args = ModelArgs(**model)
-    encoding = build_encoding(encoding, args.d_model, args.n_head)
-    bidirectional.check_two_sided(encoding, args.causal, args.attention_scaling)
 
 
 def build_model(

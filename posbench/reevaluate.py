@@ -11,7 +11,7 @@ from typing import Any
 from omegaconf import DictConfig
 
 from posbench.errors import PosbenchError
-from posbench.evaluate import ROPE_SCALING_NEEDS_ROPE
+from posbench.evaluation.run import ROPE_SCALING_NEEDS_ROPE
 from posbench.loggers import open_logger
 from posbench.runs import WEIGHTS_FILE, append_eval_results, latest_run, sweep_of
 from posbench.tensorboard_log import TrainedLengths

@@ -8,9 +8,9 @@ from collections import Counter
 import numpy as np
 import pytest
 import torch
-from conftest import TINY_TASK_RUN, posbench, train_module
+from conftest import TINY_TASK_RUN, posbench
 
-from posbench import distributed
+from posbench import distributed, train_loop
 from posbench.config import compose_config, eval_lengths, validate
 from posbench.data import ALGORITHMIC_TASKS, IGNORE, AnswerMode, Examples, load_data
 from posbench.data.algorithmic import AlgorithmicTask
@@ -31,7 +31,8 @@ from posbench.model import build_model
 from posbench.random_positions import position_sampler
 from posbench.runs import saved_config, with_length_generalization
 from posbench.tensorboard_log import headline_metrics
-from posbench.train import make_optimizer, train, train_step, width_slices
+from posbench.train import make_optimizer, train
+from posbench.train_loop import train_step, width_slices
 
 
 def binary_value(bits: str) -> int:
@@ -752,7 +753,7 @@ def test_a_task_batch_run_in_narrower_slices_gets_the_whole_batchs_gradient(monk
     cfg = compose_config(overrides)
 
     def one_step(slices: int) -> tuple[list[torch.Tensor], list[int]]:
-        monkeypatch.setattr(train_module, "WIDTH_SLICES", slices)
+        monkeypatch.setattr(train_loop, "WIDTH_SLICES", slices)
         torch.manual_seed(0)
         model = build_model(cfg.model, cfg.encoding)
         widths = []

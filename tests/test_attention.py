@@ -1,4 +1,4 @@
-"""Specification of the attention paths (posbench/attention.py): each gives the output and the
+"""Specification of the attention paths (posbench/attention/): each gives the output and the
 gradients of the written-out masked computation at any length and block size; which path a
 bias takes, and the tensors a path never writes.
 
@@ -27,9 +27,14 @@ from test_model import (
 from torch.nn.attention.flex_attention import flex_attention
 
 import posbench.attention
-from posbench.attention import causal_bias
+import posbench.attention.biases
+import posbench.attention.blocks
+import posbench.attention.explicit
+import posbench.attention.flex
+from posbench.attention.blocks import causal_bias
 from posbench.encodings import PositionalEncoding
-from posbench.model import ModelArgs, Transformer
+from posbench.model import Transformer
+from posbench.model_args import ModelArgs
 
 
 def test_causal_bias_puts_minus_infinity_strictly_above_the_diagonal_and_keeps_the_rest():
@@ -74,8 +79,8 @@ def test_blocked_attention_equals_the_full_computation(name, limit, monkeypatch)
     encoding = random_bias_encoding(name)
     x = torch.randn(2, 37, SMALL.d_model, dtype=F64, generator=torch.Generator().manual_seed(5))
     positions = torch.arange(37)
-    monkeypatch.setattr(posbench.attention, "MAX_SCORE_ELEMENTS", limit)
-    assert posbench.attention.query_block_size(2, SMALL.n_head, 37) < 37  # really blocked
+    monkeypatch.setattr(posbench.attention.blocks, "MAX_SCORE_ELEMENTS", limit)
+    assert posbench.attention.blocks.query_block_size(2, SMALL.n_head, 37) < 37  # really blocked
     full_bias = encoding.score_bias(positions, positions).detach()
     expected = reference_attention(attention, x, bias=full_bias)
     torch.testing.assert_close(attention(x, positions, encoding), expected, rtol=0, atol=1e-10)
@@ -86,7 +91,7 @@ def test_blocked_model_equals_the_single_call_model_in_float32(monkeypatch):
     tokens = torch.randint(0, 256, (2, 300), generator=torch.Generator().manual_seed(6))
     with torch.no_grad():
         single = model(tokens)
-        monkeypatch.setattr(posbench.attention, "MAX_SCORE_ELEMENTS", 5000)
+        monkeypatch.setattr(posbench.attention.blocks, "MAX_SCORE_ELEMENTS", 5000)
         blocked = model(tokens)
     torch.testing.assert_close(blocked, single, rtol=0, atol=1e-5)
 
@@ -104,7 +109,7 @@ def test_each_block_of_a_general_bias_sees_keys_only_up_to_its_own_end_and_stays
         return bias
 
     monkeypatch.setattr(encoding, "score_bias", recording)
-    monkeypatch.setattr(posbench.attention, "MAX_SCORE_ELEMENTS", 400)
+    monkeypatch.setattr(posbench.attention.blocks, "MAX_SCORE_ELEMENTS", 400)
     q = k = v = torch.zeros(1, SMALL.n_head, 50, 8, dtype=F64)
     posbench.attention.causal_attention(q, k, v, torch.arange(50), encoding)
     assert sorted(int(qp[0]) for qp, _, _ in calls) == list(range(0, 50, 4))  # 400 // (2 * 50)
@@ -153,8 +158,8 @@ def test_relative_bias_attention_equals_the_masked_computation(
 def use_query_blocks(block: int, monkeypatch: pytest.MonkeyPatch) -> None:
     """Blocks of at most ``block`` queries on every attention path with a bias (the explicit
     computation's too)."""
-    monkeypatch.setattr(posbench.attention, "QUERY_BLOCK", block)
-    monkeypatch.setattr(posbench.attention, "EXPLICIT_QUERY_BLOCK", block)
+    monkeypatch.setattr(posbench.attention.blocks, "QUERY_BLOCK", block)
+    monkeypatch.setattr(posbench.attention.blocks, "EXPLICIT_QUERY_BLOCK", block)
 
 
 def assert_attention_matches_masked(name: str, length: int, gradients: bool) -> None:
@@ -205,7 +210,7 @@ def test_bias_attention_at_positions_other_than_zero_to_length_equals_the_masked
 ):
     # Consecutive positions from 1000 take the relative path; the others (increasing, with gaps)
     # the general one.
-    monkeypatch.setattr(posbench.attention, "QUERY_BLOCK", 16)
+    monkeypatch.setattr(posbench.attention.blocks, "QUERY_BLOCK", 16)
     encoding = random_bias_encoding(name)
     q, k, v = random_qkv(2, SMALL.n_head, 37, 8)
     with torch.no_grad():
@@ -230,11 +235,11 @@ def test_relative_bias_attention_in_evaluation_never_writes_a_bias_of_queries_by
         raise AssertionError("score_bias builds an (H, Tq, Tk) bias")
 
     monkeypatch.setattr(encoding, "score_bias", refuse)
-    monkeypatch.setattr(posbench.attention.F, "scaled_dot_product_attention", recording)
+    monkeypatch.setattr(F, "scaled_dot_product_attention", recording)
     q, k, v = random_qkv(1, SMALL.n_head, 1000, 8)
     with torch.no_grad():
         posbench.attention.causal_attention(q, k, v, torch.arange(1000), encoding)
-    block = posbench.attention.QUERY_BLOCK
+    block = posbench.attention.blocks.QUERY_BLOCK
     assert len(masks) == math.ceil(1000 / block)
     for mask in masks:
         stored = mask.untyped_storage().nbytes() // mask.element_size()
@@ -326,14 +331,14 @@ def test_compiled_flex_attention_bias_on_a_cpu_equals_the_masked_computation_at_
     # dynamic-shape kernel it built at a second length failed to compile (torch 2.13). With
     # dynamo's limit at one kernel a function, the lengths after the first pass only because
     # compiled_flex_attention raises it.
-    posbench.attention.compiled_flex_attention.cache_clear()
+    posbench.attention.flex.compiled_flex_attention.cache_clear()
     torch._dynamo.reset()
     # torch's own patch: pytest's monkeypatch deletes a dynamo setting when it undoes one.
     with torch._dynamo.config.patch(recompile_limit=1, fail_on_recompile_limit_hit=True):
         for length in (300, 520):
             [flex], [masked] = flex_and_masked(name, length, gradients=False, compiled=True)
             torch.testing.assert_close(flex, masked, rtol=0, atol=1e-5)
-    posbench.attention.compiled_flex_attention.cache_clear()
+    posbench.attention.flex.compiled_flex_attention.cache_clear()
 
 
 @pytest.mark.cuda
@@ -374,7 +379,7 @@ def choose_flex_attention_on(devices: set[str], monkeypatch) -> None:
     """flex_attention on the device types ``devices``, its unfused implementation in place of
     the compiled kernel (no compiler needed)."""
     monkeypatch.setattr(posbench.attention, "FLEX_ATTENTION_DEVICES", frozenset(devices))
-    monkeypatch.setattr(posbench.attention, "compiled_flex_attention", lambda: flex_attention)
+    monkeypatch.setattr(posbench.attention.flex, "compiled_flex_attention", lambda: flex_attention)
 
 
 def attention_paths(name: str, flex_devices: set[str], monkeypatch, length: int = 50) -> list[str]:
@@ -449,7 +454,7 @@ def test_general_bias_attention_equals_the_masked_computation(name, length, grad
 def test_general_bias_attention_at_other_increasing_positions_equals_the_masked_computation(
     positions, monkeypatch
 ):
-    monkeypatch.setattr(posbench.attention, "QUERY_BLOCK", 16)
+    monkeypatch.setattr(posbench.attention.blocks, "QUERY_BLOCK", 16)
     encoding = random_bias_encoding("pair-bias")
     q, k, v = random_qkv(2, SMALL.n_head, 37, 8)
     with torch.no_grad():
@@ -460,7 +465,7 @@ def test_general_bias_attention_at_other_increasing_positions_equals_the_masked_
 
 @pytest.mark.parametrize("name", ["fire", "kerple"])  # kerple: PositionalEncoding.score_bias
 def test_in_evaluation_the_blocks_after_the_first_write_their_bias_to_one_buffer(name, monkeypatch):
-    monkeypatch.setattr(posbench.attention, "QUERY_BLOCK", 16)
+    monkeypatch.setattr(posbench.attention.blocks, "QUERY_BLOCK", 16)
     encoding = random_bias_encoding(name)
     monkeypatch.setattr(type(encoding), "consecutive_bias", lambda self, positions: None)
     buffers, score_bias = [], encoding.score_bias
@@ -486,15 +491,15 @@ def test_in_evaluation_the_blocks_after_the_first_write_their_bias_to_one_buffer
 def test_the_layers_of_a_forward_pass_share_the_biases_of_its_query_blocks(
     kept_blocks, monkeypatch
 ):
-    monkeypatch.setattr(posbench.attention, "QUERY_BLOCK", 16)
+    monkeypatch.setattr(posbench.attention.blocks, "QUERY_BLOCK", 16)
     model, tokens = small_model("kerple"), torch.randint(0, 256, (2, 100))
     monkeypatch.setattr(type(model.encoding), "consecutive_bias", lambda self, positions: None)
     ends = [min(start + 16, 100) for start in reversed(range(0, 100, 16))]  # the order computed
     sizes = [SMALL.n_head * (end - (end - 1) // 16 * 16) * end for end in ends]  # H * n * e
-    monkeypatch.setattr(posbench.attention, "SHARED_BIAS_ELEMENTS", 0)
+    monkeypatch.setattr(posbench.attention.biases, "SHARED_BIAS_ELEMENTS", 0)
     with torch.no_grad():
         expected = model(tokens)
-    monkeypatch.setattr(posbench.attention, "SHARED_BIAS_ELEMENTS", sum(sizes[:kept_blocks]))
+    monkeypatch.setattr(posbench.attention.biases, "SHARED_BIAS_ELEMENTS", sum(sizes[:kept_blocks]))
     calls, score_bias = [], model.encoding.score_bias
 
     def counting(query_positions, key_positions, out=None):
@@ -524,7 +529,7 @@ def test_explicit_attention_gives_the_output_and_gradients_of_the_plain_computat
     q, k, v = (t.requires_grad_() for t in random_qkv(2, 3, 11, 8))
     bias = torch.randn(mask_batch, 3, 11, 11, dtype=F64, requires_grad=True)
     mask = causal_bias(bias)  # (mask_batch, H, T, T)
-    out = posbench.attention.explicit_attention(q, k, v, block_masks(mask, starts))
+    out = posbench.attention.explicit.explicit_attention(q, k, v, block_masks(mask, starts))
     expected = plain_attention(q, k, v, mask)
     torch.testing.assert_close(out, expected, rtol=0, atol=1e-12)
     out_grad = torch.randn(2, 3, 11, 8, dtype=F64)
@@ -547,8 +552,8 @@ def test_compiled_explicit_attention_gives_the_eager_output_and_gradients():
         out = attention(q, k, v, masks)
         return [out, *torch.autograd.grad(out.square().sum(), [*leaves, *masks])]
 
-    compiled = outputs_and_gradients(torch.compile(posbench.attention.explicit_attention))
-    eager = outputs_and_gradients(posbench.attention.explicit_attention)
+    compiled = outputs_and_gradients(torch.compile(posbench.attention.explicit.explicit_attention))
+    eager = outputs_and_gradients(posbench.attention.explicit.explicit_attention)
     for got, expected in zip(compiled, eager, strict=True):
         torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6)
 
@@ -559,7 +564,7 @@ def test_explicit_attention_computes_bf16_inputs_in_float32_even_under_autocast(
     half = [t.bfloat16().requires_grad_() for t in random_qkv(2, 3, 11, 8, torch.float32)]
     out_grad = torch.randn(2, 3, 11, 8).bfloat16()
     with torch.autocast("cpu", torch.bfloat16):  # as in training with train.precision=bf16
-        out = posbench.attention.explicit_attention(*half, block_masks(mask, [0, 6]))
+        out = posbench.attention.explicit.explicit_attention(*half, block_masks(mask, [0, 6]))
         got = torch.autograd.grad(out, [*half, mask], out_grad)
     # The float32 computation of the rounded inputs, rounded once: within one bf16 ulp.
     rounded = [t.detach().float().requires_grad_() for t in [*half, mask]]
@@ -613,7 +618,7 @@ def test_explicit_attention_applies_dropout_to_the_weights():
     q, k, v = (t.requires_grad_() for t in random_qkv(1, 2, 64, 8))
     mask = torch.zeros(1, 2, 64, 64, dtype=F64)
     torch.manual_seed(9)
-    dropped = posbench.attention.explicit_attention(q, k, v, [mask], dropout=0.5)
+    dropped = posbench.attention.explicit.explicit_attention(q, k, v, [mask], dropout=0.5)
     torch.manual_seed(9)
     expected = F.dropout(torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(8), dim=-1), 0.5) @ v
     torch.testing.assert_close(dropped, expected, rtol=0, atol=1e-12)
@@ -624,9 +629,9 @@ def test_explicit_attention_applies_dropout_to_the_weights():
 
 
 def test_training_shapes_are_blocked_only_where_attention_is_explicit():
-    assert posbench.attention.query_block_size(batch=32, n_head=4, length=128) == 128
-    assert posbench.attention.query_block_size(batch=32, n_head=8, length=256) == 256
-    assert posbench.attention.query_block_size(32, 4, 128, explicit=True) == 32
+    assert posbench.attention.blocks.query_block_size(batch=32, n_head=4, length=128) == 128
+    assert posbench.attention.blocks.query_block_size(batch=32, n_head=8, length=256) == 256
+    assert posbench.attention.blocks.query_block_size(32, 4, 128, explicit=True) == 32
 
 
 @pytest.mark.parametrize("general", [False, True])  # the relative or the general path
@@ -647,7 +652,7 @@ def test_training_attention_takes_blocks_of_32_queries_and_gives_the_masked_grad
 
     softmax = torch.softmax
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(posbench.attention.torch, "softmax", recording)
+        patch.setattr(torch, "softmax", recording)
         out = posbench.attention.causal_attention(*inputs, torch.arange(150), encoding)
     assert sorted(softmax_rows) == [22, 32, 32, 32, 32]  # 150 = 4 * 32 + 22 queries
     expected = masked_attention(*inputs, encoding, torch.arange(150))
@@ -668,7 +673,7 @@ def test_encodings_without_a_bias_use_the_fused_causal_kernel_even_at_long_lengt
         calls.append(kwargs)
         return sdpa(*args, **kwargs)
 
-    monkeypatch.setattr(posbench.attention.F, "scaled_dot_product_attention", recording)
+    monkeypatch.setattr(F, "scaled_dot_product_attention", recording)
     with torch.no_grad():
         small_model(name)(torch.zeros(1, 3000, dtype=torch.long))
     assert len(calls) == SMALL.n_layer
@@ -709,7 +714,7 @@ def test_blocked_attention_gives_the_same_gradients(name, monkeypatch):
         return [p.grad.clone() for p in model.parameters()]
 
     single = gradients()
-    monkeypatch.setattr(posbench.attention, "MAX_SCORE_ELEMENTS", 500)
+    monkeypatch.setattr(posbench.attention.blocks, "MAX_SCORE_ELEMENTS", 500)
     for blocked, expected in zip(gradients(), single, strict=True):
         torch.testing.assert_close(blocked, expected, rtol=1e-9, atol=1e-12)
 

@@ -17,7 +17,8 @@ import posbench.attention_scaling
 from posbench.attention_scaling import Llama4Temperature, ScalableSoftmax, build_attention_scaling
 from posbench.encodings import build_encoding
 from posbench.errors import PosbenchError
-from posbench.model import ModelArgs, Transformer, build_model
+from posbench.model import Transformer, build_model
+from posbench.model_args import ModelArgs
 
 F64 = torch.float64
 B, H, T, HS = 2, 3, 40, 4

@@ -1,4 +1,4 @@
-"""model.causal=false: every token attends to its whole row (posbench/bidirectional_attention.py),
+"""model.causal=false: every token attends to its whole row (posbench/attention/bidirectional.py),
 checked against formulas written out here from Ruoss et al.'s reference
 (google-deepmind/randomized_positional_encodings, models/positional_encodings.py) and T5's
 (HF transformers' T5Attention), not against posbench's own code."""
@@ -13,8 +13,8 @@ import torch
 import torch.nn.functional as F
 from conftest import TINY_REVERSE_STRING
 
-from posbench import attention
-from posbench.bidirectional_attention import TwoSidedBiases, bidirectional_attention
+from posbench.attention import blocks
+from posbench.attention.bidirectional import TwoSidedBiases, bidirectional_attention
 from posbench.config import compose_config, validate
 from posbench.data import load_data
 from posbench.decode import greedy_decode
@@ -22,7 +22,7 @@ from posbench.encodings import build_encoding
 from posbench.encodings.alibi import alibi_slopes
 from posbench.encodings.t5 import t5_two_sided_bucket
 from posbench.errors import PosbenchError
-from posbench.evaluate import evaluate_task
+from posbench.evaluation.task_accuracy import evaluate_task
 from posbench.model import build_model
 from posbench.train import make_optimizer
 
@@ -80,7 +80,7 @@ def test_alibi_two_sided_bias_is_the_references_symmetric_bias():
 
 
 def test_alibi_attention_in_query_blocks_equals_the_written_out_softmax(monkeypatch):
-    monkeypatch.setattr(attention, "QUERY_BLOCK", 4)  # three blocks of queries
+    monkeypatch.setattr(blocks, "QUERY_BLOCK", 4)  # three blocks of queries
     q, k, v = qkv(11)
     encoding = build_encoding({"name": "alibi"}, H * HS, H)
     y = bidirectional_attention(q, k, v, torch.arange(11), encoding)
@@ -129,7 +129,7 @@ def test_t5_two_sided_bias_is_hf_t5_encoders_with_its_weights():
 
 
 def test_t5_table_gradient_matches_autograd_of_the_written_out_attention(monkeypatch):
-    monkeypatch.setattr(attention, "QUERY_BLOCK", 4)
+    monkeypatch.setattr(blocks, "QUERY_BLOCK", 4)
     q, k, v = qkv(10, requires_grad=True)
     encoding = build_encoding({"name": "t5"}, H * HS, H).double()
     table = encoding.bias_table.weight

@@ -21,7 +21,8 @@ from posbench.data import Corpus, WindowTask
 from posbench.errors import PosbenchError
 from posbench.resume import check_resumable
 from posbench.runs import WEIGHTS_FILE, check_run_dir
-from posbench.train import Diverged, TrainingInterrupted, train
+from posbench.train import train
+from posbench.train_loop import Diverged, TrainingInterrupted
 
 # 20 steps, a checkpoint every 5, the loss logged at every step.
 SHORT = [

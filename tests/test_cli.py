@@ -16,7 +16,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from posbench.commands.overrides import unknown_key_hint
 from posbench.config import compose_config
 from posbench.encodings import encoding_names
-from posbench.evaluate import position_buckets
+from posbench.evaluation.perplexity import position_buckets
 from posbench.runs import save_config, saved_config
 from posbench.sweep_summary import SWEEP_ID_VARIABLE, SweepSummary, record_failed_job
 from posbench.threads import available_cores

@@ -12,7 +12,7 @@ from conftest import TINY_SYNTHETIC
 import posbench.attention
 from posbench.config import compose_config
 from posbench.encodings import encoding_names
-from posbench.evaluate import evaluate
+from posbench.evaluation.perplexity import evaluate
 from posbench.model import Transformer, build_model
 from posbench.train import make_optimizer, train
 

@@ -2,7 +2,6 @@
 with (posbench/kv_cache.py): a cached step's logits are the recomputed ones, for every
 encoding and option, and the scores are those of the model's own answers."""
 
-import importlib
 import json
 
 import pytest
@@ -15,7 +14,9 @@ from posbench.data import load_data
 from posbench.data.task import Examples
 from posbench.decode import NOT_DECODED, greedy_decode
 from posbench.encodings.registry import encoding_names
-from posbench.evaluate import RandomPositions, evaluate_task_length
+from posbench.evaluation import task_accuracy
+from posbench.evaluation.positions import RandomPositions
+from posbench.evaluation.task_accuracy import evaluate_task_length
 from posbench.kv_cache import DecodeCache
 from posbench.model import Transformer, build_model
 from posbench.random_positions import PositionDraw, PositionSampler
@@ -285,8 +286,7 @@ def test_a_greedy_decode_at_randomized_positions_takes_the_teacher_forced_passs_
     )
     model = random_model({"name": name}, n_layer=3)
     forced, decoded = [], []  # the draws of each batch's teacher-forced pass and its decode
-    evaluate = importlib.import_module("posbench.evaluate")  # posbench.evaluate: the function
-    forward, decode = model.forward, evaluate.greedy_decode
+    forward, decode = model.forward, task_accuracy.greedy_decode
 
     def forced_forward(tokens, positions=None, *args, cache=None, distances=None, **kwargs):
         if cache is None:
@@ -298,7 +298,7 @@ def test_a_greedy_decode_at_randomized_positions_takes_the_teacher_forced_passs_
         return decode(model, inputs, answer, positions, distances)
 
     monkeypatch.setattr(model, "forward", forced_forward)
-    monkeypatch.setattr(evaluate, "greedy_decode", spied_decode)
+    monkeypatch.setattr(task_accuracy, "greedy_decode", spied_decode)
     positions = RandomPositions(PositionSampler(64, 3, True, mode), seed=0)
     record = evaluate_task_length(model, task, 6, batch_size=4, positions=positions)
     assert record["decode"] == "greedy" and record["position_draws"] == 6

@@ -24,8 +24,9 @@ from posbench.diagnose import (
 from posbench.encodings import build_encoding, encoding_names
 from posbench.encodings.alibi import alibi_slopes
 from posbench.errors import PosbenchError
-from posbench.evaluate import position_buckets, windows
-from posbench.model import ModelArgs, Transformer, build_model
+from posbench.evaluation.perplexity import position_buckets, windows
+from posbench.model import Transformer, build_model
+from posbench.model_args import ModelArgs
 from posbench.random_positions import PositionDraw, PositionSampler, randomizes_distances
 from posbench.runs import load_run_config
 from posbench.train import train

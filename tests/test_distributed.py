@@ -24,7 +24,8 @@ from posbench.errors import PosbenchError
 from posbench.model import build_model
 from posbench.random_positions import position_sampler
 from posbench.threads import jobs_at_once
-from posbench.train import TrainingInterrupted, make_optimizer, seed_dropout, train, train_step
+from posbench.train import make_optimizer, train
+from posbench.train_loop import TrainingInterrupted, seed_dropout, train_step
 
 RANK_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR")
 # 20 steps of a tiny run, one thread per rank, one short evaluation.

@@ -8,28 +8,26 @@ import pytest
 import torch
 from conftest import chunked_calls, terabyte_split
 
-import posbench.model
+import posbench.loss
 from posbench.config import compose_config
 from posbench.data import IGNORE, load_data
 from posbench.data.baselines import prefix_rule_accuracy
 from posbench.encodings import build_encoding
 from posbench.errors import PosbenchError
-from posbench.evaluate import (
+from posbench.evaluation.perplexity import (
     MAX_POSITION_BUCKETS,
-    answer_scores,
     count_windows,
     document_bounds,
     document_windows,
     evaluate,
-    evaluate_data,
     evaluate_length,
-    evaluate_task_length,
     position_buckets,
-    rope_scaling_overrides,
-    task_predictions,
     windows,
 )
-from posbench.model import ModelArgs, Transformer
+from posbench.evaluation.run import evaluate_data, rope_scaling_overrides
+from posbench.evaluation.task_accuracy import answer_scores, evaluate_task_length, task_predictions
+from posbench.model import Transformer
+from posbench.model_args import ModelArgs
 
 
 def uniform_model(encoding: str = "none", **encoding_options) -> Transformer:
@@ -121,7 +119,7 @@ def test_perplexity_is_exp_of_mean_nll_against_a_direct_computation(chunked, mon
     # here for all) and the logits whole (CUDA's).
     calls = chunked_calls(monkeypatch)
     if not chunked:
-        monkeypatch.setattr(posbench.model, "CHUNKED_LOSS_DEVICES", frozenset())
+        monkeypatch.setattr(posbench.loss, "CHUNKED_LOSS_DEVICES", frozenset())
     model = random_rope_model()
     tokens = torch.randint(0, 256, (65,), dtype=torch.uint8)
     record = evaluate_length(model, tokens, length=16)

@@ -20,6 +20,7 @@ from posbench.config import compose_config
 from posbench.encodings import alibi_slopes, build_encoding
 from posbench.encodings.fire import FireRelativeBias
 from posbench.errors import PosbenchError
+from posbench.memory import inference_memory_bytes
 from posbench.model import build_model
 from posbench.runs import WEIGHTS_FILE, load_weights, save_weights
 from posbench.train import make_optimizer
@@ -136,7 +137,7 @@ class LargestTensor(TorchDispatchMode):
 
 
 def test_no_intermediate_of_the_bias_outgrows_the_bias_the_memory_estimate_budgets():
-    # Transformer.inference_memory_bytes budgets a few (H, Tq, Tk) tensors per query block;
+    # posbench.memory.inference_memory_bytes budgets a few (H, Tq, Tk) tensors per query block;
     # f_theta's hidden layer (width values per pair) must stay within one of them.
     encoding = fire(threshold=16.0, n_head=2)
     with torch.inference_mode(), LargestTensor() as recorder:
@@ -270,7 +271,7 @@ def test_below_the_threshold_either_attention_path_gives_the_same_output_and_gra
 def test_the_model_evaluation_memory_estimate_counts_fire_as_a_score_bias():
     fire_model = build_model({}, {"name": "fire", "threshold": 128.0})
     plain = build_model({}, {"name": "none"})
-    assert fire_model.inference_memory_bytes(1, 4096) > plain.inference_memory_bytes(1, 4096)
+    assert inference_memory_bytes(fire_model, 1, 4096) > inference_memory_bytes(plain, 1, 4096)
 
 
 @pytest.mark.parametrize("per_layer", [False, True])

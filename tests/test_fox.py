@@ -18,6 +18,8 @@ from test_attention import outputs_and_gradients, use_query_blocks, windowed_mas
 from x_transformers.x_transformers import DataDependentAlibi
 
 import posbench.attention
+import posbench.attention.fused
+import posbench.attention.key_bias
 from posbench.config import compose_config
 from posbench.data import sample_positions
 from posbench.encodings import build_encoding
@@ -111,7 +113,8 @@ def test_a_block_of_the_bias_equals_x_transformers_data_dependent_alibi(queries,
 def test_attention_with_fox_gives_x_transformers_output_and_gradients(window, path, monkeypatch):
     use_query_blocks(8, monkeypatch)  # 37 = 4 * 8 + 5 queries
     if path == "blocked_bias_attention":
-        monkeypatch.setattr(posbench.attention, "KEY_BIAS_LENGTH", 36)  # 37 tokens: past it
+        # 37 tokens: past it
+        monkeypatch.setattr(posbench.attention.key_bias, "KEY_BIAS_LENGTH", 36)
     taken = record_path(path, monkeypatch)
     encoding = fox()
     encoding.window = window
@@ -144,11 +147,11 @@ def test_attention_with_fox_gives_x_transformers_output_and_gradients(window, pa
     ],
 )
 def test_evaluation_past_the_fused_length_gives_x_transformers_output(devices, path, monkeypatch):
-    monkeypatch.setattr(posbench.attention, "KEY_BIAS_LENGTH", 36)  # 37 tokens: past it
+    monkeypatch.setattr(posbench.attention.key_bias, "KEY_BIAS_LENGTH", 36)  # 37 tokens: past it
     use_query_blocks(8, monkeypatch)  # 37 = 4 * 8 + 5 queries
-    monkeypatch.setattr(posbench.attention, "KEY_BIAS_BLOCK", 8)
+    monkeypatch.setattr(posbench.attention.key_bias, "KEY_BIAS_BLOCK", 8)
     if devices is not None:
-        monkeypatch.setattr(posbench.attention, "LOG_SUM_EXP_DEVICES", devices)
+        monkeypatch.setattr(posbench.attention.fused, "LOG_SUM_EXP_DEVICES", devices)
     taken = record_path(path, monkeypatch)
     encoding, x = fox(), layer_input(37)
     q, k, v = (torch.randn(2, 2, 37, 4, dtype=F64) for _ in range(3))
@@ -228,7 +231,7 @@ def test_evaluation_at_16384_tokens_is_float32_precise(monkeypatch):
 
 @pytest.mark.parametrize("initial_gates", [False, True])  # std-1 gates; the paper's start
 def test_the_fused_path_is_float32_precise_at_its_longest_length(initial_gates):
-    length = posbench.attention.KEY_BIAS_LENGTH
+    length = posbench.attention.key_bias.KEY_BIAS_LENGTH
     torch.manual_seed(0)
     encoding = build_encoding({"name": "fox"}, 8, 2) if initial_gates else fox().float()
     x = layer_input(length, batch=1).float()

@@ -12,7 +12,8 @@ import torch
 
 from posbench.encodings import build_encoding
 from posbench.errors import PosbenchError
-from posbench.model import ModelArgs, Transformer
+from posbench.model import Transformer
+from posbench.model_args import ModelArgs
 
 QUERIES, KEYS = [0, 4, 50], [0, 1, 4, 20, 50]
 

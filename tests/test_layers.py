@@ -1,5 +1,7 @@
-"""The package's layers (docs/development.md, "Layout"): a module imports only from its own
-layer or the layers below it, and every module has a layer."""
+"""The package's layout (docs/development.md, "Layout"): a module imports only from its own
+layer or the layers below it, every module has a layer, no imports run in a circle, and modules
+keep to their bounds (model.py at most 300 lines; any module at most 500 unless its docstring
+starts with why it is longer)."""
 
 import ast
 from pathlib import Path
@@ -28,20 +30,27 @@ LAYERS = [
     [
         "attention",
         "attention_scaling",
-        "bidirectional_attention",
-        "explicit_attention",
         "kv_cache",
+        "loss",
         "model",
+        "model_args",
         "random_positions",
     ],
     ["config", "memory", "checkpoint", "runs", "finetune", "resume"],
-    ["decode", "evaluate", "tensorboard_log", "loggers", "sweep_summary", "reevaluate"],
-    ["train", "diagnose"],
+    ["decode", "evaluation", "tensorboard_log", "loggers", "sweep_summary", "reevaluate"],
+    ["train", "train_loop", "diagnose"],
     ["report"],
     ["commands"],
     ["cli", "__main__", "__init__"],
 ]
 LAYER_OF = {name: level for level, names in enumerate(LAYERS) for name in names}
+# The decoder reads in one file of at most this many lines; what is not its reading path lives in
+# modules named for their job.
+MODEL_LINES = 300
+# A module past this many lines holds more than one job, unless its docstring starts with
+# LONGER_BECAUSE and the reason a split would hurt reading.
+MODULE_LINES = 500
+LONGER_BECAUSE = "Longer than 500 lines because"
 
 
 def unit(module: str) -> str:
@@ -111,3 +120,58 @@ def test_the_layer_table_in_the_docs_names_every_layer_entry():
     text = (PACKAGE.parent / "docs" / "development.md").read_text()
     missing = [name for name in LAYER_OF if f"`{name}.py`" not in text and f"`{name}/`" not in text]
     assert not missing, f"docs/development.md's layer table lacks {missing}"
+
+
+def import_circle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One circle of imports in ``graph`` (each module's imported modules), as the modules
+    along it with the first again at the end; None when there is none."""
+    finished: set[str] = set()
+    path: list[str] = []
+
+    def circle_from(module: str) -> list[str] | None:
+        if module in path:
+            return [*path[path.index(module) :], module]
+        if module in finished or module not in graph:
+            return None
+        path.append(module)
+        for imported in sorted(graph[module]):
+            if circle := circle_from(imported):
+                return circle
+        path.pop()
+        finished.add(module)
+        return None
+
+    for module in sorted(graph):
+        if circle := circle_from(module):
+            return circle
+    return None
+
+
+def test_the_circle_check_finds_a_circle_and_only_a_circle():
+    assert import_circle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == ["a", "b", "c", "a"]
+    assert import_circle({"a": {"b"}, "b": set(), "c": {"a", "b"}}) is None
+
+
+def test_no_imports_run_in_a_circle():
+    graph = {module: imported_modules(path, module) - {module} for module, path in MODULES}
+    circle = import_circle(graph)
+    assert circle is None, f"an import circle: {' -> '.join(circle)}; move what both need below"
+
+
+def test_the_model_file_reads_in_at_most_300_lines():
+    lines = len((PACKAGE / "model.py").read_text().splitlines())
+    assert lines <= MODEL_LINES, (
+        f"posbench/model.py has {lines} lines (at most {MODEL_LINES}): keep the decoder there "
+        "and move what is not on its reading path to a module named for its job"
+    )
+
+
+@pytest.mark.parametrize(("module", "path"), MODULES, ids=[m for m, _ in MODULES])
+def test_a_module_over_500_lines_starts_its_docstring_with_why(module, path):
+    source = path.read_text()
+    lines = len(source.splitlines())
+    docstring = ast.get_docstring(ast.parse(source, str(path))) or ""
+    assert lines <= MODULE_LINES or docstring.startswith(LONGER_BECAUSE), (
+        f"{module} has {lines} lines (at most {MODULE_LINES}): split it by responsibility, or "
+        f"start its docstring with '{LONGER_BECAUSE} ...' where a split would hurt reading"
+    )

@@ -11,13 +11,15 @@ import logging
 import pytest
 import torch
 
-import posbench.attention
+import posbench.attention.fused
 import posbench.memory
-from posbench.attention import MAX_SCORE_ELEMENTS, SHARED_BIAS_ELEMENTS
+from posbench.attention.biases import SHARED_BIAS_ELEMENTS
+from posbench.attention.blocks import MAX_SCORE_ELEMENTS
 from posbench.encodings import EncodingConfig, PositionalEncoding, build_encoding
-from posbench.evaluate import evaluate_length
-from posbench.memory import available_memory, fitting_batch_size
-from posbench.model import ModelArgs, Transformer, build_model
+from posbench.evaluation.perplexity import evaluate_length
+from posbench.memory import available_memory, fitting_batch_size, inference_memory_bytes
+from posbench.model import Transformer, build_model
+from posbench.model_args import ModelArgs
 
 CPU = torch.device("cpu")
 
@@ -40,8 +42,8 @@ def model_with(encoding: str) -> Transformer:
 
 def scratch(encoding: str, length: int) -> int:
     """What a score bias adds to the estimate of one window of ``length`` tokens."""
-    without_bias = model_with("none").inference_memory_bytes(1, length)
-    return model_with(encoding).inference_memory_bytes(1, length) - without_bias
+    without_bias = inference_memory_bytes(model_with("none"), 1, length)
+    return inference_memory_bytes(model_with(encoding), 1, length) - without_bias
 
 
 def allow(monkeypatch, n_bytes: int) -> None:
@@ -68,8 +70,8 @@ def test_available_memory_is_unknown_without_meminfo(tmp_path, monkeypatch):
 
 def test_estimate_grows_with_batch_and_length():
     model = model_with("alibi")
-    assert model.inference_memory_bytes(2, 512) > model.inference_memory_bytes(1, 512)
-    assert model.inference_memory_bytes(1, 1024) > model.inference_memory_bytes(1, 512)
+    assert inference_memory_bytes(model, 2, 512) > inference_memory_bytes(model, 1, 512)
+    assert inference_memory_bytes(model, 1, 1024) > inference_memory_bytes(model, 1, 512)
 
 
 def test_general_bias_attention_scratch_stays_bounded_at_long_lengths():
@@ -95,7 +97,7 @@ def test_key_bias_attention_scratch_on_a_cpu_holds_no_scores():
 def test_key_bias_attention_scratch_without_log_sum_exps_is_the_blocked_paths(monkeypatch):
     # Past KEY_BIAS_LENGTH a device whose kernel returns no log-sum-exps takes the blocked path.
     fused = scratch("fox", 16384)
-    monkeypatch.setattr(posbench.attention, "LOG_SUM_EXP_DEVICES", frozenset())
+    monkeypatch.setattr(posbench.attention.fused, "LOG_SUM_EXP_DEVICES", frozenset())
     assert scratch("fox", 16384) > MAX_SCORE_ELEMENTS > fused
     assert scratch("fox", 2048) < MAX_SCORE_ELEMENTS  # up to it, one fused call on any device
 
@@ -103,7 +105,7 @@ def test_key_bias_attention_scratch_without_log_sum_exps_is_the_blocked_paths(mo
 @pytest.mark.parametrize("encoding", ["alibi", "t5", "kerple", "sandwich"])
 def test_default_model_at_16k_tokens_is_estimated_under_2_gb(encoding):
     model = build_model({}, {"name": encoding})  # ModelArgs' defaults are model=tiny
-    assert model.inference_memory_bytes(1, 16384) < 2e9
+    assert inference_memory_bytes(model, 1, 16384) < 2e9
 
 
 # --- choosing the batch -------------------------------------------------------------------------
@@ -111,13 +113,13 @@ def test_default_model_at_16k_tokens_is_estimated_under_2_gb(encoding):
 
 def test_the_requested_batch_is_kept_when_it_fits(monkeypatch):
     model = model_with("alibi")
-    allow(monkeypatch, model.inference_memory_bytes(8, 256))
+    allow(monkeypatch, inference_memory_bytes(model, 8, 256))
     assert fitting_batch_size(model, 256, 8, CPU) == (8, None)
 
 
 def test_a_batch_that_does_not_fit_shrinks_to_the_largest_that_does(monkeypatch, caplog):
     model = model_with("alibi")
-    allow(monkeypatch, model.inference_memory_bytes(3, 256) + 1)
+    allow(monkeypatch, inference_memory_bytes(model, 3, 256) + 1)
     with caplog.at_level(logging.WARNING):
         assert fitting_batch_size(model, 256, 8, CPU) == (3, None)
     assert "batch size 8 -> 3" in caplog.text
@@ -125,7 +127,7 @@ def test_a_batch_that_does_not_fit_shrinks_to_the_largest_that_does(monkeypatch,
 
 def test_a_length_where_one_window_does_not_fit_gets_a_one_line_reason(monkeypatch):
     model = model_with("alibi")
-    allow(monkeypatch, model.inference_memory_bytes(1, 256) - 1)
+    allow(monkeypatch, inference_memory_bytes(model, 1, 256) - 1)
     batch, reason = fitting_batch_size(model, 256, 8, CPU)
     assert batch == 0
     assert "one window of 256 tokens needs" in reason and "\n" not in reason
@@ -152,7 +154,7 @@ def test_a_shrunken_batch_gives_the_same_perplexity(monkeypatch):
     model = model_with("kerple")
     tokens = torch.randint(0, 256, (2000,), generator=torch.Generator().manual_seed(1))
     expected = evaluate_length(model, tokens, 64, batch_size=16)
-    allow(monkeypatch, model.inference_memory_bytes(2, 64))
+    allow(monkeypatch, inference_memory_bytes(model, 2, 64))
     assert evaluate_length(model, tokens, 64, batch_size=16)["ppl"] == pytest.approx(
         expected["ppl"], rel=1e-6
     )

@@ -18,10 +18,14 @@ from conftest import chunked_calls
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import posbench.config
+import posbench.loss
 import posbench.model
 from posbench.encodings import EncodingConfig, PositionalEncoding, build_encoding, encoding_names
 from posbench.errors import PosbenchError
-from posbench.model import CausalSelfAttention, ModelArgs, Transformer
+from posbench.memory import inference_memory_bytes
+from posbench.model import CausalSelfAttention, Transformer
+from posbench.model_args import ModelArgs
 
 F64 = torch.float64
 SMALL = ModelArgs(n_layer=2, n_head=2, d_model=16)
@@ -181,7 +185,7 @@ def float64_model_and_batch(
     or the logits way (CUDA's, and any torch without linear_cross_entropy)."""
     calls = chunked_calls(monkeypatch)
     if not chunked:
-        monkeypatch.setattr(posbench.model, "CHUNKED_LOSS_DEVICES", frozenset())
+        monkeypatch.setattr(posbench.loss, "CHUNKED_LOSS_DEVICES", frozenset())
     torch.manual_seed(0)
     args = ModelArgs(n_layer=2, n_head=2, d_model=16, vocab_size=300)
     model = Transformer(args, make_encoding(encoding, args)).double()
@@ -225,9 +229,9 @@ def test_memory_estimate_counts_the_logits_whole_only_where_they_are_formed_whol
     # three (B, T, vocab) tensors; the estimate's difference is those (V - C) * 3 per token.
     args = ModelArgs(n_layer=1, n_head=2, d_model=64, vocab_size=8192)
     model = Transformer(args, make_encoding("none", args))
-    chunked = model.inference_memory_bytes(1, 4096)
-    monkeypatch.setattr(posbench.model, "CHUNKED_LOSS_DEVICES", frozenset())
-    whole = model.inference_memory_bytes(1, 4096)
+    chunked = inference_memory_bytes(model, 1, 4096)
+    monkeypatch.setattr(posbench.loss, "CHUNKED_LOSS_DEVICES", frozenset())
+    whole = inference_memory_bytes(model, 1, 4096)
     assert whole - chunked == 4096 * 3 * (8192 - 64) * 4
 
 
@@ -473,11 +477,11 @@ def test_checking_a_model_config_raises_what_building_the_model_raises(model, en
     with pytest.raises(PosbenchError) as built:
         posbench.model.build_model(model, encoding)
     with pytest.raises(PosbenchError, match=re.escape(str(built.value))):
-        posbench.model.check_model_config(model, encoding)
+        posbench.config.check_model_config(model, encoding)
 
 
 def test_checking_a_valid_model_config_passes():
-    posbench.model.check_model_config({"n_layer": 1, "n_head": 2, "d_model": 16}, {"name": "rope"})
+    posbench.config.check_model_config({"n_layer": 1, "n_head": 2, "d_model": 16}, {"name": "rope"})
 
 
 @pytest.mark.parametrize("name", ["alibi", "t5", "fire"])

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from conftest import TINY, TINY_REVERSE_STRING, chunked_calls
 
-import posbench.model
+import posbench.loss
 from posbench.attention import unbiased_causal_attention
 from posbench.checkpoint import CHECKPOINT_FILE, load_checkpoint
 from posbench.cli import main
@@ -17,7 +17,9 @@ from posbench.data import Corpus, load_data
 from posbench.encodings import ENCODINGS
 from posbench.encodings.rope import SCALING_METHODS
 from posbench.errors import PosbenchError
-from posbench.evaluate import evaluate_length, evaluate_run, evaluate_task_length
+from posbench.evaluation.perplexity import evaluate_length
+from posbench.evaluation.run import evaluate_run
+from posbench.evaluation.task_accuracy import evaluate_task_length
 from posbench.model import build_model
 from posbench.precision import BF16_MIN_D_MODEL, autocast, bf16_hardware, resolve_precision
 from posbench.random_positions import (
@@ -26,7 +28,8 @@ from posbench.random_positions import (
     position_sampler,
     randomizes_distances,
 )
-from posbench.train import train, train_step
+from posbench.train import train
+from posbench.train_loop import train_step
 
 CPU, CUDA = torch.device("cpu"), torch.device("cuda")
 # bf16 keeps 8 significant bits: one rounding is off by at most u = 2^-9 relative. A bf16
@@ -375,7 +378,7 @@ def test_a_compiled_training_loss_and_its_gradients_equal_eagers(chunked, monkey
     # (F.linear_cross_entropy's chunks, here for these small logits too, or the logits whole).
     calls = chunked_calls(monkeypatch)
     if not chunked:
-        monkeypatch.setattr(posbench.model, "CHUNKED_LOSS_DEVICES", frozenset())
+        monkeypatch.setattr(posbench.loss, "CHUNKED_LOSS_DEVICES", frozenset())
     torch.manual_seed(0)
     model = build_model({"n_layer": 2, "n_head": 2, "d_model": 16}, {"name": "rope"}).train()
     generator = torch.Generator().manual_seed(1)

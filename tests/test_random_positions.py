@@ -23,8 +23,10 @@ from posbench.data import Corpus, load_data, sample_positions
 from posbench.diagnose import diagnose_run
 from posbench.encodings import build_encoding, encoding_names
 from posbench.errors import PosbenchError
-from posbench.evaluate import RandomPositions, eval_positions, evaluate_length
-from posbench.model import ModelArgs, Transformer, build_model
+from posbench.evaluation.perplexity import evaluate_length
+from posbench.evaluation.positions import RandomPositions, eval_positions
+from posbench.model import Transformer, build_model
+from posbench.model_args import ModelArgs
 from posbench.random_positions import (
     PositionSampler,
     position_sampler,
@@ -32,7 +34,8 @@ from posbench.random_positions import (
     row_lengths,
 )
 from posbench.runs import load_run_config
-from posbench.train import make_optimizer, train, train_step, validation_loss
+from posbench.train import make_optimizer, train
+from posbench.train_loop import train_step, validation_loss
 
 SMALL = ModelArgs(n_layer=1, n_head=2, d_model=16)
 SMALL2 = ModelArgs(n_layer=2, n_head=2, d_model=16)

@@ -10,7 +10,8 @@ from safetensors.torch import save_file
 from posbench.atomic import atomic_path, atomic_write
 from posbench.encodings import build_encoding
 from posbench.errors import PosbenchError
-from posbench.model import ModelArgs, Transformer
+from posbench.model import Transformer
+from posbench.model_args import ModelArgs
 from posbench.runs import (
     WEIGHTS_FILE,
     latest_run,

@@ -1,5 +1,5 @@
 """Specification of tokenized corpora (posbench/data/tokenizer.py) and of the metrics that
-compare runs across tokenizers (bits_per_byte, word_ppl in posbench/evaluate.py)."""
+compare runs across tokenizers (bits_per_byte, word_ppl in posbench/evaluation/perplexity.py)."""
 
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ from posbench.data.tokenizer import (
     train_bpe,
 )
 from posbench.errors import PosbenchError
-from posbench.evaluate import evaluate
+from posbench.evaluation.perplexity import evaluate
 from posbench.model import build_model
 from posbench.report import build_report
 from posbench.report.tables import markdown

@@ -15,9 +15,10 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from posbench.config import compose_config
 from posbench.data import Corpus
 from posbench.encodings import encoding_names
-from posbench.evaluate import position_buckets
+from posbench.evaluation.perplexity import position_buckets
 from posbench.model import build_model
-from posbench.train import fused_adamw, lr_at, make_optimizer, train, validation_batches
+from posbench.train import fused_adamw, make_optimizer, train
+from posbench.train_loop import lr_at, validation_batches
 from posbench.versions import SOURCE_ROOT, code_versions, git_state
 
 

@@ -18,8 +18,9 @@ from test_encodings import rotation
 
 from posbench.encodings import build_encoding
 from posbench.errors import PosbenchError
-from posbench.evaluate import beyond_max_length
-from posbench.model import ModelArgs, Transformer
+from posbench.evaluation.perplexity import beyond_max_length
+from posbench.model import Transformer
+from posbench.model_args import ModelArgs
 
 F64 = torch.float64
 HEAD_DIM = 8  # d_model 32 / 4 heads

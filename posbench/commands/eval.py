@@ -18,7 +18,7 @@ from posbench.commands.arguments import (
 from posbench.commands.exits import fail
 from posbench.config import EvalDecode, EvalPositions, check_logger, eval_lengths
 from posbench.encodings.rope import SCALING_METHODS
-from posbench.evaluate import evaluate_run, rope_scaling_overrides
+from posbench.evaluation.run import evaluate_run, rope_scaling_overrides
 from posbench.reevaluate import check_rope_run, record_eval
 from posbench.report.run_table import run_table, trained_at
 from posbench.runs import load_run_config

@@ -17,10 +17,15 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from posbench.commands.exits import fail
-from posbench.config import compose_config, config_dir, flat_config, validate
+from posbench.config import (
+    check_model_config,
+    compose_config,
+    config_dir,
+    flat_config,
+    validate,
+)
 from posbench.data import check_data
 from posbench.errors import PosbenchError
-from posbench.model import check_model_config
 from posbench.output_dirs import unclaimed
 from posbench.runs import check_can_create
 

@@ -36,7 +36,8 @@ from posbench.report.run_table import data_baselines, run_table, trained_at
 from posbench.resume import check_can_continue, check_same_run
 from posbench.runs import CONFIG_FILE, saved_config
 from posbench.sweep_summary import record_failed_job
-from posbench.train import TrainingInterrupted, train
+from posbench.train import train
+from posbench.train_loop import TrainingInterrupted
 
 # Launchers (joblib, submitit) run train_job in fresh processes that import this module but
 # never run main(); conf/config.yaml's directory names need its resolvers there.

@@ -1,8 +1,8 @@
 """Prompt-blind baselines: what rules that never read the prompt's content score on a task.
 
-A task's headline accuracy is per answer token (posbench/evaluate.py). A model can score well
-above chance on it without reading the prompt when answers are skewed, so every task record
-carries the bounds of such models beside its accuracy:
+A task's headline accuracy is per answer token (posbench/evaluation/task_accuracy.py). A model
+can score well above chance on it without reading the prompt when answers are skewed, so every
+task record carries the bounds of such models beside its accuracy:
 
 * The constant answer at a length: at each answer index, the token most common there among the
   length's scored problems. A model that sees only the length (and, under placeholders, the

@@ -2,9 +2,9 @@
 
 A task is not a corpus: there are no splits to cache. It yields ``Examples``: input bytes, the
 target at each input (``IGNORE`` where nothing is trained) and a mask of the targets that are
-scored, so that training can learn them and posbench/evaluate.py can score them; neither the
-model nor the loop knows which task it is. An answer is asked for in one of two ways
-(``AnswerMode``):
+scored, so that training can learn them and posbench/evaluation/task_accuracy.py can score
+them; neither the model nor the loop knows which task it is. An answer is asked for in one of
+two ways (``AnswerMode``):
 
 * ``autoregressive``: the prompt, then the answer; each input's target is the next byte, so
   answer byte k is predicted from the bytes before it (scored under teacher forcing, those are

@@ -59,7 +59,7 @@ What an encoding author may assume:
   only to the ``window`` most recent tokens, itself included (counted in tokens, not positions).
 
 ``bidirectional`` (``False`` by default) says the encoding has a two-sided form, which a model
-built with ``model.causal=false`` (posbench/bidirectional_attention.py) attends with: every token
+built with ``model.causal=false`` (posbench/attention/bidirectional.py) attends with: every token
 sees every token of its row, through ``embed``, ``queries_and_keys`` and ``two_sided_bias``
 alone (its other bias hooks are not asked). An encoding defined for keys at or before their
 query (a bias of past keys only, gates or counts accumulated over them, a window) keeps it off.

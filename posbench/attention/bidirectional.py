@@ -35,13 +35,9 @@ from __future__ import annotations
 
 import torch
 
-from posbench.attention import (
-    fused_attention,
-    join_blocks,
-    layer_biases,
-    query_block_size,
-    sdpa_dtype,
-)
+from posbench.attention.biases import layer_biases
+from posbench.attention.blocks import join_blocks, query_block_size
+from posbench.attention.fused import fused_attention, sdpa_dtype
 from posbench.encodings import ENCODINGS, PositionalEncoding
 from posbench.errors import PosbenchError
 from posbench.random_positions import row_lengths

@@ -1,0 +1,91 @@
+"""SDPA's fused kernel, as every path but the explicit one calls it: in the dtype it runs fastest
+(``sdpa_dtype``), causal without a bias (``unbiased_causal_attention``, the fastest path), and
+attention merged exactly from parts by their log-sum-exps where the device's kernel returns them.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+# The device types whose fused SDPA kernel returns the log-sum-exps of its rows
+# (torch.ops.aten._scaled_dot_product_flash_attention_for_cpu), so that attention can be merged
+# from parts in evaluation (merge_by_log_sum_exp). The one place the choice is made.
+LOG_SUM_EXP_DEVICES = frozenset({"cpu"})
+
+
+def sdpa_dtype(q: torch.Tensor) -> torch.dtype:
+    """The dtype SDPA runs in for inputs like ``q``: float32 for bf16 on a CPU, else q's own.
+
+    SDPA's CPU kernels are slower in bf16 than in float32, with or without a mask, the backward
+    most of all (benchmarks/precision.py attention, AMD EPYC Zen 4, avx512_bf16, one thread;
+    forward and backward at the tiny model's (32, 4, 128, 32): NoPE's causal kernel 51.9 ms in
+    bf16 against 27.3 ms on inputs cast up to float32, with ALiBi's mask 48.0 against 28.2 ms).
+    In bf16 training ALiBi's steps ran at 0.69x NoPE's tokens/s, cast up at 0.98x
+    (benchmarks/README.md). Casting q, k, v up and the output down costs little next to the
+    (T, T) work, and is as accurate as float32 attention.
+    """
+    return torch.float32 if q.dtype == torch.bfloat16 and q.device.type == "cpu" else q.dtype
+
+
+def mask_dtype(q: torch.Tensor, explicit: bool) -> torch.dtype:
+    """The dtype of the bias masks (and of q, k, v on the SDPA path) for queries like ``q``:
+    explicit_attention computes in float32 (float64 for float64 inputs) whatever q's dtype;
+    SDPA runs in sdpa_dtype."""
+    return torch.promote_types(q.dtype, torch.float32) if explicit else sdpa_dtype(q)
+
+
+def fused_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    mask: torch.Tensor | None = None,
+    dropout: float = 0.0,
+    is_causal: bool = False,
+) -> torch.Tensor:
+    """SDPA of queries q (B, H, n, hs) over keys and values k, v (B, H, m, hs), with a float
+    ``mask`` ([B|1], H, n, m) in sdpa_dtype(q) or ``is_causal``, in sdpa_dtype(q) whether or
+    not autocast is on -> (B, H, n, hs) in q's dtype. Callers that attend in blocks cast q, k
+    and v once before (a cast per block would sum their gradients in bf16)."""
+    dtype = sdpa_dtype(q)
+    with torch.autocast(q.device.type, enabled=False):  # autocast would cast them to bf16
+        y = F.scaled_dot_product_attention(
+            q.to(dtype),
+            k.to(dtype),
+            v.to(dtype),
+            attn_mask=mask,
+            dropout_p=dropout,
+            is_causal=is_causal,
+        )  # (B, H, n, hs)
+    return y.to(q.dtype)
+
+
+def unbiased_causal_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout: float = 0.0
+) -> torch.Tensor:
+    """softmax(q k^T / sqrt(hs) + causal mask) v for q, k, v of (B, H, T, hs): SDPA's fused
+    causal kernel, run in fp32 for bf16 inputs on a CPU (sdpa_dtype).
+
+    (Plain bf16 products around an fp32 softmax measured as fast in whole training steps as
+    SDPA's fp32 kernel on inputs cast up, but rounds the scores to bf16: 5x SDPA's error at
+    peaked attention.)
+    """
+    return fused_attention(q, k, v, dropout=dropout, is_causal=True)
+
+
+def merges_by_log_sum_exp(q: torch.Tensor, dropout: float) -> bool:
+    """Whether attention of q can run as parts merged by their log-sum-exps
+    (merge_by_log_sum_exp): on a LOG_SUM_EXP_DEVICES device, whose fused kernel returns them,
+    without gradients (the log-sum-exp has none) and without dropout."""
+    on_device = q.device.type in LOG_SUM_EXP_DEVICES
+    return on_device and not (torch.is_grad_enabled() or dropout)
+
+
+def merge_by_log_sum_exp(
+    y_a: torch.Tensor, lse_a: torch.Tensor, y_b: torch.Tensor, lse_b: torch.Tensor
+) -> torch.Tensor:
+    """The attention output over two disjoint sets of keys from each one's output y (B, H, n,
+    hs) and log-sum-exp of the scores lse (B, H, n) -> (B, H, n, hs), exactly (as
+    flash-decoding merges its key splits)."""
+    lse = torch.logaddexp(lse_a, lse_b)[..., None]  # (B, H, n, 1)
+    return y_a * (lse_a[..., None] - lse).exp() + y_b * (lse_b[..., None] - lse).exp()
