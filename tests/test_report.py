@@ -1005,8 +1005,7 @@ def test_a_summary_gives_back_each_runs_config_and_records(tmp_path):
     runs, _ = find_runs([tmp_path / "s"])
     write_summary(tmp_path / "sweep.json", runs, [tmp_path / "s"])
     back = {
-        path.name: (config, results)
-        for path, config, results in read_summary(tmp_path / "sweep.json")
+        run.path.name: (run.config, run.results) for run in read_summary(tmp_path / "sweep.json")
     }
     assert back == {run.path.name: (run.config, run.results) for run in runs}
 

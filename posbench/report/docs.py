@@ -58,7 +58,7 @@ class Source:
     @classmethod
     def load(cls, root: Path, name: str) -> Source:
         path = root / name
-        runs = [Run(*run) for run in read_summary(path)]
+        runs = read_summary(path)
         return cls(name, build_report([path], out=None), runs, summary_provenance(path))
 
     @property

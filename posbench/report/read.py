@@ -18,6 +18,7 @@ from omegaconf import OmegaConf
 
 from posbench.config import EvalConfig, ModelConfig, TrainConfig, flat_config
 from posbench.errors import PosbenchError
+from posbench.report.run import Run
 from posbench.report.summary import is_summary, read_summary
 from posbench.runs import CONFIG_FILE, RESULTS_FILE, read_results
 
@@ -39,15 +40,6 @@ BOOKKEEPING = (
     "eval.lengths",
     "eval.task_lengths",
 )
-
-
-@dataclass(frozen=True)
-class Run:
-    """A finished run: its directory, its config.yaml flattened and its results.json."""
-
-    path: Path
-    config: dict[str, Any]  # flat: {"train.seq_len": 128, ...}
-    results: dict[str, Any]
 
 
 @dataclass(frozen=True)
@@ -75,7 +67,7 @@ def find_runs(roots: Sequence[Path], skip: Path | None = None) -> tuple[list[Run
     skipped = None if skip is None else skip.resolve()
     for root in roots:
         if is_summary(root):
-            runs += [Run(path, config, results) for path, config, results in read_summary(root)]
+            runs += read_summary(root)
             continue
         for directory, subdirs, files in os.walk(root):
             path = Path(directory)

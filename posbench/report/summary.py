@@ -23,7 +23,7 @@ import shlex
 from collections.abc import Sequence
 from datetime import date
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from omegaconf import OmegaConf
@@ -31,10 +31,8 @@ from omegaconf import OmegaConf
 from posbench.atomic import atomic_write
 from posbench.errors import PosbenchError
 from posbench.precision import bf16_hardware
+from posbench.report.run import Run
 from posbench.runs import RESULTS_FILE
-
-if TYPE_CHECKING:
-    from posbench.report.read import Run
 
 SUMMARY_FORMAT = "posbench-summary/1"
 SIGNIFICANT_DIGITS = 6  # far below what a table shows; keeps a sweep's summary small
@@ -85,10 +83,9 @@ def write_summary(path: Path, runs: Sequence[Run], sweeps: Sequence[Path]) -> No
     atomic_write(path, text.encode())
 
 
-def read_summary(path: Path) -> list[tuple[Path, dict[str, Any], dict[str, Any]]]:
-    """The runs a summary holds, as (path, flat config, results): each at the path
-    ``<summary>/<run name>`` (no such directory exists: the path names the run in tables and
-    figures)."""
+def read_summary(path: Path) -> list[Run]:
+    """The runs a summary holds, each at the path ``<summary>/<run name>`` (no such directory
+    exists: the path names the run in tables and figures)."""
     try:
         content = json.loads(path.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
@@ -99,7 +96,7 @@ def read_summary(path: Path) -> list[tuple[Path, dict[str, Any], dict[str, Any]]
             "run directory, or a file written by `posbench report DIR --summary FILE`"
         )
     return [
-        (
+        Run(
             path / run["name"],
             {**content["config"], **run["config"]},
             expanded_results(run["results"]),
