@@ -7,6 +7,7 @@ W&B's offline mode (no account, no network), reading back the ``.wandb`` file it
 import json
 import struct
 import sys
+import time
 from importlib.machinery import ModuleSpec
 from pathlib import Path
 from types import ModuleType
@@ -253,9 +254,9 @@ def test_logger_none_writes_no_events(tiny, tmp_path):
 
 
 def records_of(path: Path) -> list:
-    """The records of a ``.wandb`` file: LevelDB's log format (32 KiB blocks of chunks, each
-    with a 7-byte header: CRC, length, type) after a 7-byte file header, each record a
-    protobuf."""
+    """The whole records of a ``.wandb`` file so far: LevelDB's log format (32 KiB blocks of
+    chunks, each with a 7-byte header: CRC, length, type) after a 7-byte file header, each
+    record a protobuf. A chunk not yet written in full ends the reading."""
     from wandb.proto.wandb_internal_pb2 import Record
 
     block = 32 * 1024
@@ -265,12 +266,26 @@ def records_of(path: Path) -> list:
             at += block - at % block
             continue
         _, length, kind = struct.unpack("<IHB", data[at : at + 7])
+        if kind == 0 or at + 7 + length > len(data):  # preallocated zeros, or still writing
+            break
         pending += data[at + 7 : at + 7 + length]
         at += 7 + length
         if kind in (1, 4):  # a whole record, or its last chunk
             records.append(Record.FromString(pending))
             pending = b""
     return records
+
+
+def finished_records(path: Path, seconds: float = 30.0) -> list:
+    """The records of a ``.wandb`` file once its run's exit record is in it: W&B's service
+    process may still be writing it when the run's process has returned (seen on a loaded
+    machine)."""
+    deadline = time.monotonic() + seconds
+    while True:
+        records = records_of(path)
+        if of_type(records, "exit") or time.monotonic() > deadline:
+            return records
+        time.sleep(0.2)
 
 
 def run_record(records: list):
@@ -281,7 +296,7 @@ def run_record(records: list):
 def wandb_records(run_dir: Path, job_type: str = "train") -> list:
     """The records of the offline W&B run of ``job_type`` under ``run_dir``."""
     for path in run_dir.glob("wandb/offline-run-*/run-*.wandb"):
-        records = records_of(path)
+        records = finished_records(path)
         if run_record(records).job_type == job_type:
             return records
     raise AssertionError(f"no offline W&B {job_type} run under {run_dir}")
