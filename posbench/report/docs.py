@@ -78,15 +78,18 @@ class Source:
             return row.label
         return re.sub(r" \(random_positions=\d+\)", "", row.label) + ", random"
 
-    def baseline_by_length(self, group: Group, name: str) -> list[tuple[int, float]]:
-        """(length, mean of the records' ``name`` there) over the group's task's records."""
-        records = [
+    def task_records(self, group: Group) -> list[dict]:
+        """Every evaluation record of the runs on the group's task."""
+        return [
             r
             for run in self.runs
             if run.config.get("data.name") == group.task
             for r in run.results["eval"]
-            if r.get(name) is not None
         ]
+
+    def baseline_by_length(self, group: Group, name: str) -> list[tuple[int, float]]:
+        """(length, mean of the records' ``name`` there) over the group's task's records."""
+        records = [r for r in self.task_records(group) if r.get(name) is not None]
         return [
             (n, statistics.fmean(r[name] for r in records if r["length"] == n))
             for n in group.lengths
@@ -124,12 +127,7 @@ def compact_table(source: Source) -> str:
         low, high = group.problem_lengths
         inside = [n for n in group.lengths if low <= n <= high]
         past = [n for n in group.lengths if n > high]
-        records = [
-            r
-            for run in source.runs
-            if run.config.get("data.name") == group.task
-            for r in run.results["eval"]
-        ]
+        records = source.task_records(group)
         for lengths, is_past in ((inside, False), (past, True)):
             cells = {}
             for row in source.ordered_rows(group):
