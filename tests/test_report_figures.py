@@ -1,7 +1,7 @@
 """posbench report's figures read well: each row in the colour and marker of its encoding, the
 same in every figure, the rows of one encoding told apart by line style; one panel per family
 past PANEL_CURVES curves, NoPE in each; the legend outside the data, on a canvas widened to hold
-it."""
+it; titles that name no null setting."""
 
 import pytest
 from matplotlib.colors import to_rgba
@@ -19,6 +19,7 @@ from posbench.report.figures import (
     value_figure,
 )
 from posbench.report.groups import Row
+from posbench.report.settings import group_titles
 from posbench.report.styles import (
     ENCODING_FAMILIES,
     ENCODING_STYLES,
@@ -185,3 +186,36 @@ def test_an_encoding_without_a_family_gets_a_panel_of_its_own(tmp_path):
     panels = [axes for axes in figure.axes if axes.get_visible()]
     assert [axes.get_title() for axes in panels] == [*ENCODING_FAMILIES, "other encodings"]
     assert {line.get_label() for line in panels[-1].get_lines()} >= {"none", "newpe"}
+
+
+# ------------------------------------------------------------------------------ titles
+
+
+def test_a_setting_null_in_a_group_is_left_out_of_its_title():
+    settings = [
+        {"train.seq_len": 16, "train.init_from": None},
+        {"train.seq_len": 16, "train.init_from": "base.pt"},
+        {"train.seq_len": 32, "train.init_from": None},
+    ]
+    assert group_titles(settings) == [
+        "train.seq_len=16",
+        "train.seq_len=16, train.init_from=base.pt",
+        "train.seq_len=32",
+    ]
+    only = [{"train.init_from": None}, {"train.init_from": "base.pt"}]
+    assert group_titles(only) == ["no train.init_from", "train.init_from=base.pt"]
+
+
+def test_figure_titles_never_name_a_null_setting_nor_randomized_positions(tmp_path):
+    make_run(tmp_path / "a", ppls={16: 5.0, 40: 6.0})
+    make_run(tmp_path / "b", ppls={16: 5.0, 40: 6.0}, train__random_positions=64)
+    make_run(tmp_path / "c", ppls={16: 5.0, 40: 6.0}, train__init_from="base.pt")
+    report = build_report(tmp_path)
+    # randomized positions make a row, not a group
+    assert sorted(len(group.rows) for group in report.groups) == [1, 2]
+    for group in report.groups:
+        (axes,) = value_figure(group).axes
+        assert axes.get_title() == group.title
+        assert not any(word in group.title for word in ("None", "null", "random_positions"))
+    titles = {len(group.rows): group.title for group in report.groups}
+    assert titles == {2: "no train.init_from", 1: "train.init_from=base.pt"}
