@@ -9,6 +9,7 @@ import math
 import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from itertools import pairwise
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -41,6 +42,7 @@ PANEL_INCHES = (4.5, 3.4)  # of each panel, where a figure has several (rows_fig
 PANEL_MARGIN = 0.8  # inches below and above the panels: the shared x label, the title
 LEGEND_MARGIN = 0.2  # inches beside the legend, between it and the panels and at the edge
 LEGEND_STEP = 0.25  # inches: the canvas widens for its legend by whole steps
+CLOSE_LENGTHS = 1.6  # a panel slants the labels of evaluation lengths closer than this ratio
 # The perplexity axis is log scaled when its highest value is more than this many times its
 # lowest: a curve that blows up past the training length then leaves the others readable. A
 # narrower range is linear, where evenly spaced round ticks read better than a log scale's few.
@@ -218,13 +220,18 @@ def outside_legend(
 def length_axis(group: Group, axes: Sequence[Any]) -> str:
     """Each axes's x axis of evaluation lengths (log, the training length marked) or of problem
     lengths (linear, the trained range shaded, as Ruoss et al.); return its label."""
+    lengths = group.lengths
+    # a panel is narrow: labels of lengths closer than CLOSE_LENGTHS times slant, not overlap
+    close = any(b < CLOSE_LENGTHS * a for a, b in pairwise(lengths))
     for each in axes:
         if group.problem_lengths is not None:
             each.axvspan(*group.problem_lengths, color="grey", alpha=0.15, label="train lengths")
         else:
             each.axvline(group.train_seq_len, color="grey", linestyle="--", label="train length")
             each.set_xscale("log", base=2)
-            each.set_xticks(group.lengths, labels=[str(length) for length in group.lengths])
+            each.set_xticks(lengths, labels=[str(length) for length in lengths])
+            if close and len(axes) > 1:
+                each.tick_params(axis="x", labelrotation=45)
     if group.problem_lengths is not None:
         return "problem length"
     return f"evaluation length ({length_unit(group)})"
