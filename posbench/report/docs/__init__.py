@@ -22,6 +22,14 @@ from typing import Any
 
 from posbench.atomic import atomic_path, atomic_write
 from posbench.report.docs.algorithmic import accuracy_panels, compact_table, detail_tables
+from posbench.report.docs.corpus import (
+    corpus_details,
+    corpus_provenance,
+    main_group_figure,
+    main_position_figure,
+    ratio_table,
+    rope_variants_figure,
+)
 from posbench.report.docs.published import (
     published_provenance,
     published_ratio_figure,
@@ -43,10 +51,14 @@ RENDERED = re.compile(
 )
 
 
+EXTRAPOLATION = "results/extrapolation/synthetic.json"
 RUOSS2023_CPU = "results/ruoss2023_cpu/sweep.json"
 ALIBI_WT103_H200 = "results/alibi_wt103/h200.json"
 # block name -> (summary or published table, what it shows)
 BLOCKS: dict[str, tuple[str, Callable[[Any], str]]] = {
+    "extrapolation/table": (EXTRAPOLATION, ratio_table),
+    "extrapolation/provenance": (EXTRAPOLATION, corpus_provenance),
+    "extrapolation/details": (EXTRAPOLATION, corpus_details),
     "ruoss2023_cpu/table": (RUOSS2023_CPU, compact_table),
     "ruoss2023_cpu/provenance": (RUOSS2023_CPU, provenance_line),
     "ruoss2023_cpu/details": (RUOSS2023_CPU, detail_tables),
@@ -55,6 +67,9 @@ BLOCKS: dict[str, tuple[str, Callable[[Any], str]]] = {
 }
 # figure path -> (summary or published table, what it draws)
 FIGURES: dict[str, tuple[str, Callable]] = {
+    "docs/figures/extrapolation_synthetic.png": (EXTRAPOLATION, main_group_figure),
+    "docs/figures/extrapolation_synthetic_rope.png": (EXTRAPOLATION, rope_variants_figure),
+    "docs/figures/loss_by_position_synthetic.png": (EXTRAPOLATION, main_position_figure),
     "docs/figures/ruoss2023_cpu.png": (RUOSS2023_CPU, accuracy_panels),
     "docs/figures/alibi_protocol_wikitext2_h200.png": (ALIBI_WT103_H200, published_ratio_figure),
 }

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from posbench.report.docs.source import Source, provenance_line
-from posbench.report.figures import value_figure
+from posbench.report.figures import position_figure, value_figure
 from posbench.report.groups import Row
 from posbench.report.tables import markdown_table, position_table
 from posbench.report.text import best_shown
@@ -62,12 +62,21 @@ def mean_text(mean: float | None, best: str | None) -> str:
     return f"**{mean:.2f}**" if f"{mean:.2f}" == best else f"{mean:.2f}"
 
 
-def entropy_floor(source: Source) -> str:
-    """The data's best possible perplexity (its entropy floor, from the runs' records), the
-    number README's ratios are read against."""
-    floors = {run.results["data"].get("entropy_floor_bits_per_byte") for run in source.runs}
-    (bits,) = floors
-    return f"{2**bits:.2f}"
+def corpus_provenance(source: Source) -> str:
+    """provenance_line, then the data's best possible perplexity (its entropy floor, in the
+    runs' records), which the ratios are read against."""
+    (bits,) = {run.results["data"]["entropy_floor_bits_per_byte"] for run in source.runs}
+    return (
+        f"{provenance_line(source)} The data's best possible perplexity, its entropy floor "
+        f"with the whole past as context: {2**bits:.2f}."
+    )
+
+
+def main_position_figure(source: Source):  # -> matplotlib Figure
+    """The experiment's own rows' loss by position at the longest length, as the report draws
+    it."""
+    group = source.main_group()
+    return position_figure(replace(group, rows=source.main_rows(group)))
 
 
 def corpus_details(source: Source) -> str:
