@@ -25,8 +25,8 @@ import torch
 from posbench import distributed
 from posbench.atomic import atomic_path
 from posbench.errors import PosbenchError
+from posbench.runs import CHECKPOINT_FILE
 
-CHECKPOINT_FILE = "checkpoint.pt"
 FORMAT = "posbench-checkpoint-1"
 
 

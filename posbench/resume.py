@@ -14,11 +14,11 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from posbench.checkpoint import CHECKPOINT_FILE, load_checkpoint, trained_precision
+from posbench.checkpoint import load_checkpoint, trained_precision
 from posbench.config import flat_config
 from posbench.errors import PosbenchError
 from posbench.finetune import fine_tune_config
-from posbench.runs import CONFIG_FILE, read_results, saved_config
+from posbench.runs import CHECKPOINT_FILE, CONFIG_FILE, read_results, saved_config
 
 log = logging.getLogger(__name__)
 

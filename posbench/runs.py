@@ -14,7 +14,6 @@ Weights are safetensors, so loading a run never executes code from the file.
 from __future__ import annotations
 
 import json
-import math
 import os
 import tempfile
 from collections.abc import Iterable, Mapping
@@ -29,7 +28,6 @@ from safetensors.torch import load_model, save_model
 
 from posbench import distributed
 from posbench.atomic import atomic_path, atomic_write, leftover_temp_files, write_json
-from posbench.checkpoint import CHECKPOINT_FILE, TrainProgress
 from posbench.data import ALGORITHMIC_TASKS, AnswerMode, Corpus, Task
 from posbench.errors import PosbenchError
 from posbench.model import Transformer, build_model
@@ -42,6 +40,7 @@ WEIGHTS_FILE = "model.safetensors"
 CONFIG_FILE = "config.yaml"
 TOKENIZER_FILE = "tokenizer.json"  # a run on tokens (data.tokenizer): the tokenizer it used
 RESULTS_FILE = "results.json"
+CHECKPOINT_FILE = "checkpoint.pt"  # posbench/checkpoint.py writes it
 METADATA_KEY = "posbench"
 # Hydra writes this file into every sweep directory, next to the sweep's job directories.
 SWEEP_MARKER = "multirun.yaml"
@@ -280,8 +279,8 @@ def write_results(run_dir: Path, results: dict[str, Any]) -> None:
 
 
 # results.json of a training run, assembled as the run goes: what ran (run_description), then
-# how training ended (train_summary, or the diverged record), then one record per evaluated
-# length.
+# how training ended (train_loop.py's train_summary, or the diverged record), then one record
+# per evaluated length.
 
 
 def run_description(
@@ -317,21 +316,6 @@ def run_description(
         },
         "init_from": None if init_from is None else str(Path(init_from).resolve()),
         "versions": code_versions(),
-    }
-
-
-def train_summary(progress: TrainProgress) -> dict[str, Any]:
-    """results.json's ``train`` of a run trained to its last step: the mean loss of the last
-    ``train.log_every`` steps, the last validation's perplexity, and the time it took
-    (torch.compile's apart, not counted in tokens/s)."""
-    return {
-        "steps": progress.step,
-        "final_loss": sum(progress.recent_losses) / len(progress.recent_losses),
-        "val_ppl": math.exp(progress.val_loss),
-        "tokens_per_s": progress.tokens_seen / progress.train_time,
-        "wall_s": progress.train_time,
-        "compile_s": progress.compile_time,
-        "thread_changes": progress.thread_changes,
     }
 
 

@@ -30,7 +30,6 @@ from posbench.loggers import RunLogger
 from posbench.model import Transformer
 from posbench.precision import autocast, compile_for_training
 from posbench.random_positions import PositionDraw, PositionSampler, row_lengths
-from posbench.runs import train_summary
 from posbench.signals import stop_requests
 from posbench.threads import ThreadController
 
@@ -159,6 +158,21 @@ def train_steps(
     if stopping is not None:
         raise TrainingInterrupted(stopping, progress.step, checkpointer.run_dir)
     return train_summary(progress)
+
+
+def train_summary(progress: TrainProgress) -> dict[str, Any]:
+    """results.json's ``train`` of a run trained to its last step: the mean loss of the last
+    ``train.log_every`` steps, the last validation's perplexity, and the time it took
+    (torch.compile's apart, not counted in tokens/s)."""
+    return {
+        "steps": progress.step,
+        "final_loss": sum(progress.recent_losses) / len(progress.recent_losses),
+        "val_ppl": math.exp(progress.val_loss),
+        "tokens_per_s": progress.tokens_seen / progress.train_time,
+        "wall_s": progress.train_time,
+        "compile_s": progress.compile_time,
+        "thread_changes": progress.thread_changes,
+    }
 
 
 def seed_dropout(seed: int, step: int) -> None:

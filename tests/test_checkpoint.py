@@ -15,12 +15,12 @@ from safetensors.torch import load_file
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 import posbench.checkpoint
-from posbench.checkpoint import CHECKPOINT_FILE, load_checkpoint
+from posbench.checkpoint import load_checkpoint
 from posbench.config import compose_config
 from posbench.data import Corpus, WindowTask
 from posbench.errors import PosbenchError
 from posbench.resume import check_resumable
-from posbench.runs import WEIGHTS_FILE, check_run_dir
+from posbench.runs import CHECKPOINT_FILE, WEIGHTS_FILE, check_run_dir
 from posbench.train import train
 from posbench.train_loop import Diverged, TrainingInterrupted
 

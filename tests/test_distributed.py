@@ -17,12 +17,13 @@ from safetensors.torch import load_file
 
 import posbench.checkpoint
 from posbench import distributed
-from posbench.checkpoint import CHECKPOINT_FILE, load_checkpoint
+from posbench.checkpoint import load_checkpoint
 from posbench.config import compose_config, validate
 from posbench.data import load_data
 from posbench.errors import PosbenchError
 from posbench.model import build_model
 from posbench.random_positions import position_sampler
+from posbench.runs import CHECKPOINT_FILE
 from posbench.threads import jobs_at_once
 from posbench.train import make_optimizer, train
 from posbench.train_loop import TrainingInterrupted, seed_dropout, train_step

@@ -10,7 +10,7 @@ from conftest import TINY, TINY_REVERSE_STRING, chunked_calls
 
 import posbench.loss
 from posbench.attention import unbiased_causal_attention
-from posbench.checkpoint import CHECKPOINT_FILE, load_checkpoint
+from posbench.checkpoint import load_checkpoint
 from posbench.cli import main
 from posbench.config import compose_config
 from posbench.data import Corpus, load_data
@@ -28,6 +28,7 @@ from posbench.random_positions import (
     position_sampler,
     randomizes_distances,
 )
+from posbench.runs import CHECKPOINT_FILE
 from posbench.train import train
 from posbench.train_loop import train_step
 

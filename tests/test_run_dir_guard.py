@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 from conftest import TINY, error_line, posbench
 
-from posbench.checkpoint import CHECKPOINT_FILE
 from posbench.config import compose_config
 from posbench.errors import PosbenchError
+from posbench.runs import CHECKPOINT_FILE
 from posbench.train import train
 
 RUN = [*TINY, "train.checkpoint_every=20"]
