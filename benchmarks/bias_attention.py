@@ -49,7 +49,7 @@ from posbench.encodings import PositionalEncoding, encoding_names
 from posbench.encodings.kerple import KerpleConfig, KerpleRelativeBias
 from posbench.model import Transformer, build_model
 from posbench.model_args import ModelArgs
-from posbench.precision import autocast, resolve_precision
+from posbench.system.precision import autocast, resolve_precision
 
 # Configurations besides the registered encodings: (encoding overrides, model options).
 VARIANTS = {

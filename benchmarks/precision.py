@@ -49,7 +49,7 @@ from posbench.config import compose_config
 from posbench.data import Corpus
 from posbench.encodings.alibi import alibi_slopes
 from posbench.model import build_model
-from posbench.precision import bf16_hardware, compile_for_training, resolve_precision
+from posbench.system.precision import bf16_hardware, compile_for_training, resolve_precision
 from posbench.train import make_optimizer, train
 from posbench.train_loop import train_step
 

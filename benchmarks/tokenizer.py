@@ -39,7 +39,7 @@ import posbench.loss
 from posbench.data.cache import ArrayWriter
 from posbench.data.tokenizer import encode_split, pieces, train_bpe
 from posbench.model import build_model
-from posbench.precision import autocast
+from posbench.system.precision import autocast
 
 WIKITEXT2 = Path(__file__).resolve().parents[2] / "shared" / "data" / "wikitext-2"
 

@@ -8,7 +8,7 @@ run resumes from, and what it may change on resume, is posbench/resume.py's.
 
 The file holds tensors and plain Python values only and is read with
 ``torch.load(weights_only=True)``, whose unpickler refuses anything else, so loading a
-checkpoint never executes code from the file. It is written atomically (posbench/atomic.py):
+checkpoint never executes code from the file. It is written atomically (posbench/system/atomic.py):
 a crash or a full disk mid-write leaves the previous checkpoint as it was.
 """
 
@@ -22,10 +22,10 @@ from typing import Any
 
 import torch
 
-from posbench import distributed
-from posbench.atomic import atomic_path
 from posbench.errors import PosbenchError
 from posbench.runs import CHECKPOINT_FILE
+from posbench.system import distributed
+from posbench.system.atomic import atomic_path
 
 FORMAT = "posbench-checkpoint-1"
 
@@ -41,7 +41,7 @@ class TrainProgress:
     train_time: float = 0.0
     compile_time: float = 0.0  # torch.compile's warm-up (train.compile), apart from train_time
     val_loss: float | None = None  # the latest periodic validation
-    # threads=auto's changes of thread count (posbench.threads.ThreadChange as dicts), those
+    # threads=auto's changes of thread count (posbench.system.threads.ThreadChange as dicts), those
     # before a resume included
     thread_changes: list[dict[str, Any]] = field(default_factory=list)
 

@@ -26,7 +26,7 @@ from posbench.commands.train import KEY_OPTIONS, LENGTHS_IN_TOKENS, run_train
 from posbench.config import register_schemas
 from posbench.encodings import encoding_names
 from posbench.errors import PosbenchError
-from posbench.signals import handling
+from posbench.system.signals import handling
 
 
 def main_help() -> str:

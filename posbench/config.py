@@ -21,12 +21,12 @@ from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf
 
 from posbench.attention.bidirectional import check_two_sided
 from posbench.data import ALGORITHMIC_TASKS, DATA_SCHEMAS, TASKS, load_data
-from posbench.distributed import check_divisible, world_size
 from posbench.encodings import ENCODINGS, build_encoding
 from posbench.errors import PosbenchError
 from posbench.model_args import ModelArgs
 from posbench.random_positions import RandomPositionsMode, position_sampler
-from posbench.threads import AUTO, is_threads_setting
+from posbench.system.distributed import check_divisible, world_size
+from posbench.system.threads import AUTO, is_threads_setting
 
 DEFAULT_LENGTH_MULTIPLES = (1, 2, 4, 8, 16)
 # eval.task_lengths=reference: every problem length of the task's paper's grid
@@ -41,7 +41,9 @@ class Device(Enum):
 
 
 class Precision(Enum):
-    auto = "auto"  # bf16 where measured faster for the model (posbench/precision.py), else fp32
+    auto = (
+        "auto"  # bf16 where measured faster for the model (posbench/system/precision.py), else fp32
+    )
     fp32 = "fp32"
     bf16 = "bf16"  # autocast: bf16 products, fp32 weights and optimizer state
 
@@ -123,7 +125,7 @@ class TrainConfig:
     random_positions_mode: RandomPositionsMode = RandomPositionsMode.auto
     # start from this run's weights (a fine-tune: same model and encoding, scaling may differ)
     init_from: str | None = None
-    # auto | fp32 | bf16 (autocast; auto: bf16 where measured faster, posbench/precision.py)
+    # auto | fp32 | bf16 (autocast; auto: bf16 where measured faster, posbench/system/precision.py)
     precision: Precision = Precision.auto
     # torch.compile the model for training (compile time reported apart: train.compile_s)
     compile: bool = False
@@ -188,7 +190,7 @@ class PosbenchConfig:
     seed: int = 0
     device: Device = Device.auto
     # CPU threads per job: auto (the cores free of other work / the jobs run at once, adapted
-    # while training: posbench/threads.py) or an int, kept as given
+    # while training: posbench/system/threads.py) or an int, kept as given
     threads: Any = AUTO
 
 
@@ -282,7 +284,7 @@ def check_length_keys(cfg: DictConfig) -> None:
 def validate(cfg: DictConfig) -> None:
     """Range checks the schemas' types cannot express; raise PosbenchError on the first one."""
     # Not the hydra node (present when composed with_hydra): Hydra fills it in at run time,
-    # and reading its output directories would claim them (posbench/output_dirs.py).
+    # and reading its output directories would claim them (posbench/system/output_dirs.py).
     ours = OmegaConf.masked_copy(cfg, [key for key in cfg if key != "hydra"])
     missing = sorted(OmegaConf.missing_keys(ours))
     if missing:

@@ -43,7 +43,6 @@ import torch
 from torch import nn
 from torch.utils.tensorboard import SummaryWriter
 
-from posbench.atomic import atomic_path, write_json
 from posbench.attention import attention_probabilities
 from posbench.config import resolve_device
 from posbench.data import Bytes, Offsets, gather_windows, load_corpus
@@ -60,6 +59,7 @@ from posbench.memory import available_memory, inference_memory_bytes
 from posbench.model import Transformer
 from posbench.random_positions import PositionDraw
 from posbench.runs import load_run
+from posbench.system.atomic import atomic_path, write_json
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure

@@ -14,8 +14,8 @@ from posbench.errors import PosbenchError
 from posbench.evaluation.run import ROPE_SCALING_NEEDS_ROPE
 from posbench.loggers import open_logger
 from posbench.runs import WEIGHTS_FILE, append_eval_results, latest_run, sweep_of
+from posbench.system.versions import code_versions
 from posbench.tensorboard_log import TrainedLengths
-from posbench.versions import code_versions
 
 
 def default_run(root: Path = Path("outputs")) -> tuple[Path, str]:

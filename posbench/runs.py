@@ -26,12 +26,12 @@ from omegaconf import DictConfig, OmegaConf
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_model, save_model
 
-from posbench import distributed
-from posbench.atomic import atomic_path, atomic_write, leftover_temp_files, write_json
 from posbench.data import ALGORITHMIC_TASKS, AnswerMode, Corpus, Task
 from posbench.errors import PosbenchError
 from posbench.model import Transformer, build_model
-from posbench.versions import code_versions
+from posbench.system import distributed
+from posbench.system.atomic import atomic_path, atomic_write, leftover_temp_files, write_json
+from posbench.system.versions import code_versions
 
 if TYPE_CHECKING:
     from tokenizers import Tokenizer
@@ -291,7 +291,7 @@ def run_description(
     training length and seed, the ``threads`` and ranks it ran on, its size, the precision it
     trained in (what ``auto`` resolved to), its data (with its tokenizer and vocabulary) and
     the run it started from
-    (``train.init_from``, as an absolute path), and the code that ran it (versions.py)."""
+    (``train.init_from``, as an absolute path), and the code that ran it (system/versions.py)."""
     options = OmegaConf.to_container(cfg.encoding, resolve=True, enum_to_str=True)
     options.pop("name")
     init_from = cfg.train.init_from

@@ -26,8 +26,8 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
-from posbench.atomic import write_json
 from posbench.runs import RESULTS_FILE
+from posbench.system.atomic import write_json
 
 FAILED_JOB_PREFIX = ".failed_job_"  # hidden: `posbench report` reads only the runs' folders
 # The running sweep's id, set by SweepSummary in the process that starts the sweep; its jobs

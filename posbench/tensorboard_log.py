@@ -35,9 +35,9 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from omegaconf import DictConfig, OmegaConf
 from torch.utils.tensorboard import SummaryWriter
 
-from posbench.atomic import atomic_path
 from posbench.config import flat_config
 from posbench.runs import headline_accuracy, scaling_method, scaling_setting
+from posbench.system.atomic import atomic_path
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes

@@ -17,7 +17,6 @@ from typing import Any
 import torch
 from omegaconf import DictConfig
 
-from posbench import distributed
 from posbench.checkpoint import Checkpointer, TrainProgress, restore_checkpoint
 from posbench.config import choice, eval_lengths, resolve_device, validate
 from posbench.data import Corpus, Task, load_data
@@ -26,7 +25,6 @@ from posbench.evaluation.run import evaluate_data
 from posbench.finetune import fine_tune_config, load_parent_weights
 from posbench.loggers import RunLogger, open_logger
 from posbench.model import Transformer, build_model
-from posbench.precision import resolve_precision
 from posbench.random_positions import position_sampler
 from posbench.resume import already_finished, check_resume_precision, checkpoint_to_resume
 from posbench.runs import (
@@ -40,14 +38,16 @@ from posbench.runs import (
     with_length_generalization,
     write_results,
 )
-from posbench.tensorboard_log import headline_metrics, trained_lengths
-from posbench.threads import (
+from posbench.system import distributed
+from posbench.system.precision import resolve_precision
+from posbench.system.threads import (
     ThreadController,
     Threads,
     registered_threads,
     use_threads,
     warn_if_oversubscribed,
 )
+from posbench.tensorboard_log import headline_metrics, trained_lengths
 from posbench.train_loop import Diverged, LoopSettings, train_steps
 
 log = logging.getLogger(__name__)
@@ -60,7 +60,8 @@ def train(cfg: DictConfig, run_dir: str | Path) -> dict[str, Any]:
     (posbench/resume.py). Returns the content of ``run_dir/results.json``; raises
     Diverged (after recording ``"status": "diverged"``) or TrainingInterrupted.
     """
-    distributed.setup()  # under torchrun or SLURM: join the other ranks (posbench/distributed.py)
+    # Under torchrun or SLURM: join the other ranks (posbench/system/distributed.py)
+    distributed.setup()
     # Every rank is past Hydra's start in the run directory, which rank 0 alone removes if the
     # run fails before writing anything (commands.train.remove_if_worthless).
     distributed.wait_for_all()

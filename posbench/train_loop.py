@@ -21,17 +21,17 @@ import torch
 from omegaconf import DictConfig
 from tqdm.auto import tqdm
 
-from posbench import distributed
 from posbench.checkpoint import Checkpointer, TrainProgress
 from posbench.data import IGNORE, Corpus, Task
 from posbench.errors import PosbenchError
 from posbench.evaluation.positions import RandomPositions
 from posbench.loggers import RunLogger
 from posbench.model import Transformer
-from posbench.precision import autocast, compile_for_training
 from posbench.random_positions import PositionDraw, PositionSampler, row_lengths
-from posbench.signals import stop_requests
-from posbench.threads import ThreadController
+from posbench.system import distributed
+from posbench.system.precision import autocast, compile_for_training
+from posbench.system.signals import stop_requests
+from posbench.system.threads import ThreadController
 
 log = logging.getLogger(__name__)
 

@@ -19,7 +19,7 @@ from posbench.encodings import encoding_names
 from posbench.evaluation.perplexity import position_buckets
 from posbench.runs import save_config, saved_config
 from posbench.sweep_summary import SWEEP_ID_VARIABLE, SweepSummary, record_failed_job
-from posbench.threads import available_cores
+from posbench.system.threads import available_cores
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[1]

@@ -16,7 +16,6 @@ from conftest import TINY, TINY_REVERSE_STRING, TINY_RUN, TINY_SYNTHETIC
 from safetensors.torch import load_file
 
 import posbench.checkpoint
-from posbench import distributed
 from posbench.checkpoint import load_checkpoint
 from posbench.config import compose_config, validate
 from posbench.data import load_data
@@ -24,7 +23,8 @@ from posbench.errors import PosbenchError
 from posbench.model import build_model
 from posbench.random_positions import position_sampler
 from posbench.runs import CHECKPOINT_FILE
-from posbench.threads import jobs_at_once
+from posbench.system import distributed
+from posbench.system.threads import jobs_at_once
 from posbench.train import make_optimizer, train
 from posbench.train_loop import TrainingInterrupted, seed_dropout, train_step
 

@@ -13,19 +13,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "posbench"
 # From the bottom up. A name is a module (posbench/<name>.py) or a package (posbench/<name>/,
 # every module inside it).
 LAYERS = [
-    [
-        "errors",
-        "atomic",
-        "cache_root",
-        "cpu_load",
-        "job_registry",
-        "signals",
-        "threads",
-        "output_dirs",
-        "precision",
-        "distributed",
-        "versions",
-    ],
+    ["errors", "system"],
     ["encodings", "data", "references"],
     [
         "attention",
@@ -86,7 +74,7 @@ def imported_modules(path: Path, module: str) -> set[str]:
                 source = f"{base}.{node.module}" if node.module else base
             else:
                 source = node.module
-            # `from posbench import distributed` imports the module posbench.distributed
+            # `from posbench import distributed` imports the module posbench.system.distributed
             for alias in node.names:
                 name = f"{source}.{alias.name}"
                 imported.add(name if is_module(name) else source)

@@ -21,7 +21,6 @@ from posbench.evaluation.perplexity import evaluate_length
 from posbench.evaluation.run import evaluate_run
 from posbench.evaluation.task_accuracy import evaluate_task_length
 from posbench.model import build_model
-from posbench.precision import BF16_MIN_D_MODEL, autocast, bf16_hardware, resolve_precision
 from posbench.random_positions import (
     PositionDraw,
     PositionSampler,
@@ -29,6 +28,7 @@ from posbench.random_positions import (
     randomizes_distances,
 )
 from posbench.runs import CHECKPOINT_FILE
+from posbench.system.precision import BF16_MIN_D_MODEL, autocast, bf16_hardware, resolve_precision
 from posbench.train import train
 from posbench.train_loop import train_step
 
@@ -91,7 +91,7 @@ def test_auto_picks_fp32_on_a_cpu_without_bf16_units_at_any_size(monkeypatch):
 def test_auto_on_cuda_picks_bf16_where_the_gpu_has_it_from_the_small_model_on(
     monkeypatch, supported, model, expected
 ):
-    # An H200 trained the tiny model slower in bf16 than in fp32 (posbench/precision.py).
+    # An H200 trained the tiny model slower in bf16 than in fp32 (posbench/system/precision.py).
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda: supported)
     d_model = compose_config([f"model={model}"]).model.d_model
     assert resolve_precision("auto", CUDA, d_model) == expected

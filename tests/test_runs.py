@@ -7,7 +7,6 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from posbench.atomic import atomic_path, atomic_write
 from posbench.encodings import build_encoding
 from posbench.errors import PosbenchError
 from posbench.model import Transformer
@@ -20,6 +19,7 @@ from posbench.runs import (
     prepare_run_dir,
     save_weights,
 )
+from posbench.system.atomic import atomic_path, atomic_write
 
 
 def small_model(encoding: str = "learned", **options) -> Transformer:

@@ -9,7 +9,7 @@ from typing import NoReturn
 
 from posbench.commands.exits import fail
 from posbench.reevaluate import default_run
-from posbench.threads import AUTO
+from posbench.system.threads import AUTO
 
 
 class OneLineParser(argparse.ArgumentParser):

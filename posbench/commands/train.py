@@ -19,7 +19,6 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 from torch.distributed import DistError
 
-from posbench import distributed
 from posbench.commands.arguments import OneLineParser
 from posbench.commands.exits import debugging, fail, report, stop, stop_interrupted
 from posbench.commands.overrides import (
@@ -30,11 +29,12 @@ from posbench.commands.overrides import (
 )
 from posbench.config import config_dir
 from posbench.errors import PosbenchError
-from posbench.output_dirs import names_new_dir, register_output_dir_resolvers, unclaimed
 from posbench.report.run_table import data_baselines, run_table, trained_at
 from posbench.resume import check_can_continue, check_same_run
 from posbench.runs import CHECKPOINT_FILE, CONFIG_FILE, saved_config
 from posbench.sweep_summary import record_failed_job
+from posbench.system import distributed
+from posbench.system.output_dirs import names_new_dir, register_output_dir_resolvers, unclaimed
 from posbench.train import train
 from posbench.train_loop import TrainingInterrupted
 

@@ -43,8 +43,8 @@ from posbench.evaluation.perplexity import TOKENS_PER_BATCH, beyond_max_length, 
 from posbench.evaluation.positions import RandomPositions, positions_record
 from posbench.memory import fitting_batch_size
 from posbench.model import Transformer
-from posbench.precision import autocast
 from posbench.random_positions import PositionDraw, row_lengths
+from posbench.system.precision import autocast
 
 # a task length not measured
 NOT_SCORED = dict.fromkeys(["decode", "accuracy", "sequence_accuracy", "teacher_forced_accuracy"])

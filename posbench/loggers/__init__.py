@@ -16,9 +16,9 @@ from typing import Any, Protocol
 
 from omegaconf import DictConfig, OmegaConf
 
-from posbench import distributed
 from posbench.loggers.tensorboard import TensorBoardLogger
 from posbench.loggers.wandb import WandbLogger
+from posbench.system import distributed
 from posbench.tensorboard_log import TrainedLengths
 
 

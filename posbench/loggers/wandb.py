@@ -25,9 +25,9 @@ from typing import TYPE_CHECKING, Any
 import PIL.Image
 from omegaconf import DictConfig
 
-from posbench.atomic import write_json
 from posbench.config import choice, flat_config
 from posbench.runs import sweep_of
+from posbench.system.atomic import write_json
 from posbench.tensorboard_log import (
     TrainedLengths,
     eval_figure,

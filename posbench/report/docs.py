@@ -22,7 +22,6 @@ from pathlib import Path
 
 import numpy as np
 
-from posbench.atomic import atomic_path, atomic_write
 from posbench.report.aggregate import baselines_over
 from posbench.report.figures import ENCODING_FAMILIES, ENCODING_STYLES, FIGURE_DPI, encoding_style
 from posbench.report.generalization import (
@@ -37,6 +36,7 @@ from posbench.report.read import Run
 from posbench.report.summary import read_summary, summary_provenance
 from posbench.report.tables import markdown_table
 from posbench.report.text import best_shown
+from posbench.system.atomic import atomic_path, atomic_write
 
 ROOT = Path(__file__).resolve().parents[2]  # the repository: README.md, docs/, results/
 PAGES = ("README.md", "docs")  # the Markdown searched for blocks (docs/: every page)

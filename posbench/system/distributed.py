@@ -7,7 +7,7 @@ module holds the plumbing, so the loop stays a loop:
 * where the ranks come from: torchrun's environment (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``,
   ``LOCAL_WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``), or a submitit task's SLURM
   environment, which submitit's ``TorchDistributedEnvironment`` turns into the same variables
-  (so posbench/threads.py divides the cores among the local ranks either way);
+  (so threads.py divides the cores among the local ranks either way);
 * the process group: gloo for CPU tensors, NCCL for CUDA ones, each rank on its own GPU;
 * agreement: what rank 0 decides (the run directory, the data cache it builds, a setup
   error) reaches the others, so every rank does the same thing or stops.

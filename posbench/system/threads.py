@@ -10,8 +10,8 @@ default run beside a one-thread job trained at 0.34x its quiet tokens/s).
 
 So ``threads=auto`` takes what the machine has free: the cores this process may use (its
 affinity mask, capped by its cgroup's CPU quota), less the cores other processes keep busy
-(measured from CPU time, posbench/cpu_load.py) or other posbench jobs hold (their threads in the
-job registry, posbench/job_registry.py), whichever is more, divided among the posbench jobs run
+(measured from CPU time, cpu_load.py) or other posbench jobs hold (their threads in the
+job registry, job_registry.py), whichever is more, divided among the posbench jobs run
 at once by construction (a joblib sweep's workers, torchrun's local ranks, which count each
 other here and not through the registry); at least 1.
 
@@ -40,8 +40,15 @@ from typing import Any
 import torch
 from hydra.core.hydra_config import HydraConfig
 
-from posbench.cpu_load import ROOT, CpuLoad, CpuMeter, affinity_cpus, cgroup_quota, measure_load
-from posbench.job_registry import Job, JobRegistry, registered, this_job
+from posbench.system.cpu_load import (
+    ROOT,
+    CpuLoad,
+    CpuMeter,
+    affinity_cpus,
+    cgroup_quota,
+    measure_load,
+)
+from posbench.system.job_registry import Job, JobRegistry, registered, this_job
 
 log = logging.getLogger(__name__)
 

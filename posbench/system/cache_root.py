@@ -1,5 +1,5 @@
 """Where posbench keeps what outlives a run: the corpus cache (posbench/data/cache.py) and the
-registry of running jobs (posbench/job_registry.py)."""
+registry of running jobs (job_registry.py)."""
 
 from __future__ import annotations
 

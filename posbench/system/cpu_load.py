@@ -23,7 +23,7 @@ The busy cores are measured from CPU time, not counted from runnable tasks or th
 - **the 1-minute load average** lags by a minute (the issue's case: 1.58 on 2 cores while a
   one-thread job had just started), and counts this job's own threads and tasks waiting on I/O.
 
-Other posbench jobs are counted from their registry (posbench/job_registry.py), which also sees
+Other posbench jobs are counted from their registry (job_registry.py), which also sees
 a job between its steps (evaluating, checkpointing) when its cores are momentarily idle.
 """
 

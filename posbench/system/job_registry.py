@@ -1,7 +1,7 @@
 """The posbench jobs running on this machine, so that jobs started by hand count each other.
 
 One JSON file per job, ``<pid>.json`` in ``jobs/<namespace>/`` under the cache root
-(posbench/cache_root.py: ``$POSBENCH_CACHE``, else ``~/.cache/posbench``, one per user; a run's
+(cache_root.py: ``$POSBENCH_CACHE``, else ``~/.cache/posbench``, one per user; a run's
 ``data.cache_dir`` moves its corpora, not its entry), written
 atomically when a training run sets its threads and again when it changes them, removed when
 it ends. A job killed outright (SIGKILL, a power cut) leaves its file behind: readers drop an
@@ -14,7 +14,7 @@ shared beyond them (a home directory on NFS across a cluster's nodes, containers
 cache). So each namespace (``pid_namespace``: the boot id and the pid namespace's inode) has
 its own directory, and a job reads and cleans only its own: the jobs of another node are not
 on its cores, and those of another container on the same machine are in the busy cores it
-measures (posbench/cpu_load.py), not in its registry.
+measures (cpu_load.py), not in its registry.
 """
 
 from __future__ import annotations
@@ -28,8 +28,8 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-from posbench.atomic import write_json
-from posbench.cache_root import cache_root
+from posbench.system.atomic import write_json
+from posbench.system.cache_root import cache_root
 
 log = logging.getLogger(__name__)
 
