@@ -19,12 +19,12 @@ from hydra import compose, initialize_config_dir
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf
 
-from posbench.attention.bidirectional import check_two_sided
 from posbench.data import ALGORITHMIC_TASKS, DATA_SCHEMAS, TASKS, load_data
 from posbench.encodings import ENCODINGS, build_encoding
 from posbench.errors import PosbenchError
-from posbench.model_args import ModelArgs
-from posbench.random_positions import RandomPositionsMode, position_sampler
+from posbench.model.args import ModelArgs
+from posbench.model.attention.bidirectional import check_two_sided
+from posbench.model.random_positions import RandomPositionsMode, position_sampler
 from posbench.system.distributed import check_divisible, world_size
 from posbench.system.threads import AUTO, is_threads_setting
 
@@ -78,18 +78,18 @@ class ModelConfig:
     mlp_ratio: int = 4
     dropout: float = 0.0
     # none | ssmax | llama4: queries scaled by the keys they see (ssmax, learned per head) or by
-    # their position (llama4), for any encoding (posbench/attention_scaling.py)
+    # their position (llama4), for any encoding (posbench/model/attention_scaling.py)
     attention_scaling: str = "none"
     # llama4: log(floor((m + 1) / floor_scale) + 1) * scale + 1 at position m (HF's floor_scale
     # and attn_scale)
     attention_floor_scale: int = 8192
     attention_scale: float = 0.1
-    # pre | post: where each block's layer norms sit (posbench/model.py Block; post: Ruoss et
+    # pre | post: where each block's layer norms sit (posbench/model/model.py Block; post: Ruoss et
     # al.'s, without the final norm)
     norm_position: str = "pre"
     activation: str = "gelu"  # gelu | relu: the MLP's
     # false: every token attends to every token of its row, as Ruoss et al.'s encoder does
-    # (posbench/attention/bidirectional.py); answers at placeholders only, two-sided encodings
+    # (posbench/model/attention/bidirectional.py); answers at placeholders only, two-sided encodings
     causal: bool = True
 
 
@@ -121,7 +121,7 @@ class TrainConfig:
     random_positions_per_layer: bool = True
     # auto | positions | distances: what random_positions randomizes (auto: the distances of a
     # bias of the distance alone, ALiBi/T5/KERPLE/Sandwich; the positions of every other
-    # encoding; posbench/random_positions.py)
+    # encoding; posbench/model/random_positions.py)
     random_positions_mode: RandomPositionsMode = RandomPositionsMode.auto
     # start from this run's weights (a fine-tune: same model and encoding, scaling may differ)
     init_from: str | None = None

@@ -3,12 +3,12 @@ reference (google-deepmind/randomized_positional_encodings) decodes in its autor
 where scoring under teacher forcing would predict each answer byte from the true bytes before
 it (a rule that repeats the previous answer byte then scores high on a sorted answer).
 
-An answer is autoregressive: the input after an answer target is that target's byte. Decoded,
-it is the model's prediction of that target instead. A batch's examples may differ in their
-prompts' and answers' lengths, so they are decoded in lockstep: the tokens before the first
-input any row feeds back go through the model at once (the prompt, cached: posbench/kv_cache.py),
-then one token per step, each row's true input where it is still prompt and its own previous
-prediction where it answers. Rows past their end decode padding, which is never scored.
+An answer is autoregressive: the input after an answer target is that target's byte. Decoded, it is
+the model's prediction of that target instead. A batch's examples may differ in their prompts' and
+answers' lengths, so they are decoded in lockstep: the tokens before the first input any row feeds
+back go through the model at once (the prompt, cached: posbench/model/kv_cache.py), then one token
+per step, each row's true input where it is still prompt and its own previous prediction where it
+answers. Rows past their end decode padding, which is never scored.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from __future__ import annotations
 import torch
 
 from posbench.errors import PosbenchError
-from posbench.kv_cache import DecodeCache
 from posbench.model import Transformer
+from posbench.model.kv_cache import DecodeCache
 
 NOT_DECODED = -1  # a prediction that was not made (before the prompt's last input): no byte
 
@@ -34,12 +34,12 @@ def greedy_decode(
     """The model's argmax at each target of ``inputs`` (B, T) whose answer targets ``answer``
     (B, T, bool) it decodes itself: the input after an answer target is its prediction of that
     target, at ``positions`` (T,), (B, T) or (n_layer, B, T) (None: 0..T-1) and randomized
-    ``distances`` (None, (B, T) or (n_layer, B, T): posbench/random_positions.py) -> (B, T)
+    ``distances`` (None, (B, T) or (n_layer, B, T): posbench/model/random_positions.py) -> (B, T)
     int64, NOT_DECODED before the last input every row takes from the prompt and after the
     last answer target.
 
     Each step's logits are those a forward pass over the whole decoded sequence has at its
-    token (the cache transforms q and k in their place in it: posbench/kv_cache.py).
+    token (the cache transforms q and k in their place in it: posbench/model/kv_cache.py).
     ``use_cache`` False recomputes the prefix at every step instead, in O(T^2) per step (what
     benchmarks/decode_cache.py compares with): the same predictions but where an encoding reads
     the whole sequence's positions (RoPE's scaling factor from the length, from the prefix's).

@@ -9,7 +9,7 @@ with q and k transformed by the run's encoding (rotated, for RoPE), are summaris
 and averaged over the queries of each position bucket
 (posbench.evaluation.perplexity.position_buckets) in every window. A run trained with randomized
 positions is diagnosed at them, as evaluation draws them for the same windows (every layer at its
-own draw, or at its randomized distances: posbench/random_positions.py); i, j and the buckets
+own draw, or at its randomized distances: posbench/model/random_positions.py); i, j and the buckets
 count tokens either way:
 
     entropy                   -sum_j p_ij ln p_ij (nats); ln(i + 1) would be uniform attention
@@ -23,11 +23,11 @@ Written to ``<run>/diagnostics/``: ``L<N>.json`` (every statistic as [layer][hea
 the training length, ``L<N>_mass_beyond_train_length.png`` (a layer x head heatmap over the
 queries at positions >= train.seq_len); the same figures as TensorBoard images in the run.
 
-The model does not know it is observed: forward pre-hooks record each attention module's input,
-and q, k are recomputed by that module (its weights, the encoding's ``queries_and_keys``
-and its attention scaling); the probabilities are posbench.attention.attention_probabilities, with
-the encoding's biases and window, so every encoding is diagnosed through its interface, never
-by its name.
+The model does not know it is observed: forward pre-hooks record each attention module's input, and
+q, k are recomputed by that module (its weights, the encoding's ``queries_and_keys`` and its
+attention scaling); the probabilities are posbench.model.attention.attention_probabilities, with the
+encoding's biases and window, so every encoding is diagnosed through its interface, never by its
+name.
 Queries are processed in blocks (DIAGNOSE_SCORE_ELEMENTS), so 16,384 tokens fit in 2 GB.
 """
 
@@ -43,7 +43,6 @@ import torch
 from torch import nn
 from torch.utils.tensorboard import SummaryWriter
 
-from posbench.attention import attention_probabilities
 from posbench.config import resolve_device
 from posbench.data import Bytes, Offsets, gather_windows, load_corpus
 from posbench.encodings import PositionalEncoding
@@ -57,7 +56,8 @@ from posbench.evaluation.perplexity import (
 from posbench.evaluation.positions import RandomPositions, eval_positions, positions_record
 from posbench.memory import available_memory, inference_memory_bytes
 from posbench.model import Transformer
-from posbench.random_positions import PositionDraw
+from posbench.model.attention import attention_probabilities
+from posbench.model.random_positions import PositionDraw
 from posbench.runs import load_run
 from posbench.system.atomic import atomic_path, write_json
 
@@ -152,8 +152,8 @@ def layer_statistics(
     tokens = torch.arange(T, device=q.device)  # the statistics count tokens, not positions
     sums = torch.zeros(len(STATISTICS), H, n_buckets, dtype=torch.float64, device=q.device)
     block = diagnose_block_size(B * H, T)
-    # From the last block (the most keys) to the first, as in posbench.attention's blocked paths:
-    # each block's temporaries then fit in memory the previous block freed.
+    # From the last block (the most keys) to the first, as in posbench.model.attention's blocked
+    # paths: each block's temporaries then fit in memory the previous block freed.
     for start in reversed(range(0, T, block)):
         end = min(start + block, T)  # queries [start, end) attend to keys [0, end)
         # (B, H, n, e)

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import torch
 
-from posbench.attention import attention_scratch_elements, bidirectional
-from posbench.loss import chunked_loss
-from posbench.model import Transformer, unique
+from posbench.model.attention import attention_scratch_elements, bidirectional
+from posbench.model.loss import chunked_loss
+from posbench.model.model import Transformer, unique
 
 log = logging.getLogger(__name__)
 MEMINFO = Path("/proc/meminfo")
@@ -47,7 +47,7 @@ def inference_memory_bytes(
     per token; 3*C where ``next_token_nll`` takes them a chunk at a time, whose chunks of
     logits hold at most as many elements as its input), and what attention with the
     encoding's score bias holds besides
-    (posbench.attention.attention_scratch_elements, for the layer whose encoding holds the
+    (posbench.model.attention.attention_scratch_elements, for the layer whose encoding holds the
     most).
     """
     a = model.args

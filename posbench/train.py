@@ -25,7 +25,7 @@ from posbench.evaluation.run import evaluate_data
 from posbench.finetune import fine_tune_config, load_parent_weights
 from posbench.loggers import RunLogger, open_logger
 from posbench.model import Transformer, build_model
-from posbench.random_positions import position_sampler
+from posbench.model.random_positions import position_sampler
 from posbench.resume import already_finished, check_resume_precision, checkpoint_to_resume
 from posbench.runs import (
     diverged_results,

@@ -70,13 +70,13 @@ TINY_REVERSE_STRING = [
 
 def chunked_calls(monkeypatch, min_elements: int = 0) -> list[int]:
     """One entry per call of F.linear_cross_entropy from now on (its rows), which posbench's
-    NLL (posbench.loss.next_token_nll) takes for logits of ``min_elements`` or more (0: the
+    NLL (posbench.model.loss.next_token_nll) takes for logits of ``min_elements`` or more (0: the
     tests' small ones too)."""
     import torch
 
-    import posbench.loss
+    import posbench.model.loss
 
-    monkeypatch.setattr(posbench.loss, "CHUNKED_LOSS_MIN_ELEMENTS", min_elements)
+    monkeypatch.setattr(posbench.model.loss, "CHUNKED_LOSS_MIN_ELEMENTS", min_elements)
     calls = []
     chunked = torch.nn.functional.linear_cross_entropy
 

@@ -28,7 +28,7 @@ from posbench.data.algorithmic.solve_equation import first_digit_from
 from posbench.data.algorithmic.stack_manipulation import final_stack
 from posbench.errors import PosbenchError
 from posbench.model import build_model
-from posbench.random_positions import position_sampler
+from posbench.model.random_positions import position_sampler
 from posbench.runs import saved_config, with_length_generalization
 from posbench.tensorboard_log import headline_metrics
 from posbench.train import make_optimizer, train

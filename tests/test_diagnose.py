@@ -9,7 +9,6 @@ from conftest import posbench, terabyte_split
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from posbench import diagnose as diagnose_module
-from posbench.attention import attention_probabilities
 from posbench.config import compose_config
 from posbench.data import load_corpus
 from posbench.diagnose import (
@@ -26,8 +25,9 @@ from posbench.encodings.alibi import alibi_slopes
 from posbench.errors import PosbenchError
 from posbench.evaluation.perplexity import position_buckets, windows
 from posbench.model import Transformer, build_model
-from posbench.model_args import ModelArgs
-from posbench.random_positions import PositionDraw, PositionSampler, randomizes_distances
+from posbench.model.args import ModelArgs
+from posbench.model.attention import attention_probabilities
+from posbench.model.random_positions import PositionDraw, PositionSampler, randomizes_distances
 from posbench.runs import load_run_config
 from posbench.train import train
 

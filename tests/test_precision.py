@@ -8,8 +8,7 @@ import torch
 import torch.nn.functional as F
 from conftest import TINY, TINY_REVERSE_STRING, chunked_calls
 
-import posbench.loss
-from posbench.attention import unbiased_causal_attention
+import posbench.model.loss
 from posbench.checkpoint import load_checkpoint
 from posbench.cli import main
 from posbench.config import compose_config
@@ -21,7 +20,8 @@ from posbench.evaluation.perplexity import evaluate_length
 from posbench.evaluation.run import evaluate_run
 from posbench.evaluation.task_accuracy import evaluate_task_length
 from posbench.model import build_model
-from posbench.random_positions import (
+from posbench.model.attention import unbiased_causal_attention
+from posbench.model.random_positions import (
     PositionDraw,
     PositionSampler,
     position_sampler,
@@ -379,7 +379,7 @@ def test_a_compiled_training_loss_and_its_gradients_equal_eagers(chunked, monkey
     # (F.linear_cross_entropy's chunks, here for these small logits too, or the logits whole).
     calls = chunked_calls(monkeypatch)
     if not chunked:
-        monkeypatch.setattr(posbench.loss, "CHUNKED_LOSS_DEVICES", frozenset())
+        monkeypatch.setattr(posbench.model.loss, "CHUNKED_LOSS_DEVICES", frozenset())
     torch.manual_seed(0)
     model = build_model({"n_layer": 2, "n_head": 2, "d_model": 16}, {"name": "rope"}).train()
     generator = torch.Generator().manual_seed(1)

@@ -16,7 +16,6 @@ from conftest import TINY_REVERSE_STRING
 from test_checkpoint import SHORT, assert_same_run, at_batch, crash
 
 from posbench import diagnose as diagnose_module
-from posbench.attention import QueryBlockBiases, causal_attention
 from posbench.cli import main
 from posbench.config import compose_config, validate
 from posbench.data import Corpus, load_data, sample_positions
@@ -26,8 +25,9 @@ from posbench.errors import PosbenchError
 from posbench.evaluation.perplexity import evaluate_length
 from posbench.evaluation.positions import RandomPositions, eval_positions
 from posbench.model import Transformer, build_model
-from posbench.model_args import ModelArgs
-from posbench.random_positions import (
+from posbench.model.args import ModelArgs
+from posbench.model.attention import QueryBlockBiases, causal_attention
+from posbench.model.random_positions import (
     PositionSampler,
     position_sampler,
     randomizes_distances,

@@ -10,7 +10,7 @@ from safetensors.torch import save_file
 from posbench.encodings import build_encoding
 from posbench.errors import PosbenchError
 from posbench.model import Transformer
-from posbench.model_args import ModelArgs
+from posbench.model.args import ModelArgs
 from posbench.runs import (
     WEIGHTS_FILE,
     latest_run,

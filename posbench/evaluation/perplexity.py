@@ -48,7 +48,7 @@ from posbench.data import Bytes, Offsets, byte_is_whitespace, gather_windows
 from posbench.evaluation.positions import RandomPositions, positions_record
 from posbench.memory import fitting_batch_size
 from posbench.model import Transformer
-from posbench.random_positions import PositionDraw
+from posbench.model.random_positions import PositionDraw
 from posbench.system.precision import autocast
 
 TOKENS_PER_BATCH = 65536  # default eval batch: about this many tokens per forward pass

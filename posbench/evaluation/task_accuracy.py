@@ -43,7 +43,7 @@ from posbench.evaluation.perplexity import TOKENS_PER_BATCH, beyond_max_length, 
 from posbench.evaluation.positions import RandomPositions, positions_record
 from posbench.memory import fitting_batch_size
 from posbench.model import Transformer
-from posbench.random_positions import PositionDraw, row_lengths
+from posbench.model.random_positions import PositionDraw, row_lengths
 from posbench.system.precision import autocast
 
 # a task length not measured

@@ -10,9 +10,9 @@ import math
 import torch
 import torch.nn.functional as F
 
-from posbench.attention.blocks import hiding_window, join_blocks
-from posbench.attention.fused import merge_by_log_sum_exp
 from posbench.encodings import PositionalEncoding
+from posbench.model.attention.blocks import hiding_window, join_blocks
+from posbench.model.attention.fused import merge_by_log_sum_exp
 
 # A bias of the key alone (key_bias: FoX) takes SDPA's fused causal kernel up to this many
 # tokens, taken relative to the first key's, the one key every query sees (a later reference

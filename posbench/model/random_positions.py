@@ -30,7 +30,7 @@ data.batch_lengths=same: the same distribution per example either way); a causal
 (model.causal=true, the default) takes only the reference's causal half of a bias, without the
 +0.5 on past keys that the reference's non-causal ALiBi adds to tell left from right (a model
 with model.causal=false takes both halves, the +0.5 included: the same relabelled distances
-on either side, as its randomize_both_sides=False; posbench/attention/bidirectional.py);
+on either side, as its randomize_both_sides=False; attention/bidirectional.py);
 NOISY_RELATIVE is Transformer-XL's relative encoding,
 which posbench does not have: its relabelling of distances is what T5, KERPLE and Sandwich get
 here. FIRE's bias depends on the query's position as well as the distance, and

@@ -25,7 +25,7 @@ SHARED_BIAS_ELEMENTS = 2**24
 def distance_bias(encoding: PositionalEncoding, distances: torch.Tensor) -> torch.Tensor:
     """The encoding's bias of the distance alone at randomized ``distances`` (B, T), int64:
     row b's bias between tokens d apart is its relative_bias at distances[b, d]
-    (posbench/random_positions.py) -> (B, H, T)."""
+    (posbench/model/random_positions.py) -> (B, H, T)."""
     B, T = distances.shape
     bias = encoding.relative_bias(distances.flatten())  # (H, B * T)
     assert bias is not None, "randomized distances need a bias of the distance alone"
@@ -39,7 +39,7 @@ class QueryBlockBiases:
     One instance serves the layers of one forward pass, which share one encoding instance, so a
     block's bias is the same in each (with an encoding per layer, or randomized positions drawn
     per layer, each layer's attention has its own). With randomized ``distances`` (B, T)
-    (posbench/random_positions.py) it holds the bias of the distance alone at them
+    (posbench/model/random_positions.py) it holds the bias of the distance alone at them
     (distance_bias) instead, for relative_bias_attention.
 
     Without gradients, the biases of the first layer are kept, up to ``keep_elements`` in all

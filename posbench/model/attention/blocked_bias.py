@@ -8,25 +8,26 @@ from __future__ import annotations
 
 import torch
 
+from posbench.encodings import PositionalEncoding
+
 # blocks.QUERY_BLOCK as an attribute: set in one place for every path (the package's docstring)
-from posbench.attention import blocks
-from posbench.attention.biases import QueryBlockBiases
-from posbench.attention.blocks import (
+from posbench.model.attention import blocks
+from posbench.model.attention.biases import QueryBlockBiases
+from posbench.model.attention.blocks import (
     causal_bias,
     hiding_window,
     join_blocks,
     outside_window,
     query_block_size,
 )
-from posbench.attention.explicit import explicit_attention
-from posbench.attention.fused import (
+from posbench.model.attention.explicit import explicit_attention
+from posbench.model.attention.fused import (
     fused_attention,
     mask_dtype,
     merge_by_log_sum_exp,
     merges_by_log_sum_exp,
     unbiased_causal_attention,
 )
-from posbench.encodings import PositionalEncoding
 
 
 def blocked_bias_attention(

@@ -9,8 +9,8 @@ from dataclasses import asdict, dataclass
 
 import torch.nn.functional as F
 
-from posbench.attention_scaling import SCALINGS
 from posbench.errors import PosbenchError
+from posbench.model.attention_scaling import SCALINGS
 
 VOCAB_SIZE = 256  # byte-level: every corpus is read as raw bytes, no tokenizer to download
 ACTIVATIONS = {"gelu": F.gelu, "relu": F.relu}  # model.activation: the MLP's
@@ -27,7 +27,7 @@ class ModelArgs:
     mlp_ratio: int = 4
     dropout: float = 0.0
     vocab_size: int = VOCAB_SIZE
-    # Queries scaled by the keys they see or their position (posbench/attention_scaling.py).
+    # Queries scaled by the keys they see or their position (attention_scaling.py).
     # Runs saved before these fields existed load with the defaults: no scaling.
     attention_scaling: str = "none"  # none | ssmax | llama4
     attention_floor_scale: int = 8192  # llama4: HF Llama4TextConfig.floor_scale

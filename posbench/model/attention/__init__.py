@@ -75,22 +75,23 @@ from __future__ import annotations
 
 import torch
 
+from posbench.encodings import PositionalEncoding
+
 # key_bias.KEY_BIAS_LENGTH as an attribute: set in one place for the entry and fuses_key_bias
-from posbench.attention import key_bias
-from posbench.attention.biases import QueryBlockBiases, layer_biases, of_layer
-from posbench.attention.blocked_bias import blocked_bias_attention
-from posbench.attention.blocks import hiding_window
-from posbench.attention.flex import flex_attention_bias
-from posbench.attention.fused import merges_by_log_sum_exp, unbiased_causal_attention
-from posbench.attention.key_bias import (
+from posbench.model.attention import key_bias
+from posbench.model.attention.biases import QueryBlockBiases, layer_biases, of_layer
+from posbench.model.attention.blocked_bias import blocked_bias_attention
+from posbench.model.attention.blocks import hiding_window
+from posbench.model.attention.flex import flex_attention_bias
+from posbench.model.attention.fused import merges_by_log_sum_exp, unbiased_causal_attention
+from posbench.model.attention.key_bias import (
     blocked_key_bias_attention,
     fuses_key_bias,
     key_bias_attention,
 )
-from posbench.attention.probabilities import attention_probabilities, query_probabilities
-from posbench.attention.relative_bias import relative_bias_attention
-from posbench.attention.scratch import attention_scratch_elements
-from posbench.encodings import PositionalEncoding
+from posbench.model.attention.probabilities import attention_probabilities, query_probabilities
+from posbench.model.attention.relative_bias import relative_bias_attention
+from posbench.model.attention.scratch import attention_scratch_elements
 
 __all__ = [  # the entry point, and what the model, memory, diagnose and the decode cache use
     "QueryBlockBiases",

@@ -2,7 +2,7 @@
 its row, as the encoder of Ruoss et al. 2023 does (google-deepmind/randomized_positional_encodings,
 models/transformer.py, ``encoder_causal_masking=False`` by default), which writes every answer
 token at once at placeholders (data.answer_mode=placeholders). A bidirectional model calls
-``bidirectional_attention`` where a causal one calls posbench.attention.causal_attention, with
+``bidirectional_attention`` where a causal one calls posbench.model.attention.causal_attention, with
 the same arguments; the layers of a forward pass share its TwoSidedBiases (``two_sided_biases``).
 Only an encoding with a two-sided form (``bidirectional``, posbench/encodings/base.py) attends
 here, through ``two_sided_bias`` alone: ``check_two_sided`` refuses the others.
@@ -35,12 +35,12 @@ from __future__ import annotations
 
 import torch
 
-from posbench.attention.biases import layer_biases
-from posbench.attention.blocks import join_blocks, query_block_size
-from posbench.attention.fused import fused_attention, sdpa_dtype
 from posbench.encodings import ENCODINGS, PositionalEncoding
 from posbench.errors import PosbenchError
-from posbench.random_positions import row_lengths
+from posbench.model.attention.biases import layer_biases
+from posbench.model.attention.blocks import join_blocks, query_block_size
+from posbench.model.attention.fused import fused_attention, sdpa_dtype
+from posbench.model.random_positions import row_lengths
 
 
 def check_two_sided(encoding: PositionalEncoding, causal: bool, scaling: str = "none") -> None:
@@ -74,7 +74,7 @@ class TwoSidedBiases:
     randomized ``distances`` (B, T) where given, and the keys past each row's ``lengths`` (B,)
     (None: no row is padded).
 
-    Randomized distances (posbench/random_positions.py) relabel a distance d > 0 as s[d] on
+    Randomized distances (posbench/model/random_positions.py) relabel a distance d > 0 as s[d] on
     both sides, as the reference's noisy ALiBi does with ``randomize_both_sides=False``
     (compute_noisy_alibi_encodings_biases): the key d tokens before the query takes the bias
     at distance s[d], the key d tokens after it the bias at -s[d]."""
@@ -198,7 +198,7 @@ def scratch_elements(
 ) -> int:
     """An upper estimate of the elements bidirectional_attention holds under inference mode,
     besides q, k, v and its output, for ``batch_size`` sequences of ``length`` tokens
-    (posbench.attention.attention_scratch_elements' counterpart, with its arguments): the key
+    (posbench.model.attention.attention_scratch_elements' counterpart, with its arguments): the key
     padding without a bias; with one, the table (its rows at randomized distances; at
     randomized positions below N it is H * 2N, small next to a block's scores), q, k, v cast up
     (3*C per token, counted twice for a 16-bit model) and one block's scores: the column

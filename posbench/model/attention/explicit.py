@@ -1,8 +1,8 @@
 """Causal attention with a float mask that needs a gradient, written out per block of queries,
-with a hand-written backward pass (posbench.attention takes it for a bias that is trained).
+with a hand-written backward pass (posbench.model.attention takes it for a bias that is trained).
 
 SDPA's fused CPU kernel gives no gradient for its mask, and its unfused fallback is slower than
-this. The blocks are those of posbench.attention: each covers queries [e - n, e) and keys
+this. The blocks are those of posbench.model.attention: each covers queries [e - n, e) and keys
 [s, e) (s = 0 but in a sliding window), and its mask already holds the causal part (-inf at
 future keys).
 """

@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import torch
 
-# Their constants as attributes: set in one place for every path (the package's docstring).
-from posbench.attention import biases, blocks, fused
-from posbench.attention.blocks import hiding_window, query_block_size
-from posbench.attention.key_bias import fuses_key_bias
 from posbench.encodings import PositionalEncoding
+
+# Their constants as attributes: set in one place for every path (the package's docstring).
+from posbench.model.attention import biases, blocks, fused
+from posbench.model.attention.blocks import hiding_window, query_block_size
+from posbench.model.attention.key_bias import fuses_key_bias
 
 # What a bias from the content (content_bias: FoX, CoPE) may hold per score of a query block
 # while it is computed, for the memory estimate (attention_scratch_elements): CoPE's gates,

@@ -19,7 +19,7 @@ transforms q and k (RoPE's eval-time scaling factor follows the last position, x
 factors between the first and the last): the new tokens' q and k are transformed in their place
 in the whole sequence, as a forward pass over it transforms them (O(T) too), so a step's logits
 are those of that forward pass at its token. Randomized distances (a bias of the distance alone
-at relabelled distances, posbench/random_positions.py) are held the same way, a table per
+at relabelled distances, random_positions.py) are held the same way, a table per
 sequence (and layer) indexed by the distance in tokens.
 
 A bias from the content reads q before the attention scaling scales it (CoPE's gates and
@@ -27,17 +27,22 @@ counts), so the cache keeps q unscaled; the scaling then counts the new token's 
 ``first`` argument), never its position.
 
 The first call (the prompt, all at once) attends as a forward pass without a cache does
-(posbench.attention.causal_attention); the later ones written out
-(posbench.attention.query_probabilities): a few queries over t keys hold O(t) scores.
+(posbench.model.attention.causal_attention); the later ones written out
+(posbench.model.attention.query_probabilities): a few queries over t keys hold O(t) scores.
 """
 
 from __future__ import annotations
 
 import torch
 
-from posbench.attention import QueryBlockBiases, causal_attention, of_layer, query_probabilities
 from posbench.encodings import PositionalEncoding
-from posbench.random_positions import overrides
+from posbench.model.attention import (
+    QueryBlockBiases,
+    causal_attention,
+    of_layer,
+    query_probabilities,
+)
+from posbench.model.random_positions import overrides
 
 
 class DecodeCache:

@@ -1,12 +1,12 @@
 """A small decoder-only transformer whose positional encoding is pluggable.
 
 Read top to bottom: attention -> MLP -> block -> Transformer, built from ModelArgs
-(posbench/model_args.py). The model asks its encoding (posbench.encodings.base.PositionalEncoding,
+(args.py). The model asks its encoding (posbench.encodings.base.PositionalEncoding,
 whose docstring tables its hooks) to embed, transform queries and keys, and bias, and never
 branches on which encoding it has. How attention adds a bias (fused kernels, blocks of queries,
-a hand-written backward) is posbench/attention/'s business: the model calls its one entry
-point, causal_attention (or, with ``causal=False``, posbench/attention/bidirectional.py's). The
-loss is posbench/loss.py's, the memory a forward pass needs posbench/memory.py's estimate.
+a hand-written backward) is attention/'s business: the model calls its one entry
+point, causal_attention (or, with ``causal=False``, attention/bidirectional.py's). The
+loss is loss.py's, the memory a forward pass needs posbench/memory.py's estimate.
 """
 
 from __future__ import annotations
@@ -17,25 +17,25 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
-from posbench.attention import (
+from posbench.encodings import PositionalEncoding, build_encoding
+from posbench.errors import PosbenchError
+from posbench.model.args import ACTIVATIONS, ModelArgs
+from posbench.model.attention import (
     QueryBlockBiases,
     bidirectional,
     causal_attention,
     layer_biases,
     of_layer,
 )
-from posbench.attention_scaling import AttentionScaling, build_attention_scaling
-from posbench.encodings import PositionalEncoding, build_encoding
-from posbench.errors import PosbenchError
-from posbench.kv_cache import DecodeCache, LayerCache
-from posbench.loss import next_token_nll
-from posbench.model_args import ACTIVATIONS, ModelArgs
+from posbench.model.attention_scaling import AttentionScaling, build_attention_scaling
+from posbench.model.kv_cache import DecodeCache, LayerCache
+from posbench.model.loss import next_token_nll
 
 
 class CausalSelfAttention(nn.Module):
     """Multi-head causal self-attention whose encoding may transform queries and keys (RoPE) and
     bias their scores by position (ALiBi, T5, ...) or content (FoX, CoPE), its queries scaled by
-    ``scaling`` (posbench/attention_scaling.py; none by default):
+    ``scaling`` (attention_scaling.py; none by default):
     ``attn(x (B, T, C), positions, encoding) -> (B, T, C)``."""
 
     def __init__(
@@ -194,12 +194,12 @@ class Transformer(nn.Module):
         shared by the batch (0..T-1 by default), (B, T), one row per sequence (randomized
         positions train each sequence at its own), or (n_layer, B, T), a draw per layer (the
         embedding takes the first's); ``distances`` (B, T) or (n_layer, B, T): randomized
-        distances, at which a bias of the distance alone is taken (posbench/random_positions.py).
+        distances, at which a bias of the distance alone is taken (random_positions.py).
         Given ``targets`` (B, T), instead their negative log-likelihood in float32
         (``next_token_nll``), without the (B, T, vocab) logits where they are large: summed
         over those that are not -100 (``reduction="sum"``,
         what training needs) or one per target (``"none"``, (B, T), 0 where -100: what
-        evaluation needs). Given a ``cache`` (posbench/kv_cache.py) instead of ``positions``
+        evaluation needs). Given a ``cache`` (kv_cache.py) instead of ``positions``
         and ``distances``, ``tokens`` are the next T tokens of a decode after those cached, at
         the cache's next positions (and distances), and are cached in turn. A bidirectional model
         (``causal=False``) hides each row's tokens past ``lengths`` (B,) (by default ``targets``'

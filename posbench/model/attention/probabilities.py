@@ -1,6 +1,6 @@
 """The attention probabilities causal_attention attends with, written out: for ``posbench
 diagnose`` (``attention_probabilities``) and a cached decode's later steps, a few queries over
-every key (``query_probabilities``, posbench/kv_cache.py).
+every key (``query_probabilities``, posbench/model/kv_cache.py).
 """
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ import math
 import torch
 import torch.nn.functional as F
 
-from posbench.attention.biases import distance_bias
-from posbench.attention.blocks import causal_bias, outside_window
 from posbench.encodings import PositionalEncoding
+from posbench.model.attention.biases import distance_bias
+from posbench.model.attention.blocks import causal_bias, outside_window
 
 
 def attention_probabilities(
@@ -45,7 +45,7 @@ def query_probabilities(
     """attention_probabilities of the last n queries (B, H, n, hs) of a sequence over its keys
     k (B, H, e, hs) at ``positions`` (e,) or (B, e) (or longer), at randomized ``distances``
     (B, e) (or longer) where given -> (B, H, n, e): what a cached decode's step attends with
-    (posbench/kv_cache.py)."""
+    (posbench/model/kv_cache.py)."""
     end = k.shape[2]
     start = end - queries.shape[2]
     scores = queries @ k.transpose(-1, -2) / math.sqrt(queries.shape[-1])

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import torch
 
-from posbench.attention.blocks import join_blocks, query_block_size
-from posbench.attention.explicit import explicit_attention
-from posbench.attention.fused import fused_attention, mask_dtype
+from posbench.model.attention.blocks import join_blocks, query_block_size
+from posbench.model.attention.explicit import explicit_attention
+from posbench.model.attention.fused import fused_attention, mask_dtype
 
 
 def relative_bias_attention(

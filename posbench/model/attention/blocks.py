@@ -50,7 +50,7 @@ def causal_bias(bias: torch.Tensor, query_start: int = 0, key_start: int = 0) ->
 
     Token order, as every fused path masks: where positions increase it is their order, and the
     padding of a row at randomized positions, which repeats the row's last position
-    (posbench/random_positions.py), stays in the future of every token before it."""
+    (posbench/model/random_positions.py), stays in the future of every token before it."""
     n, m = bias.shape[-2:]
     query = torch.arange(query_start, query_start + n, device=bias.device)
     key = torch.arange(key_start, key_start + m, device=bias.device)
