@@ -21,7 +21,7 @@ from posbench.diagnose import diagnose_run
 from posbench.evaluation.perplexity import evaluate
 from posbench.evaluation.run import evaluate_run, rope_scaling_overrides
 from posbench.evaluation.task_accuracy import evaluate_task
-from posbench.runs import latest_run, load_run, run_tokenizer
+from posbench.runs.directory import latest_run, load_run, run_tokenizer
 from posbench.train import train
 from posbench.train_loop import Diverged
 

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from posbench.errors import PosbenchError
-from posbench.runs import CHECKPOINT_FILE
+from posbench.runs.directory import CHECKPOINT_FILE
 from posbench.system import distributed
 from posbench.system.atomic import atomic_path
 

@@ -175,7 +175,7 @@ class WandbConfig(LoggerConfig):
     mode: WandbMode | None = None
 
 
-# The schema of each option of the logger group (posbench/loggers/ holds the loggers).
+# The schema of each option of the logger group (posbench/runs/loggers/ holds the loggers).
 LOGGER_SCHEMAS = {"tensorboard": LoggerConfig, "wandb": WandbConfig, "none": LoggerConfig}
 
 

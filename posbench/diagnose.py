@@ -58,7 +58,7 @@ from posbench.memory import available_memory, inference_memory_bytes
 from posbench.model import Transformer
 from posbench.model.attention import attention_probabilities
 from posbench.model.random_positions import PositionDraw
-from posbench.runs import load_run
+from posbench.runs.directory import load_run
 from posbench.system.atomic import atomic_path, write_json
 
 if TYPE_CHECKING:

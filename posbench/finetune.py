@@ -20,7 +20,7 @@ from omegaconf import DictConfig, OmegaConf
 from posbench.encodings import encoding_config
 from posbench.errors import PosbenchError
 from posbench.model import Transformer
-from posbench.runs import WEIGHTS_FILE, load_weights, saved_config
+from posbench.runs.directory import WEIGHTS_FILE, load_weights, saved_config
 
 SCALING = "scaling"  # the encoding options a fine-tune may change
 

@@ -12,10 +12,11 @@ from omegaconf import DictConfig
 
 from posbench.errors import PosbenchError
 from posbench.evaluation.run import ROPE_SCALING_NEEDS_ROPE
-from posbench.loggers import open_logger
-from posbench.runs import WEIGHTS_FILE, append_eval_results, latest_run, sweep_of
+from posbench.runs.directory import WEIGHTS_FILE, latest_run, sweep_of
+from posbench.runs.loggers import open_logger
+from posbench.runs.results import append_eval_results
+from posbench.runs.tensorboard_log import TrainedLengths
 from posbench.system.versions import code_versions
-from posbench.tensorboard_log import TrainedLengths
 
 
 def default_run(root: Path = Path("outputs")) -> tuple[Path, str]:
@@ -51,7 +52,7 @@ def record_eval(
     """Add ``records`` to the run's results.json (replacing those of the same length, stride
     and scaling method; an algorithmic task's summary past its ``trained`` lengths, see
     append_eval_results) and log all the records it now holds to the logger of the run's
-    ``cfg`` (posbench/loggers/: TensorBoard redraws the run's evaluation, W&B starts an
+    ``cfg`` (posbench/runs/loggers/: TensorBoard redraws the run's evaluation, W&B starts an
     ``eval`` run). Each record names the code that computed it (``versions``, as results.json
     names the training's): a re-evaluation may run other code than the training did. Returns
     the new results."""

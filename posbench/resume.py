@@ -18,7 +18,8 @@ from posbench.checkpoint import load_checkpoint, trained_precision
 from posbench.config import flat_config
 from posbench.errors import PosbenchError
 from posbench.finetune import fine_tune_config
-from posbench.runs import CHECKPOINT_FILE, CONFIG_FILE, read_results, saved_config
+from posbench.runs.directory import CHECKPOINT_FILE, CONFIG_FILE, saved_config
+from posbench.runs.results import read_results
 
 log = logging.getLogger(__name__)
 

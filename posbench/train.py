@@ -23,21 +23,19 @@ from posbench.data import Corpus, Task, load_data
 from posbench.evaluation.positions import eval_positions
 from posbench.evaluation.run import evaluate_data
 from posbench.finetune import fine_tune_config, load_parent_weights
-from posbench.loggers import RunLogger, open_logger
 from posbench.model import Transformer, build_model
 from posbench.model.random_positions import position_sampler
 from posbench.resume import already_finished, check_resume_precision, checkpoint_to_resume
-from posbench.runs import (
+from posbench.runs.directory import prepare_run_dir, save_config, save_tokenizer, save_weights
+from posbench.runs.loggers import RunLogger, open_logger
+from posbench.runs.results import (
     diverged_results,
-    prepare_run_dir,
     read_results,
     run_description,
-    save_config,
-    save_tokenizer,
-    save_weights,
     with_length_generalization,
     write_results,
 )
+from posbench.runs.tensorboard_log import headline_metrics, trained_lengths
 from posbench.system import distributed
 from posbench.system.precision import resolve_precision
 from posbench.system.threads import (
@@ -47,7 +45,6 @@ from posbench.system.threads import (
     use_threads,
     warn_if_oversubscribed,
 )
-from posbench.tensorboard_log import headline_metrics, trained_lengths
 from posbench.train_loop import Diverged, LoopSettings, train_steps
 
 log = logging.getLogger(__name__)

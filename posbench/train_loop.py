@@ -25,9 +25,9 @@ from posbench.checkpoint import Checkpointer, TrainProgress
 from posbench.data import IGNORE, Corpus, Task
 from posbench.errors import PosbenchError
 from posbench.evaluation.positions import RandomPositions
-from posbench.loggers import RunLogger
 from posbench.model import Transformer
 from posbench.model.random_positions import PositionDraw, PositionSampler, row_lengths
+from posbench.runs.loggers import RunLogger
 from posbench.system import distributed
 from posbench.system.precision import autocast, compile_for_training
 from posbench.system.signals import stop_requests

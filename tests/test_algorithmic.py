@@ -29,8 +29,9 @@ from posbench.data.algorithmic.stack_manipulation import final_stack
 from posbench.errors import PosbenchError
 from posbench.model import build_model
 from posbench.model.random_positions import position_sampler
-from posbench.runs import saved_config, with_length_generalization
-from posbench.tensorboard_log import headline_metrics
+from posbench.runs.directory import saved_config
+from posbench.runs.results import with_length_generalization
+from posbench.runs.tensorboard_log import headline_metrics
 from posbench.train import make_optimizer, train
 from posbench.train_loop import train_step, width_slices
 

@@ -8,7 +8,7 @@ import torch
 
 import posbench
 from posbench.config import compose_config
-from posbench.runs import read_results
+from posbench.runs.results import read_results
 
 
 @pytest.fixture(scope="module")

@@ -20,7 +20,7 @@ from posbench.config import compose_config
 from posbench.data import Corpus, WindowTask
 from posbench.errors import PosbenchError
 from posbench.resume import check_resumable
-from posbench.runs import CHECKPOINT_FILE, WEIGHTS_FILE, check_run_dir
+from posbench.runs.directory import CHECKPOINT_FILE, WEIGHTS_FILE, check_run_dir
 from posbench.train import train
 from posbench.train_loop import Diverged, TrainingInterrupted
 

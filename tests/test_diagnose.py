@@ -28,7 +28,7 @@ from posbench.model import Transformer, build_model
 from posbench.model.args import ModelArgs
 from posbench.model.attention import attention_probabilities
 from posbench.model.random_positions import PositionDraw, PositionSampler, randomizes_distances
-from posbench.runs import load_run_config
+from posbench.runs.directory import load_run_config
 from posbench.train import train
 
 S = 16  # the training length of the hand-built models

@@ -22,7 +22,7 @@ from posbench.data import load_data
 from posbench.errors import PosbenchError
 from posbench.model import build_model
 from posbench.model.random_positions import position_sampler
-from posbench.runs import CHECKPOINT_FILE
+from posbench.runs.directory import CHECKPOINT_FILE
 from posbench.system import distributed
 from posbench.system.threads import jobs_at_once
 from posbench.train import make_optimizer, train

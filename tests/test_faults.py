@@ -21,7 +21,7 @@ from posbench.commands import eval as eval_command
 from posbench.commands import train as train_command
 from posbench.config import compose_config
 from posbench.model import build_model
-from posbench.runs import CHECKPOINT_FILE, save_config, save_weights, saved_config
+from posbench.runs.directory import CHECKPOINT_FILE, save_config, save_weights, saved_config
 
 pytestmark = pytest.mark.slow
 

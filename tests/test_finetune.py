@@ -11,7 +11,7 @@ from posbench.config import compose_config
 from posbench.errors import PosbenchError
 from posbench.finetune import fine_tune_config
 from posbench.model import build_model
-from posbench.runs import WEIGHTS_FILE, load_run, save_config, save_weights
+from posbench.runs.directory import WEIGHTS_FILE, load_run, save_config, save_weights
 from posbench.train import train
 
 PARENT = [*TINY, "train.steps=10", "eval.lengths=[16]", "eval.max_tokens=1024"]

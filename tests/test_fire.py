@@ -22,7 +22,7 @@ from posbench.encodings.fire import FireRelativeBias
 from posbench.errors import PosbenchError
 from posbench.memory import inference_memory_bytes
 from posbench.model import build_model
-from posbench.runs import WEIGHTS_FILE, load_weights, save_weights
+from posbench.runs.directory import WEIGHTS_FILE, load_weights, save_weights
 from posbench.train import make_optimizer
 
 F64 = torch.float64

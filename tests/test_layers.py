@@ -17,7 +17,7 @@ LAYERS = [
     ["encodings", "data", "references"],
     ["model"],
     ["config", "memory", "checkpoint", "runs", "finetune", "resume"],
-    ["decode", "evaluation", "tensorboard_log", "loggers", "sweep_summary", "reevaluate"],
+    ["decode", "evaluation", "reevaluate"],
     ["train", "train_loop", "diagnose"],
     ["report"],
     ["commands"],

@@ -27,7 +27,7 @@ from posbench.model.random_positions import (
     position_sampler,
     randomizes_distances,
 )
-from posbench.runs import CHECKPOINT_FILE
+from posbench.runs.directory import CHECKPOINT_FILE
 from posbench.system.precision import BF16_MIN_D_MODEL, autocast, bf16_hardware, resolve_precision
 from posbench.train import train
 from posbench.train_loop import train_step

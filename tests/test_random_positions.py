@@ -33,7 +33,7 @@ from posbench.model.random_positions import (
     randomizes_distances,
     row_lengths,
 )
-from posbench.runs import load_run_config
+from posbench.runs.directory import load_run_config
 from posbench.train import make_optimizer, train
 from posbench.train_loop import train_step, validation_loss
 

@@ -12,7 +12,7 @@ from conftest import TINY, error_line, posbench
 
 from posbench.config import compose_config
 from posbench.errors import PosbenchError
-from posbench.runs import CHECKPOINT_FILE
+from posbench.runs.directory import CHECKPOINT_FILE
 from posbench.train import train
 
 RUN = [*TINY, "train.checkpoint_every=20"]

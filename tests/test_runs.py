@@ -11,14 +11,14 @@ from posbench.encodings import build_encoding
 from posbench.errors import PosbenchError
 from posbench.model import Transformer
 from posbench.model.args import ModelArgs
-from posbench.runs import (
+from posbench.runs.directory import (
     WEIGHTS_FILE,
     latest_run,
     load_weights,
-    merge_eval_records,
     prepare_run_dir,
     save_weights,
 )
+from posbench.runs.results import merge_eval_records
 from posbench.system.atomic import atomic_path, atomic_write
 
 

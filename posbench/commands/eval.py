@@ -21,9 +21,9 @@ from posbench.encodings.rope import SCALING_METHODS
 from posbench.evaluation.run import evaluate_run, rope_scaling_overrides
 from posbench.reevaluate import check_rope_run, record_eval
 from posbench.report.run_table import run_table, trained_at
-from posbench.runs import load_run_config
+from posbench.runs.directory import load_run_config
+from posbench.runs.tensorboard_log import trained_lengths
 from posbench.system.threads import AUTO, use_threads
-from posbench.tensorboard_log import trained_lengths
 
 
 def eval_parser() -> argparse.ArgumentParser:

@@ -26,7 +26,7 @@ from posbench.config import (
 )
 from posbench.data import check_data
 from posbench.errors import PosbenchError
-from posbench.runs import check_can_create
+from posbench.runs.directory import check_can_create
 from posbench.system.output_dirs import unclaimed
 
 

@@ -31,8 +31,8 @@ from posbench.config import config_dir
 from posbench.errors import PosbenchError
 from posbench.report.run_table import data_baselines, run_table, trained_at
 from posbench.resume import check_can_continue, check_same_run
-from posbench.runs import CHECKPOINT_FILE, CONFIG_FILE, saved_config
-from posbench.sweep_summary import record_failed_job
+from posbench.runs.directory import CHECKPOINT_FILE, CONFIG_FILE, saved_config
+from posbench.runs.sweep_summary import record_failed_job
 from posbench.system import distributed
 from posbench.system.output_dirs import names_new_dir, register_output_dir_resolvers, unclaimed
 from posbench.train import train

@@ -30,7 +30,7 @@ from omegaconf import OmegaConf
 
 from posbench.errors import PosbenchError
 from posbench.report.run import Run
-from posbench.runs import RESULTS_FILE
+from posbench.runs.directory import RESULTS_FILE
 from posbench.system.atomic import atomic_write
 from posbench.system.precision import bf16_hardware
 

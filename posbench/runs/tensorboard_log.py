@@ -1,5 +1,5 @@
 """What posbench writes to TensorBoard, in one place so train and eval log alike. The other
-loggers (posbench/loggers/) log the same tags, curve points (length_points,
+loggers (posbench/runs/loggers/) log the same tags, curve points (length_points,
 loss_by_position_points) and figure (eval_figure).
 
 The extrapolation curve is a scalar series whose global step is the evaluation length, so
@@ -36,7 +36,7 @@ from omegaconf import DictConfig, OmegaConf
 from torch.utils.tensorboard import SummaryWriter
 
 from posbench.config import flat_config
-from posbench.runs import headline_accuracy, scaling_method, scaling_setting
+from posbench.runs.results import headline_accuracy, scaling_method, scaling_setting
 from posbench.system.atomic import atomic_path
 
 if TYPE_CHECKING:

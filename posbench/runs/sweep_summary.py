@@ -26,7 +26,7 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
-from posbench.runs import RESULTS_FILE
+from posbench.runs.directory import RESULTS_FILE
 from posbench.system.atomic import write_json
 
 FAILED_JOB_PREFIX = ".failed_job_"  # hidden: `posbench report` reads only the runs' folders

@@ -1,4 +1,4 @@
-"""``logger=tensorboard``: event files in the run directory (posbench/tensorboard_log.py says
+"""``logger=tensorboard``: event files in the run directory (posbench/runs/tensorboard_log.py says
 what they hold)."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from typing import Any
 from omegaconf import DictConfig
 from torch.utils.tensorboard import SummaryWriter
 
-from posbench.tensorboard_log import TrainedLengths, hparams, log_hparams, write_eval_events
+from posbench.runs.tensorboard_log import TrainedLengths, hparams, log_hparams, write_eval_events
 
 
 class TensorBoardLogger:

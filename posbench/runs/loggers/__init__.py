@@ -4,7 +4,7 @@
 Training and ``posbench eval`` call only the RunLogger methods, never a logger by name: adding
 a logger means one module here, one entry in LOGGERS, one YAML file in conf/logger/ and its
 schema in posbench/config.py. What is logged (the tags, the evaluation curves and their
-figure) is decided once, in posbench/tensorboard_log.py, so every logger shows the same run.
+figure) is decided once, in posbench/runs/tensorboard_log.py, so every logger shows the same run.
 """
 
 from __future__ import annotations
@@ -16,10 +16,10 @@ from typing import Any, Protocol
 
 from omegaconf import DictConfig, OmegaConf
 
-from posbench.loggers.tensorboard import TensorBoardLogger
-from posbench.loggers.wandb import WandbLogger
+from posbench.runs.loggers.tensorboard import TensorBoardLogger
+from posbench.runs.loggers.wandb import WandbLogger
+from posbench.runs.tensorboard_log import TrainedLengths
 from posbench.system import distributed
-from posbench.tensorboard_log import TrainedLengths
 
 
 class RunLogger(Protocol):

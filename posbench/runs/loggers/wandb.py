@@ -26,14 +26,14 @@ import PIL.Image
 from omegaconf import DictConfig
 
 from posbench.config import choice, flat_config
-from posbench.runs import sweep_of
-from posbench.system.atomic import write_json
-from posbench.tensorboard_log import (
+from posbench.runs.directory import sweep_of
+from posbench.runs.tensorboard_log import (
     TrainedLengths,
     eval_figure,
     length_points,
     loss_by_position_points,
 )
+from posbench.system.atomic import write_json
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
