@@ -7,7 +7,7 @@ Each encoding runs in its own subprocess, so that its peak resident set size (RS
 out-of-memory killer looks at; tracemalloc does not see torch's allocations) is its own. The
 table shows the process's peak RSS after building the model (imports, weights), the peak
 during posbench's evaluation of one length (forward pass and loss), and the model's own
-estimate of what the forward pass adds (``posbench.memory.inference_memory_bytes``, which
+estimate of what the forward pass adds (``posbench.evaluation.memory.inference_memory_bytes``, which
 ``posbench eval`` checks against the available memory before it starts a length).
 ``--vocab``: a tokenizer's vocabulary (default bytes'), whose logits dominate at 8,192;
 ``--logits-way``: with the (B, T, vocab) logits formed whole (CUDA's way, and posbench's
@@ -28,8 +28,8 @@ import torch
 from throughput import trained_encoding
 
 import posbench.model.loss
+from posbench.evaluation.memory import inference_memory_bytes
 from posbench.evaluation.perplexity import evaluate_length
-from posbench.memory import inference_memory_bytes
 from posbench.model import build_model
 
 ENCODINGS = ("none", "rope", "alibi", "t5", "kerple", "fire")

@@ -17,7 +17,7 @@ Python API (stable; docs/api.md runs it):
 """
 
 from posbench import data
-from posbench.diagnose import diagnose_run
+from posbench.evaluation.diagnose import diagnose_run
 from posbench.evaluation.perplexity import evaluate
 from posbench.evaluation.run import evaluate_run, rope_scaling_overrides
 from posbench.evaluation.task_accuracy import evaluate_task

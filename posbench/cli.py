@@ -3,7 +3,7 @@
 posbench train [key=value ...] [-m ...]   Hydra app: compose conf/, train, evaluate
 posbench eval --length N [--run DIR] ...  re-evaluate a trained run at other lengths
 posbench report DIR... [--out OUT]        tables, plot and TensorBoard comparison of sweeps
-posbench diagnose --length N [--run DIR]  attention statistics by position (posbench/diagnose.py)
+posbench diagnose --length N [--run DIR]  attention statistics by position (evaluation/diagnose.py)
 
 Each command is a module of posbench/commands/; this one only dispatches to them and turns
 what any of them raises into one line and an exit code.

@@ -16,11 +16,11 @@ from conftest import TINY_REVERSE_STRING
 
 from posbench.config import compose_config, validate
 from posbench.data import load_data
-from posbench.decode import greedy_decode
 from posbench.encodings import build_encoding
 from posbench.encodings.alibi import alibi_slopes
 from posbench.encodings.t5 import t5_two_sided_bucket
 from posbench.errors import PosbenchError
+from posbench.evaluation.decode import greedy_decode
 from posbench.evaluation.task_accuracy import evaluate_task
 from posbench.model import build_model
 from posbench.model.attention import blocks

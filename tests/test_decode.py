@@ -1,5 +1,5 @@
-"""Greedy decoding of task answers (posbench/decode.py) and the key-value cache it decodes
-with (posbench/model/kv_cache.py): a cached step's logits are the recomputed ones, for every
+"""Greedy decoding of task answers (posbench/evaluation/decode.py) and the key-value cache it
+decodes with (posbench/model/kv_cache.py): a cached step's logits are the recomputed ones, for every
 encoding and option, and the scores are those of the model's own answers."""
 
 import json
@@ -12,9 +12,9 @@ from posbench.cli import main
 from posbench.config import compose_config
 from posbench.data import load_data
 from posbench.data.task import Examples
-from posbench.decode import NOT_DECODED, greedy_decode
 from posbench.encodings.registry import encoding_names
 from posbench.evaluation import task_accuracy
+from posbench.evaluation.decode import NOT_DECODED, greedy_decode
 from posbench.evaluation.positions import RandomPositions
 from posbench.evaluation.task_accuracy import evaluate_task_length
 from posbench.model import Transformer, build_model

@@ -11,11 +11,11 @@ import logging
 import pytest
 import torch
 
-import posbench.memory
+import posbench.evaluation.memory
 import posbench.model.attention.fused
 from posbench.encodings import EncodingConfig, PositionalEncoding, build_encoding
+from posbench.evaluation.memory import available_memory, fitting_batch_size, inference_memory_bytes
 from posbench.evaluation.perplexity import evaluate_length
-from posbench.memory import available_memory, fitting_batch_size, inference_memory_bytes
 from posbench.model import Transformer, build_model
 from posbench.model.args import ModelArgs
 from posbench.model.attention.biases import SHARED_BIAS_ELEMENTS
@@ -47,7 +47,7 @@ def scratch(encoding: str, length: int) -> int:
 
 
 def allow(monkeypatch, n_bytes: int) -> None:
-    monkeypatch.setattr(posbench.memory, "available_memory", lambda device: n_bytes)
+    monkeypatch.setattr(posbench.evaluation.memory, "available_memory", lambda device: n_bytes)
 
 
 # --- what is available --------------------------------------------------------------------------
@@ -56,12 +56,12 @@ def allow(monkeypatch, n_bytes: int) -> None:
 def test_available_cpu_memory_is_meminfos_mem_available(tmp_path, monkeypatch):
     meminfo = tmp_path / "meminfo"
     meminfo.write_text("MemTotal:  24000000 kB\nMemFree:  1000 kB\nMemAvailable:  2048 kB\n")
-    monkeypatch.setattr(posbench.memory, "MEMINFO", meminfo)
+    monkeypatch.setattr(posbench.evaluation.memory, "MEMINFO", meminfo)
     assert available_memory(CPU) == 2048 * 1024
 
 
 def test_available_memory_is_unknown_without_meminfo(tmp_path, monkeypatch):
-    monkeypatch.setattr(posbench.memory, "MEMINFO", tmp_path / "absent")
+    monkeypatch.setattr(posbench.evaluation.memory, "MEMINFO", tmp_path / "absent")
     assert available_memory(CPU) is None
 
 

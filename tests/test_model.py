@@ -23,7 +23,7 @@ import posbench.model
 import posbench.model.loss
 from posbench.encodings import EncodingConfig, PositionalEncoding, build_encoding, encoding_names
 from posbench.errors import PosbenchError
-from posbench.memory import inference_memory_bytes
+from posbench.evaluation.memory import inference_memory_bytes
 from posbench.model.args import ModelArgs
 from posbench.model.model import CausalSelfAttention, Transformer
 

@@ -15,13 +15,13 @@ import torch
 from conftest import TINY_REVERSE_STRING
 from test_checkpoint import SHORT, assert_same_run, at_batch, crash
 
-from posbench import diagnose as diagnose_module
 from posbench.cli import main
 from posbench.config import compose_config, validate
 from posbench.data import Corpus, load_data, sample_positions
-from posbench.diagnose import diagnose_run
 from posbench.encodings import build_encoding, encoding_names
 from posbench.errors import PosbenchError
+from posbench.evaluation import diagnose as diagnose_module
+from posbench.evaluation.diagnose import diagnose_run
 from posbench.evaluation.perplexity import evaluate_length
 from posbench.evaluation.positions import RandomPositions, eval_positions
 from posbench.model import Transformer, build_model

@@ -15,8 +15,8 @@ from posbench.config import compose_config, validate
 from posbench.data import WINDOW_TASKS, load_corpus, load_data
 from posbench.data.passkey import QUESTION
 from posbench.data.recall import pairs_in
-from posbench.diagnose import diagnose_run
 from posbench.errors import PosbenchError
+from posbench.evaluation.diagnose import diagnose_run
 from posbench.train import train
 
 LENGTHS = {

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import NoReturn
 
 from posbench.commands.exits import fail
-from posbench.reevaluate import default_run
+from posbench.evaluation.reevaluate import default_run
 from posbench.system.threads import AUTO
 
 

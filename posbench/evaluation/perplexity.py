@@ -45,8 +45,8 @@ import torch
 from tqdm.auto import tqdm
 
 from posbench.data import Bytes, Offsets, byte_is_whitespace, gather_windows
+from posbench.evaluation.memory import fitting_batch_size
 from posbench.evaluation.positions import RandomPositions, positions_record
-from posbench.memory import fitting_batch_size
 from posbench.model import Transformer
 from posbench.model.random_positions import PositionDraw
 from posbench.system.precision import autocast

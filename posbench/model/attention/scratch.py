@@ -1,5 +1,5 @@
 """``attention_scratch_elements``: an upper estimate of the memory causal_attention's paths hold in
-evaluation, for the model's estimate of what evaluation needs (posbench/memory.py).
+evaluation, for the model's estimate of what evaluation needs (posbench/evaluation/memory.py).
 """
 
 from __future__ import annotations

@@ -47,6 +47,7 @@ from posbench.config import resolve_device
 from posbench.data import Bytes, Offsets, gather_windows, load_corpus
 from posbench.encodings import PositionalEncoding
 from posbench.errors import PosbenchError
+from posbench.evaluation.memory import available_memory, inference_memory_bytes
 from posbench.evaluation.perplexity import (
     document_bounds,
     document_windows,
@@ -54,7 +55,6 @@ from posbench.evaluation.perplexity import (
     too_short,
 )
 from posbench.evaluation.positions import RandomPositions, eval_positions, positions_record
-from posbench.memory import available_memory, inference_memory_bytes
 from posbench.model import Transformer
 from posbench.model.attention import attention_probabilities
 from posbench.model.random_positions import PositionDraw
@@ -234,8 +234,8 @@ def diagnose(
 def diagnosis_memory_bytes(model: Transformer, length: int, consecutive: bool = True) -> int:
     """An upper estimate of the memory ``diagnose`` adds for one window of ``length`` tokens at
     ``consecutive`` positions (else at randomized ones): the forward pass
-    (posbench.memory.inference_memory_bytes), the recorded attention inputs of every layer, one
-    layer's q and k, and one block of scores."""
+    (posbench.evaluation.memory.inference_memory_bytes), the recorded attention inputs of every
+    layer, one layer's q and k, and one block of scores."""
     a = model.args
     elements = a.n_layer * length * a.d_model + 2 * length * a.d_model
     elements += LIVE_SCORE_COPIES * a.n_head * diagnose_block_size(a.n_head, length) * length
