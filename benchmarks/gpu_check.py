@@ -39,7 +39,7 @@ from posbench.encodings import encoding_names
 from posbench.evaluation.run import evaluate_run
 from posbench.system.atomic import write_json
 from posbench.system.precision import resolve_precision
-from posbench.train import train
+from posbench.training.train import train
 
 MIB = 2**20
 BOUNDED = {"learned"}  # a table of train.seq_len positions: longer lengths are unsupported

@@ -50,8 +50,8 @@ from posbench.model import build_model
 from posbench.model.attention import unbiased_causal_attention
 from posbench.model.attention.fused import fused_attention
 from posbench.system.precision import bf16_hardware, compile_for_training, resolve_precision
-from posbench.train import make_optimizer, train
-from posbench.train_loop import train_step
+from posbench.training.train import make_optimizer, train
+from posbench.training.train_loop import train_step
 
 MODELS = ("tiny", "small", "base")
 VARIANTS = ("fp32", "bf16", "bf16-sdpa", "bf16-fused", "bf16-compile")

@@ -12,9 +12,9 @@ os.environ["HF_DATASETS_OFFLINE"] = "1"
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["TQDM_DISABLE"] = "1"
 
-# posbench.train is the training function (posbench/__init__.py); tests that replace what it
-# calls (train_steps, registered_threads) take its module from here.
-train_module = importlib.import_module("posbench.train")
+# The module of posbench.train, the training function: tests that replace what it calls
+# (train_steps, registered_threads) take it from here.
+train_module = importlib.import_module("posbench.training.train")
 
 # pytest-xdist runs one worker per core (pyproject's addopts). Each worker keeps to a core of
 # its own, and so do the posbench processes it starts (threads=auto counts the affinity mask):

@@ -48,14 +48,13 @@ def test_evaluate_takes_any_model_and_byte_tensor(run_dir):
 def test_every_public_name_imports_from_posbench_as_the_object_it_names(name):
     namespace = {}
     exec(f"from posbench import {name}", namespace)  # as a notebook imports it
-    # posbench.train is also a module's name (posbench/train.py): the API's is the function
     expected = {"data": ModuleType, "Diverged": type}.get(name, FunctionType)
     assert isinstance(namespace[name], expected)
 
 
 def test_diverged_is_exported_and_is_the_training_loops_error():
     from posbench.errors import PosbenchError
-    from posbench.train_loop import Diverged
+    from posbench.training.train_loop import Diverged
 
     assert posbench.Diverged is Diverged and issubclass(posbench.Diverged, PosbenchError)
 

@@ -25,7 +25,7 @@ from posbench.evaluation.task_accuracy import evaluate_task
 from posbench.model import build_model
 from posbench.model.attention import blocks
 from posbench.model.attention.bidirectional import TwoSidedBiases, bidirectional_attention
-from posbench.train import make_optimizer
+from posbench.training.train import make_optimizer
 
 H, HS = 4, 8
 

@@ -14,7 +14,7 @@ from posbench.config import compose_config
 from posbench.encodings import encoding_names
 from posbench.evaluation.perplexity import evaluate
 from posbench.model import Transformer, build_model
-from posbench.train import make_optimizer, train
+from posbench.training.train import make_optimizer, train
 
 pytestmark = pytest.mark.cuda
 # a bias of the distance alone: flex_attention on CUDA (FIRE's, while no query is past its

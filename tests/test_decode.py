@@ -20,7 +20,7 @@ from posbench.evaluation.task_accuracy import evaluate_task_length
 from posbench.model import Transformer, build_model
 from posbench.model.kv_cache import DecodeCache
 from posbench.model.random_positions import PositionDraw, PositionSampler
-from posbench.train import train
+from posbench.training.train import train
 
 B, T, PROMPT = 3, 14, 5  # sequences, tokens, the tokens cached at once before the steps
 ATOL = 1e-5  # cached and recomputed logits agree to this in fp32

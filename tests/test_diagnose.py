@@ -29,7 +29,7 @@ from posbench.model.args import ModelArgs
 from posbench.model.attention import attention_probabilities
 from posbench.model.random_positions import PositionDraw, PositionSampler, randomizes_distances
 from posbench.runs.directory import load_run_config
-from posbench.train import train
+from posbench.training.train import train
 
 S = 16  # the training length of the hand-built models
 

@@ -12,7 +12,7 @@ from posbench.data.algorithmic.kazemnejad import KazemnejadTask
 from posbench.encodings import encoding_names
 from posbench.errors import PosbenchError
 from posbench.system.output_dirs import register_output_dir_resolvers
-from posbench.train_loop import lr_at
+from posbench.training.train_loop import lr_at
 
 
 def swept_values(cfg, key: str) -> list[str]:

@@ -15,7 +15,6 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from posbench.checkpoint import TrainProgress, restore_checkpoint
 from posbench.config import compose_config
 from posbench.encodings import alibi_slopes, build_encoding
 from posbench.encodings.fire import FireRelativeBias
@@ -23,7 +22,8 @@ from posbench.errors import PosbenchError
 from posbench.evaluation.memory import inference_memory_bytes
 from posbench.model import build_model
 from posbench.runs.directory import WEIGHTS_FILE, load_weights, save_weights
-from posbench.train import make_optimizer
+from posbench.training.checkpoint import TrainProgress, restore_checkpoint
+from posbench.training.train import make_optimizer
 
 F64 = torch.float64
 

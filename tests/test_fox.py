@@ -24,7 +24,7 @@ from posbench.config import compose_config
 from posbench.data import sample_positions
 from posbench.encodings import build_encoding
 from posbench.model import build_model
-from posbench.train import make_optimizer
+from posbench.training.train import make_optimizer
 
 F64 = torch.float64
 SMALL = {"n_layer": 2, "n_head": 2, "d_model": 16}

@@ -17,13 +17,13 @@ from conftest import TINY, error_line, posbench
 
 from posbench.commands.overrides import group_options
 from posbench.config import compose_config
-from posbench.resume import changed_keys
 from posbench.runs import loggers
 from posbench.runs.directory import SWEEP_MARKER
 from posbench.runs.loggers import NoLogger, open_logger
 from posbench.runs.loggers.wandb import RUN_FILE
 from posbench.runs.tensorboard_log import TrainedLengths
-from posbench.train import train
+from posbench.training.resume import changed_keys
+from posbench.training.train import train
 
 AT_16 = TrainedLengths.tokens(16)
 

@@ -9,7 +9,6 @@ import torch.nn.functional as F
 from conftest import TINY, TINY_REVERSE_STRING, chunked_calls
 
 import posbench.model.loss
-from posbench.checkpoint import load_checkpoint
 from posbench.cli import main
 from posbench.config import compose_config
 from posbench.data import Corpus, load_data
@@ -29,8 +28,9 @@ from posbench.model.random_positions import (
 )
 from posbench.runs.directory import CHECKPOINT_FILE
 from posbench.system.precision import BF16_MIN_D_MODEL, autocast, bf16_hardware, resolve_precision
-from posbench.train import train
-from posbench.train_loop import train_step
+from posbench.training.checkpoint import load_checkpoint
+from posbench.training.train import train
+from posbench.training.train_loop import train_step
 
 CPU, CUDA = torch.device("cpu"), torch.device("cuda")
 # bf16 keeps 8 significant bits: one rounding is off by at most u = 2^-9 relative. A bf16

@@ -34,8 +34,8 @@ from posbench.model.random_positions import (
     row_lengths,
 )
 from posbench.runs.directory import load_run_config
-from posbench.train import make_optimizer, train
-from posbench.train_loop import train_step, validation_loss
+from posbench.training.train import make_optimizer, train
+from posbench.training.train_loop import train_step, validation_loss
 
 SMALL = ModelArgs(n_layer=1, n_head=2, d_model=16)
 SMALL2 = ModelArgs(n_layer=2, n_head=2, d_model=16)

@@ -13,7 +13,7 @@ from conftest import TINY, error_line, posbench
 from posbench.config import compose_config
 from posbench.errors import PosbenchError
 from posbench.runs.directory import CHECKPOINT_FILE
-from posbench.train import train
+from posbench.training.train import train
 
 RUN = [*TINY, "train.checkpoint_every=20"]
 

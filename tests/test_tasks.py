@@ -17,7 +17,7 @@ from posbench.data.passkey import QUESTION
 from posbench.data.recall import pairs_in
 from posbench.errors import PosbenchError
 from posbench.evaluation.diagnose import diagnose_run
-from posbench.train import train
+from posbench.training.train import train
 
 LENGTHS = {
     "passkey": [102, 103, 200, 1000],

@@ -17,7 +17,6 @@ import posbench.system.threads
 from posbench.config import compose_config, validate
 from posbench.data import Corpus
 from posbench.errors import PosbenchError
-from posbench.resume import check_resumable
 from posbench.system.cpu_load import CpuLoad
 from posbench.system.job_registry import Job
 from posbench.system.threads import (
@@ -38,7 +37,8 @@ from posbench.system.threads import (
     use_threads,
     warn_if_oversubscribed,
 )
-from posbench.train import train
+from posbench.training.resume import check_resumable
+from posbench.training.train import train
 
 JOBLIB = {"_target_": JOBLIB_LAUNCHER, "n_jobs": 2}
 BASIC = {"_target_": "hydra._internal.core_plugins.basic_launcher.BasicLauncher"}

@@ -3,7 +3,7 @@ results.json is results.py's).
 
     <run>/model.safetensors  weights + (in the header metadata) everything needed to rebuild them
     <run>/config.yaml        the fully resolved config the run was trained with
-    <run>/checkpoint.pt      training state for resuming (posbench/checkpoint.py)
+    <run>/checkpoint.pt      training state for resuming (posbench/training/checkpoint.py)
     <run>/results.json       training summary and one record per evaluated length
     <run>/events.out.tfevents.*  TensorBoard scalars, hparams and figures (logger=tensorboard)
     <run>/wandb/, wandb_run.json  W&B's local files, and the W&B run's id and group (logger=wandb)
@@ -39,7 +39,7 @@ WEIGHTS_FILE = "model.safetensors"
 CONFIG_FILE = "config.yaml"
 TOKENIZER_FILE = "tokenizer.json"  # a run on tokens (data.tokenizer): the tokenizer it used
 RESULTS_FILE = "results.json"
-CHECKPOINT_FILE = "checkpoint.pt"  # posbench/checkpoint.py writes it
+CHECKPOINT_FILE = "checkpoint.pt"  # posbench/training/checkpoint.py writes it
 METADATA_KEY = "posbench"
 # Hydra writes this file into every sweep directory, next to the sweep's job directories.
 SWEEP_MARKER = "multirun.yaml"

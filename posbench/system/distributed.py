@@ -1,8 +1,8 @@
 """Data-parallel training across processes: torchrun on one node, SLURM tasks through submitit.
 
 Every rank runs the same ``posbench train`` and trains the same model on its own slice of
-each global batch (posbench/train_loop.py); DistributedDataParallel averages the gradients. This
-module holds the plumbing, so the loop stays a loop:
+each global batch (posbench/training/train_loop.py); DistributedDataParallel averages the
+gradients. This module holds the plumbing, so the loop stays a loop:
 
 * where the ranks come from: torchrun's environment (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``,
   ``LOCAL_WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``), or a submitit task's SLURM

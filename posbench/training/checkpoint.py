@@ -3,8 +3,8 @@
     <run>/checkpoint.pt   model, optimizer and batch-sampler states, and the loop's progress
 
 (Dropout's generators are seeded from the seed, the step and the rank at every step:
-posbench.train_loop.seed_dropout.) ``Checkpointer`` writes it when it is due; which checkpoint a
-run resumes from, and what it may change on resume, is posbench/resume.py's.
+posbench.training.train_loop.seed_dropout.) ``Checkpointer`` writes it when it is due; which
+checkpoint a run resumes from, and what it may change on resume, is resume.py's.
 
 The file holds tensors and plain Python values only and is read with
 ``torch.load(weights_only=True)``, whose unpickler refuses anything else, so loading a

@@ -3,7 +3,7 @@
 A plain function that returns the results it also writes to ``run_dir``; the Hydra entry point
 in posbench/commands/train.py is a thin wrapper around it. ``train`` builds the run's parts
 once (data, model, optimizer, batch sampler, checkpointer, run logger, precision),
-``train_steps`` (posbench/train_loop.py) runs the optimisation loop over those objects, and
+``train_steps`` (train_loop.py) runs the optimisation loop over those objects, and
 ``evaluate_and_record`` writes the run.
 """
 
@@ -17,15 +17,12 @@ from typing import Any
 import torch
 from omegaconf import DictConfig
 
-from posbench.checkpoint import Checkpointer, TrainProgress, restore_checkpoint
 from posbench.config import choice, eval_lengths, resolve_device, validate
 from posbench.data import Corpus, Task, load_data
 from posbench.evaluation.positions import eval_positions
 from posbench.evaluation.run import evaluate_data
-from posbench.finetune import fine_tune_config, load_parent_weights
 from posbench.model import Transformer, build_model
 from posbench.model.random_positions import position_sampler
-from posbench.resume import already_finished, check_resume_precision, checkpoint_to_resume
 from posbench.runs.directory import prepare_run_dir, save_config, save_tokenizer, save_weights
 from posbench.runs.loggers import RunLogger, open_logger
 from posbench.runs.results import (
@@ -45,7 +42,10 @@ from posbench.system.threads import (
     use_threads,
     warn_if_oversubscribed,
 )
-from posbench.train_loop import Diverged, LoopSettings, train_steps
+from posbench.training.checkpoint import Checkpointer, TrainProgress, restore_checkpoint
+from posbench.training.finetune import fine_tune_config, load_parent_weights
+from posbench.training.resume import already_finished, check_resume_precision, checkpoint_to_resume
+from posbench.training.train_loop import Diverged, LoopSettings, train_steps
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +54,7 @@ def train(cfg: DictConfig, run_dir: str | Path) -> dict[str, Any]:
     """Train the configured model, evaluate it at every eval length, and write the run.
 
     With ``train.resume`` it continues from ``run_dir``'s checkpoint when there is one
-    (posbench/resume.py). Returns the content of ``run_dir/results.json``; raises
+    (resume.py). Returns the content of ``run_dir/results.json``; raises
     Diverged (after recording ``"status": "diverged"``) or TrainingInterrupted.
     """
     # Under torchrun or SLURM: join the other ranks (posbench/system/distributed.py)

@@ -14,12 +14,12 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from posbench.checkpoint import load_checkpoint, trained_precision
 from posbench.config import flat_config
 from posbench.errors import PosbenchError
-from posbench.finetune import fine_tune_config
 from posbench.runs.directory import CHECKPOINT_FILE, CONFIG_FILE, saved_config
 from posbench.runs.results import read_results
+from posbench.training.checkpoint import load_checkpoint, trained_precision
+from posbench.training.finetune import fine_tune_config
 
 log = logging.getLogger(__name__)
 

@@ -1,4 +1,4 @@
-"""The optimisation loop over the parts ``train`` built (posbench/train.py): ``train_steps``
+"""The optimisation loop over the parts ``train`` built (train.py): ``train_steps``
 runs from a fresh start or a checkpoint to the last step, one ``train_step`` at a time (the
 global batch, its randomized positions, its rows cut to the width their answers reach, the
 learning rate), validating, logging and checkpointing as it goes; it ends early with Diverged
@@ -21,7 +21,6 @@ import torch
 from omegaconf import DictConfig
 from tqdm.auto import tqdm
 
-from posbench.checkpoint import Checkpointer, TrainProgress
 from posbench.data import IGNORE, Corpus, Task
 from posbench.errors import PosbenchError
 from posbench.evaluation.positions import RandomPositions
@@ -32,6 +31,7 @@ from posbench.system import distributed
 from posbench.system.precision import autocast, compile_for_training
 from posbench.system.signals import stop_requests
 from posbench.system.threads import ThreadController
+from posbench.training.checkpoint import Checkpointer, TrainProgress
 
 log = logging.getLogger(__name__)
 
