@@ -24,7 +24,11 @@ from posbench.encodings import ENCODINGS, build_encoding
 from posbench.errors import PosbenchError
 from posbench.model.args import ModelArgs
 from posbench.model.attention.bidirectional import check_two_sided
-from posbench.model.random_positions import RandomPositionsMode, position_sampler
+from posbench.model.random_positions import (
+    PositionSampler,
+    RandomPositionsMode,
+    randomizes_distances,
+)
 from posbench.system.distributed import check_divisible, world_size
 from posbench.system.threads import AUTO, is_threads_setting
 
@@ -251,6 +255,34 @@ def eval_lengths(cfg: DictConfig) -> list[int]:
     if cfg.eval.lengths is not None:
         return list(cfg.eval.lengths)
     return [m * cfg.train.seq_len for m in DEFAULT_LENGTH_MULTIPLES]
+
+
+def position_sampler(cfg: DictConfig) -> PositionSampler | None:
+    """How the run configured by ``cfg`` draws its randomized positions (None: it trains at
+    0..T-1), its ``auto`` mode resolved for its encoding. Runs saved before
+    ``train.random_positions_per_layer`` and ``train.random_positions_mode`` existed drew one
+    subset of positions for every layer: they keep it. Raises PosbenchError for a distances
+    mode the encoding cannot take."""
+    n_positions = OmegaConf.select(cfg, "train.random_positions")
+    if n_positions is None:
+        return None
+    per_layer = OmegaConf.select(cfg, "train.random_positions_per_layer", default=False)
+    setting = OmegaConf.select(cfg, "train.random_positions_mode", default="positions")
+    setting = setting.value if isinstance(setting, Enum) else setting
+    n_layer = cfg.model.n_layer
+    with torch.device("meta"):  # the layers' encodings, no table allocated
+        encoding = build_encoding(cfg.encoding, cfg.model.d_model, cfg.model.n_head)
+        distances = randomizes_distances(encoding.layer_encodings(n_layer))
+    if setting == "distances" and not distances:
+        raise PosbenchError(
+            "train.random_positions_mode=distances randomizes the distances of a bias of the "
+            f"distance alone (alibi, t5, kerple, sandwich); encoding={cfg.encoding.name} reads "
+            "positions otherwise: use train.random_positions_mode=auto or positions"
+        )
+    mode = (
+        "distances" if setting == "distances" or (setting == "auto" and distances) else "positions"
+    )
+    return PositionSampler(n_positions, n_layer, per_layer, mode)
 
 
 def check_length_keys(cfg: DictConfig) -> None:

@@ -16,11 +16,10 @@ from conftest import TINY, TINY_REVERSE_STRING, TINY_RUN, TINY_SYNTHETIC
 from safetensors.torch import load_file
 
 import posbench.training.checkpoint
-from posbench.config import compose_config, validate
+from posbench.config import compose_config, position_sampler, validate
 from posbench.data import load_data
 from posbench.errors import PosbenchError
 from posbench.model import build_model
-from posbench.model.random_positions import position_sampler
 from posbench.runs.directory import CHECKPOINT_FILE
 from posbench.system import distributed
 from posbench.system.threads import jobs_at_once

@@ -10,7 +10,7 @@ from conftest import TINY, TINY_REVERSE_STRING, chunked_calls
 
 import posbench.model.loss
 from posbench.cli import main
-from posbench.config import compose_config
+from posbench.config import compose_config, position_sampler
 from posbench.data import Corpus, load_data
 from posbench.encodings import ENCODINGS
 from posbench.encodings.rope import SCALING_METHODS
@@ -20,12 +20,7 @@ from posbench.evaluation.run import evaluate_run
 from posbench.evaluation.task_accuracy import evaluate_task_length
 from posbench.model import build_model
 from posbench.model.attention import unbiased_causal_attention
-from posbench.model.random_positions import (
-    PositionDraw,
-    PositionSampler,
-    position_sampler,
-    randomizes_distances,
-)
+from posbench.model.random_positions import PositionDraw, PositionSampler, randomizes_distances
 from posbench.runs.directory import CHECKPOINT_FILE
 from posbench.system.precision import BF16_MIN_D_MODEL, autocast, bf16_hardware, resolve_precision
 from posbench.training.checkpoint import load_checkpoint

@@ -16,7 +16,7 @@ from conftest import TINY_REVERSE_STRING
 from test_checkpoint import SHORT, assert_same_run, at_batch, crash
 
 from posbench.cli import main
-from posbench.config import compose_config, validate
+from posbench.config import compose_config, position_sampler, validate
 from posbench.data import Corpus, load_data, sample_positions
 from posbench.encodings import build_encoding, encoding_names
 from posbench.errors import PosbenchError
@@ -27,12 +27,7 @@ from posbench.evaluation.positions import RandomPositions, eval_positions
 from posbench.model import Transformer, build_model
 from posbench.model.args import ModelArgs
 from posbench.model.attention import QueryBlockBiases, causal_attention
-from posbench.model.random_positions import (
-    PositionSampler,
-    position_sampler,
-    randomizes_distances,
-    row_lengths,
-)
+from posbench.model.random_positions import PositionSampler, randomizes_distances, row_lengths
 from posbench.runs.directory import load_run_config
 from posbench.training.train import make_optimizer, train
 from posbench.training.train_loop import train_step, validation_loss

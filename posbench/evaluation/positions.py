@@ -26,9 +26,9 @@ import numpy as np
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from posbench.config import choice
+from posbench.config import choice, position_sampler
 from posbench.errors import PosbenchError
-from posbench.model.random_positions import PositionDraw, PositionSampler, position_sampler
+from posbench.model.random_positions import PositionDraw, PositionSampler
 
 # The record fields of an evaluation at positions 0..L-1.
 CONSECUTIVE = {

@@ -17,12 +17,11 @@ from typing import Any
 import torch
 from omegaconf import DictConfig
 
-from posbench.config import choice, eval_lengths, resolve_device, validate
+from posbench.config import choice, eval_lengths, position_sampler, resolve_device, validate
 from posbench.data import Corpus, Task, load_data
 from posbench.evaluation.positions import eval_positions
 from posbench.evaluation.run import evaluate_data
 from posbench.model import Transformer, build_model
-from posbench.model.random_positions import position_sampler
 from posbench.runs.directory import prepare_run_dir, save_config, save_tokenizer, save_weights
 from posbench.runs.loggers import RunLogger, open_logger
 from posbench.runs.results import (
