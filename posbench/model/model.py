@@ -1,12 +1,12 @@
 """A small decoder-only transformer whose positional encoding is pluggable.
 
-Read top to bottom: attention -> MLP -> block -> Transformer, built from ModelArgs
-(args.py). The model asks its encoding (posbench.encodings.base.PositionalEncoding,
-whose docstring tables its hooks) to embed, transform queries and keys, and bias, and never
-branches on which encoding it has. How attention adds a bias (fused kernels, blocks of queries,
-a hand-written backward) is attention/'s business: the model calls its one entry
-point, causal_attention (or, with ``causal=False``, attention/bidirectional.py's). The
-loss is loss.py's, the memory a forward pass needs posbench/evaluation/memory.py's estimate.
+Read top to bottom: attention -> MLP -> block -> Transformer, built from ModelArgs (args.py).
+The model asks its encoding (posbench.encodings.base.PositionalEncoding, whose docstring tables
+its hooks) to embed, transform queries and keys, and bias, and never branches on which encoding
+it has. How attention adds a bias (fused kernels, blocks of queries, a hand-written backward) is
+attention/'s business: the model calls its one entry point, causal_attention (or, with
+``causal=False``, attention/bidirectional.py's). The loss is loss.py's, the memory a forward
+pass needs posbench/evaluation/memory.py's estimate.
 """
 
 from __future__ import annotations

@@ -37,8 +37,8 @@ def write_results(run_dir: Path, results: dict[str, Any]) -> None:
 
 
 # results.json of a training run, assembled as the run goes: what ran (run_description), then
-# how training ended (train_loop.py's train_summary, or the diverged record), then one record
-# per evaluated length.
+# how training ended (training/train_loop.py's train_summary, or the diverged record), then one
+# record per evaluated length.
 
 
 def run_description(
