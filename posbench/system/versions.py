@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-SOURCE_ROOT = Path(__file__).resolve().parents[1]  # a clone's top, when posbench runs from one
+SOURCE_ROOT = Path(__file__).resolve().parents[2]  # a clone's top, when posbench runs from one
 
 
 def code_versions() -> dict[str, Any]:
