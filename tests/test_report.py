@@ -1010,6 +1010,25 @@ def test_a_summary_gives_back_each_runs_config_and_records(tmp_path):
     assert back == {run.path.name: (run.config, run.results) for run in runs}
 
 
+def test_a_summary_keeps_a_key_absent_where_a_record_lacked_it_and_curves_exact(tmp_path):
+    """loss_by_position stands in the longest length's record only: read back, the others still
+    lack it (a None there would be a curve the report cannot read), and its buckets come back
+    as they were (the summary stores them as columns)."""
+    from posbench.report.read import find_runs
+    from posbench.report.summary import read_summary, write_summary
+
+    for seed in (0, 1):
+        run = make_run(tmp_path / "s" / f"r{seed}", seed=seed, ppls={16: 5.0, 40: 6.0})
+        add_loss_by_position(run, 40, dict(zip(BUCKETS, [2.0, 1.0, 3.0, 4.0 + seed], strict=True)))
+    runs, _ = find_runs([tmp_path / "s"])
+    write_summary(tmp_path / "sweep.json", runs, [tmp_path / "s"])
+    back = {run.path.name: run.results for run in read_summary(tmp_path / "sweep.json")}
+    assert back == {run.path.name: run.results for run in runs}
+    assert "loss_by_position" not in back["r0"]["eval"][0]
+    (group,) = build_report(tmp_path / "sweep.json").groups
+    assert group.position_length == 40
+
+
 def test_a_file_that_is_no_summary_is_a_one_line_error(tmp_path):
     (tmp_path / "other.json").write_text('{"eval": []}')
     with pytest.raises(PosbenchError, match="not a posbench summary") as err:

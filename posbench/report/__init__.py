@@ -18,7 +18,8 @@ figures.py    the PNG figures and the TensorBoard runs
 run_table.py  one run's records as a terminal table, and the ratio's wording both share
 reference.py  a sweep against published numbers (--reference): the rows that meet them, the
               warnings where they do not
-docs.py       README's and docs/'s result tables and figures, rendered from results/
+published.py  a published table: a result whose runs are gone, kept with its provenance
+docs/         README's and docs/'s result tables and figures, rendered from results/
 
 Every run below DIR (a directory holding results.json, config.yaml or Hydra's .hydra/) is
 read; runs that differ only in their seed are averaged, and runs whose training setting

@@ -11,7 +11,7 @@ config keys equal in every run are stored once, the evaluation records as column
 equal in every record once), floats to SIGNIFICANT_DIGITS significant digits. Reading it gives
 back the runs' config and results as dicts, rounding aside, so a report of the summary is the
 report of the runs. Re-measuring a result means replacing its summary (docs are rendered from
-it: posbench/report/docs.py).
+it: posbench/report/docs/).
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ import torch
 from omegaconf import OmegaConf
 
 from posbench.errors import PosbenchError
+from posbench.report.published import is_published_table
 from posbench.report.run import Run
 from posbench.runs.directory import RESULTS_FILE
 from posbench.system.atomic import atomic_write
@@ -90,6 +91,11 @@ def read_summary(path: Path) -> list[Run]:
         content = json.loads(path.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
         raise PosbenchError(f"{path} is not a readable summary ({err}); write it again") from err
+    if is_published_table(content):
+        raise PosbenchError(
+            f"{path} is a published table, not a summary: it holds no per-run records to "
+            "report (python -m posbench.report.docs renders it)"
+        )
     if not isinstance(content, dict) or content.get("format") != SUMMARY_FORMAT:
         raise PosbenchError(
             f'{path} is not a posbench summary (no "format": "{SUMMARY_FORMAT}"); pass a '
@@ -124,17 +130,21 @@ def run_name(run: Run, sweeps: Sequence[Path]) -> str:
 
 def compact_results(results: dict[str, Any]) -> dict[str, Any]:
     """results.json with its evaluation records as columns: ``{"constant": {key: value},
-    "columns": {key: [value per record]}}``."""
+    "columns": {key: [value per record]}, "absent": {key: [index of a record without it]}}``
+    (a key some records lack, e.g. loss_by_position, stays absent from them when read back)."""
     records = results.get("eval", [])
     keys = list(dict.fromkeys(key for record in records for key in record))
-    constant, columns = {}, {}
+    constant, columns, absent = {}, {}, {}
     for key in keys:
-        values = [record.get(key) for record in records]
+        values = [as_table(record.get(key)) for record in records]
         if all(json.dumps(v) == json.dumps(values[0]) for v in values):
             constant[key] = values[0]
         else:
             columns[key] = values
-    return {**results, "eval": {"records": len(records), "constant": constant, "columns": columns}}
+        if lacking := [i for i, record in enumerate(records) if key not in record]:
+            absent[key] = lacking
+    table = {"records": len(records), "constant": constant, "columns": columns}
+    return {**results, "eval": {**table, **({"absent": absent} if absent else {})}}
 
 
 def expanded_results(results: dict[str, Any]) -> dict[str, Any]:
@@ -144,7 +154,32 @@ def expanded_results(results: dict[str, Any]) -> dict[str, Any]:
     for key, values in table["columns"].items():
         for record, value in zip(records, values, strict=True):
             record[key] = value
+    for record in records:
+        record.update({key: from_table(value) for key, value in record.items()})
+    for key, lacking in table.get("absent", {}).items():
+        for i in lacking:
+            del records[i][key]
     return {**results, "eval": records}
+
+
+def as_table(value: Any) -> Any:
+    """A list of dicts with the same keys (a loss-by-position curve's buckets) as one dict of
+    columns, ``{"table": {key: [value per item]}}``, a third of its size; anything else as it
+    is."""
+    if not isinstance(value, list) or not value or not isinstance(value[0], dict):
+        return value
+    keys = list(value[0])
+    if not all(isinstance(item, dict) and list(item) == keys for item in value):
+        return value
+    return {"table": {key: [item[key] for item in value] for key in keys}}
+
+
+def from_table(value: Any) -> Any:
+    """``as_table`` undone."""
+    if not (isinstance(value, dict) and list(value) == ["table"]):
+        return value
+    columns = value["table"]
+    return [dict(zip(columns, items, strict=True)) for items in zip(*columns.values(), strict=True)]
 
 
 def rounded(value: Any) -> Any:
@@ -159,9 +194,9 @@ def rounded(value: Any) -> Any:
 
 
 def provenance(runs: Sequence[Run], sweeps: Sequence[Path]) -> dict[str, Any]:
-    """The sweeps' commands (from Hydra's multirun.yaml), the commits that trained the runs,
-    this machine, today's date and the sweeps' wall time: the first job's start (its
-    directory's .hydra/) to the last results.json."""
+    """The sweeps' commands (from Hydra's multirun.yaml) and directory names, the commits that
+    trained the runs, this machine, today's date and the sweeps' wall time: the first job's
+    start (its directory's .hydra/) to the last results.json."""
     started = [
         os.stat(run.path / ".hydra").st_mtime for run in runs if (run.path / ".hydra").is_dir()
     ]
@@ -169,6 +204,7 @@ def provenance(runs: Sequence[Run], sweeps: Sequence[Path]) -> dict[str, Any]:
     commits = sorted({str(run.results.get("versions", {}).get("git_commit")) for run in runs})
     return {
         "commands": [sweep_command(sweep) for sweep in sweeps],
+        "sweeps": [sweep.resolve().name for sweep in sweeps],  # run names start with these
         "runs": len(runs),
         "posbench_commits": commits,
         "machine": machine_description(),

@@ -1,0 +1,135 @@
+"""README's and docs/'s results, rendered from the summaries committed under results/ (summary.py;
+published.py for a result whose runs are gone), never typed:
+
+    python -m posbench.report.docs           # re-render every block and figure from results/
+    python -m posbench.report.docs --check   # exit 1, naming each block a hand edit changed
+
+A block in a Markdown file sits between ``<!-- rendered: NAME -->`` and ``<!-- /rendered -->``;
+NAME is one of BLOCKS, each drawn from one summary by one function. FIGURES are the PNGs drawn
+the same way (the check compares the Markdown only: a PNG's bytes vary with the fonts and the
+matplotlib build). Re-measuring a result: replace its summary, run this, commit both.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from posbench.report.docs.algorithmic import accuracy_panels, compact_table, detail_tables
+from posbench.report.docs.published import (
+    published_provenance,
+    published_ratio_figure,
+    published_ratio_table,
+)
+from posbench.report.docs.source import Source, provenance_line
+from posbench.report.figures import FIGURE_DPI
+from posbench.report.published import (
+    PublishedTable,
+    is_published_table,
+    read_published_table,
+)
+from posbench.system.atomic import atomic_path, atomic_write
+
+ROOT = Path(__file__).resolve().parents[3]  # the repository: README.md, docs/, results/
+PAGES = ("README.md", "docs")  # the Markdown searched for blocks (docs/: every page)
+RENDERED = re.compile(
+    r"(?P<open><!-- rendered: (?P<name>[\w/.-]+) -->\n)(?P<body>.*?)(?P<close><!-- /rendered -->)",
+    re.DOTALL,
+)
+
+
+RUOSS2023_CPU = "results/ruoss2023_cpu/sweep.json"
+ALIBI_WT103_H200 = "results/alibi_wt103/h200.json"
+# block name -> (summary or published table, what it shows)
+BLOCKS: dict[str, tuple[str, Callable[[Any], str]]] = {
+    "ruoss2023_cpu/table": (RUOSS2023_CPU, compact_table),
+    "ruoss2023_cpu/provenance": (RUOSS2023_CPU, provenance_line),
+    "ruoss2023_cpu/details": (RUOSS2023_CPU, detail_tables),
+    "alibi_wt103/h200/provenance": (ALIBI_WT103_H200, published_provenance),
+    "alibi_wt103/h200/table": (ALIBI_WT103_H200, published_ratio_table),
+}
+# figure path -> (summary or published table, what it draws)
+FIGURES: dict[str, tuple[str, Callable]] = {
+    "docs/figures/ruoss2023_cpu.png": (RUOSS2023_CPU, accuracy_panels),
+    "docs/figures/alibi_protocol_wikitext2_h200.png": (ALIBI_WT103_H200, published_ratio_figure),
+}
+
+
+def load(root: Path, name: str) -> Source | PublishedTable:
+    """The file ``name`` below ``root``, read as what it is: a summary or a published table."""
+    if is_published_table(json.loads((root / name).read_text())):
+        return read_published_table(root, name)
+    return Source.load(root, name)
+
+
+def pages(root: Path) -> list[Path]:
+    return [root / "README.md", *sorted((root / "docs").rglob("*.md"))]
+
+
+def rendered_text(text: str, render: Callable[[str], str]) -> str:
+    """``text`` with every block's body replaced by ``render(name)``."""
+    return RENDERED.sub(
+        lambda m: m["open"] + render(m["name"]).rstrip("\n") + "\n" + m["close"], text
+    )
+
+
+def render(root: Path = ROOT, check: bool = False) -> list[str]:
+    """Re-render every block in README.md and docs/ (and, unless ``check``, every figure) from
+    the summaries below ``root``; return the blocks whose text differed (``check``: left as
+    they are), as ``page: block``."""
+    sources: dict[str, Source | PublishedTable] = {}
+
+    def source(summary: str) -> Source | PublishedTable:
+        if summary not in sources:
+            sources[summary] = load(root, summary)
+        return sources[summary]
+
+    def block(name: str) -> str:
+        if name not in BLOCKS:
+            raise SystemExit(f"error: no rendered block {name!r}; known: {', '.join(BLOCKS)}")
+        summary, show = BLOCKS[name]
+        return show(source(summary))
+
+    differing = []
+    for page in pages(root):
+        text = page.read_text()
+        new = rendered_text(text, block)
+        if new != text:
+            old_blocks = {m["name"]: m["body"] for m in RENDERED.finditer(text)}
+            new_blocks = {m["name"]: m["body"] for m in RENDERED.finditer(new)}
+            differing += [
+                f"{page.relative_to(root)}: {name}"
+                for name in new_blocks
+                if new_blocks[name] != old_blocks.get(name)
+            ]
+            if not check:
+                atomic_write(page, new.encode())
+    if not check:
+        for path, (summary, draw) in FIGURES.items():
+            with atomic_path(root / path) as tmp:
+                draw(source(summary)).savefig(tmp, format="png", dpi=FIGURE_DPI)
+    return differing
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        prog="python -m posbench.report.docs",
+        description="Render README's and docs/'s result tables and figures from results/.",
+    )
+    parser.add_argument(
+        "--check",
+        action="store_true",
+        help="change nothing; exit 1 naming each block whose text differs from its rendering",
+    )
+    options = parser.parse_args(argv)
+    differing = render(check=options.check)
+    for entry in differing:
+        print(("differs from its summary: " if options.check else "rendered: ") + entry)
+    if options.check and differing:
+        print("run `python -m posbench.report.docs` and commit; never edit a rendered block")
+        sys.exit(1)

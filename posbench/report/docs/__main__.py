@@ -1,0 +1,5 @@
+"""``python -m posbench.report.docs``: render README's and docs/'s results from results/."""
+
+from posbench.report.docs import main
+
+main()
