@@ -71,7 +71,7 @@ def test_the_published_figure_draws_each_encoding_in_its_colour(tmp_path):
     from matplotlib.colors import same_color
 
     from posbench.report.docs.published import published_ratio_figure
-    from posbench.report.figures import ENCODING_STYLES
+    from posbench.report.styles import ENCODING_STYLES
 
     shutil.copy(ROOT / H200, tmp_path / "h200.json")
     figure = published_ratio_figure(read_published_table(tmp_path, "h200.json"))

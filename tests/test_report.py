@@ -92,7 +92,7 @@ def test_report_writes_markdown_csv_json_png_and_tensorboard_into_dir_report(swe
     png = out / "ppl_vs_length.png"
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     height, width, _ = image.imread(png).shape
-    assert (width, height) == (FIGURE_INCHES[0] * FIGURE_DPI, FIGURE_INCHES[1] * FIGURE_DPI)
+    assert_canvas(width, height)
     for encoding in ("none", "rope"):
         events = EventAccumulator(str(out / "tensorboard" / encoding))
         events.Reload()
@@ -388,14 +388,20 @@ def test_the_figure_legend_marks_a_row_that_is_not_comparable(tmp_path):
     make_run(tmp_path / "rope", ppls={16: 5.0, 32: 9.0})
     make_run(tmp_path / "none", encoding="none", ppls={16: 8.0, 32: 8.0})
     (group,) = build_report(tmp_path).groups
-    (axes,) = value_figure(group).axes
-    labels = [text.get_text() for text in axes.get_legend().get_texts()]
+    (legend,) = value_figure(group).legends
+    labels = [text.get_text() for text in legend.get_texts()]
     assert labels == ["none (not comparable)", "rope", "train length"]
+
+
+def assert_canvas(width, height):
+    """An image of one axes: FIGURE_INCHES high, as wide or wider (its legend beside it)."""
+    assert height == FIGURE_INCHES[1] * FIGURE_DPI
+    assert width >= FIGURE_INCHES[0] * FIGURE_DPI
 
 
 def labelled_range(axes):
     """The lowest and the highest y value that a tick label names, as drawn."""
-    axes.figure.canvas.draw()
+    axes.figure.draw_without_rendering()
     low, high = sorted(axes.get_ylim())
     ticks = [*axes.yaxis.get_major_ticks(), *axes.yaxis.get_minor_ticks()]
     locations = [*axes.yaxis.get_majorticklocs(), *axes.yaxis.get_minorticklocs()]
@@ -574,7 +580,7 @@ def test_report_writes_the_loss_by_position_figure_and_curves(tmp_path):
     out = tmp_path / "report"
     write_report(build_report(tmp_path, out), out)
     height, width, _ = image.imread(out / "loss_by_position.png").shape
-    assert (width, height) == (FIGURE_INCHES[0] * FIGURE_DPI, FIGURE_INCHES[1] * FIGURE_DPI)
+    assert_canvas(width, height)
     (group,) = json.loads((out / "report.json").read_text())["groups"]
     curve = group["loss_by_position"]["rows"]["rope"]
     assert group["loss_by_position"]["length"] == 40
@@ -640,7 +646,7 @@ def test_task_runs_get_accuracy_tables_averaged_over_seeds_and_a_figure(tmp_path
     assert cells[("rope", 32)]["accuracy_mean"] == pytest.approx(0.4)
     assert cells[("rope", 32)]["sequence_accuracy_n"] == 2
     height, width, _ = image.imread(out / "accuracy_vs_length.png").shape
-    assert (width, height) == (FIGURE_INCHES[0] * FIGURE_DPI, FIGURE_INCHES[1] * FIGURE_DPI)
+    assert_canvas(width, height)
     events = EventAccumulator(str(out / "tensorboard" / "rope"))
     events.Reload()
     points = [(e.step, round(e.value, 6)) for e in events.Scalars("report/accuracy")]
@@ -1038,7 +1044,7 @@ def test_a_file_that_is_no_summary_is_a_one_line_error(tmp_path):
 
 def test_every_registered_encoding_has_a_colour_and_marker_of_its_own_in_one_family():
     from posbench.encodings import encoding_names
-    from posbench.report.figures import ENCODING_FAMILIES, ENCODING_STYLES
+    from posbench.report.styles import ENCODING_FAMILIES, ENCODING_STYLES
 
     members = [name for family in ENCODING_FAMILIES.values() for name in family]
     assert sorted(members) == sorted(ENCODING_STYLES) == sorted(encoding_names())

@@ -1,11 +1,15 @@
-"""A report's figures (matplotlib PNGs, one canvas size for all) and its TensorBoard runs, whose
-curves overlay in the Scalars tab."""
+"""A report's figures (matplotlib PNGs: each row in the colour and marker of its encoding,
+styles.py; one panel per family of encodings past PANEL_CURVES curves; the legend outside the
+data, on a canvas widened to hold it) and its TensorBoard runs, whose curves overlay in the
+Scalars tab."""
 
 from __future__ import annotations
 
 import math
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from itertools import pairwise
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -16,12 +20,24 @@ from posbench.references import Reference
 from posbench.report.cells import Stat
 from posbench.report.groups import Group, Report, Row
 from posbench.report.reference import compared_rows
+from posbench.report.styles import (
+    PANEL_CURVES,
+    family_order,
+    family_rows,
+    row_styles,
+)
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
+# The canvas of a figure of one axes before its legend widens it (outside_legend).
 FIGURE_INCHES = (8.0, 5.0)
 FIGURE_DPI = 100  # with FIGURE_INCHES: 800 x 500 pixels
+PANEL_INCHES = (4.5, 3.4)  # of each panel, where a figure has several (rows_figure)
+PANEL_MARGIN = 0.8  # inches below and above the panels: the shared x label, the title
+LEGEND_MARGIN = 0.2  # inches beside the legend, between it and the panels and at the edge
+LEGEND_STEP = 0.25  # inches: the canvas widens for its legend by whole steps
+CLOSE_LENGTHS = 1.6  # a panel slants the labels of evaluation lengths closer than this ratio
 # The perplexity axis is log scaled when its highest value is more than this many times its
 # lowest: a curve that blows up past the training length then leaves the others readable. A
 # narrower range is linear, where evenly spaced round ticks read better than a log scale's few.
@@ -33,52 +49,6 @@ LOG_MANTISSAS = ((1.0, (1, 1.5, 2, 3, 5, 7)), (3.0, (1, 2, 5)), (5.0, (1, 3)), (
 # get round ticks rather than ticks in the fourth decimal.
 MIN_LINEAR_SPAN = 0.1
 EDGE = 0.02  # of an axis's height beyond its outer ticks: a point on one shows its whole marker
-
-# matplotlib's ten default colours, then the same ten dashed, dash-dotted and dotted: a sweep
-# with more than ten rows (every encoding plus scaled re-evaluations) keeps every line distinct.
-LINE_STYLES = ("-", "--", "-.", ":")
-
-
-# One colour and marker per encoding, the same in every figure that draws encodings by name,
-# grouped by family (a figure with many encodings draws one panel per family; dashed lines are
-# kept for variants, e.g. randomized positions).
-ENCODING_FAMILIES = {
-    "no positions and absolute": {
-        "none": ("black", "o"),
-        "learned": ("tab:brown", "v"),
-        "sinusoidal": ("tab:olive", "^"),
-    },
-    "rotary": {
-        "rope": ("tab:blue", "s"),
-        "xpos": ("tab:cyan", "D"),
-        "hybrid": ("navy", "P"),
-    },
-    "additive biases": {
-        "alibi": ("tab:red", "o"),
-        "t5": ("tab:orange", "v"),
-        "kerple": ("tab:pink", "^"),
-        "fire": ("tab:purple", "s"),
-        "sandwich": ("gold", "D"),
-    },
-    "gated and contextual": {
-        "fox": ("tab:green", "P"),
-        "cope": ("tab:gray", "X"),
-    },
-}
-ENCODING_STYLES = {
-    name: style for family in ENCODING_FAMILIES.values() for name, style in family.items()
-}
-
-
-def encoding_style(encoding: str, dashed: bool = False) -> dict[str, str]:
-    """The colour and marker of ``encoding`` (ENCODING_STYLES), its line dashed for a variant."""
-    colour, marker = ENCODING_STYLES[encoding]
-    return {"color": colour, "marker": marker, "linestyle": "--" if dashed else "-"}
-
-
-def row_style(index: int) -> dict[str, str]:
-    """The colour and line style of a group's ``index``-th row, the same in every figure."""
-    return {"color": f"C{index % 10}", "linestyle": LINE_STYLES[index // 10 % len(LINE_STYLES)]}
 
 
 def legend_label(row: Row) -> str:
@@ -133,24 +103,174 @@ METRIC_AXES = {
     "word_ppl": "word-level perplexity",
 }
 
+Points = tuple[np.ndarray, np.ndarray, np.ndarray]  # a curve's x, mean and std
+
+
+@dataclass
+class Drawn:
+    """A group's rows drawn (rows_figure): the figure, each panel's axes with its rows, and
+    each row's style by id."""
+
+    figure: Figure
+    panels: list[tuple[Any, list[Row]]]
+    styles: dict[int, dict[str, Any]]
+
+    @property
+    def axes(self) -> list[Any]:
+        return [axes for axes, _ in self.panels]
+
+    @property
+    def labels(self) -> list[str]:
+        """The rows' legend labels, in the order drawn."""
+        return list(dict.fromkeys(legend_label(row) for _, rows in self.panels for row in rows))
+
+    def holding(self, encoding: str) -> Any:
+        """The axes of the first panel with a row of ``encoding`` (else the first)."""
+        held = (axes for axes, rows in self.panels if any(row.name == encoding for row in rows))
+        return next(held, self.axes[0])
+
+
+def rows_figure(
+    group: Group, points: Callable[[Row], Points | None], more: int = 0, marker_size: float = 6.0
+) -> Drawn:
+    """One curve per row that has ``points``, ± one std shaded, in the row's style (row_styles
+    over the group's rows: the same in each of the group's figures), rows in family_order:
+    one axes on FIGURE_INCHES, or past PANEL_CURVES curves (``more``: those the caller adds)
+    one panel per family (family_rows), axes shared; titled by the group."""
+    curves = {id(row): p for row in group.rows if (p := points(row)) is not None}
+    rows = family_order([row for row in group.rows if id(row) in curves])
+    styles = dict(zip(map(id, group.rows), row_styles(group.rows), strict=True))
+    panels = family_rows(rows) if len(rows) + more > PANEL_CURVES else [("", rows)]
+    figure, grid = canvas(len(panels))
+    for axes, (family, members) in zip(grid, panels, strict=True):
+        for row in members:
+            x, mean, std = curves[id(row)]
+            style = styles[id(row)]
+            axes.plot(x, mean, label=legend_label(row), markersize=marker_size, **style)
+            axes.fill_between(x, mean - std, mean + std, color=style["color"], alpha=0.15, lw=0)
+        axes.grid(True, which="both", alpha=0.3)
+        if len(panels) > 1:
+            axes.set_title(family, fontsize="medium")
+    if len(panels) > 1:
+        figure.suptitle(group.title, fontsize="medium")
+    else:
+        grid[0].set_title(group.title, fontsize="small")
+    drawn = [(axes, rows) for axes, (_, rows) in zip(grid, panels, strict=True)]
+    return Drawn(figure, drawn, styles)
+
+
+def canvas(panels: int) -> tuple[Figure, list[Any]]:
+    """A figure of ``panels`` axes before its legend: one on FIGURE_INCHES, or two columns of
+    PANEL_INCHES each sharing both axes (a spare slot hidden, the panel above it labelling its
+    x ticks), PANEL_MARGIN more for the titles and axis labels."""
+    # matplotlib takes a second to import: only commands that draw pay for it
+    from matplotlib.figure import Figure
+
+    if panels == 1:
+        figure = Figure(figsize=FIGURE_INCHES, dpi=FIGURE_DPI, layout="constrained")
+        return figure, [figure.add_subplot()]
+    columns = min(panels, 2)
+    lines = math.ceil(panels / columns)
+    size = (PANEL_INCHES[0] * columns, PANEL_INCHES[1] * lines + PANEL_MARGIN)
+    figure = Figure(figsize=size, dpi=FIGURE_DPI, layout="constrained")
+    grid = list(figure.subplots(lines, columns, sharex=True, sharey=True, squeeze=False).flat)
+    for index in range(panels, len(grid)):
+        grid[index].set_visible(False)
+        grid[index - columns].xaxis.set_tick_params(labelbottom=True)
+    return figure, grid[:panels]
+
+
+def outside_legend(
+    figure: Figure, axes: Sequence[Any], title: str | None = None, first: Sequence[str] = ()
+) -> Any:
+    """One legend for every axes, right of them outside the data: each label once, those in
+    ``first`` leading in that order, the others as drawn; two columns where one would be
+    taller than the canvas. The canvas widens by the legend's width in whole LEGEND_STEPs, so
+    the axes keep their size and the image's size follows from the labels alone."""
+    entries: dict[str, Any] = {}
+    for each in axes:
+        for handle, label in zip(*each.get_legend_handles_labels(), strict=True):
+            entries.setdefault(label, handle)
+    labels = sorted(entries, key=lambda x: first.index(x) if x in first else len(first))
+    width, height = figure.get_size_inches()
+    for columns in (1, 2):
+        legend = figure.legend(
+            [entries[label] for label in labels],
+            labels,
+            loc="outside right center",
+            fontsize="small",
+            ncols=columns,
+            title=title,
+            title_fontsize="small",
+        )
+        box = legend.get_window_extent()
+        if columns == 2 or box.height < 0.95 * height * figure.dpi:
+            break
+        legend.remove()
+    wider = math.ceil((box.width / figure.dpi + LEGEND_MARGIN) / LEGEND_STEP) * LEGEND_STEP
+    figure.set_size_inches(width + wider, height)
+    return legend
+
+
+def length_axis(group: Group, axes: Sequence[Any]) -> str:
+    """Each axes's x axis of evaluation lengths (log, the training length marked) or of problem
+    lengths (linear, the trained range shaded, as Ruoss et al.); return its label."""
+    lengths = group.lengths
+    # a panel is narrow: labels of lengths closer than CLOSE_LENGTHS times slant, not overlap
+    close = any(b < CLOSE_LENGTHS * a for a, b in pairwise(lengths))
+    for each in axes:
+        if group.problem_lengths is not None:
+            each.axvspan(*group.problem_lengths, color="grey", alpha=0.15, label="train lengths")
+        else:
+            each.axvline(group.train_seq_len, color="grey", linestyle="--", label="train length")
+            each.set_xscale("log", base=2)
+            each.set_xticks(lengths, labels=[str(length) for length in lengths])
+            if close and len(axes) > 1:
+                each.tick_params(axis="x", labelrotation=45)
+    if group.problem_lengths is not None:
+        return "problem length"
+    return f"evaluation length ({length_unit(group)})"
+
+
+def finish(
+    drawn: Drawn, xlabel: str, ylabel: str, title: str | None = None, after: Sequence[str] = ()
+) -> Figure:
+    """The axis labels (the panels' shared ones beside them) and the legend outside, titled
+    ``title``: the rows first, then the labels ``after``, then the marks of the x axis."""
+    if len(drawn.axes) == 1:
+        drawn.axes[0].set_xlabel(xlabel)
+        drawn.axes[0].set_ylabel(ylabel)
+    else:
+        drawn.figure.supxlabel(xlabel, fontsize="medium")
+        drawn.figure.supylabel(ylabel, fontsize="medium")
+    outside_legend(drawn.figure, drawn.axes, title, [*drawn.labels, *after])
+    return drawn.figure
+
+
+def cell_points(name: str) -> Callable[[Row], Points | None]:
+    """A row's curve of its cells' ``name`` Stat (value, ratio, accuracy) against length."""
+
+    def points(row: Row) -> Points | None:
+        found = [(c.length, s.mean, s.std or 0.0) for c in row.cells if (s := getattr(c, name)).n]
+        return tuple(np.array(v) for v in zip(*found, strict=True)) if found else None
+
+    return points
+
 
 def value_figure(group: Group, metric: str = "ppl") -> Figure:
     """The cells' mean ``metric`` (perplexity by default) against evaluation length (log x),
     ± one std shaded, one line per row; the y axis linear or log (LOG_SCALE_RATIO), its
-    labelled ticks covering every curve and its shading. A fixed FIGURE_INCHES x FIGURE_DPI
-    canvas so every report image has the same size."""
-    figure, axes = length_figure(group, "value")
+    labelled ticks covering every curve and its shading."""
+    drawn = rows_figure(group, cell_points("value"))
     stats = [c.value for row in group.rows for c in row.cells if c.value.n]
-    cover_values(axes, [value for stat in stats for value in shaded(stat)])
-    axes.set_ylabel(METRIC_AXES[metric] + spread(stats))
-    figure.tight_layout()  # arranges the axes inside the fixed canvas; the size stays
-    return figure
+    cover_values(drawn.axes[0], [value for stat in stats for value in shaded(stat)])
+    return finish(drawn, length_axis(group, drawn.axes), METRIC_AXES[metric] + spread(stats))
 
 
 def cover_values(axes: Any, values: list[float]) -> None:
     """A y axis, linear or log (LOG_SCALE_RATIO), whose labelled ticks cover ``values`` (the
-    curves and their shading; a log axis shows only those > 0)."""
-    from matplotlib.ticker import NullFormatter, StrMethodFormatter  # lazily, as length_figure
+    curves and their shading; a log axis shows only those > 0); shared axes follow."""
+    from matplotlib.ticker import NullFormatter, StrMethodFormatter  # lazily, as canvas
 
     values = [value for value in values if value > 0]
     if not values:
@@ -165,30 +285,28 @@ def cover_values(axes: Any, values: list[float]) -> None:
 
 def ratio_figure(group: Group, metric: str, reference: Reference) -> Figure:
     """Each row's mean ratio of ``metric`` to the training length against evaluation length, as
-    value_figure draws values, with the ratios of ``reference``'s table for the group (dotted,
-    in the colour of the first row of the same encoding that meets it): the shapes side by
-    side, where the values of another model are not comparable."""
-    figure, axes = length_figure(group, "ratio")
+    value_figure draws values, with the ratios of ``reference``'s table for each encoding that
+    meets it (dotted, 'x' marked, in the colour of its encoding, in the panel of its rows): the
+    shapes side by side, where the values of another model are not comparable."""
     table = group.reference
     assert table is not None, "a group read against a reference has its table"
-    compared = {id(row) for row in compared_rows(group)}
-    first: dict[str, int] = {}  # encoding -> the index of its first compared row: its colour
-    for index, row in enumerate(group.rows):
-        if id(row) in compared:
-            first.setdefault(row.name, index)
+    met = list(dict.fromkeys(row.name for row in compared_rows(group)))
+    drawn = rows_figure(group, cell_points("ratio"), more=len(met))
     paper = []
-    for name, index in first.items():
+    for name in met:
         points = [(n, r) for n in table.lengths if (r := table.ratio(name, n)) is not None]
         lengths, ratios = (np.array(v) for v in zip(*points, strict=True))
-        style = {**row_style(index), "linestyle": ":"}
-        axes.plot(lengths, ratios, marker="x", label=f"{name} (paper)", **style)
+        colour = next(drawn.styles[id(row)]["color"] for row in group.rows if row.name == name)
+        drawn.holding(name).plot(
+            lengths, ratios, color=colour, linestyle=":", marker="x", label=f"{name} (paper)"
+        )
         paper += ratios.tolist()
     stats = [c.ratio for row in group.rows for c in row.cells if c.ratio.n]
-    cover_values(axes, [value for stat in stats for value in shaded(stat)] + paper)
-    axes.set_ylabel(f"{METRIC_AXES[metric]}, ratio to {group.train_seq_len}" + spread(stats))
-    axes.legend(fontsize="small", title=f"paper: {reference.name}, {table.source}")
-    figure.tight_layout()
-    return figure
+    cover_values(drawn.axes[0], [value for stat in stats for value in shaded(stat)] + paper)
+    ylabel = f"{METRIC_AXES[metric]}, ratio to {group.train_seq_len}" + spread(stats)
+    title = f"paper: {reference.name}, {table.source}"
+    papers = [f"{name} (paper)" for name in met]
+    return finish(drawn, length_axis(group, drawn.axes), ylabel, title, papers)
 
 
 def shaded(stat: Stat) -> tuple[float, float, float]:
@@ -199,12 +317,11 @@ def shaded(stat: Stat) -> tuple[float, float, float]:
 
 def accuracy_figure(group: Group) -> Figure:
     """A task's mean accuracy on the answer bytes against evaluation length, as value_figure."""
-    figure, axes = length_figure(group, "accuracy")
-    axes.set_ylim(0, 1)
+    drawn = rows_figure(group, cell_points("accuracy"))
+    drawn.axes[0].set_ylim(0, 1)
     stats = [c.accuracy for row in group.rows for c in row.cells]
-    axes.set_ylabel("accuracy on the answer bytes" + spread(stats))
-    figure.tight_layout()
-    return figure
+    ylabel = "accuracy on the answer bytes" + spread(stats)
+    return finish(drawn, length_axis(group, drawn.axes), ylabel)
 
 
 def length_unit(group: Group) -> str:
@@ -215,64 +332,26 @@ def length_unit(group: Group) -> str:
     return "tokens"
 
 
-def length_figure(group: Group, metric: str) -> tuple[Figure, Any]:
-    """The cells' ``metric`` Stat against evaluation length (log x), ± one std shaded, one
-    line per row, the training length marked; the caller labels the y axis."""
-    # matplotlib takes a second to import: only commands that draw pay for it
-    from matplotlib.figure import Figure
-
-    figure = Figure(figsize=FIGURE_INCHES, dpi=FIGURE_DPI)
-    axes = figure.add_subplot()
-    for index, row in enumerate(group.rows):
-        stats = [(c.length, getattr(c, metric)) for c in row.cells]
-        points = [(length, stat.mean, stat.std or 0.0) for length, stat in stats if stat.n]
-        if not points:
-            continue
-        lengths, means, stds = (np.array(v) for v in zip(*points, strict=True))
-        style = row_style(index)
-        axes.plot(lengths, means, marker="o", label=legend_label(row), **style)
-        axes.fill_between(lengths, means - stds, means + stds, color=style["color"], alpha=0.2)
-    if group.problem_lengths is not None:  # problem lengths, on a linear axis as Ruoss et al.
-        axes.axvspan(*group.problem_lengths, color="grey", alpha=0.15, label="train lengths")
-        axes.set_xlabel("problem length")
-    else:
-        axes.axvline(group.train_seq_len, color="grey", linestyle="--", label="train length")
-        axes.set_xscale("log", base=2)
-        axes.set_xticks(group.lengths, labels=[str(length) for length in group.lengths])
-        axes.set_xlabel(f"evaluation length ({length_unit(group)})")
-    axes.set_title(group.title, fontsize="small")
-    axes.grid(True, which="both", alpha=0.3)
-    axes.legend(fontsize="small")
-    return figure, axes
+def position_points(row: Row) -> Points | None:
+    """A row's mean NLL per position bucket, at each bucket's end position."""
+    if row.by_position is None:
+        return None
+    ends = np.array([end for _, end in row.by_position.buckets])
+    means = np.array([stat.mean for stat in row.by_position.nll])
+    return ends, means, np.array([stat.std or 0.0 for stat in row.by_position.nll])
 
 
 def position_figure(group: Group) -> Figure:
     """Mean NLL against position in the window at the group's ``position_length`` (log x, each
-    bucket at its end position), ± one std shaded, one line per row; the training length
-    marked. The same canvas as value_figure."""
-    from matplotlib.figure import Figure  # lazily, as in value_figure
-
-    figure = Figure(figsize=FIGURE_INCHES, dpi=FIGURE_DPI)
-    axes = figure.add_subplot()
-    for index, row in enumerate(group.rows):
-        if row.by_position is None:
-            continue
-        ends = np.array([end for _, end in row.by_position.buckets])
-        means = np.array([stat.mean for stat in row.by_position.nll])
-        stds = np.array([stat.std or 0.0 for stat in row.by_position.nll])
-        style = row_style(index)
-        axes.plot(ends, means, marker=".", label=legend_label(row), **style)
-        axes.fill_between(ends, means - stds, means + stds, color=style["color"], alpha=0.2)
-    axes.axvline(group.train_seq_len, color="grey", linestyle="--", label="train length")
-    axes.set_xscale("log", base=2)
-    axes.set_xlabel(f"position in the window (bucket end; window {group.position_length} tokens)")
+    bucket at its end position), ± one std shaded, one line per row (small markers: buckets
+    are many); the training length marked."""
+    drawn = rows_figure(group, position_points, marker_size=3.5)
+    for axes in drawn.axes:
+        axes.axvline(group.train_seq_len, color="grey", linestyle="--", label="train length")
+        axes.set_xscale("log", base=2)
+    xlabel = f"position in the window (bucket end; window {group.position_length} tokens)"
     stats = [stat for row in group.rows if row.by_position for stat in row.by_position.nll]
-    axes.set_ylabel("NLL, nats per token" + spread(stats))
-    axes.set_title(group.title, fontsize="small")
-    axes.grid(True, which="both", alpha=0.3)
-    axes.legend(fontsize="small")
-    figure.tight_layout()
-    return figure
+    return finish(drawn, xlabel, "NLL, nats per token" + spread(stats))
 
 
 # ------------------------------------------------------------------------------ TensorBoard

@@ -82,7 +82,9 @@ def group_titles(settings: Sequence[dict[str, Any]]) -> list[str]:
     """Each group's title among several, from the settings that differ between them: the
     fewest, most telling first (TITLE_ORDER), whose values tell every group from the others
     ("data=wikitext2, train.seq_len=256": data.name as "data", the data's other keys following
-    from it), cut to TITLE_CHARACTERS; "–" for a key a group has not."""
+    from it), cut to TITLE_CHARACTERS; "–" for a key a group has not. A setting that is null in
+    a group is left out of its title (never "train.init_from=null": the other groups' titles
+    name their values), unless every one it names is: then "no train.init_from"."""
     keys = sorted(
         {key for setting in settings for key in setting},
         key=lambda k: (TITLE_ORDER.index(k) if k in TITLE_ORDER else len(TITLE_ORDER), k),
@@ -94,14 +96,19 @@ def group_titles(settings: Sequence[dict[str, Any]]) -> list[str]:
         if len(set(more)) > len(set(told)):  # it tells apart groups the others do not
             named.append(key)
             told = more
-    return [
-        shortened(", ".join(f"{TITLE_NAMES.get(k, k)}={setting_text(s, k)}" for k in named))
-        for s in settings
-    ]
+    return [shortened(title_of(setting, named)) for setting in settings]
+
+
+def title_of(setting: dict[str, Any], named: Sequence[str]) -> str:
+    """A group's title of the settings ``named``, those null in it left out (group_titles)."""
+    shown = [key for key in named if key not in setting or setting[key] is not None]
+    if not shown:
+        return ", ".join(f"no {TITLE_NAMES.get(key, key)}" for key in named)
+    return ", ".join(f"{TITLE_NAMES.get(k, k)}={setting_text(setting, k)}" for k in shown)
 
 
 def setting_text(setting: dict[str, Any], key: str) -> str:
-    """A setting's value as an override writes it: wikitext2, 256, null, [16, 2048]."""
+    """A setting's value as an override writes it: wikitext2, 256, [16, 2048]."""
     if key not in setting:
         return "–"
     value = setting[key]

@@ -7,7 +7,7 @@ import statistics
 
 from posbench.report.aggregate import baselines_over
 from posbench.report.docs.source import Source, provenance_line
-from posbench.report.figures import FIGURE_DPI, encoding_style
+from posbench.report.figures import FIGURE_DPI, outside_legend
 from posbench.report.generalization import (
     SEED_AGGREGATES,
     algorithmic_groups,
@@ -16,6 +16,7 @@ from posbench.report.generalization import (
     task_scores,
 )
 from posbench.report.groups import Group, Row
+from posbench.report.styles import encoding_style
 from posbench.report.tables import markdown_table
 
 
@@ -134,6 +135,5 @@ def accuracy_panels(source: Source):  # -> matplotlib Figure
         axes.grid(True, alpha=0.3)
     panels[0].set_ylabel("per-token accuracy (mean over seeds)")
     figure.suptitle(f"+experiment={source.experiment}: the model's own answers")
-    handles, labels = panels[0].get_legend_handles_labels()
-    figure.legend(handles, labels, loc="outside right center", fontsize="small")
+    outside_legend(figure, panels)
     return figure

@@ -4,11 +4,11 @@ per-family figure of the experiment's own runs, and docs/results.md's tables of 
 
 from __future__ import annotations
 
-import numpy as np
+from dataclasses import replace
 
 from posbench.report.docs.source import Source, provenance_line
-from posbench.report.figures import ENCODING_FAMILIES, FIGURE_DPI, encoding_style
-from posbench.report.groups import Group, Row
+from posbench.report.figures import value_figure
+from posbench.report.groups import Row
 from posbench.report.tables import markdown_table, position_table
 from posbench.report.text import best_shown
 
@@ -93,75 +93,18 @@ def corpus_details(source: Source) -> str:
     return "\n".join(lines)
 
 
-def draw_rows(axes, group: Group, rows: list[Row], labels: dict[int, str]) -> None:
-    """Each row's mean perplexity against length, ± one std shaded, in its encoding's style
-    (a row of the same encoding after the first dashed); the training length marked."""
-    seen: set[str] = set()
-    for row in rows:
-        points = [(c.length, c.value.mean, c.value.std or 0.0) for c in row.cells if c.value.n]
-        lengths, means, stds = (np.array(v) for v in zip(*points, strict=True))
-        style = encoding_style(row.name, dashed=row.name in seen)
-        seen.add(row.name)
-        axes.plot(lengths, means, label=labels[id(row)], **style)
-        axes.fill_between(lengths, means - stds, means + stds, color=style["color"], alpha=0.15)
-    axes.axvline(group.train_seq_len, color="grey", linestyle=":", label="training length")
-    axes.set_xscale("log", base=2)
-    axes.set_xticks(group.lengths, labels=[str(n) for n in group.lengths])
-    axes.grid(True, alpha=0.3)
-
-
-def figure_legend(figure, panels) -> None:
-    """One legend for every panel, beside them, each label once in the order first drawn."""
-    legend = {}
-    for axes in panels:
-        for handle, label in zip(*axes.get_legend_handles_labels(), strict=True):
-            legend.setdefault(label, handle)
-    figure.legend(list(legend.values()), list(legend), loc="outside right center", fontsize="small")
-
-
-def family_panels(source: Source):  # -> matplotlib Figure
-    """The experiment's own rows' perplexity against evaluation length (log x), one panel per
-    family of encodings (figures.ENCODING_FAMILIES) with NoPE in each as the common reference,
-    mean over seeds ± one std shaded; the legend outside the panels."""
-    from matplotlib.figure import Figure
-
+def main_group_figure(source: Source):  # -> matplotlib Figure
+    """The experiment's own rows' perplexity against evaluation length as the report draws it
+    (figures.value_figure: a panel per family past PANEL_CURVES, NoPE in each), each row named
+    as in README's table."""
     group = source.main_group()
     rows = source.main_rows(group)
     labels = row_labels(rows)
-    families = [
-        (family, [row for row in rows if row.name in members])
-        for family, members in ENCODING_FAMILIES.items()
-    ]
-    families = [(family, members) for family, members in families if members]
-    reference = [row for row in rows if row.name == "none"]
-    figure = Figure(figsize=(11.0, 7.5), dpi=FIGURE_DPI, layout="constrained")
-    panels = figure.subplots(2, (len(families) + 1) // 2, sharex=True, sharey=True, squeeze=False)
-    for axes, (family, members) in zip(panels.flat, families, strict=False):
-        draw_rows(axes, group, members + [r for r in reference if r not in members], labels)
-        axes.set_title(family, fontsize="medium")
-    for axes in panels[-1]:
-        axes.set_xlabel("evaluation length (tokens)")
-    for axes in panels[:, 0]:
-        axes.set_ylabel("perplexity (mean over seeds)")
-    for axes in list(panels.flat)[len(families) :]:
-        axes.set_visible(False)
-    figure_legend(figure, panels.flat)
-    figure.suptitle(f"+experiment={source.experiment}: perplexity against evaluation length")
-    return figure
+    return value_figure(replace(group, rows=[replace(row, label=labels[id(row)]) for row in rows]))
 
 
-def rope_variants_panel(source: Source):  # -> matplotlib Figure
+def rope_variants_figure(source: Source):  # -> matplotlib Figure
     """RoPE's rows of the group holding the experiment's runs (options, eval-time scaling)
-    beside NoPE's, perplexity against evaluation length; the legend outside the axes."""
-    from matplotlib.figure import Figure
-
+    beside NoPE's, as the report draws them."""
     group = source.main_group()
-    rows = [row for row in group.rows if row.name in ("none", "rope")]
-    figure = Figure(figsize=(9.0, 5.0), dpi=FIGURE_DPI, layout="constrained")
-    axes = figure.add_subplot()
-    draw_rows(axes, group, rows, {id(row): row.label for row in rows})
-    axes.set_xlabel("evaluation length (tokens)")
-    axes.set_ylabel("perplexity (mean over seeds ± std)")
-    figure_legend(figure, [axes])
-    figure.suptitle(f"+experiment={source.experiment}: RoPE's variants beside NoPE")
-    return figure
+    return value_figure(replace(group, rows=[r for r in group.rows if r.name in ("none", "rope")]))

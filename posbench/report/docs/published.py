@@ -4,8 +4,9 @@ read from posbench/references, as a table and a figure."""
 from __future__ import annotations
 
 from posbench.references import ReferenceTable, load_reference
-from posbench.report.figures import FIGURE_DPI, METRIC_AXES, encoding_style
+from posbench.report.figures import FIGURE_DPI, METRIC_AXES, cover_values, outside_legend
 from posbench.report.published import PublishedTable
+from posbench.report.styles import encoding_style
 
 
 def paper_table(table: PublishedTable) -> ReferenceTable | None:
@@ -74,8 +75,6 @@ def published_ratio_figure(table: PublishedTable):  # -> matplotlib Figure
     crosses in the same colour; the legend outside the axes."""
     from matplotlib.figure import Figure
 
-    from posbench.report.figures import cover_values
-
     paper = paper_table(table)
     figure = Figure(figsize=(9.0, 5.0), dpi=FIGURE_DPI, layout="constrained")
     axes = figure.add_subplot()
@@ -98,6 +97,6 @@ def published_ratio_figure(table: PublishedTable):  # -> matplotlib Figure
     axes.grid(True, which="both", alpha=0.3)
     if paper is not None:
         axes.set_title(f"beside {table.reference}, {paper.source}", fontsize="small")
-    figure.legend(loc="outside right center", fontsize="small")
+    outside_legend(figure, [axes])
     figure.suptitle(f"+experiment={table.experiment}, {table.provenance['machine']}")
     return figure

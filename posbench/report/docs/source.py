@@ -7,9 +7,9 @@ import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
-from posbench.report.figures import ENCODING_STYLES
 from posbench.report.groups import Group, Report, Row, build_report
 from posbench.report.read import Run
+from posbench.report.styles import ENCODING_STYLES
 from posbench.report.summary import read_summary, summary_provenance
 
 
