@@ -26,11 +26,11 @@ per model as a run resolves it); the models of every precision are timed in the 
 rounds, each precision's ratios are to NoPE's in that precision, and with fp32 among them each
 model's tokens/s is also given as a ratio to its own in fp32.
 
-Two figures behind design constants of posbench/attention/: ``layer`` times one attention layer
-with a learned bias (T5's), forward and backward at ``--batch`` x ``--seq-len``, with the
-explicit computation's blocks of 128, 64, 32 and 16 queries (EXPLICIT_QUERY_BLOCK), next to
-NoPE's fused kernel; ``shared`` times one forward pass of fire-switching in each model size
-with the layers sharing their query blocks' biases (SHARED_BIAS_ELEMENTS) and without.
+Two figures behind design constants of posbench/model/attention/: ``layer`` times one attention
+layer with a learned bias (T5's), forward and backward at ``--batch`` x ``--seq-len``, with the
+explicit computation's blocks of 128, 64, 32 and 16 queries (EXPLICIT_QUERY_BLOCK), next to NoPE's
+fused kernel; ``shared`` times one forward pass of fire-switching in each model size with the layers
+sharing their query blocks' biases (SHARED_BIAS_ELEMENTS) and without.
 """
 
 from __future__ import annotations
@@ -43,13 +43,13 @@ from unittest import mock
 import torch
 from throughput import median_seconds, trained_encoding
 
-from posbench.attention import biases, blocks
 from posbench.config import compose_config
 from posbench.encodings import PositionalEncoding, encoding_names
 from posbench.encodings.kerple import KerpleConfig, KerpleRelativeBias
 from posbench.model import Transformer, build_model
-from posbench.model_args import ModelArgs
-from posbench.precision import autocast, resolve_precision
+from posbench.model.args import ModelArgs
+from posbench.model.attention import biases, blocks
+from posbench.system.precision import autocast, resolve_precision
 
 # Configurations besides the registered encodings: (encoding overrides, model options).
 VARIANTS = {
@@ -182,7 +182,7 @@ def train_step(
 def with_attention_constant(
     step: Callable[[], None], module: ModuleType, name: str, value: int
 ) -> Callable[[], None]:
-    """``step`` run with the constant ``name`` of ``module`` (of posbench.attention) set to
+    """``step`` run with the constant ``name`` of ``module`` (of posbench.model.attention) set to
     ``value``."""
 
     def patched() -> None:

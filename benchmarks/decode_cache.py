@@ -4,8 +4,8 @@ every step, as ratios in one process.
     python benchmarks/decode_cache.py [--threads 1] [--rounds 5] [--task reverse_string]
         [--lengths 100 200 400] [--examples 16] [--encodings rope alibi fire] [--quick]
 
-``posbench.decode.greedy_decode`` decodes a batch of ``--examples`` problems of each problem
-length, on ``+experiment=algorithmic``'s model (Ruoss et al.'s shape: 5 layers, width 64,
+``posbench.evaluation.decode.greedy_decode`` decodes a batch of ``--examples`` problems of each
+problem length, on ``+experiment=algorithmic``'s model (Ruoss et al.'s shape: 5 layers, width 64,
 untrained: the work is the same whatever it predicts), once with its cache (one token through
 the model per step) and once recomputing the whole prefix per step, interleaved, on the same
 examples. ``--quick``: one small length, for tests/test_benchmarks.py.
@@ -21,7 +21,7 @@ from throughput import median_seconds
 
 from posbench.config import compose_config
 from posbench.data import load_data
-from posbench.decode import greedy_decode
+from posbench.evaluation.decode import greedy_decode
 from posbench.model import build_model
 
 

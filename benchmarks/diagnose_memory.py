@@ -7,7 +7,8 @@ that its peak resident set size (RSS; tracemalloc does not see torch's allocatio
 The table shows the peak RSS after building the model, the peak during the diagnosis (the
 forward pass with the recording hooks, then every layer's attention statistics in query
 blocks), and posbench's own estimate of what the diagnosis adds
-(``posbench.diagnose.diagnosis_memory_bytes``, checked against the available memory first).
+(``posbench.evaluation.diagnose.diagnosis_memory_bytes``, checked against the available memory
+first).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import torch
 from long_eval_memory import ENCODINGS, peak_rss_bytes
 from throughput import trained_encoding
 
-from posbench.diagnose import diagnose, diagnosis_memory_bytes
+from posbench.evaluation.diagnose import diagnose, diagnosis_memory_bytes
 from posbench.model import build_model
 
 

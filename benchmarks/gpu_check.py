@@ -3,8 +3,8 @@
     python benchmarks/gpu_check.py [--steps 300] [--length 16384] [--out DIR]
 
 Run by benchmarks/gpu_check.sh after the CUDA tests. For each encoding, the default config
-(model=tiny, data=synthetic, train.precision=auto: fp32 at tiny on a GPU, posbench/precision.py)
-with ``device=cuda``:
+(model=tiny, data=synthetic, train.precision=auto: fp32 at tiny on a GPU,
+posbench/system/precision.py) with ``device=cuda``:
 
 1. a warm-up run (3 steps, one window at ``--length``), untimed: it compiles the kernels
    flex_attention needs at both lengths, so the measured numbers are steady-state ones (and
@@ -34,12 +34,12 @@ from typing import Any
 import torch
 import torch._dynamo
 
-from posbench.atomic import write_json
 from posbench.config import compose_config
 from posbench.encodings import encoding_names
 from posbench.evaluation.run import evaluate_run
-from posbench.precision import resolve_precision
-from posbench.train import train
+from posbench.system.atomic import write_json
+from posbench.system.precision import resolve_precision
+from posbench.training.train import train
 
 MIB = 2**20
 BOUNDED = {"learned"}  # a table of train.seq_len positions: longer lengths are unsupported

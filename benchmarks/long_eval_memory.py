@@ -7,11 +7,11 @@ Each encoding runs in its own subprocess, so that its peak resident set size (RS
 out-of-memory killer looks at; tracemalloc does not see torch's allocations) is its own. The
 table shows the process's peak RSS after building the model (imports, weights), the peak
 during posbench's evaluation of one length (forward pass and loss), and the model's own
-estimate of what the forward pass adds (``posbench.memory.inference_memory_bytes``, which
+estimate of what the forward pass adds (``posbench.evaluation.memory.inference_memory_bytes``, which
 ``posbench eval`` checks against the available memory before it starts a length).
 ``--vocab``: a tokenizer's vocabulary (default bytes'), whose logits dominate at 8,192;
 ``--logits-way``: with the (B, T, vocab) logits formed whole (CUDA's way, and posbench's
-before the chunked NLL), not a chunk at a time (posbench.loss.next_token_nll).
+before the chunked NLL), not a chunk at a time (posbench.model.loss.next_token_nll).
 """
 
 from __future__ import annotations
@@ -27,9 +27,9 @@ from unittest import mock
 import torch
 from throughput import trained_encoding
 
-import posbench.loss
+import posbench.model.loss
+from posbench.evaluation.memory import inference_memory_bytes
 from posbench.evaluation.perplexity import evaluate_length
-from posbench.memory import inference_memory_bytes
 from posbench.model import build_model
 
 ENCODINGS = ("none", "rope", "alibi", "t5", "kerple", "fire")
@@ -52,7 +52,7 @@ def measure_here(
     # A tokenizer's tokens: one byte and one word each (the counts do not change the memory).
     per_token = None if vocab == 256 else torch.ones_like(tokens, dtype=torch.uint8)
     # posbench's NLL off its chunked path for the logits way only
-    whole = mock.patch.object(posbench.loss, "CHUNKED_LOSS_DEVICES", frozenset())
+    whole = mock.patch.object(posbench.model.loss, "CHUNKED_LOSS_DEVICES", frozenset())
     with whole if logits_way else contextlib.nullcontext():
         before = peak_rss_bytes()
         record = evaluate_length(

@@ -42,16 +42,16 @@ import torch
 import torch.nn.functional as F
 from throughput import interleaved_seconds
 
-import posbench.attention
-from posbench.attention import unbiased_causal_attention
-from posbench.attention.fused import fused_attention
+import posbench.model.attention
 from posbench.config import compose_config
 from posbench.data import Corpus
 from posbench.encodings.alibi import alibi_slopes
 from posbench.model import build_model
-from posbench.precision import bf16_hardware, compile_for_training, resolve_precision
-from posbench.train import make_optimizer, train
-from posbench.train_loop import train_step
+from posbench.model.attention import unbiased_causal_attention
+from posbench.model.attention.fused import fused_attention
+from posbench.system.precision import bf16_hardware, compile_for_training, resolve_precision
+from posbench.training.train import make_optimizer, train
+from posbench.training.train_loop import train_step
 
 MODELS = ("tiny", "small", "base")
 VARIANTS = ("fp32", "bf16", "bf16-sdpa", "bf16-fused", "bf16-compile")
@@ -128,12 +128,12 @@ def training_step(model_name: str, variant: str, seq_len: int, batch: int) -> tu
 
 @contextmanager
 def swapped_attention() -> Iterator[None]:
-    """posbench.attention's bf16 attention path replaced by SDPA while active."""
-    posbench.attention.unbiased_causal_attention = sdpa_attention
+    """posbench.model.attention's bf16 attention path replaced by SDPA while active."""
+    posbench.model.attention.unbiased_causal_attention = sdpa_attention
     try:
         yield
     finally:
-        posbench.attention.unbiased_causal_attention = unbiased_causal_attention
+        posbench.model.attention.unbiased_causal_attention = unbiased_causal_attention
 
 
 def speed(args: argparse.Namespace) -> None:

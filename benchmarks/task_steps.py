@@ -6,9 +6,10 @@ whole, as ratios in one process.
 
 Each task's batch is as wide as its longest problem; ``train_step`` sorts the rows by the width
 their answers reach and runs them in up to ``WIDTH_SLICES`` slices, each cut to its own widest
-row (posbench/train_loop.py, ``width_slices``). This times ``train_step`` itself (forward, backward
-and AdamW) on ``+experiment=algorithmic``'s model and batches, with ``WIDTH_SLICES`` set to each
-of ``--slices`` (1: the whole batch at once), on the same batches, in interleaved rounds.
+row (posbench/training/train_loop.py, ``width_slices``). This times ``train_step`` itself
+(forward, backward and AdamW) on ``+experiment=algorithmic``'s model and batches, with
+``WIDTH_SLICES`` set to each of ``--slices`` (1: the whole batch at once), on the same batches, in
+interleaved rounds.
 """
 
 from __future__ import annotations
@@ -19,11 +20,11 @@ from collections.abc import Callable
 import torch
 from throughput import median_seconds
 
-from posbench import train_loop
 from posbench.config import compose_config
 from posbench.data import load_data
 from posbench.model import build_model
-from posbench.train import make_optimizer
+from posbench.training import train_loop
+from posbench.training.train import make_optimizer
 
 TASKS = ["parity_check", "lego", "reverse_string", "duplicate_string"]
 BATCHES = 8  # distinct batches, cycled: the problem lengths differ from step to step

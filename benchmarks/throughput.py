@@ -22,7 +22,7 @@ from omegaconf import DictConfig
 from posbench.config import compose_config
 from posbench.encodings import encoding_names
 from posbench.model import build_model
-from posbench.precision import autocast, resolve_precision
+from posbench.system.precision import autocast, resolve_precision
 
 MODEL = {"n_layer": 2, "n_head": 4, "d_model": 128, "mlp_ratio": 4, "dropout": 0.0}
 

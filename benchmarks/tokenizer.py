@@ -13,7 +13,7 @@ WikiText-2's two files are read twice over), then times, in interleaved rounds, 
 ``encode_split`` (pieces, ids, each token's bytes and word starts, written to disk) against
 ``encode_batch`` and ``encode_batch_fast`` of the same text cut into the same pieces (ids only,
 nothing written). ``train`` times a training step of the model (``--model``, untrained) with
-each vocabulary, its loss as posbench's training computes it (posbench.loss.next_token_nll),
+each vocabulary, its loss as posbench's training computes it (posbench.model.loss.next_token_nll),
 and at ``--vocab`` also from the whole logits then cross-entropy (the path a CUDA device takes,
 and a CPU took before the chunked loss), in peak memory too (one step of each, measured apart).
 """
@@ -35,11 +35,11 @@ from bias_attention import MODEL_SIZES
 from long_eval_memory import peak_rss_bytes
 from throughput import median_seconds
 
-import posbench.loss
+import posbench.model.loss
 from posbench.data.cache import ArrayWriter
 from posbench.data.tokenizer import encode_split, pieces, train_bpe
 from posbench.model import build_model
-from posbench.precision import autocast
+from posbench.system.precision import autocast
 
 WIKITEXT2 = Path(__file__).resolve().parents[2] / "shared" / "data" / "wikitext-2"
 
@@ -98,7 +98,7 @@ def training_steps(
 
         def step(network=network, optimizer=optimizer, x=x, logits_way=logits_way) -> None:
             # posbench's loss off its chunked path, for the logits way's step only
-            off = mock.patch.object(posbench.loss, "CHUNKED_LOSS_DEVICES", frozenset())
+            off = mock.patch.object(posbench.model.loss, "CHUNKED_LOSS_DEVICES", frozenset())
             with off if logits_way else contextlib.nullcontext(), autocast(precision, x.device):
                 loss = network(x[:, :-1], targets=x[:, 1:])  # as posbench's training step
             optimizer.zero_grad()

@@ -17,13 +17,13 @@ Python API (stable; docs/api.md runs it):
 """
 
 from posbench import data
-from posbench.diagnose import diagnose_run
+from posbench.evaluation.diagnose import diagnose_run
 from posbench.evaluation.perplexity import evaluate
 from posbench.evaluation.run import evaluate_run, rope_scaling_overrides
 from posbench.evaluation.task_accuracy import evaluate_task
-from posbench.runs import latest_run, load_run, run_tokenizer
-from posbench.train import train
-from posbench.train_loop import Diverged
+from posbench.runs.directory import latest_run, load_run, run_tokenizer
+from posbench.training.train import train
+from posbench.training.train_loop import Diverged
 
 __version__ = "0.1.0"
 __all__ = [

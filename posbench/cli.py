@@ -3,7 +3,7 @@
 posbench train [key=value ...] [-m ...]   Hydra app: compose conf/, train, evaluate
 posbench eval --length N [--run DIR] ...  re-evaluate a trained run at other lengths
 posbench report DIR... [--out OUT]        tables, plot and TensorBoard comparison of sweeps
-posbench diagnose --length N [--run DIR]  attention statistics by position (posbench/diagnose.py)
+posbench diagnose --length N [--run DIR]  attention statistics by position (evaluation/diagnose.py)
 
 Each command is a module of posbench/commands/; this one only dispatches to them and turns
 what any of them raises into one line and an exit code.
@@ -26,7 +26,7 @@ from posbench.commands.train import KEY_OPTIONS, LENGTHS_IN_TOKENS, run_train
 from posbench.config import register_schemas
 from posbench.encodings import encoding_names
 from posbench.errors import PosbenchError
-from posbench.signals import handling
+from posbench.system.signals import handling
 
 
 def main_help() -> str:

@@ -19,14 +19,18 @@ from hydra import compose, initialize_config_dir
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf
 
-from posbench.attention.bidirectional import check_two_sided
 from posbench.data import ALGORITHMIC_TASKS, DATA_SCHEMAS, TASKS, load_data
-from posbench.distributed import check_divisible, world_size
 from posbench.encodings import ENCODINGS, build_encoding
 from posbench.errors import PosbenchError
-from posbench.model_args import ModelArgs
-from posbench.random_positions import RandomPositionsMode, position_sampler
-from posbench.threads import AUTO, is_threads_setting
+from posbench.model.args import ModelArgs
+from posbench.model.attention.bidirectional import check_two_sided
+from posbench.model.random_positions import (
+    PositionSampler,
+    RandomPositionsMode,
+    randomizes_distances,
+)
+from posbench.system.distributed import check_divisible, world_size
+from posbench.system.threads import AUTO, is_threads_setting
 
 DEFAULT_LENGTH_MULTIPLES = (1, 2, 4, 8, 16)
 # eval.task_lengths=reference: every problem length of the task's paper's grid
@@ -41,7 +45,9 @@ class Device(Enum):
 
 
 class Precision(Enum):
-    auto = "auto"  # bf16 where measured faster for the model (posbench/precision.py), else fp32
+    auto = (
+        "auto"  # bf16 where measured faster for the model (posbench/system/precision.py), else fp32
+    )
     fp32 = "fp32"
     bf16 = "bf16"  # autocast: bf16 products, fp32 weights and optimizer state
 
@@ -76,18 +82,18 @@ class ModelConfig:
     mlp_ratio: int = 4
     dropout: float = 0.0
     # none | ssmax | llama4: queries scaled by the keys they see (ssmax, learned per head) or by
-    # their position (llama4), for any encoding (posbench/attention_scaling.py)
+    # their position (llama4), for any encoding (posbench/model/attention_scaling.py)
     attention_scaling: str = "none"
     # llama4: log(floor((m + 1) / floor_scale) + 1) * scale + 1 at position m (HF's floor_scale
     # and attn_scale)
     attention_floor_scale: int = 8192
     attention_scale: float = 0.1
-    # pre | post: where each block's layer norms sit (posbench/model.py Block; post: Ruoss et
+    # pre | post: where each block's layer norms sit (posbench/model/model.py Block; post: Ruoss et
     # al.'s, without the final norm)
     norm_position: str = "pre"
     activation: str = "gelu"  # gelu | relu: the MLP's
     # false: every token attends to every token of its row, as Ruoss et al.'s encoder does
-    # (posbench/attention/bidirectional.py); answers at placeholders only, two-sided encodings
+    # (posbench/model/attention/bidirectional.py); answers at placeholders only, two-sided encodings
     causal: bool = True
 
 
@@ -119,11 +125,11 @@ class TrainConfig:
     random_positions_per_layer: bool = True
     # auto | positions | distances: what random_positions randomizes (auto: the distances of a
     # bias of the distance alone, ALiBi/T5/KERPLE/Sandwich; the positions of every other
-    # encoding; posbench/random_positions.py)
+    # encoding; posbench/model/random_positions.py)
     random_positions_mode: RandomPositionsMode = RandomPositionsMode.auto
     # start from this run's weights (a fine-tune: same model and encoding, scaling may differ)
     init_from: str | None = None
-    # auto | fp32 | bf16 (autocast; auto: bf16 where measured faster, posbench/precision.py)
+    # auto | fp32 | bf16 (autocast; auto: bf16 where measured faster, posbench/system/precision.py)
     precision: Precision = Precision.auto
     # torch.compile the model for training (compile time reported apart: train.compile_s)
     compile: bool = False
@@ -173,7 +179,7 @@ class WandbConfig(LoggerConfig):
     mode: WandbMode | None = None
 
 
-# The schema of each option of the logger group (posbench/loggers/ holds the loggers).
+# The schema of each option of the logger group (posbench/runs/loggers/ holds the loggers).
 LOGGER_SCHEMAS = {"tensorboard": LoggerConfig, "wandb": WandbConfig, "none": LoggerConfig}
 
 
@@ -188,7 +194,7 @@ class PosbenchConfig:
     seed: int = 0
     device: Device = Device.auto
     # CPU threads per job: auto (the cores free of other work / the jobs run at once, adapted
-    # while training: posbench/threads.py) or an int, kept as given
+    # while training: posbench/system/threads.py) or an int, kept as given
     threads: Any = AUTO
 
 
@@ -251,6 +257,34 @@ def eval_lengths(cfg: DictConfig) -> list[int]:
     return [m * cfg.train.seq_len for m in DEFAULT_LENGTH_MULTIPLES]
 
 
+def position_sampler(cfg: DictConfig) -> PositionSampler | None:
+    """How the run configured by ``cfg`` draws its randomized positions (None: it trains at
+    0..T-1), its ``auto`` mode resolved for its encoding. Runs saved before
+    ``train.random_positions_per_layer`` and ``train.random_positions_mode`` existed drew one
+    subset of positions for every layer: they keep it. Raises PosbenchError for a distances
+    mode the encoding cannot take."""
+    n_positions = OmegaConf.select(cfg, "train.random_positions")
+    if n_positions is None:
+        return None
+    per_layer = OmegaConf.select(cfg, "train.random_positions_per_layer", default=False)
+    setting = OmegaConf.select(cfg, "train.random_positions_mode", default="positions")
+    setting = setting.value if isinstance(setting, Enum) else setting
+    n_layer = cfg.model.n_layer
+    with torch.device("meta"):  # the layers' encodings, no table allocated
+        encoding = build_encoding(cfg.encoding, cfg.model.d_model, cfg.model.n_head)
+        distances = randomizes_distances(encoding.layer_encodings(n_layer))
+    if setting == "distances" and not distances:
+        raise PosbenchError(
+            "train.random_positions_mode=distances randomizes the distances of a bias of the "
+            f"distance alone (alibi, t5, kerple, sandwich); encoding={cfg.encoding.name} reads "
+            "positions otherwise: use train.random_positions_mode=auto or positions"
+        )
+    mode = (
+        "distances" if setting == "distances" or (setting == "auto" and distances) else "positions"
+    )
+    return PositionSampler(n_positions, n_layer, per_layer, mode)
+
+
 def check_length_keys(cfg: DictConfig) -> None:
     """An algorithmic task is evaluated at problem lengths, anything else at window lengths:
     the other key is a mistake, not a silently ignored setting."""
@@ -282,7 +316,7 @@ def check_length_keys(cfg: DictConfig) -> None:
 def validate(cfg: DictConfig) -> None:
     """Range checks the schemas' types cannot express; raise PosbenchError on the first one."""
     # Not the hydra node (present when composed with_hydra): Hydra fills it in at run time,
-    # and reading its output directories would claim them (posbench/output_dirs.py).
+    # and reading its output directories would claim them (posbench/system/output_dirs.py).
     ours = OmegaConf.masked_copy(cfg, [key for key in cfg if key != "hydra"])
     missing = sorted(OmegaConf.missing_keys(ours))
     if missing:

@@ -12,9 +12,9 @@ os.environ["HF_DATASETS_OFFLINE"] = "1"
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["TQDM_DISABLE"] = "1"
 
-# posbench.train is the training function (posbench/__init__.py); tests that replace what it
-# calls (train_steps, registered_threads) take its module from here.
-train_module = importlib.import_module("posbench.train")
+# The module of posbench.train, the training function: tests that replace what it calls
+# (train_steps, registered_threads) take it from here.
+train_module = importlib.import_module("posbench.training.train")
 
 # pytest-xdist runs one worker per core (pyproject's addopts). Each worker keeps to a core of
 # its own, and so do the posbench processes it starts (threads=auto counts the affinity mask):
@@ -70,13 +70,13 @@ TINY_REVERSE_STRING = [
 
 def chunked_calls(monkeypatch, min_elements: int = 0) -> list[int]:
     """One entry per call of F.linear_cross_entropy from now on (its rows), which posbench's
-    NLL (posbench.loss.next_token_nll) takes for logits of ``min_elements`` or more (0: the
+    NLL (posbench.model.loss.next_token_nll) takes for logits of ``min_elements`` or more (0: the
     tests' small ones too)."""
     import torch
 
-    import posbench.loss
+    import posbench.model.loss
 
-    monkeypatch.setattr(posbench.loss, "CHUNKED_LOSS_MIN_ELEMENTS", min_elements)
+    monkeypatch.setattr(posbench.model.loss, "CHUNKED_LOSS_MIN_ELEMENTS", min_elements)
     calls = []
     chunked = torch.nn.functional.linear_cross_entropy
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from posbench.job_registry import Job, JobRegistry
-from posbench.threads import Machine
+from posbench.system.job_registry import Job, JobRegistry
+from posbench.system.threads import Machine
 
 TICKS_PER_SECOND = 100  # USER_HZ, as /proc/stat counts
 THIS_START = 5000  # this process's start time in ticks after boot

@@ -10,8 +10,7 @@ import pytest
 import torch
 from conftest import TINY_TASK_RUN, posbench
 
-from posbench import distributed, train_loop
-from posbench.config import compose_config, eval_lengths, validate
+from posbench.config import compose_config, eval_lengths, position_sampler, validate
 from posbench.data import ALGORITHMIC_TASKS, IGNORE, AnswerMode, Examples, load_data
 from posbench.data.algorithmic import AlgorithmicTask
 from posbench.data.algorithmic.addition import digit_sum
@@ -28,11 +27,13 @@ from posbench.data.algorithmic.solve_equation import first_digit_from
 from posbench.data.algorithmic.stack_manipulation import final_stack
 from posbench.errors import PosbenchError
 from posbench.model import build_model
-from posbench.random_positions import position_sampler
-from posbench.runs import saved_config, with_length_generalization
-from posbench.tensorboard_log import headline_metrics
-from posbench.train import make_optimizer, train
-from posbench.train_loop import train_step, width_slices
+from posbench.runs.directory import saved_config
+from posbench.runs.results import with_length_generalization
+from posbench.runs.tensorboard_log import headline_metrics
+from posbench.system import distributed
+from posbench.training import train_loop
+from posbench.training.train import make_optimizer, train
+from posbench.training.train_loop import train_step, width_slices
 
 
 def binary_value(bits: str) -> int:

@@ -1,6 +1,10 @@
-"""The Python API for notebooks: load_run and evaluate_run, as docs/api.md documents them."""
+"""The Python API for notebooks: load_run and evaluate_run, as docs/api.md documents them, and
+every posbench path README and docs/ name, importable from where they name it."""
 
+import importlib
+import re
 import shutil
+from pathlib import Path
 from types import FunctionType, ModuleType
 
 import pytest
@@ -8,7 +12,14 @@ import torch
 
 import posbench
 from posbench.config import compose_config
-from posbench.runs import read_results
+from posbench.runs.results import read_results
+
+ROOT = Path(__file__).resolve().parents[1]
+PAGES = [
+    ROOT / "README.md",
+    ROOT / "benchmarks" / "README.md",
+    *sorted((ROOT / "docs").glob("*.md")),
+]
 
 
 @pytest.fixture(scope="module")
@@ -48,14 +59,70 @@ def test_evaluate_takes_any_model_and_byte_tensor(run_dir):
 def test_every_public_name_imports_from_posbench_as_the_object_it_names(name):
     namespace = {}
     exec(f"from posbench import {name}", namespace)  # as a notebook imports it
-    # posbench.train is also a module's name (posbench/train.py): the API's is the function
     expected = {"data": ModuleType, "Diverged": type}.get(name, FunctionType)
     assert isinstance(namespace[name], expected)
 
 
+def documented_paths() -> list[str]:
+    """Every dotted path under posbench that README, benchmarks/README.md and docs/ name:
+    ``posbench.x.y`` in text and code, ``::: posbench.x.y`` in api.md's reference,
+    ``from posbench.x import y`` as ``posbench.x.y``."""
+    paths = set()
+    for page in PAGES:
+        text = page.read_text()
+        paths.update(re.findall(r"\bposbench(?:\.[A-Za-z_]\w*)+", text))
+        for module, names in re.findall(r"from (posbench[\w.]*) import ([\w, ]+)", text):
+            paths.update(f"{module}.{name.strip()}" for name in names.split(","))
+    return sorted(paths)
+
+
+def resolve(path: str) -> object:
+    """The module or object a dotted path names: its longest prefix that imports, then
+    attributes."""
+    parts = path.split(".")
+    for cut in range(len(parts), 0, -1):
+        try:
+            found = importlib.import_module(".".join(parts[:cut]))
+        except ModuleNotFoundError:
+            continue
+        for name in parts[cut:]:
+            found = getattr(found, name)
+        return found
+    raise ModuleNotFoundError(path)
+
+
+@pytest.mark.parametrize("path", documented_paths())
+def test_every_posbench_path_the_docs_name_imports(path):
+    try:
+        resolve(path)
+    except (ImportError, AttributeError) as err:
+        pytest.fail(f"the docs name {path}, which does not import ({err}): update the page")
+
+
+@pytest.mark.parametrize(
+    "path",
+    [path for path in documented_paths() if path.rsplit(".", 1)[-1] in posbench.__all__],
+)
+def test_a_public_name_is_the_object_at_its_documented_place(path):
+    assert resolve(path) is getattr(posbench, path.rsplit(".", 1)[-1])
+
+
+def test_the_model_package_gives_the_decoder_and_its_arguments():
+    from posbench.model import ModelArgs, Transformer, build_model
+    from posbench.model.args import ModelArgs as args_model_args
+    from posbench.model.model import Transformer as model_transformer
+    from posbench.model.model import build_model as model_build_model
+
+    assert (ModelArgs, Transformer, build_model) == (
+        args_model_args,
+        model_transformer,
+        model_build_model,
+    )
+
+
 def test_diverged_is_exported_and_is_the_training_loops_error():
     from posbench.errors import PosbenchError
-    from posbench.train_loop import Diverged
+    from posbench.training.train_loop import Diverged
 
     assert posbench.Diverged is Diverged and issubclass(posbench.Diverged, PosbenchError)
 

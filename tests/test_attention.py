@@ -1,4 +1,4 @@
-"""Specification of the attention paths (posbench/attention/): each gives the output and the
+"""Specification of the attention paths (posbench/model/attention/): each gives the output and the
 gradients of the written-out masked computation at any length and block size; which path a
 bias takes, and the tensors a path never writes.
 
@@ -26,15 +26,15 @@ from test_model import (
 )
 from torch.nn.attention.flex_attention import flex_attention
 
-import posbench.attention
-import posbench.attention.biases
-import posbench.attention.blocks
-import posbench.attention.explicit
-import posbench.attention.flex
-from posbench.attention.blocks import causal_bias
+import posbench.model.attention
+import posbench.model.attention.biases
+import posbench.model.attention.blocks
+import posbench.model.attention.explicit
+import posbench.model.attention.flex
 from posbench.encodings import PositionalEncoding
 from posbench.model import Transformer
-from posbench.model_args import ModelArgs
+from posbench.model.args import ModelArgs
+from posbench.model.attention.blocks import causal_bias
 
 
 def test_causal_bias_puts_minus_infinity_strictly_above_the_diagonal_and_keeps_the_rest():
@@ -79,8 +79,10 @@ def test_blocked_attention_equals_the_full_computation(name, limit, monkeypatch)
     encoding = random_bias_encoding(name)
     x = torch.randn(2, 37, SMALL.d_model, dtype=F64, generator=torch.Generator().manual_seed(5))
     positions = torch.arange(37)
-    monkeypatch.setattr(posbench.attention.blocks, "MAX_SCORE_ELEMENTS", limit)
-    assert posbench.attention.blocks.query_block_size(2, SMALL.n_head, 37) < 37  # really blocked
+    monkeypatch.setattr(posbench.model.attention.blocks, "MAX_SCORE_ELEMENTS", limit)
+    assert (
+        posbench.model.attention.blocks.query_block_size(2, SMALL.n_head, 37) < 37
+    )  # really blocked
     full_bias = encoding.score_bias(positions, positions).detach()
     expected = reference_attention(attention, x, bias=full_bias)
     torch.testing.assert_close(attention(x, positions, encoding), expected, rtol=0, atol=1e-10)
@@ -91,7 +93,7 @@ def test_blocked_model_equals_the_single_call_model_in_float32(monkeypatch):
     tokens = torch.randint(0, 256, (2, 300), generator=torch.Generator().manual_seed(6))
     with torch.no_grad():
         single = model(tokens)
-        monkeypatch.setattr(posbench.attention.blocks, "MAX_SCORE_ELEMENTS", 5000)
+        monkeypatch.setattr(posbench.model.attention.blocks, "MAX_SCORE_ELEMENTS", 5000)
         blocked = model(tokens)
     torch.testing.assert_close(blocked, single, rtol=0, atol=1e-5)
 
@@ -109,9 +111,9 @@ def test_each_block_of_a_general_bias_sees_keys_only_up_to_its_own_end_and_stays
         return bias
 
     monkeypatch.setattr(encoding, "score_bias", recording)
-    monkeypatch.setattr(posbench.attention.blocks, "MAX_SCORE_ELEMENTS", 400)
+    monkeypatch.setattr(posbench.model.attention.blocks, "MAX_SCORE_ELEMENTS", 400)
     q = k = v = torch.zeros(1, SMALL.n_head, 50, 8, dtype=F64)
-    posbench.attention.causal_attention(q, k, v, torch.arange(50), encoding)
+    posbench.model.attention.causal_attention(q, k, v, torch.arange(50), encoding)
     assert sorted(int(qp[0]) for qp, _, _ in calls) == list(range(0, 50, 4))  # 400 // (2 * 50)
     for query_positions, key_positions, elements in calls:
         assert torch.equal(key_positions, torch.arange(int(query_positions[-1]) + 1))
@@ -158,8 +160,8 @@ def test_relative_bias_attention_equals_the_masked_computation(
 def use_query_blocks(block: int, monkeypatch: pytest.MonkeyPatch) -> None:
     """Blocks of at most ``block`` queries on every attention path with a bias (the explicit
     computation's too)."""
-    monkeypatch.setattr(posbench.attention.blocks, "QUERY_BLOCK", block)
-    monkeypatch.setattr(posbench.attention.blocks, "EXPLICIT_QUERY_BLOCK", block)
+    monkeypatch.setattr(posbench.model.attention.blocks, "QUERY_BLOCK", block)
+    monkeypatch.setattr(posbench.model.attention.blocks, "EXPLICIT_QUERY_BLOCK", block)
 
 
 def assert_attention_matches_masked(name: str, length: int, gradients: bool) -> None:
@@ -169,7 +171,7 @@ def assert_attention_matches_masked(name: str, length: int, gradients: bool) -> 
     q, k, v = random_qkv(2, SMALL.n_head, length, 8)
     positions = torch.arange(length)
     with torch.set_grad_enabled(gradients):
-        out = posbench.attention.causal_attention(q, k, v, positions, encoding)
+        out = posbench.model.attention.causal_attention(q, k, v, positions, encoding)
     expected = masked_attention(q, k, v, encoding, positions)
     torch.testing.assert_close(out, expected, rtol=0, atol=1e-10)
 
@@ -180,7 +182,7 @@ def test_bias_attention_equals_the_masked_computation_at_4096_tokens_in_float32(
     q, k, v = random_qkv(1, SMALL.n_head, 4096, 4, dtype=torch.float32)
     positions = torch.arange(4096)
     with torch.no_grad():
-        out = posbench.attention.causal_attention(q, k, v, positions, encoding)
+        out = posbench.model.attention.causal_attention(q, k, v, positions, encoding)
         expected = masked_attention(q, k, v, encoding, positions)
     torch.testing.assert_close(out, expected, rtol=0, atol=1e-5)
 
@@ -196,7 +198,7 @@ def test_relative_bias_attention_gives_the_gradients_of_the_masked_computation(n
     def gradients(attend) -> list[torch.Tensor]:
         return torch.autograd.grad(attend(*inputs, encoding, torch.arange(45)), leaves, out_grad)
 
-    fast = gradients(lambda q, k, v, e, p: posbench.attention.causal_attention(q, k, v, p, e))
+    fast = gradients(lambda q, k, v, e, p: posbench.model.attention.causal_attention(q, k, v, p, e))
     for got, expected in zip(fast, gradients(masked_attention), strict=True):
         torch.testing.assert_close(got, expected, rtol=0, atol=1e-10)
 
@@ -210,11 +212,11 @@ def test_bias_attention_at_positions_other_than_zero_to_length_equals_the_masked
 ):
     # Consecutive positions from 1000 take the relative path; the others (increasing, with gaps)
     # the general one.
-    monkeypatch.setattr(posbench.attention.blocks, "QUERY_BLOCK", 16)
+    monkeypatch.setattr(posbench.model.attention.blocks, "QUERY_BLOCK", 16)
     encoding = random_bias_encoding(name)
     q, k, v = random_qkv(2, SMALL.n_head, 37, 8)
     with torch.no_grad():
-        out = posbench.attention.causal_attention(q, k, v, positions, encoding)
+        out = posbench.model.attention.causal_attention(q, k, v, positions, encoding)
     expected = masked_attention(q, k, v, encoding, positions)
     torch.testing.assert_close(out, expected, rtol=0, atol=1e-10)
 
@@ -238,8 +240,8 @@ def test_relative_bias_attention_in_evaluation_never_writes_a_bias_of_queries_by
     monkeypatch.setattr(F, "scaled_dot_product_attention", recording)
     q, k, v = random_qkv(1, SMALL.n_head, 1000, 8)
     with torch.no_grad():
-        posbench.attention.causal_attention(q, k, v, torch.arange(1000), encoding)
-    block = posbench.attention.blocks.QUERY_BLOCK
+        posbench.model.attention.causal_attention(q, k, v, torch.arange(1000), encoding)
+    block = posbench.model.attention.blocks.QUERY_BLOCK
     assert len(masks) == math.ceil(1000 / block)
     for mask in masks:
         stored = mask.untyped_storage().nbytes() // mask.element_size()
@@ -292,7 +294,7 @@ def flex_and_masked(
     with torch.set_grad_enabled(gradients):
         bias = encoding.relative_bias(positions)
         flex_inputs = [t.to(dtype) for t in inputs]
-        flex = posbench.attention.flex_attention_bias(*flex_inputs, bias, compiled=compiled)
+        flex = posbench.model.attention.flex_attention_bias(*flex_inputs, bias, compiled=compiled)
         flex = flex.float()
         masked = masked_attention(*inputs, encoding, positions)
     if not gradients:
@@ -331,14 +333,14 @@ def test_compiled_flex_attention_bias_on_a_cpu_equals_the_masked_computation_at_
     # dynamic-shape kernel it built at a second length failed to compile (torch 2.13). With
     # dynamo's limit at one kernel a function, the lengths after the first pass only because
     # compiled_flex_attention raises it.
-    posbench.attention.flex.compiled_flex_attention.cache_clear()
+    posbench.model.attention.flex.compiled_flex_attention.cache_clear()
     torch._dynamo.reset()
     # torch's own patch: pytest's monkeypatch deletes a dynamo setting when it undoes one.
     with torch._dynamo.config.patch(recompile_limit=1, fail_on_recompile_limit_hit=True):
         for length in (300, 520):
             [flex], [masked] = flex_and_masked(name, length, gradients=False, compiled=True)
             torch.testing.assert_close(flex, masked, rtol=0, atol=1e-5)
-    posbench.attention.flex.compiled_flex_attention.cache_clear()
+    posbench.model.attention.flex.compiled_flex_attention.cache_clear()
 
 
 @pytest.mark.cuda
@@ -370,7 +372,7 @@ def test_compiled_flex_attention_bias_in_bf16_on_cuda_follows_float32(name, head
 
 
 ATTENTION_PATHS = {
-    path: getattr(posbench.attention, path)
+    path: getattr(posbench.model.attention, path)
     for path in ("flex_attention_bias", "relative_bias_attention", "blocked_bias_attention")
 }
 
@@ -378,8 +380,10 @@ ATTENTION_PATHS = {
 def choose_flex_attention_on(devices: set[str], monkeypatch) -> None:
     """flex_attention on the device types ``devices``, its unfused implementation in place of
     the compiled kernel (no compiler needed)."""
-    monkeypatch.setattr(posbench.attention, "FLEX_ATTENTION_DEVICES", frozenset(devices))
-    monkeypatch.setattr(posbench.attention.flex, "compiled_flex_attention", lambda: flex_attention)
+    monkeypatch.setattr(posbench.model.attention, "FLEX_ATTENTION_DEVICES", frozenset(devices))
+    monkeypatch.setattr(
+        posbench.model.attention.flex, "compiled_flex_attention", lambda: flex_attention
+    )
 
 
 def attention_paths(name: str, flex_devices: set[str], monkeypatch, length: int = 50) -> list[str]:
@@ -393,14 +397,14 @@ def attention_paths(name: str, flex_devices: set[str], monkeypatch, length: int 
             called.append(_path)
             return _original(*args, **kwargs)
 
-        monkeypatch.setattr(posbench.attention, path, recording)
+        monkeypatch.setattr(posbench.model.attention, path, recording)
     with torch.no_grad():
         small_model(name)(torch.zeros(1, length, dtype=torch.long))
     return called
 
 
 def test_flex_attention_is_chosen_on_cuda_only():
-    assert posbench.attention.FLEX_ATTENTION_DEVICES == {"cuda"}
+    assert posbench.model.attention.FLEX_ATTENTION_DEVICES == {"cuda"}
 
 
 @pytest.mark.parametrize("name", RELATIVE)
@@ -454,18 +458,18 @@ def test_general_bias_attention_equals_the_masked_computation(name, length, grad
 def test_general_bias_attention_at_other_increasing_positions_equals_the_masked_computation(
     positions, monkeypatch
 ):
-    monkeypatch.setattr(posbench.attention.blocks, "QUERY_BLOCK", 16)
+    monkeypatch.setattr(posbench.model.attention.blocks, "QUERY_BLOCK", 16)
     encoding = random_bias_encoding("pair-bias")
     q, k, v = random_qkv(2, SMALL.n_head, 37, 8)
     with torch.no_grad():
-        out = posbench.attention.causal_attention(q, k, v, positions, encoding)
+        out = posbench.model.attention.causal_attention(q, k, v, positions, encoding)
     expected = masked_attention(q, k, v, encoding, positions)
     torch.testing.assert_close(out, expected, rtol=0, atol=1e-10)
 
 
 @pytest.mark.parametrize("name", ["fire", "kerple"])  # kerple: PositionalEncoding.score_bias
 def test_in_evaluation_the_blocks_after_the_first_write_their_bias_to_one_buffer(name, monkeypatch):
-    monkeypatch.setattr(posbench.attention.blocks, "QUERY_BLOCK", 16)
+    monkeypatch.setattr(posbench.model.attention.blocks, "QUERY_BLOCK", 16)
     encoding = random_bias_encoding(name)
     monkeypatch.setattr(type(encoding), "consecutive_bias", lambda self, positions: None)
     buffers, score_bias = [], encoding.score_bias
@@ -478,7 +482,7 @@ def test_in_evaluation_the_blocks_after_the_first_write_their_bias_to_one_buffer
     monkeypatch.setattr(encoding, "score_bias", recording)
     q, k, v = random_qkv(2, SMALL.n_head, 100, 8)
     with torch.no_grad():
-        out = posbench.attention.causal_attention(q, k, v, torch.arange(100), encoding)
+        out = posbench.model.attention.causal_attention(q, k, v, torch.arange(100), encoding)
     monkeypatch.setattr(encoding, "score_bias", score_bias)
     torch.testing.assert_close(out, masked_attention(q, k, v, encoding, torch.arange(100)))
     assert buffers[0] is None and len(buffers) == 7  # 100 = 6 * 16 + 4 queries, last first
@@ -491,15 +495,17 @@ def test_in_evaluation_the_blocks_after_the_first_write_their_bias_to_one_buffer
 def test_the_layers_of_a_forward_pass_share_the_biases_of_its_query_blocks(
     kept_blocks, monkeypatch
 ):
-    monkeypatch.setattr(posbench.attention.blocks, "QUERY_BLOCK", 16)
+    monkeypatch.setattr(posbench.model.attention.blocks, "QUERY_BLOCK", 16)
     model, tokens = small_model("kerple"), torch.randint(0, 256, (2, 100))
     monkeypatch.setattr(type(model.encoding), "consecutive_bias", lambda self, positions: None)
     ends = [min(start + 16, 100) for start in reversed(range(0, 100, 16))]  # the order computed
     sizes = [SMALL.n_head * (end - (end - 1) // 16 * 16) * end for end in ends]  # H * n * e
-    monkeypatch.setattr(posbench.attention.biases, "SHARED_BIAS_ELEMENTS", 0)
+    monkeypatch.setattr(posbench.model.attention.biases, "SHARED_BIAS_ELEMENTS", 0)
     with torch.no_grad():
         expected = model(tokens)
-    monkeypatch.setattr(posbench.attention.biases, "SHARED_BIAS_ELEMENTS", sum(sizes[:kept_blocks]))
+    monkeypatch.setattr(
+        posbench.model.attention.biases, "SHARED_BIAS_ELEMENTS", sum(sizes[:kept_blocks])
+    )
     calls, score_bias = [], model.encoding.score_bias
 
     def counting(query_positions, key_positions, out=None):
@@ -529,7 +535,7 @@ def test_explicit_attention_gives_the_output_and_gradients_of_the_plain_computat
     q, k, v = (t.requires_grad_() for t in random_qkv(2, 3, 11, 8))
     bias = torch.randn(mask_batch, 3, 11, 11, dtype=F64, requires_grad=True)
     mask = causal_bias(bias)  # (mask_batch, H, T, T)
-    out = posbench.attention.explicit.explicit_attention(q, k, v, block_masks(mask, starts))
+    out = posbench.model.attention.explicit.explicit_attention(q, k, v, block_masks(mask, starts))
     expected = plain_attention(q, k, v, mask)
     torch.testing.assert_close(out, expected, rtol=0, atol=1e-12)
     out_grad = torch.randn(2, 3, 11, 8, dtype=F64)
@@ -552,8 +558,10 @@ def test_compiled_explicit_attention_gives_the_eager_output_and_gradients():
         out = attention(q, k, v, masks)
         return [out, *torch.autograd.grad(out.square().sum(), [*leaves, *masks])]
 
-    compiled = outputs_and_gradients(torch.compile(posbench.attention.explicit.explicit_attention))
-    eager = outputs_and_gradients(posbench.attention.explicit.explicit_attention)
+    compiled = outputs_and_gradients(
+        torch.compile(posbench.model.attention.explicit.explicit_attention)
+    )
+    eager = outputs_and_gradients(posbench.model.attention.explicit.explicit_attention)
     for got, expected in zip(compiled, eager, strict=True):
         torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6)
 
@@ -564,7 +572,7 @@ def test_explicit_attention_computes_bf16_inputs_in_float32_even_under_autocast(
     half = [t.bfloat16().requires_grad_() for t in random_qkv(2, 3, 11, 8, torch.float32)]
     out_grad = torch.randn(2, 3, 11, 8).bfloat16()
     with torch.autocast("cpu", torch.bfloat16):  # as in training with train.precision=bf16
-        out = posbench.attention.explicit.explicit_attention(*half, block_masks(mask, [0, 6]))
+        out = posbench.model.attention.explicit.explicit_attention(*half, block_masks(mask, [0, 6]))
         got = torch.autograd.grad(out, [*half, mask], out_grad)
     # The float32 computation of the rounded inputs, rounded once: within one bf16 ulp.
     rounded = [t.detach().float().requires_grad_() for t in [*half, mask]]
@@ -601,7 +609,7 @@ def test_bf16_bias_attention_on_a_cpu_is_the_float32_attention_of_the_same_input
         leaves = [t.to(dtype).requires_grad_() for t in rounded]
         autocast = torch.autocast("cpu", torch.bfloat16, enabled=dtype == torch.bfloat16)
         with autocast, torch.set_grad_enabled(gradients):
-            out = posbench.attention.causal_attention(*leaves, positions, encoding)
+            out = posbench.model.attention.causal_attention(*leaves, positions, encoding)
         if not gradients:
             return [out]
         bias_parameters = list(encoding.parameters())
@@ -618,7 +626,7 @@ def test_explicit_attention_applies_dropout_to_the_weights():
     q, k, v = (t.requires_grad_() for t in random_qkv(1, 2, 64, 8))
     mask = torch.zeros(1, 2, 64, 64, dtype=F64)
     torch.manual_seed(9)
-    dropped = posbench.attention.explicit.explicit_attention(q, k, v, [mask], dropout=0.5)
+    dropped = posbench.model.attention.explicit.explicit_attention(q, k, v, [mask], dropout=0.5)
     torch.manual_seed(9)
     expected = F.dropout(torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(8), dim=-1), 0.5) @ v
     torch.testing.assert_close(dropped, expected, rtol=0, atol=1e-12)
@@ -629,9 +637,9 @@ def test_explicit_attention_applies_dropout_to_the_weights():
 
 
 def test_training_shapes_are_blocked_only_where_attention_is_explicit():
-    assert posbench.attention.blocks.query_block_size(batch=32, n_head=4, length=128) == 128
-    assert posbench.attention.blocks.query_block_size(batch=32, n_head=8, length=256) == 256
-    assert posbench.attention.blocks.query_block_size(32, 4, 128, explicit=True) == 32
+    assert posbench.model.attention.blocks.query_block_size(batch=32, n_head=4, length=128) == 128
+    assert posbench.model.attention.blocks.query_block_size(batch=32, n_head=8, length=256) == 256
+    assert posbench.model.attention.blocks.query_block_size(32, 4, 128, explicit=True) == 32
 
 
 @pytest.mark.parametrize("general", [False, True])  # the relative or the general path
@@ -653,7 +661,7 @@ def test_training_attention_takes_blocks_of_32_queries_and_gives_the_masked_grad
     softmax = torch.softmax
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(torch, "softmax", recording)
-        out = posbench.attention.causal_attention(*inputs, torch.arange(150), encoding)
+        out = posbench.model.attention.causal_attention(*inputs, torch.arange(150), encoding)
     assert sorted(softmax_rows) == [22, 32, 32, 32, 32]  # 150 = 4 * 32 + 22 queries
     expected = masked_attention(*inputs, encoding, torch.arange(150))
     torch.testing.assert_close(out, expected, rtol=0, atol=1e-10)
@@ -714,7 +722,7 @@ def test_blocked_attention_gives_the_same_gradients(name, monkeypatch):
         return [p.grad.clone() for p in model.parameters()]
 
     single = gradients()
-    monkeypatch.setattr(posbench.attention.blocks, "MAX_SCORE_ELEMENTS", 500)
+    monkeypatch.setattr(posbench.model.attention.blocks, "MAX_SCORE_ELEMENTS", 500)
     for blocked, expected in zip(gradients(), single, strict=True):
         torch.testing.assert_close(blocked, expected, rtol=1e-9, atol=1e-12)
 
@@ -767,7 +775,7 @@ def test_windowed_attention_equals_the_masked_computation_with_its_gradients(
     out_grad = torch.randn(2, SMALL.n_head, 37, 8, dtype=F64)
 
     def windowed():
-        return posbench.attention.causal_attention(*inputs, positions, encoding)
+        return posbench.model.attention.causal_attention(*inputs, positions, encoding)
 
     def masked():
         return windowed_masked_attention(*inputs, encoding, positions, window)
@@ -781,9 +789,9 @@ def test_a_window_of_the_whole_length_is_full_attention_on_the_fused_path(monkey
     q, k, v = random_qkv(2, SMALL.n_head, 37, 8)
     called = []
     monkeypatch.setattr(
-        posbench.attention, "blocked_bias_attention", lambda *a, **kw: called.append(1)
+        posbench.model.attention, "blocked_bias_attention", lambda *a, **kw: called.append(1)
     )
-    out = posbench.attention.causal_attention(q, k, v, torch.arange(37), encoding)
+    out = posbench.model.attention.causal_attention(q, k, v, torch.arange(37), encoding)
     assert not called
     torch.testing.assert_close(
         out,
@@ -825,7 +833,9 @@ def test_a_bias_from_the_content_equals_the_masked_computation_with_its_gradient
 
     def attend():
         content = encoding.content_state(None, q, k, positions)
-        return posbench.attention.causal_attention(*inputs, positions, encoding, content=content)
+        return posbench.model.attention.causal_attention(
+            *inputs, positions, encoding, content=content
+        )
 
     def masked():
         bias = encoding.weight[:, None, None] * torch.tanh(q @ k.transpose(-1, -2))
@@ -858,7 +868,7 @@ def test_with_gradients_attention_asks_for_every_blocks_content_bias_at_once(win
     q, k, v = random_qkv(2, SMALL.n_head, 20, 8)
     positions = torch.arange(20)
     content = encoding.content_state(None, q, k, positions)
-    posbench.attention.causal_attention(q, k, v, positions, encoding, content=content)
+    posbench.model.attention.causal_attention(q, k, v, positions, encoding, content=content)
     # The blocks from 16, 8 and 0, the last first; a window of 6 shows each query 5 keys back.
     keys = [(0, 0, 0), (11, 3, 0)][window is not None]
     blocks = [
@@ -877,7 +887,7 @@ def test_without_gradients_attention_asks_for_each_blocks_content_bias_as_it_att
     positions = torch.arange(20)
     with torch.no_grad():
         content = encoding.content_state(None, q, k, positions)
-        posbench.attention.causal_attention(q, k, v, positions, encoding, content=content)
+        posbench.model.attention.causal_attention(q, k, v, positions, encoding, content=content)
     assert encoding.asked == [
         ("content_bias", (slice(start, min(start + 8, 20)), slice(0, min(start + 8, 20))))
         for start in (16, 8, 0)
@@ -902,12 +912,12 @@ def test_a_bias_table_per_sequence_takes_the_same_values_on_flex_and_sdpa(length
     score_mod reads row b, as the strided mask of relative_bias_attention does."""
     q, k, v = random_qkv(2, SMALL.n_head, length, 16, torch.float32)
     table = torch.randn(2, SMALL.n_head, length, generator=torch.Generator().manual_seed(4))
-    flex = posbench.attention.flex_attention_bias(q, k, v, table, compiled=False)
-    sdpa = posbench.attention.relative_bias_attention(q, k, v, table)
+    flex = posbench.model.attention.flex_attention_bias(q, k, v, table, compiled=False)
+    sdpa = posbench.model.attention.relative_bias_attention(q, k, v, table)
     plain = []
     for b in range(2):  # each sequence alone with its own table
         plain.append(
-            posbench.attention.relative_bias_attention(
+            posbench.model.attention.relative_bias_attention(
                 q[b : b + 1], k[b : b + 1], v[b : b + 1], table[b]
             )
         )

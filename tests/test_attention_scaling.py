@@ -13,12 +13,16 @@ import math
 import pytest
 import torch
 
-import posbench.attention_scaling
-from posbench.attention_scaling import Llama4Temperature, ScalableSoftmax, build_attention_scaling
+import posbench.model.attention_scaling
 from posbench.encodings import build_encoding
 from posbench.errors import PosbenchError
 from posbench.model import Transformer, build_model
-from posbench.model_args import ModelArgs
+from posbench.model.args import ModelArgs
+from posbench.model.attention_scaling import (
+    Llama4Temperature,
+    ScalableSoftmax,
+    build_attention_scaling,
+)
 
 F64 = torch.float64
 B, H, T, HS = 2, 3, 40, 4
@@ -255,4 +259,4 @@ def test_every_scaling_is_built_by_its_name():
         name: type(build_attention_scaling(name, 4, 8192, 0.1)) for name in ("ssmax", "llama4")
     }
     assert kinds == {"ssmax": ScalableSoftmax, "llama4": Llama4Temperature}
-    assert posbench.attention_scaling.SCALINGS == ("none", "ssmax", "llama4")
+    assert posbench.model.attention_scaling.SCALINGS == ("none", "ssmax", "llama4")

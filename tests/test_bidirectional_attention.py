@@ -1,7 +1,8 @@
-"""model.causal=false: every token attends to its whole row (posbench/attention/bidirectional.py),
-checked against formulas written out here from Ruoss et al.'s reference
-(google-deepmind/randomized_positional_encodings, models/positional_encodings.py) and T5's
-(HF transformers' T5Attention), not against posbench's own code."""
+"""model.causal=false: every token attends to its whole row
+(posbench/model/attention/bidirectional.py), checked against formulas written out here from
+Ruoss et al.'s reference (google-deepmind/randomized_positional_encodings,
+models/positional_encodings.py) and T5's (HF transformers' T5Attention), not against posbench's
+own code."""
 
 from __future__ import annotations
 
@@ -13,18 +14,18 @@ import torch
 import torch.nn.functional as F
 from conftest import TINY_REVERSE_STRING
 
-from posbench.attention import blocks
-from posbench.attention.bidirectional import TwoSidedBiases, bidirectional_attention
 from posbench.config import compose_config, validate
 from posbench.data import load_data
-from posbench.decode import greedy_decode
 from posbench.encodings import build_encoding
 from posbench.encodings.alibi import alibi_slopes
 from posbench.encodings.t5 import t5_two_sided_bucket
 from posbench.errors import PosbenchError
+from posbench.evaluation.decode import greedy_decode
 from posbench.evaluation.task_accuracy import evaluate_task
 from posbench.model import build_model
-from posbench.train import make_optimizer
+from posbench.model.attention import blocks
+from posbench.model.attention.bidirectional import TwoSidedBiases, bidirectional_attention
+from posbench.training.train import make_optimizer
 
 H, HS = 4, 8
 

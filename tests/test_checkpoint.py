@@ -14,15 +14,15 @@ from conftest import TINY, TINY_SYNTHETIC
 from safetensors.torch import load_file
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-import posbench.checkpoint
-from posbench.checkpoint import CHECKPOINT_FILE, load_checkpoint
+import posbench.training.checkpoint
 from posbench.config import compose_config
 from posbench.data import Corpus, WindowTask
 from posbench.errors import PosbenchError
-from posbench.resume import check_resumable
-from posbench.runs import WEIGHTS_FILE, check_run_dir
-from posbench.train import train
-from posbench.train_loop import Diverged, TrainingInterrupted
+from posbench.runs.directory import CHECKPOINT_FILE, WEIGHTS_FILE, check_run_dir
+from posbench.training.checkpoint import load_checkpoint
+from posbench.training.resume import check_resumable
+from posbench.training.train import train
+from posbench.training.train_loop import Diverged, TrainingInterrupted
 
 # 20 steps, a checkpoint every 5, the loss logged at every step.
 SHORT = [
@@ -243,7 +243,7 @@ def test_a_checkpoint_write_failing_midway_keeps_the_previous_checkpoint(
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
         save(obj, path)
 
-    monkeypatch.setattr(posbench.checkpoint.torch, "save", disk_fills_up)
+    monkeypatch.setattr(posbench.training.checkpoint.torch, "save", disk_fills_up)
     with pytest.raises(PosbenchError, match="No space left on device") as err:
         train(compose_config(short), tmp_path)
     assert "\n" not in str(err.value) and CHECKPOINT_FILE in str(err.value)
@@ -263,7 +263,7 @@ class RunsCommand:
 
 def test_a_checkpoint_whose_pickle_would_run_code_is_refused_and_the_code_never_runs(tmp_path):
     path, marker = tmp_path / CHECKPOINT_FILE, tmp_path / "marker"
-    torch.save({"format": posbench.checkpoint.FORMAT, "model": RunsCommand(marker)}, path)
+    torch.save({"format": posbench.training.checkpoint.FORMAT, "model": RunsCommand(marker)}, path)
     with pytest.raises(PosbenchError, match="refusing to load") as err:
         load_checkpoint(path)
     assert str(path) in str(err.value) and "\n" not in str(err.value)

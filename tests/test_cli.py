@@ -17,9 +17,9 @@ from posbench.commands.overrides import unknown_key_hint
 from posbench.config import compose_config
 from posbench.encodings import encoding_names
 from posbench.evaluation.perplexity import position_buckets
-from posbench.runs import save_config, saved_config
-from posbench.sweep_summary import SWEEP_ID_VARIABLE, SweepSummary, record_failed_job
-from posbench.threads import available_cores
+from posbench.runs.directory import save_config, saved_config
+from posbench.runs.sweep_summary import SWEEP_ID_VARIABLE, SweepSummary, record_failed_job
+from posbench.system.threads import available_cores
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[1]
@@ -234,7 +234,7 @@ def test_a_failed_sweep_job_is_one_line_the_others_still_run_and_the_sweep_exits
     tmp_path, launcher
 ):
     """With joblib the jobs run in worker processes, which must record their failure for the
-    sweep that started them (posbench.sweep_summary.SWEEP_ID_VARIABLE). A diverging job: what
+    sweep that started them (posbench.runs.sweep_summary.SWEEP_ID_VARIABLE). A diverging job: what
     can be checked before training (a missing data.path) stops the sweep before its first job."""
     if launcher == "joblib":
         pytest.importorskip(

@@ -15,7 +15,7 @@ import torch
 from test_attention import outputs_and_gradients, use_query_blocks, windowed_masked_attention
 from x_transformers.x_transformers import CoPE
 
-import posbench.attention
+import posbench.model.attention
 from posbench.config import compose_config
 from posbench.encodings import build_encoding
 from posbench.encodings.cope import block, reversed_gates
@@ -173,7 +173,9 @@ def test_attention_with_cope_gives_x_transformers_output_and_gradients_of_q_k_v_
 
     def attend():
         content = encoding.content_state(None, q, k, positions)
-        return posbench.attention.causal_attention(q, k, v, positions, encoding, content=content)
+        return posbench.model.attention.causal_attention(
+            q, k, v, positions, encoding, content=content
+        )
 
     def masked():
         bias = x_transformers_bias(encoding, q, k)

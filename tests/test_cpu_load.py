@@ -4,7 +4,7 @@ read from a fake /proc and cgroup tree."""
 import pytest
 from fake_machine import FakeMachine, process_stat
 
-from posbench.cpu_load import (
+from posbench.system.cpu_load import (
     SAMPLE_SECONDS,
     CpuLoad,
     CpuMeter,

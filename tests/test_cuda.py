@@ -9,12 +9,12 @@ import torch
 import torch._dynamo
 from conftest import TINY_SYNTHETIC
 
-import posbench.attention
+import posbench.model.attention
 from posbench.config import compose_config
 from posbench.encodings import encoding_names
 from posbench.evaluation.perplexity import evaluate
 from posbench.model import Transformer, build_model
-from posbench.train import make_optimizer, train
+from posbench.training.train import make_optimizer, train
 
 pytestmark = pytest.mark.cuda
 # a bias of the distance alone: flex_attention on CUDA (FIRE's, while no query is past its
@@ -58,13 +58,13 @@ def never_unfused():
 def flex_calls(monkeypatch) -> list[int]:
     """Records each flex_attention_bias call (its sequence length)."""
     calls = []
-    flex_attention_bias = posbench.attention.flex_attention_bias
+    flex_attention_bias = posbench.model.attention.flex_attention_bias
 
     def recording(q, *args, **kwargs):
         calls.append(q.shape[2])
         return flex_attention_bias(q, *args, **kwargs)
 
-    monkeypatch.setattr(posbench.attention, "flex_attention_bias", recording)
+    monkeypatch.setattr(posbench.model.attention, "flex_attention_bias", recording)
     return calls
 
 
@@ -119,6 +119,6 @@ def test_evaluation_at_16384_tokens_on_cuda_matches_the_sdpa_path(
     window = tokens[None, :16384].long().cuda()
     with torch.inference_mode():
         flex = model(window)
-        monkeypatch.setattr(posbench.attention, "FLEX_ATTENTION_DEVICES", frozenset())
+        monkeypatch.setattr(posbench.model.attention, "FLEX_ATTENTION_DEVICES", frozenset())
         sdpa = model(window)
     torch.testing.assert_close(flex, sdpa, rtol=1e-4, atol=1e-3)

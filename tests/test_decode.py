@@ -1,5 +1,5 @@
-"""Greedy decoding of task answers (posbench/decode.py) and the key-value cache it decodes
-with (posbench/kv_cache.py): a cached step's logits are the recomputed ones, for every
+"""Greedy decoding of task answers (posbench/evaluation/decode.py) and the key-value cache it
+decodes with (posbench/model/kv_cache.py): a cached step's logits are the recomputed ones, for every
 encoding and option, and the scores are those of the model's own answers."""
 
 import json
@@ -12,15 +12,15 @@ from posbench.cli import main
 from posbench.config import compose_config
 from posbench.data import load_data
 from posbench.data.task import Examples
-from posbench.decode import NOT_DECODED, greedy_decode
 from posbench.encodings.registry import encoding_names
 from posbench.evaluation import task_accuracy
+from posbench.evaluation.decode import NOT_DECODED, greedy_decode
 from posbench.evaluation.positions import RandomPositions
 from posbench.evaluation.task_accuracy import evaluate_task_length
-from posbench.kv_cache import DecodeCache
 from posbench.model import Transformer, build_model
-from posbench.random_positions import PositionDraw, PositionSampler
-from posbench.train import train
+from posbench.model.kv_cache import DecodeCache
+from posbench.model.random_positions import PositionDraw, PositionSampler
+from posbench.training.train import train
 
 B, T, PROMPT = 3, 14, 5  # sequences, tokens, the tokens cached at once before the steps
 ATOL = 1e-5  # cached and recomputed logits agree to this in fp32

@@ -8,11 +8,13 @@ import torch
 from conftest import posbench, terabyte_split
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from posbench import diagnose as diagnose_module
-from posbench.attention import attention_probabilities
 from posbench.config import compose_config
 from posbench.data import load_corpus
-from posbench.diagnose import (
+from posbench.encodings import build_encoding, encoding_names
+from posbench.encodings.alibi import alibi_slopes
+from posbench.errors import PosbenchError
+from posbench.evaluation import diagnose as diagnose_module
+from posbench.evaluation.diagnose import (
     STATISTICS,
     attention_inputs,
     check_diagnosable,
@@ -21,15 +23,13 @@ from posbench.diagnose import (
     diagnosis_memory_bytes,
     validation_windows,
 )
-from posbench.encodings import build_encoding, encoding_names
-from posbench.encodings.alibi import alibi_slopes
-from posbench.errors import PosbenchError
 from posbench.evaluation.perplexity import position_buckets, windows
 from posbench.model import Transformer, build_model
-from posbench.model_args import ModelArgs
-from posbench.random_positions import PositionDraw, PositionSampler, randomizes_distances
-from posbench.runs import load_run_config
-from posbench.train import train
+from posbench.model.args import ModelArgs
+from posbench.model.attention import attention_probabilities
+from posbench.model.random_positions import PositionDraw, PositionSampler, randomizes_distances
+from posbench.runs.directory import load_run_config
+from posbench.training.train import train
 
 S = 16  # the training length of the hand-built models
 

@@ -15,17 +15,17 @@ import torch
 from conftest import TINY, TINY_REVERSE_STRING, TINY_RUN, TINY_SYNTHETIC
 from safetensors.torch import load_file
 
-import posbench.checkpoint
-from posbench import distributed
-from posbench.checkpoint import CHECKPOINT_FILE, load_checkpoint
-from posbench.config import compose_config, validate
+import posbench.training.checkpoint
+from posbench.config import compose_config, position_sampler, validate
 from posbench.data import load_data
 from posbench.errors import PosbenchError
 from posbench.model import build_model
-from posbench.random_positions import position_sampler
-from posbench.threads import jobs_at_once
-from posbench.train import make_optimizer, train
-from posbench.train_loop import TrainingInterrupted, seed_dropout, train_step
+from posbench.runs.directory import CHECKPOINT_FILE
+from posbench.system import distributed
+from posbench.system.threads import jobs_at_once
+from posbench.training.checkpoint import load_checkpoint
+from posbench.training.train import make_optimizer, train
+from posbench.training.train_loop import TrainingInterrupted, seed_dropout, train_step
 
 RANK_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR")
 # 20 steps of a tiny run, one thread per rank, one short evaluation.
@@ -173,7 +173,7 @@ def test_each_rank_draws_its_own_dropout_masks_and_a_step_always_the_same(monkey
 def signal_after_the_first_checkpoint(monkeypatch: pytest.MonkeyPatch) -> None:
     """SIGTERM to this process as soon as training's first checkpoint is written: after the
     ranks agreed whether to stop at that step."""
-    save = posbench.checkpoint.save_checkpoint
+    save = posbench.training.checkpoint.save_checkpoint
     written = []
 
     def save_then_signal(*args, **kwargs):
@@ -182,7 +182,7 @@ def signal_after_the_first_checkpoint(monkeypatch: pytest.MonkeyPatch) -> None:
             os.kill(os.getpid(), signal.SIGTERM)
         return written[-1]
 
-    monkeypatch.setattr(posbench.checkpoint, "save_checkpoint", save_then_signal)
+    monkeypatch.setattr(posbench.training.checkpoint, "save_checkpoint", save_then_signal)
 
 
 def test_a_signal_after_the_ranks_agreed_on_a_step_stops_them_at_the_next_one(
@@ -298,17 +298,17 @@ SLOW_CHECKPOINT_DISK = """
 import json, os, sys, time
 from pathlib import Path
 
-import posbench.checkpoint
-from posbench.checkpoint import load_checkpoint
+import posbench.training.checkpoint
+from posbench.training.checkpoint import load_checkpoint
 from posbench.cli import main
 
-save = posbench.checkpoint.save_checkpoint
+save = posbench.training.checkpoint.save_checkpoint
 
 def slow_save(*args, **kwargs):
     time.sleep(2)
     return save(*args, **kwargs)
 
-posbench.checkpoint.save_checkpoint = slow_save
+posbench.training.checkpoint.save_checkpoint = slow_save
 checkpoint = Path(sys.argv.pop(1))  # the rest is posbench's command line
 try:
     main()

@@ -8,7 +8,7 @@ import pytest
 import torch
 from conftest import chunked_calls, terabyte_split
 
-import posbench.loss
+import posbench.model.loss
 from posbench.config import compose_config
 from posbench.data import IGNORE, load_data
 from posbench.data.baselines import prefix_rule_accuracy
@@ -27,7 +27,7 @@ from posbench.evaluation.perplexity import (
 from posbench.evaluation.run import evaluate_data, rope_scaling_overrides
 from posbench.evaluation.task_accuracy import answer_scores, evaluate_task_length, task_predictions
 from posbench.model import Transformer
-from posbench.model_args import ModelArgs
+from posbench.model.args import ModelArgs
 
 
 def uniform_model(encoding: str = "none", **encoding_options) -> Transformer:
@@ -119,7 +119,7 @@ def test_perplexity_is_exp_of_mean_nll_against_a_direct_computation(chunked, mon
     # here for all) and the logits whole (CUDA's).
     calls = chunked_calls(monkeypatch)
     if not chunked:
-        monkeypatch.setattr(posbench.loss, "CHUNKED_LOSS_DEVICES", frozenset())
+        monkeypatch.setattr(posbench.model.loss, "CHUNKED_LOSS_DEVICES", frozenset())
     model = random_rope_model()
     tokens = torch.randint(0, 256, (65,), dtype=torch.uint8)
     record = evaluate_length(model, tokens, length=16)

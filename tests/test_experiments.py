@@ -11,8 +11,8 @@ from posbench.data.algorithmic.curriculum import BatchLengths, Curriculum
 from posbench.data.algorithmic.kazemnejad import KazemnejadTask
 from posbench.encodings import encoding_names
 from posbench.errors import PosbenchError
-from posbench.output_dirs import register_output_dir_resolvers
-from posbench.train_loop import lr_at
+from posbench.system.output_dirs import register_output_dir_resolvers
+from posbench.training.train_loop import lr_at
 
 
 def swept_values(cfg, key: str) -> list[str]:

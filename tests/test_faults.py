@@ -16,12 +16,12 @@ from conftest import TINY, TINY_RUN, TINY_SYNTHETIC, posbench
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from posbench import cli
-from posbench.checkpoint import CHECKPOINT_FILE, FORMAT, load_checkpoint
 from posbench.commands import eval as eval_command
 from posbench.commands import train as train_command
 from posbench.config import compose_config
 from posbench.model import build_model
-from posbench.runs import save_config, save_weights, saved_config
+from posbench.runs.directory import CHECKPOINT_FILE, save_config, save_weights, saved_config
+from posbench.training.checkpoint import FORMAT, load_checkpoint
 
 pytestmark = pytest.mark.slow
 

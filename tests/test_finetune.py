@@ -9,10 +9,10 @@ from safetensors.torch import load_file
 
 from posbench.config import compose_config
 from posbench.errors import PosbenchError
-from posbench.finetune import fine_tune_config
 from posbench.model import build_model
-from posbench.runs import WEIGHTS_FILE, load_run, save_config, save_weights
-from posbench.train import train
+from posbench.runs.directory import WEIGHTS_FILE, load_run, save_config, save_weights
+from posbench.training.finetune import fine_tune_config
+from posbench.training.train import train
 
 PARENT = [*TINY, "train.steps=10", "eval.lengths=[16]", "eval.max_tokens=1024"]
 

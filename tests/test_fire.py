@@ -15,15 +15,15 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from posbench.checkpoint import TrainProgress, restore_checkpoint
 from posbench.config import compose_config
 from posbench.encodings import alibi_slopes, build_encoding
 from posbench.encodings.fire import FireRelativeBias
 from posbench.errors import PosbenchError
-from posbench.memory import inference_memory_bytes
+from posbench.evaluation.memory import inference_memory_bytes
 from posbench.model import build_model
-from posbench.runs import WEIGHTS_FILE, load_weights, save_weights
-from posbench.train import make_optimizer
+from posbench.runs.directory import WEIGHTS_FILE, load_weights, save_weights
+from posbench.training.checkpoint import TrainProgress, restore_checkpoint
+from posbench.training.train import make_optimizer
 
 F64 = torch.float64
 
@@ -137,8 +137,8 @@ class LargestTensor(TorchDispatchMode):
 
 
 def test_no_intermediate_of_the_bias_outgrows_the_bias_the_memory_estimate_budgets():
-    # posbench.memory.inference_memory_bytes budgets a few (H, Tq, Tk) tensors per query block;
-    # f_theta's hidden layer (width values per pair) must stay within one of them.
+    # posbench.evaluation.memory.inference_memory_bytes budgets a few (H, Tq, Tk) tensors per query
+    # block; f_theta's hidden layer (width values per pair) must stay within one of them.
     encoding = fire(threshold=16.0, n_head=2)
     with torch.inference_mode(), LargestTensor() as recorder:
         bias = encoding.score_bias(torch.arange(300, 400), torch.arange(400))

@@ -17,14 +17,14 @@ import torch
 from test_attention import outputs_and_gradients, use_query_blocks, windowed_masked_attention
 from x_transformers.x_transformers import DataDependentAlibi
 
-import posbench.attention
-import posbench.attention.fused
-import posbench.attention.key_bias
+import posbench.model.attention
+import posbench.model.attention.fused
+import posbench.model.attention.key_bias
 from posbench.config import compose_config
 from posbench.data import sample_positions
 from posbench.encodings import build_encoding
 from posbench.model import build_model
-from posbench.train import make_optimizer
+from posbench.training.train import make_optimizer
 
 F64 = torch.float64
 SMALL = {"n_layer": 2, "n_head": 2, "d_model": 16}
@@ -56,11 +56,11 @@ def x_transformers_bias(encoding, x: torch.Tensor) -> torch.Tensor:
 
 
 def record_path(path: str, monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """The list to which each call of posbench.attention's ``path`` appends its name."""
+    """The list to which each call of posbench.model.attention's ``path`` appends its name."""
     taken = []
-    original = getattr(posbench.attention, path)
+    original = getattr(posbench.model.attention, path)
     monkeypatch.setattr(
-        posbench.attention, path, lambda *a, **kw: taken.append(path) or original(*a, **kw)
+        posbench.model.attention, path, lambda *a, **kw: taken.append(path) or original(*a, **kw)
     )
     return taken
 
@@ -114,7 +114,7 @@ def test_attention_with_fox_gives_x_transformers_output_and_gradients(window, pa
     use_query_blocks(8, monkeypatch)  # 37 = 4 * 8 + 5 queries
     if path == "blocked_bias_attention":
         # 37 tokens: past it
-        monkeypatch.setattr(posbench.attention.key_bias, "KEY_BIAS_LENGTH", 36)
+        monkeypatch.setattr(posbench.model.attention.key_bias, "KEY_BIAS_LENGTH", 36)
     taken = record_path(path, monkeypatch)
     encoding = fox()
     encoding.window = window
@@ -126,7 +126,9 @@ def test_attention_with_fox_gives_x_transformers_output_and_gradients(window, pa
 
     def attend():
         content = encoding.content_state(x, q, k, positions)
-        return posbench.attention.causal_attention(q, k, v, positions, encoding, content=content)
+        return posbench.model.attention.causal_attention(
+            q, k, v, positions, encoding, content=content
+        )
 
     def masked():
         bias = x_transformers_bias(encoding, x)
@@ -147,18 +149,22 @@ def test_attention_with_fox_gives_x_transformers_output_and_gradients(window, pa
     ],
 )
 def test_evaluation_past_the_fused_length_gives_x_transformers_output(devices, path, monkeypatch):
-    monkeypatch.setattr(posbench.attention.key_bias, "KEY_BIAS_LENGTH", 36)  # 37 tokens: past it
+    monkeypatch.setattr(
+        posbench.model.attention.key_bias, "KEY_BIAS_LENGTH", 36
+    )  # 37 tokens: past it
     use_query_blocks(8, monkeypatch)  # 37 = 4 * 8 + 5 queries
-    monkeypatch.setattr(posbench.attention.key_bias, "KEY_BIAS_BLOCK", 8)
+    monkeypatch.setattr(posbench.model.attention.key_bias, "KEY_BIAS_BLOCK", 8)
     if devices is not None:
-        monkeypatch.setattr(posbench.attention.fused, "LOG_SUM_EXP_DEVICES", devices)
+        monkeypatch.setattr(posbench.model.attention.fused, "LOG_SUM_EXP_DEVICES", devices)
     taken = record_path(path, monkeypatch)
     encoding, x = fox(), layer_input(37)
     q, k, v = (torch.randn(2, 2, 37, 4, dtype=F64) for _ in range(3))
     positions = torch.arange(37)
     with torch.no_grad():
         content = encoding.content_state(x, q, k, positions)
-        got = posbench.attention.causal_attention(q, k, v, positions, encoding, content=content)
+        got = posbench.model.attention.causal_attention(
+            q, k, v, positions, encoding, content=content
+        )
         bias = x_transformers_bias(encoding, x)
         expected = windowed_masked_attention(q, k, v, encoding, positions, 37, bias)
     assert taken == [path]
@@ -183,7 +189,7 @@ def test_the_fused_paths_outputs_before_a_token_do_not_change_with_the_tokens_af
     def attend(x, q, k, v):
         with torch.no_grad():
             content = encoding.content_state(x, q, k, positions)
-            return posbench.attention.causal_attention(
+            return posbench.model.attention.causal_attention(
                 q, k, v, positions, encoding, content=content
             )
 
@@ -218,7 +224,9 @@ def test_evaluation_at_16384_tokens_is_float32_precise(monkeypatch):
     positions = torch.arange(T)
     with torch.no_grad():
         content = encoding.content_state(x, q, k, positions)
-        got = posbench.attention.causal_attention(q, k, v, positions, encoding, content=content)
+        got = posbench.model.attention.causal_attention(
+            q, k, v, positions, encoding, content=content
+        )
         sums = encoding.double().log_gate_sums(x.double())
     assert taken == ["blocked_key_bias_attention"]
     assert sums[..., -1].max() < -10000
@@ -231,7 +239,7 @@ def test_evaluation_at_16384_tokens_is_float32_precise(monkeypatch):
 
 @pytest.mark.parametrize("initial_gates", [False, True])  # std-1 gates; the paper's start
 def test_the_fused_path_is_float32_precise_at_its_longest_length(initial_gates):
-    length = posbench.attention.key_bias.KEY_BIAS_LENGTH
+    length = posbench.model.attention.key_bias.KEY_BIAS_LENGTH
     torch.manual_seed(0)
     encoding = build_encoding({"name": "fox"}, 8, 2) if initial_gates else fox().float()
     x = layer_input(length, batch=1).float()
@@ -241,7 +249,9 @@ def test_the_fused_path_is_float32_precise_at_its_longest_length(initial_gates):
     positions = torch.arange(length)
     with torch.no_grad():
         content = encoding.content_state(x, q, k, positions)
-        got = posbench.attention.causal_attention(q, k, v, positions, encoding, content=content)
+        got = posbench.model.attention.causal_attention(
+            q, k, v, positions, encoding, content=content
+        )
         sums = encoding.double().log_gate_sums(x.double())
     assert sums[..., -1].max() < -1000  # c spans 1,000 or more
     # Measured 6.9e-5 with std-1 gates, 7.5e-5 with the initial ones (b relative to the first

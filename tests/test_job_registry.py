@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from fake_machine import THIS_START, FakeMachine
 
-from posbench.job_registry import (
+from posbench.system.job_registry import (
     Job,
     JobRegistry,
     pid_namespace,

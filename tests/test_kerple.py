@@ -13,7 +13,7 @@ import torch
 from posbench.encodings import build_encoding
 from posbench.errors import PosbenchError
 from posbench.model import Transformer
-from posbench.model_args import ModelArgs
+from posbench.model.args import ModelArgs
 
 QUERIES, KEYS = [0, 4, 50], [0, 1, 4, 20, 50]
 

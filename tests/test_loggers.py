@@ -1,4 +1,4 @@
-"""Where a run's metrics go (posbench/loggers/): logger=tensorboard (the default), wandb, none.
+"""Where a run's metrics go (posbench/runs/loggers/): logger=tensorboard (the default), wandb, none.
 
 The W&B logger is tested at its boundary with a stand-in ``wandb`` module, and end to end in
 W&B's offline mode (no account, no network), reading back the ``.wandb`` file it writes.
@@ -15,15 +15,15 @@ from types import ModuleType
 import pytest
 from conftest import TINY, error_line, posbench
 
-from posbench import loggers
 from posbench.commands.overrides import group_options
 from posbench.config import compose_config
-from posbench.loggers import NoLogger, open_logger
-from posbench.loggers.wandb import RUN_FILE
-from posbench.resume import changed_keys
-from posbench.runs import SWEEP_MARKER
-from posbench.tensorboard_log import TrainedLengths
-from posbench.train import train
+from posbench.runs import loggers
+from posbench.runs.directory import SWEEP_MARKER
+from posbench.runs.loggers import NoLogger, open_logger
+from posbench.runs.loggers.wandb import RUN_FILE
+from posbench.runs.tensorboard_log import TrainedLengths
+from posbench.training.resume import changed_keys
+from posbench.training.train import train
 
 AT_16 = TrainedLengths.tokens(16)
 

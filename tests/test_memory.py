@@ -11,15 +11,15 @@ import logging
 import pytest
 import torch
 
-import posbench.attention.fused
-import posbench.memory
-from posbench.attention.biases import SHARED_BIAS_ELEMENTS
-from posbench.attention.blocks import MAX_SCORE_ELEMENTS
+import posbench.evaluation.memory
+import posbench.model.attention.fused
 from posbench.encodings import EncodingConfig, PositionalEncoding, build_encoding
+from posbench.evaluation.memory import available_memory, fitting_batch_size, inference_memory_bytes
 from posbench.evaluation.perplexity import evaluate_length
-from posbench.memory import available_memory, fitting_batch_size, inference_memory_bytes
 from posbench.model import Transformer, build_model
-from posbench.model_args import ModelArgs
+from posbench.model.args import ModelArgs
+from posbench.model.attention.biases import SHARED_BIAS_ELEMENTS
+from posbench.model.attention.blocks import MAX_SCORE_ELEMENTS
 
 CPU = torch.device("cpu")
 
@@ -47,7 +47,7 @@ def scratch(encoding: str, length: int) -> int:
 
 
 def allow(monkeypatch, n_bytes: int) -> None:
-    monkeypatch.setattr(posbench.memory, "available_memory", lambda device: n_bytes)
+    monkeypatch.setattr(posbench.evaluation.memory, "available_memory", lambda device: n_bytes)
 
 
 # --- what is available --------------------------------------------------------------------------
@@ -56,12 +56,12 @@ def allow(monkeypatch, n_bytes: int) -> None:
 def test_available_cpu_memory_is_meminfos_mem_available(tmp_path, monkeypatch):
     meminfo = tmp_path / "meminfo"
     meminfo.write_text("MemTotal:  24000000 kB\nMemFree:  1000 kB\nMemAvailable:  2048 kB\n")
-    monkeypatch.setattr(posbench.memory, "MEMINFO", meminfo)
+    monkeypatch.setattr(posbench.evaluation.memory, "MEMINFO", meminfo)
     assert available_memory(CPU) == 2048 * 1024
 
 
 def test_available_memory_is_unknown_without_meminfo(tmp_path, monkeypatch):
-    monkeypatch.setattr(posbench.memory, "MEMINFO", tmp_path / "absent")
+    monkeypatch.setattr(posbench.evaluation.memory, "MEMINFO", tmp_path / "absent")
     assert available_memory(CPU) is None
 
 
@@ -97,7 +97,7 @@ def test_key_bias_attention_scratch_on_a_cpu_holds_no_scores():
 def test_key_bias_attention_scratch_without_log_sum_exps_is_the_blocked_paths(monkeypatch):
     # Past KEY_BIAS_LENGTH a device whose kernel returns no log-sum-exps takes the blocked path.
     fused = scratch("fox", 16384)
-    monkeypatch.setattr(posbench.attention.fused, "LOG_SUM_EXP_DEVICES", frozenset())
+    monkeypatch.setattr(posbench.model.attention.fused, "LOG_SUM_EXP_DEVICES", frozenset())
     assert scratch("fox", 16384) > MAX_SCORE_ELEMENTS > fused
     assert scratch("fox", 2048) < MAX_SCORE_ELEMENTS  # up to it, one fused call on any device
 

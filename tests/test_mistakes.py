@@ -11,8 +11,8 @@ from omegaconf import OmegaConf
 
 from posbench.commands.overrides import group_options
 from posbench.config import compose_config
-from posbench.runs import save_config
-from posbench.sweep_summary import SweepSummary
+from posbench.runs.directory import save_config
+from posbench.runs.sweep_summary import SweepSummary
 
 
 @pytest.mark.parametrize("experiment", group_options("experiment"))

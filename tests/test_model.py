@@ -19,13 +19,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import posbench.config
-import posbench.loss
 import posbench.model
+import posbench.model.loss
 from posbench.encodings import EncodingConfig, PositionalEncoding, build_encoding, encoding_names
 from posbench.errors import PosbenchError
-from posbench.memory import inference_memory_bytes
-from posbench.model import CausalSelfAttention, Transformer
-from posbench.model_args import ModelArgs
+from posbench.evaluation.memory import inference_memory_bytes
+from posbench.model.args import ModelArgs
+from posbench.model.model import CausalSelfAttention, Transformer
 
 F64 = torch.float64
 SMALL = ModelArgs(n_layer=2, n_head=2, d_model=16)
@@ -185,7 +185,7 @@ def float64_model_and_batch(
     or the logits way (CUDA's, and any torch without linear_cross_entropy)."""
     calls = chunked_calls(monkeypatch)
     if not chunked:
-        monkeypatch.setattr(posbench.loss, "CHUNKED_LOSS_DEVICES", frozenset())
+        monkeypatch.setattr(posbench.model.loss, "CHUNKED_LOSS_DEVICES", frozenset())
     torch.manual_seed(0)
     args = ModelArgs(n_layer=2, n_head=2, d_model=16, vocab_size=300)
     model = Transformer(args, make_encoding(encoding, args)).double()
@@ -230,7 +230,7 @@ def test_memory_estimate_counts_the_logits_whole_only_where_they_are_formed_whol
     args = ModelArgs(n_layer=1, n_head=2, d_model=64, vocab_size=8192)
     model = Transformer(args, make_encoding("none", args))
     chunked = inference_memory_bytes(model, 1, 4096)
-    monkeypatch.setattr(posbench.loss, "CHUNKED_LOSS_DEVICES", frozenset())
+    monkeypatch.setattr(posbench.model.loss, "CHUNKED_LOSS_DEVICES", frozenset())
     whole = inference_memory_bytes(model, 1, 4096)
     assert whole - chunked == 4096 * 3 * (8192 - 64) * 4
 

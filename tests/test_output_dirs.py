@@ -4,7 +4,7 @@ from concurrent.futures import ProcessPoolExecutor
 
 from omegaconf import OmegaConf
 
-from posbench.output_dirs import claim_unique_dir, register_output_dir_resolvers, unclaimed
+from posbench.system.output_dirs import claim_unique_dir, register_output_dir_resolvers, unclaimed
 
 
 def test_a_free_name_is_created_as_requested(tmp_path):

@@ -8,11 +8,9 @@ import torch
 import torch.nn.functional as F
 from conftest import TINY, TINY_REVERSE_STRING, chunked_calls
 
-import posbench.loss
-from posbench.attention import unbiased_causal_attention
-from posbench.checkpoint import CHECKPOINT_FILE, load_checkpoint
+import posbench.model.loss
 from posbench.cli import main
-from posbench.config import compose_config
+from posbench.config import compose_config, position_sampler
 from posbench.data import Corpus, load_data
 from posbench.encodings import ENCODINGS
 from posbench.encodings.rope import SCALING_METHODS
@@ -21,15 +19,13 @@ from posbench.evaluation.perplexity import evaluate_length
 from posbench.evaluation.run import evaluate_run
 from posbench.evaluation.task_accuracy import evaluate_task_length
 from posbench.model import build_model
-from posbench.precision import BF16_MIN_D_MODEL, autocast, bf16_hardware, resolve_precision
-from posbench.random_positions import (
-    PositionDraw,
-    PositionSampler,
-    position_sampler,
-    randomizes_distances,
-)
-from posbench.train import train
-from posbench.train_loop import train_step
+from posbench.model.attention import unbiased_causal_attention
+from posbench.model.random_positions import PositionDraw, PositionSampler, randomizes_distances
+from posbench.runs.directory import CHECKPOINT_FILE
+from posbench.system.precision import BF16_MIN_D_MODEL, autocast, bf16_hardware, resolve_precision
+from posbench.training.checkpoint import load_checkpoint
+from posbench.training.train import train
+from posbench.training.train_loop import train_step
 
 CPU, CUDA = torch.device("cpu"), torch.device("cuda")
 # bf16 keeps 8 significant bits: one rounding is off by at most u = 2^-9 relative. A bf16
@@ -90,7 +86,7 @@ def test_auto_picks_fp32_on_a_cpu_without_bf16_units_at_any_size(monkeypatch):
 def test_auto_on_cuda_picks_bf16_where_the_gpu_has_it_from_the_small_model_on(
     monkeypatch, supported, model, expected
 ):
-    # An H200 trained the tiny model slower in bf16 than in fp32 (posbench/precision.py).
+    # An H200 trained the tiny model slower in bf16 than in fp32 (posbench/system/precision.py).
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda: supported)
     d_model = compose_config([f"model={model}"]).model.d_model
     assert resolve_precision("auto", CUDA, d_model) == expected
@@ -378,7 +374,7 @@ def test_a_compiled_training_loss_and_its_gradients_equal_eagers(chunked, monkey
     # (F.linear_cross_entropy's chunks, here for these small logits too, or the logits whole).
     calls = chunked_calls(monkeypatch)
     if not chunked:
-        monkeypatch.setattr(posbench.loss, "CHUNKED_LOSS_DEVICES", frozenset())
+        monkeypatch.setattr(posbench.model.loss, "CHUNKED_LOSS_DEVICES", frozenset())
     torch.manual_seed(0)
     model = build_model({"n_layer": 2, "n_head": 2, "d_model": 16}, {"name": "rope"}).train()
     generator = torch.Generator().manual_seed(1)

@@ -15,27 +15,22 @@ import torch
 from conftest import TINY_REVERSE_STRING
 from test_checkpoint import SHORT, assert_same_run, at_batch, crash
 
-from posbench import diagnose as diagnose_module
-from posbench.attention import QueryBlockBiases, causal_attention
 from posbench.cli import main
-from posbench.config import compose_config, validate
+from posbench.config import compose_config, position_sampler, validate
 from posbench.data import Corpus, load_data, sample_positions
-from posbench.diagnose import diagnose_run
 from posbench.encodings import build_encoding, encoding_names
 from posbench.errors import PosbenchError
+from posbench.evaluation import diagnose as diagnose_module
+from posbench.evaluation.diagnose import diagnose_run
 from posbench.evaluation.perplexity import evaluate_length
 from posbench.evaluation.positions import RandomPositions, eval_positions
 from posbench.model import Transformer, build_model
-from posbench.model_args import ModelArgs
-from posbench.random_positions import (
-    PositionSampler,
-    position_sampler,
-    randomizes_distances,
-    row_lengths,
-)
-from posbench.runs import load_run_config
-from posbench.train import make_optimizer, train
-from posbench.train_loop import train_step, validation_loss
+from posbench.model.args import ModelArgs
+from posbench.model.attention import QueryBlockBiases, causal_attention
+from posbench.model.random_positions import PositionSampler, randomizes_distances, row_lengths
+from posbench.runs.directory import load_run_config
+from posbench.training.train import make_optimizer, train
+from posbench.training.train_loop import train_step, validation_loss
 
 SMALL = ModelArgs(n_layer=1, n_head=2, d_model=16)
 SMALL2 = ModelArgs(n_layer=2, n_head=2, d_model=16)

@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 from conftest import TINY, error_line, posbench
 
-from posbench.checkpoint import CHECKPOINT_FILE
 from posbench.config import compose_config
 from posbench.errors import PosbenchError
-from posbench.train import train
+from posbench.runs.directory import CHECKPOINT_FILE
+from posbench.training.train import train
 
 RUN = [*TINY, "train.checkpoint_every=20"]
 

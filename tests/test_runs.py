@@ -7,19 +7,19 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from posbench.atomic import atomic_path, atomic_write
 from posbench.encodings import build_encoding
 from posbench.errors import PosbenchError
 from posbench.model import Transformer
-from posbench.model_args import ModelArgs
-from posbench.runs import (
+from posbench.model.args import ModelArgs
+from posbench.runs.directory import (
     WEIGHTS_FILE,
     latest_run,
     load_weights,
-    merge_eval_records,
     prepare_run_dir,
     save_weights,
 )
+from posbench.runs.results import merge_eval_records
+from posbench.system.atomic import atomic_path, atomic_write
 
 
 def small_model(encoding: str = "learned", **options) -> Transformer:

@@ -15,9 +15,9 @@ from posbench.config import compose_config, validate
 from posbench.data import WINDOW_TASKS, load_corpus, load_data
 from posbench.data.passkey import QUESTION
 from posbench.data.recall import pairs_in
-from posbench.diagnose import diagnose_run
 from posbench.errors import PosbenchError
-from posbench.train import train
+from posbench.evaluation.diagnose import diagnose_run
+from posbench.training.train import train
 
 LENGTHS = {
     "passkey": [102, 103, 200, 1000],

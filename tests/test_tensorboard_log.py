@@ -5,7 +5,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from posbench.config import compose_config
 from posbench.report.run_table import eval_table
-from posbench.tensorboard_log import (
+from posbench.runs.tensorboard_log import (
     TrainedLengths,
     eval_tag,
     extrapolation_figure,

@@ -13,14 +13,13 @@ import torch
 from conftest import train_module
 from fake_machine import FakeMachine
 
-import posbench.threads
+import posbench.system.threads
 from posbench.config import compose_config, validate
-from posbench.cpu_load import CpuLoad
 from posbench.data import Corpus
 from posbench.errors import PosbenchError
-from posbench.job_registry import Job
-from posbench.resume import check_resumable
-from posbench.threads import (
+from posbench.system.cpu_load import CpuLoad
+from posbench.system.job_registry import Job
+from posbench.system.threads import (
     AUTO,
     CHECK_MIN_STEPS,
     CHECK_SECONDS,
@@ -38,7 +37,8 @@ from posbench.threads import (
     use_threads,
     warn_if_oversubscribed,
 )
-from posbench.train import train
+from posbench.training.resume import check_resumable
+from posbench.training.train import train
 
 JOBLIB = {"_target_": JOBLIB_LAUNCHER, "n_jobs": 2}
 BASIC = {"_target_": "hydra._internal.core_plugins.basic_launcher.BasicLauncher"}
@@ -203,7 +203,7 @@ def test_a_sweep_of_more_workers_than_cores_on_a_quiet_machine_is_its_own_choice
 
 
 def warnings_of(caplog, threads):
-    with caplog.at_level(logging.INFO, logger="posbench.threads"):
+    with caplog.at_level(logging.INFO, logger="posbench.system.threads"):
         warn_if_oversubscribed(threads)
     return [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
 
@@ -247,7 +247,7 @@ def test_training_runs_with_the_threads_it_logs_first_and_records(
     assert results["threads"] == 3
     assert json.loads((tmp_path / "results.json").read_text())["threads"] == 3
     assert caplog.records[0].getMessage() == "threads 3 (set; " + (
-        f"{posbench.threads.available_cores()} cores)"
+        f"{posbench.system.threads.available_cores()} cores)"
     )
 
 
@@ -378,7 +378,7 @@ def test_the_machine_is_read_once_per_check_not_per_step():
 
 def test_each_change_is_one_log_line(caplog):
     run = Run(2, Script(2, 1))
-    with caplog.at_level(logging.INFO, logger="posbench.threads"):
+    with caplog.at_level(logging.INFO, logger="posbench.system.threads"):
         run.windows(STEP, 2 * STEP, 2 * STEP)
     changes = [r.getMessage() for r in caplog.records if "->" in r.getMessage()]
     assert changes == ["threads 2 -> 1 at step 10: steps 2.0x slower, 1 thread(s) free"]
@@ -406,7 +406,7 @@ def scripted_controller(monkeypatch):
         yield ThreadController(2, Script(1), torch.set_num_threads)
 
     monkeypatch.setattr(train_module, "registered_threads", scripted)
-    monkeypatch.setattr(posbench.threads, "CHECK_SECONDS", 0.0)
+    monkeypatch.setattr(posbench.system.threads, "CHECK_SECONDS", 0.0)
 
 
 def test_training_records_the_controllers_changes(tiny, tmp_path, scripted_controller):

@@ -31,8 +31,8 @@ from posbench.evaluation.perplexity import evaluate
 from posbench.model import build_model
 from posbench.report import build_report
 from posbench.report.tables import markdown
-from posbench.runs import load_run_config
-from posbench.train import train
+from posbench.runs.directory import load_run_config
+from posbench.training.train import train
 
 WIKITEXT2 = Path(__file__).resolve().parents[2] / "shared" / "data" / "wikitext-2"
 WORDS = "the of and to in a is that for it as was with be by on not he this are or his from at"

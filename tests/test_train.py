@@ -17,9 +17,9 @@ from posbench.data import Corpus
 from posbench.encodings import encoding_names
 from posbench.evaluation.perplexity import position_buckets
 from posbench.model import build_model
-from posbench.train import fused_adamw, make_optimizer, train
-from posbench.train_loop import lr_at, validation_batches
-from posbench.versions import SOURCE_ROOT, code_versions, git_state
+from posbench.system.versions import SOURCE_ROOT, code_versions, git_state
+from posbench.training.train import fused_adamw, make_optimizer, train
+from posbench.training.train_loop import lr_at, validation_batches
 
 
 def scalars(run_dir, tag):

@@ -20,7 +20,7 @@ from posbench.encodings import build_encoding
 from posbench.errors import PosbenchError
 from posbench.evaluation.perplexity import beyond_max_length
 from posbench.model import Transformer
-from posbench.model_args import ModelArgs
+from posbench.model.args import ModelArgs
 
 F64 = torch.float64
 HEAD_DIM = 8  # d_model 32 / 4 heads

@@ -8,8 +8,8 @@ from pathlib import Path
 from typing import NoReturn
 
 from posbench.commands.exits import fail
-from posbench.reevaluate import default_run
-from posbench.threads import AUTO
+from posbench.evaluation.reevaluate import default_run
+from posbench.system.threads import AUTO
 
 
 class OneLineParser(argparse.ArgumentParser):

@@ -1,5 +1,5 @@
 """``posbench diagnose --length N [--run DIR]``: attention statistics of a trained run by query
-position, per layer and head (posbench/diagnose.py)."""
+position, per layer and head (posbench/evaluation/diagnose.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import argparse
 from collections.abc import Sequence
 
 from posbench.commands.arguments import OneLineParser, add_run_argument, chosen_run, positive_int
-from posbench.diagnose import diagnose_run, summary_table
+from posbench.evaluation.diagnose import diagnose_run, summary_table
 
 
 def diagnose_parser() -> argparse.ArgumentParser:

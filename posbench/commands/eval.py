@@ -18,12 +18,12 @@ from posbench.commands.arguments import (
 from posbench.commands.exits import fail
 from posbench.config import EvalDecode, EvalPositions, check_logger, eval_lengths
 from posbench.encodings.rope import SCALING_METHODS
+from posbench.evaluation.reevaluate import check_rope_run, record_eval
 from posbench.evaluation.run import evaluate_run, rope_scaling_overrides
-from posbench.reevaluate import check_rope_run, record_eval
 from posbench.report.run_table import run_table, trained_at
-from posbench.runs import load_run_config
-from posbench.tensorboard_log import trained_lengths
-from posbench.threads import AUTO, use_threads
+from posbench.runs.directory import load_run_config
+from posbench.runs.tensorboard_log import trained_lengths
+from posbench.system.threads import AUTO, use_threads
 
 
 def eval_parser() -> argparse.ArgumentParser:

@@ -9,7 +9,7 @@ import sys
 import traceback
 from typing import NoReturn
 
-from posbench import distributed
+from posbench.system import distributed
 
 
 def fail(message: str) -> NoReturn:

@@ -26,8 +26,8 @@ from posbench.config import (
 )
 from posbench.data import check_data
 from posbench.errors import PosbenchError
-from posbench.output_dirs import unclaimed
-from posbench.runs import check_can_create
+from posbench.runs.directory import check_can_create
+from posbench.system.output_dirs import unclaimed
 
 
 def group_options(group: str) -> list[str]:

@@ -1,5 +1,5 @@
 """``posbench train [key=value ...] [-m ...] [--resume DIR]``: Hydra composes conf/, each job
-runs posbench.train.train in its output directory and prints its evaluation table."""
+runs posbench.training.train.train in its output directory and prints its evaluation table."""
 
 from __future__ import annotations
 
@@ -19,8 +19,6 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 from torch.distributed import DistError
 
-from posbench import distributed
-from posbench.checkpoint import CHECKPOINT_FILE
 from posbench.commands.arguments import OneLineParser
 from posbench.commands.exits import debugging, fail, report, stop, stop_interrupted
 from posbench.commands.overrides import (
@@ -31,13 +29,14 @@ from posbench.commands.overrides import (
 )
 from posbench.config import config_dir
 from posbench.errors import PosbenchError
-from posbench.output_dirs import names_new_dir, register_output_dir_resolvers, unclaimed
 from posbench.report.run_table import data_baselines, run_table, trained_at
-from posbench.resume import check_can_continue, check_same_run
-from posbench.runs import CONFIG_FILE, saved_config
-from posbench.sweep_summary import record_failed_job
-from posbench.train import train
-from posbench.train_loop import TrainingInterrupted
+from posbench.runs.directory import CHECKPOINT_FILE, CONFIG_FILE, saved_config
+from posbench.runs.sweep_summary import record_failed_job
+from posbench.system import distributed
+from posbench.system.output_dirs import names_new_dir, register_output_dir_resolvers, unclaimed
+from posbench.training.resume import check_can_continue, check_same_run
+from posbench.training.train import train
+from posbench.training.train_loop import TrainingInterrupted
 
 # Launchers (joblib, submitit) run train_job in fresh processes that import this module but
 # never run main(); conf/config.yaml's directory names need its resolvers there.

@@ -40,9 +40,9 @@ from typing import Any
 
 import numpy as np
 
-from posbench.atomic import atomic_path, write_json
-from posbench.cache_root import cache_root
 from posbench.errors import PosbenchError
+from posbench.system.atomic import atomic_path, write_json
+from posbench.system.cache_root import cache_root
 
 log = logging.getLogger(__name__)
 

@@ -12,11 +12,11 @@ from typing import Any
 
 from omegaconf import MISSING
 
-from posbench.cache_root import xdg_cache_home
 from posbench.data.cache import CHUNK_BYTES
 from posbench.data.corpus import SplitWriter
 from posbench.data.tokenizer import TokenizerOptions
 from posbench.errors import PosbenchError
+from posbench.system.cache_root import xdg_cache_home
 
 
 @dataclass

@@ -58,11 +58,11 @@ What an encoding author may assume:
 * ``window`` (``None`` by default; a hybrid sets it for its windowed layers): a query attends
   only to the ``window`` most recent tokens, itself included (counted in tokens, not positions).
 
-``bidirectional`` (``False`` by default) says the encoding has a two-sided form, which a model
-built with ``model.causal=false`` (posbench/attention/bidirectional.py) attends with: every token
-sees every token of its row, through ``embed``, ``queries_and_keys`` and ``two_sided_bias``
-alone (its other bias hooks are not asked). An encoding defined for keys at or before their
-query (a bias of past keys only, gates or counts accumulated over them, a window) keeps it off.
+``bidirectional`` (``False`` by default) says the encoding has a two-sided form, which a model built
+with ``model.causal=false`` (posbench/model/attention/bidirectional.py) attends with: every token
+sees every token of its row, through ``embed``, ``queries_and_keys`` and ``two_sided_bias`` alone
+(its other bias hooks are not asked). An encoding defined for keys at or before their query (a bias
+of past keys only, gates or counts accumulated over them, a window) keeps it off.
 
 ``max_length`` says how long a sequence the encoding can represent (``None``: any length),
 so evaluation can report a length as unsupported instead of silently clamping positions (or

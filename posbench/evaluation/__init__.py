@@ -9,4 +9,8 @@ reports is made here one way, so reading these modules is reading the protocol:
                         drawn as training drew them
     run.py            a trained run on its own validation data (``evaluate_run``), and the
                         eval-time RoPE extensions it can be measured with
+    decode.py         greedy decoding of a task's autoregressive answers, with the KV cache
+    memory.py         the memory a forward pass needs, and whether a length fits
+    reevaluate.py     ``posbench eval``: which run, and where its new records go
+    diagnose.py       attention statistics by position (``diagnose_run``)
 """

@@ -45,11 +45,11 @@ import torch
 from tqdm.auto import tqdm
 
 from posbench.data import Bytes, Offsets, byte_is_whitespace, gather_windows
+from posbench.evaluation.memory import fitting_batch_size
 from posbench.evaluation.positions import RandomPositions, positions_record
-from posbench.memory import fitting_batch_size
 from posbench.model import Transformer
-from posbench.precision import autocast
-from posbench.random_positions import PositionDraw
+from posbench.model.random_positions import PositionDraw
+from posbench.system.precision import autocast
 
 TOKENS_PER_BATCH = 65536  # default eval batch: about this many tokens per forward pass
 BUCKETS_PER_TRAIN_LENGTH = 8  # equal position buckets inside the training length
@@ -204,7 +204,7 @@ def evaluate_length(
     eval-time extension (``scaling``) its encoding applied there and, for non-overlapping
     windows, ``loss_by_position`` with ``train_seq_len`` as a bucket boundary (None: the
     window is bucketed as if it were the training length). ``precision`` is that of the
-    forward passes (posbench.precision.autocast); the NLL is summed in float64 either way.
+    forward passes (posbench.system.precision.autocast); the NLL is summed in float64 either way.
     ``documents``: where each document of ``tokens`` starts (None: one stream); windows stay
     inside a document and the record's ``documents`` counts those scored. ``positions``: each
     window at its randomized positions (None: at 0..L-1). ``token_bytes`` and ``word_starts``:

@@ -2,7 +2,7 @@
 
 Randomized positions (a run trained with ``train.random_positions=N``, Ruoss et al. 2023):
 evaluation and validation draw from the distribution training drew from
-(posbench/random_positions.py): each window, or task example for its own length (up to its
+(posbench/model/random_positions.py): each window, or task example for its own length (up to its
 last answer byte), at a sorted random subset of [0, N), a fresh one in every layer by default
 (``train.random_positions_per_layer``), or, for a bias of the distance alone (ALiBi, T5,
 KERPLE, Sandwich; ``train.random_positions_mode``), at 0..L-1 with its distances relabelled by
@@ -26,9 +26,9 @@ import numpy as np
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from posbench.config import choice
+from posbench.config import choice, position_sampler
 from posbench.errors import PosbenchError
-from posbench.random_positions import PositionDraw, PositionSampler, position_sampler
+from posbench.model.random_positions import PositionDraw, PositionSampler
 
 # The record fields of an evaluation at positions 0..L-1.
 CONSECUTIVE = {
@@ -43,7 +43,7 @@ CONSECUTIVE = {
 @dataclass(frozen=True)
 class RandomPositions:
     """Randomized positions at evaluation: each window (or task example) drawn as training
-    draws it (``sampler``, posbench/random_positions.py: for its own length, per layer,
+    draws it (``sampler``, posbench/model/random_positions.py: for its own length, per layer,
     positions or distances), from a generator seeded by ``seed`` (the data's), the example's
     length and its ``key`` (a window's start in the split, or a task example's index): the same
     for every run on the same data, and independent of batch sizes and of which other lengths

@@ -21,7 +21,7 @@ from posbench.evaluation.perplexity import evaluate
 from posbench.evaluation.positions import RandomPositions, eval_positions
 from posbench.evaluation.task_accuracy import evaluate_task
 from posbench.model import Transformer
-from posbench.runs import load_run
+from posbench.runs.directory import load_run
 
 
 def evaluate_data(

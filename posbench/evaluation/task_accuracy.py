@@ -7,8 +7,8 @@ for it (``answer_mode``, posbench/data/task.py). Under ``placeholders`` one forw
 every answer token at its blank and none is an input: that argmax is the model's answer, scored
 per token up to the answer's end (Ruoss et al.'s measure), and there is nothing to decode
 (``decode``: null). Autoregressive answers are decoded greedily (``eval.decode=greedy``, the
-default; posbench/decode.py): the input after an answer byte is the model's prediction of it,
-not the true byte; ``teacher_forced`` does not decode. Their records add ``answer_mode``,
+default; decode.py): the input after an answer byte is the model's prediction of it, not
+the true byte; ``teacher_forced`` does not decode. Their records add ``answer_mode``,
 ``decode`` ("greedy", "teacher_forced" or null), ``accuracy`` (answer tokens right in the
 model's own answer; null under teacher_forced), ``sequence_accuracy`` (examples whose answer is
 right in full: the same under greedy decoding and teacher forcing, as a decode is right in full
@@ -21,7 +21,7 @@ placeholders), the prompt-blind baselines (posbench/data/baselines.py: ``chance_
 ``accuracy_by_depth`` (the same per needle depth); ``ppl`` and ``bits_per_byte`` are those of
 the answer tokens in the one forward pass (autoregressive answers: under teacher forcing).
 
-Records share the corpus records' fields (posbench/evaluation/perplexity.py) and add those above.
+Records share the corpus records' fields (perplexity.py) and add those above.
 """
 
 from __future__ import annotations
@@ -37,14 +37,14 @@ from tqdm.auto import tqdm
 from posbench.config import EvalDecode
 from posbench.data import IGNORE, AnswerMode, Examples, Task
 from posbench.data.baselines import constant_answer_accuracy, prefix_rule_accuracy
-from posbench.decode import greedy_decode
 from posbench.errors import PosbenchError
+from posbench.evaluation.decode import greedy_decode
+from posbench.evaluation.memory import fitting_batch_size
 from posbench.evaluation.perplexity import TOKENS_PER_BATCH, beyond_max_length, unsupported
 from posbench.evaluation.positions import RandomPositions, positions_record
-from posbench.memory import fitting_batch_size
 from posbench.model import Transformer
-from posbench.precision import autocast
-from posbench.random_positions import PositionDraw, row_lengths
+from posbench.model.random_positions import PositionDraw, row_lengths
+from posbench.system.precision import autocast
 
 # a task length not measured
 NOT_SCORED = dict.fromkeys(["decode", "accuracy", "sequence_accuracy", "teacher_forced_accuracy"])
@@ -177,7 +177,7 @@ def task_predictions(
     """The scored answer tokens' summed NLL (nats) and, per example, how many of them are the
     model's argmax in one forward pass over its inputs (autoregressive answers: given the true
     prefix) and, if ``greedy`` (None otherwise), in its own greedy decode of its autoregressive
-    answers (posbench/decode.py), each example at its ``positions`` (None: 0..L-1), the same
+    answers (decode.py), each example at its ``positions`` (None: 0..L-1), the same
     draw both ways: (float, (N,) int64, (N,) int64 or None)."""
     nll, correct, decoded_correct = 0.0, [], []
     n = len(examples.answer)

@@ -81,7 +81,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from posbench.atomic import atomic_path, atomic_write, replace_directory, write_json
 from posbench.report.figures import (
     FIGURE_DPI,
     accuracy_figure,
@@ -93,6 +92,7 @@ from posbench.report.figures import (
 from posbench.report.groups import Report, build_report, has_accuracy
 from posbench.report.reference import compared_rows
 from posbench.report.tables import cell_records, csv_text, json_content, markdown
+from posbench.system.atomic import atomic_path, atomic_write, replace_directory, write_json
 
 __all__ = ["build_report", "write_report"]
 

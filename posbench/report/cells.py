@@ -13,7 +13,7 @@ from typing import Any
 
 from posbench.report.read import Run, identity_config
 from posbench.report.run_table import no_reference
-from posbench.runs import (
+from posbench.runs.results import (
     eval_protocol,
     headline_accuracy,
     protocol_text,

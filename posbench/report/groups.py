@@ -43,12 +43,8 @@ from posbench.report.settings import (
     tokenizer_text,
 )
 from posbench.report.summary import is_summary
-from posbench.runs import (
-    decode_mode,
-    positions_mode,
-    saved_config,
-    scaling_name,
-)
+from posbench.runs.directory import saved_config
+from posbench.runs.results import decode_mode, positions_mode, scaling_name
 
 # An encoding whose mean perplexity at the training length is more than this many times the
 # best encoding's did not learn comparably (e.g. under-trained): a flat ratio from a high start
@@ -77,7 +73,7 @@ class Row:
     by_position: PositionCurve | None = None  # none for sliding windows
     by_depth: dict[int, Stat] | None = None  # passkey: accuracy per needle depth (percent)
     not_comparable: str | None = None  # why its ratios say little (mark_not_comparable)
-    # an algorithmic task's: its runs' length_generalization(_accuracy) (runs.py)
+    # an algorithmic task's: its runs' length_generalization(_accuracy) (runs/results.py)
     generalization: Stat = NOT_MEASURED
     generalization_accuracy: Stat = NOT_MEASURED
     name: str = ""  # its runs' encoding.name: "rope" for "rope (base=500)" or "rope [bpe 8192]"

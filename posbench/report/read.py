@@ -20,7 +20,8 @@ from posbench.config import EvalConfig, ModelConfig, TrainConfig, flat_config
 from posbench.errors import PosbenchError
 from posbench.report.run import Run
 from posbench.report.summary import is_summary, read_summary
-from posbench.runs import CONFIG_FILE, RESULTS_FILE, read_results
+from posbench.runs.directory import CONFIG_FILE, RESULTS_FILE
+from posbench.runs.results import read_results
 
 MISSING_RESULTS = "no results.json (failed, interrupted or still running)"
 # Keys that change neither the trained model nor any record's number (where it runs, what it

@@ -8,14 +8,14 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from posbench.runs import (
+from posbench.runs.results import (
     eval_protocol,
     headline_accuracy,
     protocol_text,
     scaling_name,
     training_length_ppl,
 )
-from posbench.tensorboard_log import trained_lengths
+from posbench.runs.tensorboard_log import trained_lengths
 
 
 def trained_at(cfg: DictConfig) -> str:

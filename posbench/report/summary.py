@@ -28,12 +28,12 @@ from typing import Any
 import torch
 from omegaconf import OmegaConf
 
-from posbench.atomic import atomic_write
 from posbench.errors import PosbenchError
-from posbench.precision import bf16_hardware
 from posbench.report.published import is_published_table
 from posbench.report.run import Run
-from posbench.runs import RESULTS_FILE
+from posbench.runs.directory import RESULTS_FILE
+from posbench.system.atomic import atomic_write
+from posbench.system.precision import bf16_hardware
 
 SUMMARY_FORMAT = "posbench-summary/1"
 SIGNIFICANT_DIGITS = 6  # far below what a table shows; keeps a sweep's summary small

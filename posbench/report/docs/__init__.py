@@ -20,7 +20,6 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from posbench.atomic import atomic_path, atomic_write
 from posbench.report.docs.algorithmic import accuracy_panels, compact_table, detail_tables
 from posbench.report.docs.corpus import (
     corpus_details,
@@ -42,6 +41,7 @@ from posbench.report.published import (
     is_published_table,
     read_published_table,
 )
+from posbench.system.atomic import atomic_path, atomic_write
 
 ROOT = Path(__file__).resolve().parents[3]  # the repository: README.md, docs/, results/
 PAGES = ("README.md", "docs")  # the Markdown searched for blocks (docs/: every page)

@@ -1,0 +1,135 @@
+"""``blocked_bias_attention``: any score bias (of both positions, at positions with gaps, of the
+content: CoPE, FoX where key_bias_attention does not take it) or a window, the bias computed per
+block of queries with the causal mask folded in; in evaluation on a CPU without a window the
+blocks after the first take ``past_and_diagonal_attention``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from posbench.encodings import PositionalEncoding
+
+# blocks.QUERY_BLOCK as an attribute: set in one place for every path (the package's docstring)
+from posbench.model.attention import blocks
+from posbench.model.attention.biases import QueryBlockBiases
+from posbench.model.attention.blocks import (
+    causal_bias,
+    hiding_window,
+    join_blocks,
+    outside_window,
+    query_block_size,
+)
+from posbench.model.attention.explicit import explicit_attention
+from posbench.model.attention.fused import (
+    fused_attention,
+    mask_dtype,
+    merge_by_log_sum_exp,
+    merges_by_log_sum_exp,
+    unbiased_causal_attention,
+)
+
+
+def blocked_bias_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    positions: torch.Tensor,
+    encoding: PositionalEncoding,
+    dropout: float = 0.0,
+    biases: QueryBlockBiases | None = None,
+    content: object | None = None,
+) -> torch.Tensor:
+    """causal_attention for any score bias, from the encoding's score_bias and content_bias
+    (``content``: its content_state; with gradients content_biases, every block's at once):
+    each block of queries [s, e) attends to keys [0, e) only (later keys are all in its future;
+    with a window of w tokens, keys [s - w + 1, e)), with the bias and the causal mask folded
+    into one float mask of (1, H, e - s, e), or (B, H, e - s, e) for positions (B, T) or a bias
+    from the content. The blocks' biases of positions come from ``biases`` (shared by the
+    layers of one forward pass; by default, this call's own).
+
+    Blocks run from the last (the most keys) to the first: each block's temporaries then fit
+    in memory the previous block freed, where growing ones made glibc's heap grow (measured at
+    16,384 tokens: 0.7-1.0 GB added by the forward pass in first-to-last order, 0.4 GB now).
+    """
+    B, H, T, _ = q.shape
+    window = hiding_window(encoding, T)
+    # A bias of trained parameters (or of q and k), in training: explicit_attention.
+    explicit = torch.is_grad_enabled() and (
+        content is not None or any(p.requires_grad for p in encoding.parameters())
+    )
+    dtype = mask_dtype(q, explicit)
+    most_keys = T if window is None else min(T, blocks.QUERY_BLOCK + window - 1)
+    block = query_block_size(B, H, most_keys, explicit)
+    if biases is None:
+        biases = QueryBlockBiases(encoding, keep_elements=0)
+    assert biases.distances is None, "randomized distances take relative_bias_attention"
+    # Attended in the masks' dtype (explicit_attention casts them itself): (B, H, T, hs) each.
+    attended = (q, k, v) if explicit else tuple(t.to(dtype) for t in (q, k, v))
+    # Past keys need no mask but the bias when every one of them is in view (no window).
+    in_parts = window is None and merges_by_log_sum_exp(q, dropout)
+    # Each block's queries [start, end) and first key, the last block first.
+    spans = [
+        (start, min(start + block, T), 0 if window is None else max(0, start - window + 1))
+        for start in reversed(range(0, T, block))
+    ]
+    # With gradients every block's bias from the content is kept for the backward: asked at once.
+    from_content = None
+    if explicit and content is not None:
+        block_slices = [(slice(start, end), slice(first, end)) for start, end, first in spans]
+        from_content = encoding.content_biases(content, block_slices)
+    outputs, masks, key_starts = [], [], []
+    for index, (start, end, first) in enumerate(spans):
+        query_positions, key_positions = positions[..., start:end], positions[..., first:end]
+        # ([B|1], H, n, m); a buffer for the bias of a block of queries holds H * block * T.
+        # Only an encoding with a bias of positions is asked for one: the default score_bias reads
+        # the positions' range (a device sync, and a graph break under torch.compile) for None.
+        bias = None
+        if encoding.has_score_bias:
+            bias = biases.bias(start, query_positions, key_positions, dtype, H * block * T)
+        if content is not None:  # (B, H, n, m)
+            extra = (
+                from_content[index]
+                if from_content is not None
+                else encoding.content_bias(content, slice(start, end), slice(first, end))
+            )
+            bias = extra.to(dtype) if bias is None else bias + extra.to(dtype)
+        if bias is None and window is None:  # the encoding adds no bias at all: no mask
+            return unbiased_causal_attention(q, k, v, dropout)
+        if bias is None:  # only the window's mask
+            bias = q.new_zeros(1, H, end - start, end - first, dtype=dtype)
+        q_in, k_in, v_in = attended
+        queries, keys, values = q_in[:, :, start:end], k_in[:, :, first:end], v_in[:, :, first:end]
+        if in_parts and start:  # only the diagonal square [s, e) needs the causal mask
+            diagonal = causal_bias(bias[..., start:], start, start)
+            outputs.append(past_and_diagonal_attention(queries, keys, values, bias, diagonal))
+            continue
+        mask = causal_bias(bias, start, first)
+        if window is not None:  # keys w or more tokens before a query are out of view
+            mask = outside_window(mask, start, first, window)
+        if explicit:
+            masks.append(mask)
+            key_starts.append(first)
+        else:
+            outputs.append(fused_attention(queries, keys, values, mask, dropout))
+    if explicit:
+        return explicit_attention(q, k, v, masks[::-1], dropout, key_starts[::-1])
+    return join_blocks(outputs).to(q.dtype)
+
+
+def past_and_diagonal_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor, diagonal: torch.Tensor
+) -> torch.Tensor:
+    """Attention of a block of queries q (B, H, n, hs) and keys k, v (B, H, Tk, hs)
+    whose mask is ``bias`` (1, H, n, Tk) except over the last n keys, where it is ``diagonal``
+    (1, H, n, n), the bias with the causal mask -> (B, H, n, hs), without writing that mask.
+
+    The past keys (bias only, read in place) and the diagonal square are two SDPA calls whose
+    outputs are merged exactly by their log-sum-exps (merge_by_log_sum_exp). CPU only (SDPA's
+    CPU flash kernel returns the log-sum-exp), without gradients; q, k, v in the masks' dtype.
+    """
+    past = k.shape[2] - q.shape[2]
+    flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+    y_past, lse_past = flash(q, k[:, :, :past], v[:, :, :past], attn_mask=bias[..., :past])
+    y_diag, lse_diag = flash(q, k[:, :, past:], v[:, :, past:], attn_mask=diagonal)
+    return merge_by_log_sum_exp(y_past, lse_past, y_diag, lse_diag)

@@ -1,0 +1,285 @@
+"""What posbench writes to TensorBoard, in one place so train and eval log alike. The other
+loggers (posbench/runs/loggers/) log the same tags, curve points (length_points,
+loss_by_position_points) and figure (eval_figure).
+
+The extrapolation curve is a scalar series whose global step is the evaluation length, so
+TensorBoard's Scalars tab plots perplexity against length (set its x-axis to "step").
+Each series is one way of evaluating: ``eval/ppl`` (plain), ``eval/ppl/<method>`` (eval-time
+scaling such as ``yarn``, with s from each length), ``eval/ppl/<method>_s<factor>`` (a
+configured factor, e.g. ``yarn_s4``), ``eval/ppl/stride_<S>`` (sliding windows), and
+``eval/ppl/<method>/stride_<S>`` for both.
+
+A task's records also go to ``eval/accuracy`` (answer bytes right in the model's own answer:
+written at placeholders, or decoded greedily; records scored under teacher forcing have none),
+``eval/sequence_accuracy`` and ``eval/teacher_forced_accuracy`` (step = length). An
+algorithmic task's figure is ``eval/sequence_accuracy_vs_problem_length`` instead: its lengths
+are problem lengths, trained over a range (``TrainedLengths``), and its measure is accuracy.
+
+Loss by position is one series per evaluated length, ``eval/loss_by_position/L<length>``
+(suffixed with the scaling method when there is one), whose step is each bucket's end position.
+
+The evaluation results live in one event file of their own, ``EVAL_EVENTS_FILE``, rewritten
+from all of results.json's records whenever they change (after training, after each
+``posbench eval``): a re-evaluated length replaces its point instead of adding a second one,
+and the ``eval/ppl_vs_length`` figure always shows every record.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+from omegaconf import DictConfig, OmegaConf
+from torch.utils.tensorboard import SummaryWriter
+
+from posbench.config import flat_config
+from posbench.runs.results import headline_accuracy, scaling_method, scaling_setting
+from posbench.system.atomic import atomic_path
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
+
+
+class TrainedLengths(NamedTuple):
+    """Where a run trained, on the length axis of its evaluation records: ``train.seq_len``
+    tokens (lo = hi), or an algorithmic task's problem lengths lo..hi (``data.train_lengths``)."""
+
+    lo: int
+    hi: int
+    problem_lengths: bool = False
+
+    @classmethod
+    def tokens(cls, seq_len: int) -> TrainedLengths:
+        return cls(seq_len, seq_len)
+
+
+def trained_lengths(cfg: DictConfig) -> TrainedLengths:
+    """Where the run of ``cfg`` trained: an algorithmic task's problem lengths (its config has
+    ``data.train_lengths``), else its sequence length."""
+    lengths = OmegaConf.select(cfg, "data.train_lengths")
+    if lengths is None:
+        return TrainedLengths.tokens(cfg.train.seq_len)
+    return TrainedLengths(*lengths, problem_lengths=True)
+
+
+# TensorBoard reads a directory's event files in name order; this name sorts after the
+# timestamped ones SummaryWriter makes (digits < letters), so a resumed run's purge of later
+# training steps (a SessionLog START) never drops evaluation points, whose step is a length.
+EVAL_EVENTS_FILE = "events.out.tfevents.eval"
+
+
+def series_name(record: Mapping[str, Any]) -> str:
+    """How a record was measured, as a path: "" (plain), "yarn", "yarn_s4" (factor 4),
+    "stride_64", "yarn/stride_64"."""
+    parts = []
+    if scaling_method(record) != "none":
+        setting = scaling_setting(record)
+        suffix = "" if setting is None else f"_s{setting:g}"
+        parts.append(scaling_method(record) + suffix)
+    if record.get("stride") is not None:
+        parts.append(f"stride_{record['stride']}")
+    return "/".join(parts)
+
+
+def eval_tag(metric: str, record: Mapping[str, Any]) -> str:
+    """``eval/<metric>``, suffixed with the record's series (scaling method, then stride)."""
+    series = series_name(record)
+    return f"eval/{metric}/{series}" if series else f"eval/{metric}"
+
+
+class Point(NamedTuple):
+    """One point of an evaluation curve: ``value`` of the series ``tag`` at ``x``, the
+    evaluation length (for loss by position: the bucket's end position)."""
+
+    tag: str
+    x: int
+    value: float
+
+
+def length_points(records: Sequence[Mapping[str, Any]]) -> list[Point]:
+    """One point per evaluated length on ``eval/ppl``, ``eval/bits_per_byte``, ``eval/word_ppl``
+    (text: the metrics that compare across tokenizers) and, for a task, ``eval/accuracy`` (of
+    the model's own answer), ``eval/sequence_accuracy`` and ``eval/teacher_forced_accuracy`` (an
+    algorithmic task's at x = problem length)."""
+    points = []
+    for record in records:
+        if record["status"] != "ok":
+            continue
+        values = {
+            metric: record.get(metric)
+            for metric in ("ppl", "bits_per_byte", "word_ppl", "sequence_accuracy")
+        }
+        values["accuracy"] = headline_accuracy(record)
+        values["teacher_forced_accuracy"] = record.get("teacher_forced_accuracy")
+        for metric, value in values.items():
+            if value is not None:  # word_ppl: text only; accuracy: tasks only
+                points.append(Point(eval_tag(metric, record), record["length"], value))
+    return points
+
+
+def loss_by_position_tag(record: Mapping[str, Any]) -> str:
+    """``eval/loss_by_position/L<length>``, suffixed with the record's series."""
+    series = series_name(record)
+    return f"eval/loss_by_position/L{record['length']}" + (f"/{series}" if series else "")
+
+
+def loss_by_position_points(records: Sequence[Mapping[str, Any]]) -> list[Point]:
+    """Each record's bucket NLLs at x = the bucket's end position."""
+    return [
+        Point(loss_by_position_tag(record), bucket["end"], bucket["nll"])
+        for record in records
+        for bucket in record.get("loss_by_position", [])
+    ]
+
+
+def eval_figure(
+    records: Sequence[Mapping[str, Any]], trained: TrainedLengths
+) -> tuple[str, Figure] | None:
+    """The run's evaluation at a glance, with its tag: an algorithmic task's sequence accuracy
+    by problem length, else perplexity by length; None when nothing was measured."""
+    if trained.problem_lengths:
+        figure = problem_length_figure(records, trained)
+        tag = "eval/sequence_accuracy_vs_problem_length"
+    else:
+        figure, tag = extrapolation_figure(records, trained.lo), "eval/ppl_vs_length"
+    return None if figure is None else (tag, figure)
+
+
+def log_eval_records(
+    writer: SummaryWriter, records: Sequence[Mapping[str, Any]], trained: TrainedLengths
+) -> None:
+    """``records``'s points (length_points, then loss_by_position_points) with the x as the
+    global step, and their figure."""
+    for point in [*length_points(records), *loss_by_position_points(records)]:
+        writer.add_scalar(point.tag, point.value, global_step=point.x)
+    figure = eval_figure(records, trained)
+    if figure is not None:
+        writer.add_figure(*figure)
+    writer.flush()
+
+
+def write_eval_events(
+    run_dir: Path, records: Sequence[Mapping[str, Any]], trained: TrainedLengths
+) -> Path:
+    """(Re)write ``run_dir/EVAL_EVENTS_FILE`` from ``records``, all of the run's eval records,
+    atomically: TensorBoard then shows exactly what results.json holds."""
+    path = Path(run_dir) / EVAL_EVENTS_FILE
+    with tempfile.TemporaryDirectory() as scratch:  # SummaryWriter names its own file
+        with SummaryWriter(log_dir=scratch) as writer:
+            log_eval_records(writer, records, trained)
+        (written,) = Path(scratch).iterdir()
+        with atomic_path(path) as tmp:
+            shutil.copyfile(written, tmp)
+    return path
+
+
+def extrapolation_figure(
+    records: Sequence[Mapping[str, Any]], train_seq_len: int | None = None
+) -> Figure | None:
+    """Perplexity against evaluation length (log x), one line per series (plain, each scaling
+    method, each stride), or None when nothing was measured."""
+    axes = series_axes(records, "ppl")
+    if axes is None:
+        return None
+    if train_seq_len is not None:
+        axes.axvline(train_seq_len, color="grey", linestyle="--", label="train length")
+    axes.legend()
+    axes.set_xscale("log", base=2)
+    axes.set_xlabel("evaluation length (tokens)")
+    axes.set_ylabel("perplexity")
+    return axes.figure
+
+
+def problem_length_figure(
+    records: Sequence[Mapping[str, Any]], trained: TrainedLengths
+) -> Figure | None:
+    """An algorithmic task's sequence accuracy against problem length, the trained range
+    shaded, or None when nothing was measured."""
+    axes = series_axes(records, "sequence_accuracy")
+    if axes is None:
+        return None
+    axes.axvspan(trained.lo, trained.hi, color="grey", alpha=0.2, label="trained lengths")
+    axes.legend()
+    axes.set_xlabel("problem length")
+    axes.set_ylabel("sequence accuracy")
+    axes.set_ylim(-0.02, 1.02)
+    return axes.figure
+
+
+def series_axes(records: Sequence[Mapping[str, Any]], metric: str) -> Axes | None:
+    """Axes with one line of ``metric`` against length per series of the measured records,
+    or None when none was measured."""
+    series: dict[str, list[tuple[int, float]]] = {}
+    for r in records:
+        if r["status"] == "ok":
+            series.setdefault(series_name(r) or "plain", []).append((r["length"], r[metric]))
+    if not series:
+        return None
+    # matplotlib takes a second to import: a sweep's launcher process, which never draws,
+    # and runs that fail early do not pay for it
+    from matplotlib.figure import Figure
+
+    axes = Figure(figsize=(5, 3.5), layout="tight").add_subplot()
+    for name, points in sorted(series.items()):
+        axes.plot(*zip(*sorted(points), strict=True), marker="o", label=name)
+    axes.grid(True, alpha=0.3)
+    return axes
+
+
+def log_hparams(
+    writer: SummaryWriter, hparams: Mapping[str, Any], metrics: Mapping[str, float]
+) -> None:
+    """Record the run's hyperparameters and headline metrics for the HParams tab, in the
+    run's own directory (run_name ".") so each run is one row."""
+    writer.add_hparams(dict(hparams), {f"hparam/{k}": v for k, v in metrics.items()}, run_name=".")
+    writer.flush()
+
+
+def hparams(cfg: DictConfig) -> dict[str, Any]:
+    """The knobs that distinguish runs in TensorBoard's HParams tab, the encoding's options
+    included as ``encoding.<key>`` (HParams takes no None or list: they show as "null" and as
+    "[rope, none]")."""
+    options = {
+        f"encoding.{key}": hparam_value(value)
+        for key, value in flat_config(cfg.encoding).items()
+        if key != "name"
+    }
+    return {
+        "encoding": cfg.encoding.name,
+        **options,
+        "model": f"{cfg.model.n_layer}x{cfg.model.d_model}",
+        "data": cfg.data.name,
+        "seq_len": cfg.train.seq_len,
+        "steps": cfg.train.steps,
+        "lr": cfg.train.lr,
+        "seed": cfg.seed,
+    }
+
+
+def hparam_value(value: Any) -> Any:
+    """A config value as TensorBoard's HParams takes it: a number, a string or a bool."""
+    if value is None:
+        return "null"
+    if isinstance(value, list):
+        return "[" + ", ".join(str(hparam_value(item)) for item in value) + "]"
+    return value
+
+
+def headline_metrics(results: Mapping[str, Any]) -> dict[str, float]:
+    """The numbers the HParams tab shows beside a run's knobs: its training summary's, and its
+    perplexity (a task's accuracy, too) at each evaluated length; an algorithmic task's
+    length_generalization summaries."""
+    metrics = {"final_loss": results["train"]["final_loss"], "val_ppl": results["train"]["val_ppl"]}
+    for record in results["eval"]:
+        if record["status"] == "ok":
+            metrics[f"ppl_at_{record['length']}"] = record["ppl"]
+        if record.get("accuracy") is not None:  # a task's
+            metrics[f"accuracy_at_{record['length']}"] = record["accuracy"]
+    for summary in ("length_generalization", "length_generalization_accuracy"):
+        if results.get(summary) is not None:  # an algorithmic task's
+            metrics[summary] = results[summary]
+    return metrics

@@ -1,0 +1,100 @@
+"""``train.init_from``: a run that starts from another run's weights (a fine-tune), e.g. after
+switching on a RoPE scaling method, which is how position interpolation and YaRN are used.
+
+The child keeps the parent's model shape and encoding; only ``encoding.scaling`` may differ,
+and it is then applied while training too (``encoding.scaling.in_training``). Encoding options
+the child did not set explicitly but derived from its own config (``original_length:
+${train.seq_len}``, FIRE's initial threshold, ...) take the parent's values, so that a child
+trained at a longer length still extends from the parent's training length.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from posbench.encodings import encoding_config
+from posbench.errors import PosbenchError
+from posbench.model import Transformer
+from posbench.runs.directory import WEIGHTS_FILE, load_weights, saved_config
+
+SCALING = "scaling"  # the encoding options a fine-tune may change
+
+
+def parent_dir(cfg: DictConfig) -> Path | None:
+    """The run ``train.init_from`` names (None: a run from scratch), or a one-line error when
+    it is not a finished run."""
+    if cfg.train.init_from is None:
+        return None
+    parent = Path(cfg.train.init_from)
+    if not (parent / WEIGHTS_FILE).is_file():
+        raise PosbenchError(
+            f"train.init_from={parent} holds no {WEIGHTS_FILE}; point it at the directory of a "
+            "finished `posbench train` run"
+        )
+    return parent
+
+
+def fine_tune_config(cfg: DictConfig) -> DictConfig:
+    """``cfg`` prepared for a start from ``train.init_from`` (unchanged without it): derived
+    encoding options take the parent's values, scaling applies in training, and an encoding
+    that differs from the parent's in anything but ``scaling`` is a one-line error."""
+    parent = parent_dir(cfg)
+    if parent is None:
+        return cfg
+    parent_cfg = saved_config(parent)
+    if parent_cfg.encoding.name != cfg.encoding.name:
+        raise PosbenchError(
+            f"train.init_from={parent} was trained with encoding={parent_cfg.encoding.name}, "
+            f"not {cfg.encoding.name}; a fine-tune keeps the parent's encoding"
+        )
+    cfg = copy.deepcopy(cfg)
+    inherit_derived_options(cfg.encoding, parent_cfg.encoding)
+    if OmegaConf.select(cfg, "encoding.scaling") is not None:
+        cfg.encoding.scaling.in_training = True
+    ours, theirs = encoding_options(cfg.encoding), encoding_options(parent_cfg.encoding)
+    for key in sorted(ours.keys() | theirs.keys()):
+        if ours.get(key) != theirs.get(key):
+            raise PosbenchError(
+                f"train.init_from={parent} was trained with encoding.{key}={theirs.get(key)}, "
+                f"not {ours.get(key)}; a fine-tune may change only encoding.{SCALING}.*"
+            )
+    return cfg
+
+
+def inherit_derived_options(ours: DictConfig, parent: DictConfig) -> None:
+    """Replace, in place, every option of ``ours`` that is an interpolation (derived from
+    the rest of the config, not set by the user) by the parent's resolved value."""
+    for key in list(ours.keys()):
+        if OmegaConf.is_interpolation(ours, key) and key in parent:
+            ours[key] = parent[key]
+        elif isinstance(ours[key], DictConfig) and isinstance(parent.get(key), DictConfig):
+            inherit_derived_options(ours[key], parent[key])
+
+
+def encoding_options(encoding: DictConfig) -> dict[str, Any]:
+    """The encoding's options a fine-tune must keep: all but ``scaling``, resolved, with the
+    encoding's defaults for options a parent's config predates (FIRE's ``per_layer``)."""
+    options = asdict(encoding_config(encoding))
+    options.pop(SCALING, None)
+    return options
+
+
+def load_parent_weights(model: Transformer, cfg: DictConfig) -> None:
+    """Copy the weights of the run ``train.init_from`` names into ``model``, which must have
+    the same shape (a one-line error otherwise)."""
+    parent = parent_dir(cfg)
+    assert parent is not None, "load_parent_weights needs train.init_from"
+    source = load_weights(parent / WEIGHTS_FILE)
+    theirs, ours = source.args.to_dict(), model.args.to_dict()
+    for key in ours:
+        if theirs[key] != ours[key]:
+            raise PosbenchError(
+                f"train.init_from={parent} holds a model with model.{key}={theirs[key]}, not "
+                f"{ours[key]}; a fine-tune keeps the parent's model shape"
+            )
+    model.load_state_dict(source.state_dict())
