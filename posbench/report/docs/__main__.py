@@ -2,4 +2,5 @@
 
 from posbench.report.docs import main
 
-main()
+if __name__ == "__main__":
+    main()
