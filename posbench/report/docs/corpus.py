@@ -91,13 +91,7 @@ def corpus_details(source: Source) -> str:
         lines += ["", "Its ratio to the perplexity at the training length, run by run:"]
         lines += ["", *markdown_table(group, "ratio", footnotes)]
         if group.position_length is not None:
-            lines += [
-                "",
-                f"Loss by position at {group.position_length} tokens: mean NLL (nats per token) "
-                "before and after the training length, and their ratio run by run:",
-                "",
-                *position_table(group, footnotes),
-            ]
+            lines += ["", *position_table(group, footnotes)]
     lines += ["", *(f"- [{n}] {text}" for text, n in footnotes.items())]
     return "\n".join(lines)
 
