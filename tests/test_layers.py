@@ -29,6 +29,7 @@ LAYERS = [
     ["encodings", "data", "references"],
     [
         "attention",
+        "attention_options",
         "attention_scaling",
         "kv_cache",
         "loss",
