@@ -7,6 +7,7 @@ refusals."""
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
@@ -546,3 +547,47 @@ def test_sigmoid_length_is_the_training_length_from_the_cli():
 )
 def test_a_mistaken_option_is_one_line(overrides, message):
     assert error_of(overrides) == message
+
+
+# --- end to end: train, crash and resume, posbench eval, posbench diagnose ------------------
+
+RUNS = {
+    "qk_norm-gate-sinks": [
+        "encoding=rope",
+        "model.qk_norm=true",
+        "model.attn_gate=headwise",
+        "model.attn_sinks=true",
+    ],
+    "sigmoid": ["encoding=alibi", "model.attention=sigmoid"],
+    "stick_breaking": ["encoding=none", "model.attention=stick_breaking"],
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("options", list(RUNS.values()), ids=list(RUNS))
+def test_a_run_resumes_bit_for_bit_and_eval_and_diagnose_read_it(
+    options, cache_dir, tmp_path, monkeypatch
+):
+    from test_checkpoint import SHORT, assert_same_run, at_batch, crash, resume_later
+
+    from posbench.commands.eval import run_eval
+    from posbench.diagnose import diagnose_run
+    from posbench.train import train
+
+    overrides = [*SHORT, f"data.cache_dir={cache_dir}", *options]
+    results = train(compose_config(overrides), tmp_path / "straight")
+    at_batch(monkeypatch, 13, crash)
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        train(compose_config(overrides), tmp_path / "run")
+    monkeypatch.undo()
+    resume_later(overrides, tmp_path / "run")
+    assert_same_run(tmp_path / "run", tmp_path / "straight")
+    trained = [r["ppl"] for r in results["eval"] if r["length"] == 16]
+    run_eval(["--run", str(tmp_path / "run"), "--length", "16", "--threads", "1"])
+    run_eval(["--run", str(tmp_path / "run"), "--length", "32", "--threads", "1"])
+    records = json.loads((tmp_path / "run" / "results.json").read_text())["eval"]
+    assert [r["ppl"] for r in records if r["length"] == 16] == pytest.approx(trained, rel=1e-6)
+    assert any(r["length"] == 32 and math.isfinite(r["ppl"]) for r in records)
+    result, _ = diagnose_run(tmp_path / "run", 32, n_windows=1)
+    entropy = torch.tensor(result["entropy"])
+    assert torch.isfinite(entropy).all() and (entropy > 0).any()
