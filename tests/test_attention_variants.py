@@ -12,6 +12,7 @@ import math
 
 import pytest
 import torch
+import torch.nn.functional as F
 from x_transformers.x_transformers import AlibiPositionalBias, Attention, RotaryEmbedding
 
 import posbench.attention
@@ -24,6 +25,7 @@ from posbench.attention import (
     blocks,
     fused,
     of_layer,
+    variants,
 )
 from posbench.attention.variants import sink_attention, written_attention
 from posbench.config import compose_config, validate
@@ -302,6 +304,28 @@ def test_stick_breaking_and_every_variant_in_float64_are_exact(name):
     torch.testing.assert_close(got, reference_of(name, q, k, v, variant), rtol=0, atol=1e-12)
 
 
+def test_evaluation_stops_at_the_tile_where_every_querys_stick_is_spent(monkeypatch):
+    # Logits of 8: each key keeps 1 - sigmoid(8) = 3.4e-4 of the stick, so 14 keys spend it
+    # past float32's smallest subnormal. Blocks of 8 queries over tiles of 4 keys: 72 tiles in
+    # all, of which each block from the third on needs its nearest 6 or so.
+    use_query_blocks(8, monkeypatch)
+    monkeypatch.setattr(variants, "KEY_TILE", 4)
+    tiles = []
+    logsigmoid = F.logsigmoid
+    monkeypatch.setattr(F, "logsigmoid", lambda x: tiles.append(x.shape[-1]) or logsigmoid(x))
+    variant = variant_of("stick_breaking")
+    q = torch.ones(1, 1, 64, HS) * 8**0.5 * HS**0.25
+    k = torch.ones(1, 1, 64, HS) * 8**0.5 / HS**0.25
+    v = torch.randn(1, 1, 64, HS)
+    enc = build_encoding({"name": "none"}, HS, 1)
+    with torch.no_grad():
+        y = written_attention(q, k, v, torch.arange(64), enc, 0.0, None, None, variant)
+        computed = len(tiles)
+        p = attention_probabilities(q, k, torch.arange(64), enc, None, 0, 64, variant=variant)
+    assert computed < 50
+    torch.testing.assert_close(y, p @ v, **FP32)
+
+
 def test_stick_breaking_weights_of_a_query_sum_to_one_and_the_first_token_keeps_its_value():
     variant = variant_of("stick_breaking")
     q, k, v = qkv(seed=6)
@@ -337,9 +361,11 @@ def encoding_id(options: dict) -> str:
 def test_attention_in_blocks_equals_the_probabilities_written_out(
     name, encoding, positions_kind, monkeypatch
 ):
-    """In evaluation (blocks of 8 queries) and in training (gradients): the output is diagnose's
-    probabilities (attention_probabilities, which a cached decode's steps use too) times v."""
+    """In evaluation (blocks of 8 queries, tiles of 5 keys) and in training (gradients): the
+    output is diagnose's probabilities (attention_probabilities, which a cached decode's steps
+    use too) times v."""
     use_query_blocks(8, monkeypatch)
+    monkeypatch.setattr(variants, "KEY_TILE", 5)
     model = randomized(
         build_model({"n_layer": 1, "n_head": H, "d_model": H * HS, **VARIANTS[name]}, encoding), 0.5
     )
@@ -506,9 +532,11 @@ def error_of(overrides: list[str]) -> str:
     return str(err.value)
 
 
-def test_sigmoid_length_is_the_training_length_from_the_cli():
+def test_sigmoid_length_is_the_training_length_from_the_cli_and_only_sigmoid_keeps_it():
     cfg = compose_config(["model.attention=sigmoid", "train.seq_len=64"])
     assert ModelArgs(**cfg.model).sigmoid_length == 64
+    # Else unused, and not stored: a fine-tune at another train.seq_len keeps the same model.
+    assert ModelArgs(**compose_config(["train.seq_len=64"]).model).sigmoid_length is None
 
 
 @pytest.mark.parametrize(

@@ -297,7 +297,8 @@ def written_attention(
     block of queries [s, e) over keys [0, e) (with a window of w tokens, [s - w + 1, e)): the
     logits written out with the encoding's biases (of positions from ``biases``, at its
     randomized distances where it has them; of the content from ``content``), the causal and
-    window masks -> (B, H, T, hs). Gradients by autograd (stick-breaking's by StickBreaking)."""
+    window masks -> (B, H, T, hs). Gradients by autograd (stick-breaking's by StickBreaking);
+    without gradients and dropout, each block takes evaluated_block."""
     B, H, T, hs = q.shape
     window = hiding_window(encoding, T)
     dtype = torch.promote_types(q.dtype, torch.float32)
@@ -314,38 +315,132 @@ def written_attention(
         slices = [(slice(start, end), slice(first, end)) for start, end, first in spans]
         from_content = encoding.content_biases(content, slices)
     table = biases.consecutive_bias(positions) if biases.distances is not None else None
+    evaluating = not (torch.is_grad_enabled() or dropout)
     outputs = []
     with torch.autocast(q.device.type, enabled=False):
         queries, keys, values = q.to(dtype) * hs**-0.5, k.to(dtype), v.to(dtype)
         for index, (start, end, first) in enumerate(spans):
-            scores = torch.matmul(queries[:, :, start:end], keys[:, :, first:end].transpose(-1, -2))
+            bias = None  # ([B|1], H, n, m): the encoding's, without the masks
             if table is not None:  # randomized distances: the table at each pair's distance
                 apart = torch.arange(start, end)[:, None] - torch.arange(first, end)[None, :]
-                scores = scores + table[..., apart.clamp(min=0).to(q.device)].to(dtype)
+                bias = table[..., apart.clamp(min=0).to(q.device)].to(dtype)
             elif encoding.has_score_bias:
-                query_positions, key_positions = (
-                    positions[..., start:end],
-                    positions[..., first:end],
-                )
+                query_positions = positions[..., start:end]
+                key_positions = positions[..., first:end]
                 size = H * block * most_keys
                 bias = biases.bias(start, query_positions, key_positions, dtype, size)
-                if bias is not None:
-                    scores = scores + bias
             if content is not None:
                 extra = (
                     from_content[index]
                     if from_content is not None
                     else encoding.content_bias(content, slice(start, end), slice(first, end))
+                ).to(dtype)
+                bias = extra if bias is None else bias + extra
+            block_queries, own = queries[:, :, start:end], values[:, :, start:end]
+            block_keys, block_values = keys[:, :, first:end], values[:, :, first:end]
+            if evaluating:
+                outputs.append(
+                    evaluated_block(
+                        variant,
+                        block_queries,
+                        block_keys,
+                        block_values,
+                        own,
+                        bias,
+                        start,
+                        first,
+                        window,
+                    )
                 )
-                scores = scores + extra.to(dtype)
+                continue
+            scores = torch.matmul(block_queries, block_keys.transpose(-1, -2))
+            if bias is not None:
+                scores = scores + bias
             scores = causal_bias(scores, start, first)
             if window is not None:
                 scores = outside_window(scores, start, first, window)
-            own = values[:, :, start:end]
-            outputs.append(
-                variant.attend(scores, values[:, :, first:end], own, start, first, dropout)
-            )
+            outputs.append(variant.attend(scores, block_values, own, start, first, dropout))
     return join_blocks(outputs).to(q.dtype)
+
+
+# Keys per tile of evaluated_block: a block of 256 queries' logits over 512 keys in 4 heads
+# (2 MiB in float32) stay in a core's cache through the few passes over them, where a whole
+# block's over 16,384 keys (64 MiB) went to memory and back at each.
+KEY_TILE = 512
+
+
+def evaluated_block(
+    variant: AttentionVariant,
+    queries: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    own_values: torch.Tensor,
+    bias: torch.Tensor | None,
+    query_start: int,
+    key_start: int,
+    window: int | None,
+) -> torch.Tensor:
+    """written_attention's block without gradients: queries (B, H, n, hs), scaled, from token
+    ``query_start``; keys and values (B, H, m, hs) from ``key_start``; the queries' own values;
+    the encoding's ``bias`` ([B|1], H, n, m) or None -> (B, H, n, hs).
+
+    Sigmoid's weights need no normalisation and stick-breaking's only the stick the nearer keys
+    left: both run over tiles of KEY_TILE keys, nearest first, stick-breaking carrying the log of
+    the stick left (each farther weight is at most that stick: once it is below float's
+    smallest subnormal in every row, every farther weight is 0 and the tiles stop). Sinks take
+    SDPA's CPU flash kernel with the bias and masks as its mask, times sigmoid(lse - s)."""
+    n, m = queries.shape[2], keys.shape[2]
+    if variant.attention == "softmax":  # sinks with a bias or a window
+        mask = bias if bias is not None else queries.new_zeros(1, 1, n, m)
+        mask = causal_bias(mask, query_start, key_start)
+        if window is not None:
+            mask = outside_window(mask, query_start, key_start, window)
+        if queries.device.type not in fused.LOG_SUM_EXP_DEVICES:
+            return variant.attend(
+                torch.matmul(queries, keys.transpose(-1, -2)) + mask,
+                values,
+                own_values,
+                query_start,
+                key_start,
+                0.0,
+            )
+        flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+        y, lse = flash(
+            queries, keys, values, attn_mask=mask.expand(-1, queries.shape[1], -1, -1), scale=1.0
+        )
+        return y * torch.sigmoid(lse - variant.sinks.to(lse.dtype)[:, None])[..., None]
+    breaking = variant.attention == "stick_breaking"
+    # A query's own key is hidden from stick-breaking: its stick left goes there instead.
+    last_seen = query_start - 1 if breaking else query_start
+    finfo = torch.finfo(queries.dtype)
+    spent = math.log(finfo.tiny) + math.log(finfo.eps) - 5  # e^spent rounds to 0
+    out = torch.zeros_like(queries)
+    carried = queries.new_zeros(*queries.shape[:-1], 1)  # log of the stick left: (B, H, n, 1)
+    for tile_end in range(m, 0, -KEY_TILE):
+        tile_start = max(0, tile_end - KEY_TILE)
+        tile = slice(tile_start, tile_end)
+        scores = torch.matmul(queries, keys[:, :, tile].transpose(-1, -2))  # (B, H, n, t)
+        if bias is not None:
+            scores += bias[..., tile]
+        first_key = key_start + tile_start
+        if key_start + tile_end - 1 > last_seen:  # a key after some query's last: the diagonal
+            scores = causal_bias(scores, last_seen, first_key)
+        if window is not None and query_start + n - 1 - first_key >= window:
+            scores = outside_window(scores, query_start, first_key, window)
+        if not breaking:
+            out += torch.matmul(
+                torch.sigmoid_(scores.add_(variant.sigmoid_bias)), values[:, :, tile]
+            )
+            continue
+        from_nearest = F.logsigmoid(-scores).flip(-1).cumsum_(-1).flip(-1).add_(carried)
+        weights = torch.exp_(scores.add_(from_nearest))
+        out += torch.matmul(weights, values[:, :, tile])
+        carried = from_nearest[..., :1]
+        if carried.max() < spent:
+            break
+    if breaking:
+        out += carried.exp() * own_values
+    return out
 
 
 def two_sided_attention(
