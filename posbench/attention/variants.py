@@ -64,6 +64,7 @@ from posbench.attention.blocks import (
     outside_window,
     query_block_size,
 )
+from posbench.attention.relative_bias import relative_bias_attention
 from posbench.encodings import PositionalEncoding
 
 
@@ -277,8 +278,16 @@ def variant_attention(
     """posbench.attention.causal_attention's result with ``variant``'s weights (not ``plain``),
     for its arguments -> (B, H, T, hs): the module docstring's table says which path."""
     unbiased = not (encoding.has_score_bias or content is not None)
-    if variant.attention == "softmax" and unbiased and hiding_window(encoding, q.shape[2]) is None:
+    windowed = hiding_window(encoding, q.shape[2]) is not None
+    if variant.attention == "softmax" and unbiased and not windowed:
         return sink_attention(q, k, v, variant.sinks, dropout)
+    sinks_in_parts = variant.attention == "softmax" and fused.merges_by_log_sum_exp(q, dropout)
+    if sinks_in_parts and encoding.has_score_bias and not (content is not None or windowed):
+        if biases is None:
+            biases = QueryBlockBiases(encoding, keep_elements=0)
+        bias = biases.consecutive_bias(positions)  # a bias of the distance alone: no (T, T)
+        if bias is not None:
+            return relative_bias_attention(q, k, v, bias, 0.0, variant.sinks)
     return written_attention(q, k, v, positions, encoding, dropout, biases, content, variant)
 
 
