@@ -309,7 +309,7 @@ def test_evaluation_stops_at_the_tile_where_every_querys_stick_is_spent(monkeypa
     # past float32's smallest subnormal. Blocks of 8 queries over tiles of 4 keys: 72 tiles in
     # all, of which each block from the third on needs its nearest 6 or so.
     use_query_blocks(8, monkeypatch)
-    monkeypatch.setattr(variants, "KEY_TILE", 4)
+    monkeypatch.setattr(variants, "STICK_TILE", 4)
     tiles = []
     logsigmoid = F.logsigmoid
     monkeypatch.setattr(F, "logsigmoid", lambda x: tiles.append(x.shape[-1]) or logsigmoid(x))
@@ -361,11 +361,12 @@ def encoding_id(options: dict) -> str:
 def test_attention_in_blocks_equals_the_probabilities_written_out(
     name, encoding, positions_kind, monkeypatch
 ):
-    """In evaluation (blocks of 8 queries, tiles of 5 keys) and in training (gradients): the
-    output is diagnose's probabilities (attention_probabilities, which a cached decode's steps
-    use too) times v."""
+    """In evaluation (blocks of 8 queries, tiles of 5 keys, 3 for stick-breaking) and in
+    training (gradients): the output is diagnose's probabilities (attention_probabilities,
+    which a cached decode's steps use too) times v."""
     use_query_blocks(8, monkeypatch)
     monkeypatch.setattr(variants, "KEY_TILE", 5)
+    monkeypatch.setattr(variants, "STICK_TILE", 3)
     model = randomized(
         build_model({"n_layer": 1, "n_head": H, "d_model": H * HS, **VARIANTS[name]}, encoding), 0.5
     )
