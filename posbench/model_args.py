@@ -61,8 +61,6 @@ class ModelArgs:
         check_attention_options(
             self.attention, self.attn_gate, self.attn_sinks, self.sigmoid_length, self.causal
         )
-        if self.attention != "sigmoid":  # unused: a fine-tune at another length keeps the model
-            self.sigmoid_length = None
         if self.attention_floor_scale <= 0:
             raise PosbenchError(
                 f"model.attention_floor_scale must be positive (got {self.attention_floor_scale})"

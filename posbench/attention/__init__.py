@@ -68,7 +68,8 @@ The modules, each path's own and what they share:
     bidirectional.py  model.causal=false's attention, every token over its whole row
     variants.py       weights other than a plain softmax (model.attn_sinks, model.attention:
                         sigmoid, stick_breaking), its own table of paths; causal_attention
-                        hands them over before any path above
+                        hands them over before any path above; tiles.py, their evaluation
+                        over tiles of keys
 
 A constant lives in the module of the path it tunes; other modules read it as that module's
 attribute (``blocks.QUERY_BLOCK``), so that a test or benchmark that sets it sets it for all.
