@@ -293,6 +293,38 @@ def test_sink_attention_on_the_fused_kernel_gives_the_formulas_output_and_gradie
     assert_all_close(got, expected, **FP32)
 
 
+@pytest.mark.parametrize("encoding", ["none", "alibi"])
+def test_sinks_give_hf_gpt_oss_eager_attentions_output_and_gradients(encoding):
+    from types import SimpleNamespace
+
+    from transformers.models.gpt_oss.modeling_gpt_oss import eager_attention_forward
+
+    variant = variant_of("sinks", sinks=torch.tensor([0.5, -1.0, 2.0, 0.0]))
+    enc = build_encoding({"name": encoding}, H * HS, H)
+    q, k, v = qkv(seed=8)
+    positions = torch.arange(T)
+    mask = torch.zeros(T, T).masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), -torch.inf)
+    if encoding == "alibi":
+        mask = mask + enc.score_bias(positions, positions)
+    out_grad = torch.randn(B, H, T, HS)
+    leaves = [q, k, v, variant.sinks]
+
+    def ours():
+        return posbench.attention.causal_attention(q, k, v, positions, enc, variant=variant)
+
+    def theirs():  # in float64; (B, T, H, hs) out, as HF lays it
+        module = SimpleNamespace(
+            sinks=variant.sinks.double(), num_key_value_groups=1, training=False
+        )
+        qd, kd, vd = (t.double() for t in (q, k, v))
+        out, _ = eager_attention_forward(module, qd, kd, vd, mask.double(), HS**-0.5)
+        return out.transpose(1, 2)
+
+    got = outputs_and_gradients(ours, leaves, out_grad)
+    expected = outputs_and_gradients(theirs, leaves, out_grad.double())
+    assert_all_close(got, expected, **FP32)
+
+
 @pytest.mark.parametrize("name", WEIGHTING)
 def test_stick_breaking_and_every_variant_in_float64_are_exact(name):
     # float64 inputs are computed in float64: the formula to rounding, on the written path.

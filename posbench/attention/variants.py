@@ -4,7 +4,8 @@ for every encoding (its biases of positions and content, its window) and at ever
 
     softmax + sinks  w_ij = e^z_ij / (e^s_h + sum_l e^z_il): one learned logit s_h per head and
                      layer (0 at the start) joins the denominator with a value of 0 (gpt-oss; HF
-                     transformers' ``GptOssAttention``; x-transformers' ``head_learned_sink``)
+                     transformers' gpt-oss ``eager_attention_forward``; x-transformers'
+                     ``head_learned_sink``)
     sigmoid          w_ij = sigmoid(z_ij + b), b = -ln L with L = ``model.sigmoid_length``
                      (train.seq_len from the CLI), fixed: no normalisation over the keys (Ramapuram
                      et al. 2024, arXiv 2409.04431; x-transformers' ``Attend(sigmoid=True)``)
