@@ -95,6 +95,17 @@ class ModelConfig:
     # false: every token attends to every token of its row, as Ruoss et al.'s encoder does
     # (posbench/model/attention/bidirectional.py); answers at placeholders only, two-sided encodings
     causal: bool = True
+    # Attention variants, for any encoding (posbench/model/attention_options.py, docs/attention.md):
+    # q and k RMS-normalised per head with learned gains, before the encoding
+    qk_norm: bool = False
+    # none | headwise | elementwise: the output times sigmoid(x W) (Qiu et al. 2025)
+    attn_gate: str = "none"
+    # a learned sink logit per head in the softmax's denominator (gpt-oss)
+    attn_sinks: bool = False
+    # softmax | sigmoid (sigmoid(z - ln sigmoid_length)) | stick_breaking (Tan et al. 2024)
+    attention: str = "softmax"
+    # sigmoid: L of the bias b = -ln L on every logit (conf/model: train.seq_len)
+    sigmoid_length: int | None = None
 
 
 @dataclass

@@ -30,6 +30,8 @@ RUNS = [
     ("tokenizer.py train --quick", "vocabulary 8,192"),
     ("task_steps.py --rounds 1 --tasks parity_check --encodings rope --slices 1 2", "2 slices"),
     ("decode_cache.py --quick", "recomputed"),
+    ("attention_variants.py train --quick", "stick_breaking"),
+    ("attention_variants.py eval --quick", "alibi+sinks"),
 ]
 
 

@@ -46,7 +46,9 @@ log = logging.getLogger(__name__)
 # The keys most runs set, named by `posbench --help` and `posbench train --help`.
 KEY_OPTIONS = (
     "seed, device (auto|cpu|cuda), threads (auto|N), model.n_layer, model.n_head, model.d_model, "
-    "train.seq_len, train.steps, train.batch_size, train.lr, eval.lengths, eval.stride, "
+    "model.qk_norm, model.attn_gate (none|headwise|elementwise), model.attn_sinks, "
+    "model.attention (softmax|sigmoid|stick_breaking), train.seq_len, train.steps, "
+    "train.batch_size, train.lr, eval.lengths, eval.stride, "
     "data.tokenizer (bytes|bpe|FILE|NAME), data.vocab_size"
 )
 # What every length means, said where lengths are set.

@@ -5,6 +5,10 @@ scores at N), the exact attention probabilities of every layer and head,
 
     p_ij = softmax_j(q_i . k_j / sqrt(hs) + score_bias(i, j) + content_bias(i, j)),  j <= i,
 
+(or the weights of the model's attention variant: with sinks the row sums to less than 1, the
+rest on the sink; sigmoid's are not normalised; stick-breaking's sum to 1, the stick left on
+the query's own token: posbench/model/attention/variants.py),
+
 with q and k transformed by the run's encoding (rotated, for RoPE), are summarised per query i
 and averaged over the queries of each position bucket
 (posbench.evaluation.perplexity.position_buckets) in every window. A run trained with randomized
@@ -56,7 +60,7 @@ from posbench.evaluation.perplexity import (
 )
 from posbench.evaluation.positions import RandomPositions, eval_positions, positions_record
 from posbench.model import Transformer
-from posbench.model.attention import attention_probabilities
+from posbench.model.attention import AttentionVariant, attention_probabilities
 from posbench.model.random_positions import PositionDraw
 from posbench.runs.directory import load_run
 from posbench.system.atomic import atomic_path, write_json
@@ -143,11 +147,13 @@ def layer_statistics(
     bucket_of: torch.Tensor,
     n_buckets: int,
     distances: torch.Tensor | None = None,
+    variant: AttentionVariant | None = None,
 ) -> torch.Tensor:
     """STATISTICS of one layer, summed over the batch and the queries of each bucket ->
     (4, H, n_buckets) float64. ``content``: the encoding's content_state for this layer;
     ``bucket_of`` (T,) is each token's bucket; ``distances``: the layer's randomized
-    distances (None: none)."""
+    distances (None: none); ``variant``: the layer's attention weights (sinks, sigmoid,
+    stick-breaking; None: softmax)."""
     B, H, T, _ = q.shape
     tokens = torch.arange(T, device=q.device)  # the statistics count tokens, not positions
     sums = torch.zeros(len(STATISTICS), H, n_buckets, dtype=torch.float64, device=q.device)
@@ -157,7 +163,9 @@ def layer_statistics(
     for start in reversed(range(0, T, block)):
         end = min(start + block, T)  # queries [start, end) attend to keys [0, end)
         # (B, H, n, e)
-        p = attention_probabilities(q, k, positions, encoding, content, start, end, distances)
+        p = attention_probabilities(
+            q, k, positions, encoding, content, start, end, distances, variant
+        )
         stats = query_statistics(p, tokens[start:end], tokens[:end], train_seq_len)
         sums.index_add_(2, bucket_of[start:end], stats.sum(1).double())  # (4, H, e - s)
     return sums
@@ -201,6 +209,7 @@ def diagnose(
                 bucket_of,
                 len(buckets),
                 distances,
+                block.attn.variant,
             ).cpu()
     queries = torch.tensor([K * (end - start) for start, end in buckets], dtype=torch.float64)
     means = sums / queries  # (4, L, H, buckets)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 
-from posbench.model.attention import attention_scratch_elements, bidirectional
+from posbench.model.attention import attention_scratch_elements, bidirectional, variants
 from posbench.model.loss import chunked_loss
 from posbench.model.model import Transformer, unique
 
@@ -58,10 +58,17 @@ def inference_memory_bytes(
     logits = a.d_model if chunked else a.vocab_size
     elements = tokens * (8 * a.d_model + 2 * hidden + 3 * logits)
     scratch = attention_scratch_elements if a.causal else bidirectional.scratch_elements
+    if not model.blocks[0].attn.variant.plain:  # sinks, sigmoid, stick-breaking: written out
+
+        def scratch(encoding, batch_size, length, consecutive, device):
+            return variants.scratch_elements(encoding, batch_size, length, a.attention)
+
     elements += max(
         scratch(encoding, batch_size, length, consecutive, device)
         for encoding in unique(model.layer_encodings)
     )
+    if a.attn_gate != "none":  # the gate's (B, T, C) beside the attention output
+        elements += tokens * a.d_model
     return elements * model.lm_head.weight.element_size()
 
 

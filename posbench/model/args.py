@@ -10,6 +10,7 @@ from dataclasses import asdict, dataclass
 import torch.nn.functional as F
 
 from posbench.errors import PosbenchError
+from posbench.model.attention_options import check_attention_options
 from posbench.model.attention_scaling import SCALINGS
 
 VOCAB_SIZE = 256  # byte-level: every corpus is read as raw bytes, no tokenizer to download
@@ -35,6 +36,12 @@ class ModelArgs:
     norm_position: str = "pre"  # pre | post (Block); runs saved before it: pre
     activation: str = "gelu"  # gelu | relu (MLP); runs saved before it: gelu
     causal: bool = True  # false: each token attends to its whole row; runs saved before it: true
+    # Attention variants (posbench/model/attention_options.py; runs saved before them: all off).
+    qk_norm: bool = False  # q and k RMS-normalised per head, learned gains, before the encoding
+    attn_gate: str = "none"  # none | headwise | elementwise: sigmoid(x W) on the output
+    attn_sinks: bool = False  # a learned sink logit per head in the softmax's denominator
+    attention: str = "softmax"  # softmax | sigmoid | stick_breaking
+    sigmoid_length: int | None = None  # sigmoid: L of its logits' bias b = -ln L
 
     def __post_init__(self) -> None:
         for key, allowed in (("norm_position", NORM_POSITIONS), ("activation", ACTIVATIONS)):
@@ -51,6 +58,9 @@ class ModelArgs:
                 f"model.attention_scaling must be one of {', '.join(SCALINGS)} "
                 f"(got {self.attention_scaling!r})"
             )
+        check_attention_options(
+            self.attention, self.attn_gate, self.attn_sinks, self.sigmoid_length, self.causal
+        )
         if self.attention_floor_scale <= 0:
             raise PosbenchError(
                 f"model.attention_floor_scale must be positive (got {self.attention_floor_scale})"

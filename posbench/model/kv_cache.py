@@ -37,6 +37,7 @@ import torch
 
 from posbench.encodings import PositionalEncoding
 from posbench.model.attention import (
+    AttentionVariant,
     QueryBlockBiases,
     causal_attention,
     of_layer,
@@ -146,17 +147,21 @@ class LayerCache:
         values: torch.Tensor,
         encoding: PositionalEncoding,
         content: object | None,
+        variant: AttentionVariant | None = None,
     ) -> torch.Tensor:
         """The attention output (B, H, n, hs) of the next n tokens' queries q (B, H, n, hs) over
         the cached tokens and themselves, ``keys`` and ``values`` (B, H, t + n, hs), with
-        ``encoding``'s biases (``content``: its content_state of every token)."""
+        ``encoding``'s biases (``content``: its content_state of every token) and the layer's
+        attention ``variant``'s weights."""
         end = keys.shape[2]
         positions = self.positions[..., :end]  # (t + n,) or (B, t + n)
         distances = None if self.distances is None else self.distances[..., :end]  # (B, t + n)
         if self.length == 0:  # the prompt: as a forward pass without a cache attends
             biases = QueryBlockBiases(encoding, keep_elements=0, distances=distances)
-            return causal_attention(q, keys, values, positions, encoding, 0.0, biases, content)
-        weights = query_probabilities(q, keys, positions, encoding, content, distances)
+            return causal_attention(
+                q, keys, values, positions, encoding, 0.0, biases, content, variant
+            )
+        weights = query_probabilities(q, keys, positions, encoding, content, distances, variant)
         return weights.to(values.dtype) @ values  # (B, H, n, hs)
 
 

@@ -21,12 +21,14 @@ from posbench.encodings import PositionalEncoding, build_encoding
 from posbench.errors import PosbenchError
 from posbench.model.args import ACTIVATIONS, ModelArgs
 from posbench.model.attention import (
+    AttentionVariant,
     QueryBlockBiases,
     bidirectional,
     causal_attention,
     layer_biases,
     of_layer,
 )
+from posbench.model.attention_options import OutputGate, QKNorm
 from posbench.model.attention_scaling import AttentionScaling, build_attention_scaling
 from posbench.model.kv_cache import DecodeCache, LayerCache
 from posbench.model.loss import next_token_nll
@@ -35,11 +37,20 @@ from posbench.model.loss import next_token_nll
 class CausalSelfAttention(nn.Module):
     """Multi-head causal self-attention whose encoding may transform queries and keys (RoPE) and
     bias their scores by position (ALiBi, T5, ...) or content (FoX, CoPE), its queries scaled by
-    ``scaling`` (attention_scaling.py; none by default):
+    ``scaling`` (posbench/model/attention_scaling.py; none by default), with the attention variants
+    (posbench/model/attention_options.py): ``qk_norm``, an output ``gate`` (none, headwise or
+    elementwise) and the ``variant``'s weights (sinks, sigmoid, stick-breaking; None: softmax):
     ``attn(x (B, T, C), positions, encoding) -> (B, T, C)``."""
 
     def __init__(
-        self, d_model: int, n_head: int, dropout: float, scaling: AttentionScaling | None = None
+        self,
+        d_model: int,
+        n_head: int,
+        dropout: float,
+        scaling: AttentionScaling | None = None,
+        qk_norm: bool = False,
+        gate: str = "none",
+        variant: AttentionVariant | None = None,
     ):
         super().__init__()
         self.n_head = n_head
@@ -47,6 +58,10 @@ class CausalSelfAttention(nn.Module):
         self.proj = nn.Linear(d_model, d_model, bias=False)
         self.dropout = dropout
         self.scaling = scaling or AttentionScaling()
+        # Modules only where an option is on: a model without them saves the weights it did.
+        self.qk_norm = QKNorm(n_head, d_model // n_head) if qk_norm else None
+        self.gate = OutputGate(d_model, n_head, gate) if gate != "none" else None
+        self.variant = variant if variant is not None else AttentionVariant(n_head)
 
     def queries_keys_values(
         self,
@@ -62,6 +77,8 @@ class CausalSelfAttention(nn.Module):
         q, k, v = self.qkv(x).split(C, dim=2)  # (B, T, C) each
         # (B, nh, T, hs) each
         q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))
+        if self.qk_norm is not None:  # before the encoding: RoPE rotates the normalised q, k
+            q, k = self.qk_norm(q, k)
         # The encoding acts on the scores: it transforms queries and keys, never values.
         # Before the scaling: a bias from the content (CoPE's gates and counts) reads q as is.
         if cache is None:
@@ -85,13 +102,15 @@ class CausalSelfAttention(nn.Module):
         B, T, C = x.shape
         q, k, v, content = self.queries_keys_values(x, positions, encoding, cache)
         if cache is not None:  # x is the next T tokens of a cached decode
-            y = cache.attend(q, k, v, encoding, content)  # (B, nh, T, hs)
+            y = cache.attend(q, k, v, encoding, content, self.variant)  # (B, nh, T, hs)
         else:
             dropout = self.dropout if self.training else 0.0
             both_ways = isinstance(biases, bidirectional.TwoSidedBiases)
             attend = bidirectional.bidirectional_attention if both_ways else causal_attention
-            y = attend(q, k, v, positions, encoding, dropout, biases, content)
+            y = attend(q, k, v, positions, encoding, dropout, biases, content, self.variant)
         y = y.transpose(1, 2).reshape(B, T, C)  # (B, T, C)
+        if self.gate is not None:  # from the layer's input, before the output projection
+            y = self.gate(x, y)
         return self.proj(y)
 
 
@@ -123,7 +142,12 @@ class Block(nn.Module):
         scaling = build_attention_scaling(
             args.attention_scaling, args.n_head, args.attention_floor_scale, args.attention_scale
         )
-        self.attn = CausalSelfAttention(args.d_model, args.n_head, args.dropout, scaling)
+        variant = AttentionVariant(
+            args.n_head, args.attention, args.attn_sinks, args.sigmoid_length
+        )
+        self.attn = CausalSelfAttention(
+            args.d_model, args.n_head, args.dropout, scaling, args.qk_norm, args.attn_gate, variant
+        )
         self.ln_mlp = nn.LayerNorm(args.d_model)
         self.mlp = MLP(args.d_model, args.mlp_ratio * args.d_model, args.dropout, args.activation)
         self.post_norm = args.norm_position == "post"

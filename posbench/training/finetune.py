@@ -92,6 +92,8 @@ def load_parent_weights(model: Transformer, cfg: DictConfig) -> None:
     source = load_weights(parent / WEIGHTS_FILE)
     theirs, ours = source.args.to_dict(), model.args.to_dict()
     for key in ours:
+        if key == "sigmoid_length" and ours["attention"] != "sigmoid":
+            continue  # train.seq_len's, unused: a fine-tune at another length keeps the model
         if theirs[key] != ours[key]:
             raise PosbenchError(
                 f"train.init_from={parent} holds a model with model.{key}={theirs[key]}, not "

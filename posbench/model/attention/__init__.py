@@ -66,6 +66,10 @@ The modules, each path's own and what they share:
     probabilities.py  the probabilities written out (posbench diagnose, a cached decode)
     scratch.py        attention_scratch_elements
     bidirectional.py  model.causal=false's attention, every token over its whole row
+    variants.py       weights other than a plain softmax (model.attn_sinks, model.attention:
+                        sigmoid, stick_breaking), its own table of paths; causal_attention
+                        hands them over before any path above; tiles.py, their evaluation
+                        over tiles of keys
 
 A constant lives in the module of the path it tunes; other modules read it as that module's
 attribute (``blocks.QUERY_BLOCK``), so that a test or benchmark that sets it sets it for all.
@@ -92,8 +96,10 @@ from posbench.model.attention.key_bias import (
 from posbench.model.attention.probabilities import attention_probabilities, query_probabilities
 from posbench.model.attention.relative_bias import relative_bias_attention
 from posbench.model.attention.scratch import attention_scratch_elements
+from posbench.model.attention.variants import AttentionVariant, variant_attention
 
 __all__ = [  # the entry point, and what the model, memory, diagnose and the decode cache use
+    "AttentionVariant",
     "QueryBlockBiases",
     "attention_probabilities",
     "attention_scratch_elements",
@@ -120,15 +126,19 @@ def causal_attention(
     dropout: float = 0.0,
     biases: QueryBlockBiases | None = None,
     content: object | None = None,
+    variant: AttentionVariant | None = None,
 ) -> torch.Tensor:
     """softmax(q k^T / sqrt(hs) + encoding's score bias + causal mask) v, for q, k, v of
     (B, H, T, hs) at increasing ``positions`` (T,) or (B, T) -> (B, H, T, hs); ``biases``: the
     query blocks' biases shared by the layers of a forward pass (blocked_bias_attention);
-    ``content``: the layer's encoding.content_state (None: no bias from the content).
+    ``content``: the layer's encoding.content_state (None: no bias from the content);
+    ``variant``: the layer's weights (None or ``plain``: the softmax; else variants.py's paths).
 
     The one entry point: the package's table says which path it takes. flex_attention lacks
     attention dropout, so dropout keeps a bias of the distance alone on the SDPA path.
     """
+    if variant is not None and not variant.plain:
+        return variant_attention(q, k, v, positions, encoding, dropout, biases, content, variant)
     T = q.shape[2]
     if content is not None and fuses_key_bias(encoding, T, merges_by_log_sum_exp(q, dropout)):
         if T <= key_bias.KEY_BIAS_LENGTH:

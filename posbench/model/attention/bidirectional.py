@@ -40,6 +40,7 @@ from posbench.errors import PosbenchError
 from posbench.model.attention.biases import layer_biases
 from posbench.model.attention.blocks import join_blocks, query_block_size
 from posbench.model.attention.fused import fused_attention, sdpa_dtype
+from posbench.model.attention.variants import AttentionVariant, two_sided_attention
 from posbench.model.random_positions import row_lengths
 
 
@@ -161,12 +162,14 @@ def bidirectional_attention(
     dropout: float = 0.0,
     biases: TwoSidedBiases | None = None,
     content: object | None = None,
+    variant: AttentionVariant | None = None,
 ) -> torch.Tensor:
     """softmax(q k^T / sqrt(hs) + encoding's two_sided_bias + key padding) v, for q, k, v of
     (B, H, T, hs) at ``positions`` (T,) or (B, T) -> (B, H, T, hs), with no causal mask;
     ``biases``: the forward pass's TwoSidedBiases (by default this call's own: no padding).
     causal_attention's arguments; ``content`` is always None (no encoding with a bias of the
-    content has a two-sided form)."""
+    content has a two-sided form); a ``variant`` that is not ``plain`` (sinks, sigmoid) takes
+    variants.two_sided_attention."""
     assert content is None and encoding.bidirectional, "check_two_sided refuses the encoding"
     if biases is None:
         biases = TwoSidedBiases(encoding)
@@ -174,6 +177,13 @@ def bidirectional_attention(
     dtype = sdpa_dtype(q)
     padding = biases.key_padding(T, q.device)  # (B, 1, 1, T) or None
     padding = None if padding is None else padding.to(dtype)
+    if variant is not None and not variant.plain:
+        with_bias = has_two_sided_bias(encoding)
+
+        def bias_of_block(start: int, end: int) -> torch.Tensor | None:
+            return biases.bias(positions, start, end) if with_bias else None
+
+        return two_sided_attention(q, k, v, bias_of_block, padding, dropout, variant)
     if not has_two_sided_bias(encoding):
         return fused_attention(q, k, v, padding, dropout)
     # Cast once, not per block (a cast per block would sum their gradients in bf16).

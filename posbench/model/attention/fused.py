@@ -89,3 +89,16 @@ def merge_by_log_sum_exp(
     flash-decoding merges its key splits)."""
     lse = torch.logaddexp(lse_a, lse_b)[..., None]  # (B, H, n, 1)
     return y_a * (lse_a[..., None] - lse).exp() + y_b * (lse_b[..., None] - lse).exp()
+
+
+def attention_with_sinks(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, sinks: torch.Tensor
+) -> torch.Tensor:
+    """Softmax attention of q (B, H, n, hs) over k, v (B, H, m, hs) with a float ``mask``
+    ([B|1], H, n, m) and a sink logit per head, ``sinks`` (H,), joining each row's denominator
+    with a value of 0 -> (B, H, n, hs): SDPA's CPU flash kernel's output times
+    sigmoid(lse - s), its row's log-sum-exp against the sink's (attention/variants.py).
+    On a LOG_SUM_EXP_DEVICES device without gradients; q, k, v and the mask in one dtype."""
+    flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+    y, lse = flash(q, k, v, attn_mask=mask)  # (B, H, n, hs), (B, H, n)
+    return y * torch.sigmoid(lse - sinks.to(lse.dtype)[:, None])[..., None]

@@ -13,6 +13,7 @@ import torch.nn.functional as F
 from posbench.encodings import PositionalEncoding
 from posbench.model.attention.biases import distance_bias
 from posbench.model.attention.blocks import causal_bias, outside_window
+from posbench.model.attention.variants import AttentionVariant
 
 
 def attention_probabilities(
@@ -24,14 +25,17 @@ def attention_probabilities(
     start: int,
     end: int,
     distances: torch.Tensor | None = None,
+    variant: AttentionVariant | None = None,
 ) -> torch.Tensor:
     """The attention probabilities of queries [start, end) over keys [0, end) that
     causal_attention attends with, for q, k (B, H, T, hs) at ``positions`` (T,) or (B, T)
     -> (B, H, n, e), written out (posbench diagnose): the encoding's biases of positions (at
     the randomized ``distances`` (B, T) where given: distance_bias) and of the content
-    (``content``: its content_state), 0 at future keys and outside a window."""
+    (``content``: its content_state), 0 at future keys and outside a window; the weights of
+    ``variant`` where given (sinks, sigmoid, stick-breaking: variants.py)."""
     keys = k[:, :, :end]
-    return query_probabilities(q[:, :, start:end], keys, positions, encoding, content, distances)
+    queries = q[:, :, start:end]
+    return query_probabilities(queries, keys, positions, encoding, content, distances, variant)
 
 
 def query_probabilities(
@@ -41,11 +45,12 @@ def query_probabilities(
     encoding: PositionalEncoding,
     content: object | None,
     distances: torch.Tensor | None = None,
+    variant: AttentionVariant | None = None,
 ) -> torch.Tensor:
     """attention_probabilities of the last n queries (B, H, n, hs) of a sequence over its keys
     k (B, H, e, hs) at ``positions`` (e,) or (B, e) (or longer), at randomized ``distances``
-    (B, e) (or longer) where given -> (B, H, n, e): what a cached decode's step attends with
-    (posbench/model/kv_cache.py)."""
+    (B, e) (or longer) where given, with ``variant``'s weights -> (B, H, n, e): what a cached
+    decode's step attends with (posbench/model/kv_cache.py)."""
     end = k.shape[2]
     start = end - queries.shape[2]
     scores = queries @ k.transpose(-1, -2) / math.sqrt(queries.shape[-1])
@@ -62,4 +67,6 @@ def query_probabilities(
     scores = causal_bias(scores, start)
     if encoding.window is not None:
         scores = outside_window(scores, start, 0, encoding.window)
+    if variant is not None:
+        return variant.weights(scores, start)
     return F.softmax(scores, dim=-1)

@@ -9,11 +9,16 @@ import torch
 
 from posbench.model.attention.blocks import join_blocks, query_block_size
 from posbench.model.attention.explicit import explicit_attention
-from posbench.model.attention.fused import fused_attention, mask_dtype
+from posbench.model.attention.fused import attention_with_sinks, fused_attention, mask_dtype
 
 
 def relative_bias_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor, dropout: float = 0.0
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    bias: torch.Tensor,
+    dropout: float = 0.0,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Causal attention of q, k, v (B, H, T, hs) at consecutive positions with the score bias
     ``bias[h, i - j]`` given at distances 0..T-1 (H, T), or ``bias[b, h, i - j]`` (B, H, T) with
@@ -25,7 +30,9 @@ def relative_bias_attention(
     Softmax does not depend on the order of the keys. Each block of queries [s, e) attends to
     keys [0, e); the future keys of its diagonal square get distances below 0, whose bias is
     -inf: the causal mask comes with the same view. A bias that needs a gradient (a learned
-    one, in training) is written out in key order instead, for explicit_attention.
+    one, in training) is written out in key order instead, for explicit_attention. ``sinks``
+    (H,): a sink logit per head (model.attn_sinks), in evaluation on a CPU only
+    (attention_with_sinks).
     """
     B, H, T, _ = q.shape
     trainable = torch.is_grad_enabled() and bias.requires_grad
@@ -52,13 +59,9 @@ def relative_bias_attention(
     outputs = []
     for start in reversed(starts):  # the last block first (see blocked_bias_attention)
         end = min(start + block, T)
-        outputs.append(
-            fused_attention(
-                queries[:, :, start:end],
-                keys[:, :, T - end :],
-                values[:, :, T - end :],
-                hankel(start, end),
-                dropout,
-            )
-        )
+        parts = (queries[:, :, start:end], keys[:, :, T - end :], values[:, :, T - end :])
+        if sinks is not None:
+            outputs.append(attention_with_sinks(*parts, hankel(start, end), sinks))
+            continue
+        outputs.append(fused_attention(*parts, hankel(start, end), dropout))
     return join_blocks(outputs).to(q.dtype)

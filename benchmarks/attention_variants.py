@@ -1,0 +1,128 @@
+"""The attention variants (model.qk_norm, model.attn_gate, model.attn_sinks, model.attention):
+training tokens/s and evaluation time of each, as ratios to plain NoPE measured in the same
+process (model: tiny, untrained; every variant on NoPE unless its name says another encoding).
+
+    python benchmarks/attention_variants.py train [--rounds 15] [--threads 1] [--precision fp32]
+        [--variants qk_norm sinks ...]
+    python benchmarks/attention_variants.py eval [--lengths 2048 16384] [--rounds 3]
+    python benchmarks/attention_variants.py train --quick    # a small, fast check that it runs
+
+Models are timed in interleaved rounds (one training step or forward pass of each per round,
+each round starting one model later; median per model: benchmarks/throughput.py). Issue 55's
+targets: training tokens/s at least 0.8x NoPE's (stick-breaking 0.4x), evaluation at most 3x
+NoPE's time (stick-breaking 6x); ``MISSED`` and ``!`` mark a variant past its target.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+from throughput import median_seconds
+
+from posbench.model import build_model
+from posbench.system.precision import autocast, resolve_precision
+
+MODEL = {"n_layer": 2, "n_head": 4, "d_model": 128, "mlp_ratio": 4, "dropout": 0.0}
+# name: (encoding, model options)
+VARIANTS = {
+    "none": ("none", {}),
+    "qk_norm": ("none", {"qk_norm": True}),
+    "gate-headwise": ("none", {"attn_gate": "headwise"}),
+    "gate-elementwise": ("none", {"attn_gate": "elementwise"}),
+    "sinks": ("none", {"attn_sinks": True}),
+    "sigmoid": ("none", {"attention": "sigmoid"}),
+    "stick_breaking": ("none", {"attention": "stick_breaking"}),
+    "rope": ("rope", {}),
+    "rope+qk_norm": ("rope", {"qk_norm": True}),
+    "alibi": ("alibi", {}),
+    "alibi+sinks": ("alibi", {"attn_sinks": True}),
+}
+TRAIN_TARGETS = {"stick_breaking": 0.4}  # else 0.8
+EVAL_TARGETS = {"stick_breaking": 6.0}  # else 3.0
+
+
+def model_of(name: str, seq_len: int, device: str) -> torch.nn.Module:
+    torch.manual_seed(0)
+    encoding, options = VARIANTS[name]
+    options = {**options, "sigmoid_length": seq_len}  # as the CLI sets it: train.seq_len
+    return build_model({**MODEL, **options}, {"name": encoding}).to(device)
+
+
+def train_step(name: str, seq_len: int, batch: int, device: str, precision: str):
+    model = model_of(name, seq_len, device)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    x = torch.randint(0, 256, (batch, seq_len + 1), device=device)
+    resolved = resolve_precision(precision, x.device, MODEL["d_model"])
+
+    def step() -> None:
+        with autocast(resolved, x.device):
+            loss = model(x[:, :-1], targets=x[:, 1:])
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        loss.item()
+
+    return step
+
+
+def eval_step(name: str, seq_len: int, length: int, device: str):
+    model = model_of(name, seq_len, device).eval()
+    x = torch.randint(0, 256, (1, length), device=device)
+
+    @torch.inference_mode()
+    def step() -> None:
+        model(x).sum().item()
+
+    return step
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("mode", choices=["train", "eval"])
+    parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--seq-len", type=int, default=128)
+    parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--lengths", type=int, nargs="+", default=[2048, 16384])
+    parser.add_argument("--rounds", type=int, default=15)
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--precision", choices=["fp32", "bf16", "auto"], default="fp32")
+    parser.add_argument("--quick", action="store_true", help="tiny sizes, one round")
+    args = parser.parse_args()
+    if args.quick:
+        args.seq_len, args.batch, args.lengths, args.rounds = 32, 2, [64], 1
+    torch.set_num_threads(args.threads)
+    names = ["none", *(name for name in args.variants if name != "none")]
+    if args.mode == "train":
+        steps = {
+            name: train_step(name, args.seq_len, args.batch, args.device, args.precision)
+            for name in names
+        }
+        seconds = median_seconds(steps, args.rounds)
+        tokens = args.batch * args.seq_len
+        print(f"threads={args.threads} train {args.batch}x{args.seq_len} in {args.precision}")
+        print(f"{'variant':<18}{'tok/s':>10}{'ratio':>7}{'target':>8}")
+        for name in names:
+            ratio = seconds["none"] / seconds[name]
+            target = TRAIN_TARGETS.get(name, 0.8)
+            met = "" if not VARIANTS[name][1] else ("met" if ratio >= target else "MISSED")
+            print(f"{name:<18}{tokens / seconds[name]:>10,.0f}{ratio:>7.2f}{met:>8}")
+        return
+    print(f"threads={args.threads} eval 1xL in fp32, time as a ratio to NoPE's")
+    print(f"{'variant':<18}" + "".join(f"{length:>10}" for length in args.lengths))
+    ratios: dict[str, list[str]] = {name: [] for name in names}
+    for length in args.lengths:
+        steps = {name: eval_step(name, args.seq_len, length, args.device) for name in names}
+        seconds = median_seconds(steps, args.rounds)
+        for name in names:
+            ratio = seconds[name] / seconds["none"]
+            missed = VARIANTS[name][1] and ratio > EVAL_TARGETS.get(name, 3.0)
+            flag = "!" if missed else ""
+            ratios[name].append(f"{ratio:.2f}{flag}" if name != "none" else f"{seconds[name]:.3f}s")
+    for name in names:
+        print(f"{name:<18}" + "".join(f"{cell:>10}" for cell in ratios[name]))
+
+
+if __name__ == "__main__":
+    main()
