@@ -1,6 +1,8 @@
 """The Python API for notebooks: load_run and evaluate_run, as docs/api.md documents them."""
 
+import runpy
 import shutil
+import sys
 from types import FunctionType, ModuleType
 
 import pytest
@@ -51,6 +53,14 @@ def test_every_public_name_imports_from_posbench_as_the_object_it_names(name):
     # posbench.train is also a module's name (posbench/train.py): the API's is the function
     expected = {"data": ModuleType, "Diverged": type}.get(name, FunctionType)
     assert isinstance(namespace[name], expected)
+
+
+def test_python_m_posbench_is_the_posbench_command(monkeypatch, capsys):
+    """`python -m posbench` (as torchrun starts it) runs posbench's main with its arguments."""
+    monkeypatch.setattr(sys, "argv", ["posbench", "--help"])
+    monkeypatch.delitem(sys.modules, "posbench.__main__", raising=False)  # run, not imported
+    runpy.run_module("posbench.__main__", run_name="__main__")
+    assert "posbench train" in capsys.readouterr().out
 
 
 def test_diverged_is_exported_and_is_the_training_loops_error():

@@ -10,8 +10,11 @@ from conftest import TINY_RUN, error_line
 from omegaconf import OmegaConf
 
 from posbench.commands.overrides import group_options, unknown_key_hint
+from posbench.commands.train import train_help
 from posbench.config import compose_config
-from posbench.runs import save_config
+from posbench.encodings import encoding_names
+from posbench.reevaluate import default_run
+from posbench.runs import SWEEP_MARKER, save_config
 from posbench.sweep_summary import SweepSummary
 
 
@@ -52,6 +55,24 @@ def test_rope_scaling_without_any_rope_run_says_to_train_one(tmp_path, monkeypat
     fake_run(Path("outputs/day/09-00-00_alibi"), "alibi", 2_000)
     line = error_line(capsys, "eval", "--length", "2048", "--rope-scaling", "yarn")
     assert line.endswith("train one with `posbench train encoding=rope` and pass --run DIR")
+
+
+def test_eval_without_run_takes_the_newest_weights_and_says_which_sweep_they_ended(tmp_path):
+    fake_run(tmp_path / "day" / "08-00-00_rope", "rope", 1_000)
+    newest = fake_run(tmp_path / "multirun" / "day" / "09-00-00" / "1_alibi_seed0", "alibi", 2_000)
+    (newest.parent / SWEEP_MARKER).write_text("")  # what a sweep leaves in its directory
+    run_dir, why = default_run(tmp_path)
+    assert run_dir == newest
+    assert why.startswith(f"no --run given: evaluating the newest run under {tmp_path}/")
+    assert f"the last job of the sweep {newest.parent}" in why
+    assert why.endswith("; pass --run DIR to choose another")
+
+
+def test_train_help_lists_the_groups_and_the_config_its_overrides_compose():
+    """What `posbench train --help encoding=learned` prints (tests/test_cli.py runs it)."""
+    text = train_help(["encoding=learned"])
+    assert "encoding   " + ", ".join(encoding_names()) in text
+    assert "max_length" in text  # the learned encoding's own option, composed
 
 
 def test_run_at_a_file_says_it_is_a_file_and_names_its_directory(tmp_path, capsys):
