@@ -1,8 +1,12 @@
 """Shared fixtures: a tiny but real configuration that trains in seconds on a CPU."""
 
+import fcntl
 import importlib
 import os
+import shutil
 import subprocess
+from collections.abc import Callable
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -101,6 +105,25 @@ def cache_dir(tmp_path_factory):
     """One data cache for the whole session, also used by CLI subprocesses."""
     path = tmp_path_factory.mktemp("posbench-cache")
     os.environ["POSBENCH_CACHE"] = str(path)
+    return path
+
+
+def built_once(tmp_path_factory, name: str, build: Callable[[Path], None]) -> Path:
+    """The directory ``name`` as ``build(directory)`` fills it, built once in the whole test
+    session: pytest-xdist's workers (which share the parent of their temporary directories)
+    take it from the first worker that asks, which builds it while the others wait. For runs
+    that tests read and never write: copy one to change it."""
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent
+    path = root / name
+    with open(root / f"{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        if not (path / ".built").is_file():
+            shutil.rmtree(path, ignore_errors=True)  # a build that failed half way
+            path.mkdir()
+            build(path)
+            (path / ".built").touch()
     return path
 
 

@@ -938,19 +938,32 @@ def test_length_generalization_is_none_when_a_length_past_the_range_could_not_be
     assert results["length_generalization_accuracy"] is None
 
 
+# The tiny runs below learn their task in part, and where a run ends is chaotic in its
+# rounding: one seed scores otherwise on another CPU (the duplicate_string run once scored 0.677
+# on an Intel Xeon with AMX, under its bound of 0.68, where seeds had reached 0.74 to 0.79 on a
+# Zen 4 VM). Each bound is therefore set against what a run that never reads the prompt scores,
+# the constant answer (tests/test_baselines.py: no prompt-blind rule beats it), or chance, with
+# a margin below every run measured on 2026-12-06 on a Zen 4 VM: seeds 0 to 4, each on three
+# sets of kernels that round as other CPUs do (its own AVX-512 ones; ATEN_CPU_CAPABILITY=avx2,
+# MKL_ENABLE_INSTRUCTIONS=AVX2, DNNL_MAX_CPU_ISA=AVX2; ATEN_CPU_CAPABILITY=default,
+# MKL_ENABLE_INSTRUCTIONS=SSE4_2, DNNL_MAX_CPU_ISA=SSE41): "15 runs" below.
+
+
 def test_a_tiny_run_learns_reverse_string_at_placeholders_and_records_accuracy_by_length(tmp_path):
     """Ruoss et al.'s protocol: no answer bit is an input, so each blank must find the prompt
     bit it mirrors, from how many blanks precede it (a causal model cannot see the ones after).
-    Seeds 0, 1 and 2 reach 0.76 to 0.84 per answer bit at length 3 (2026-12-06; 300 steps or
-    two layers: 0.80 to 0.89), against a constant answer of 0.56; autoregressively, where the
-    same run scored over 0.8, each bit could also be read off the ones before it."""
+    In 15 runs of 300 steps at lr 3e-3 the accuracy per answer bit at length 3 was 0.823 to
+    0.844 (at 150 steps and lr 1e-2: 0.698 to 0.844), against a constant answer of 0.5625: the
+    bound, the constant answer + 0.1, sits 0.16 below the lowest. Autoregressively, where a run
+    scored over 0.8, each bit could also be read off the ones before it."""
     overrides = [
         *TINY_TASK_RUN,
         "data=reverse_string",
         "data.train_lengths=[1,6]",
         "data.val_examples=32",
         "train.seq_len=12",
-        "train.steps=150",
+        "train.steps=300",
+        "train.lr=3e-3",
         "model.d_model=64",
         "eval.task_lengths=[3,6,9]",
     ]
@@ -959,8 +972,8 @@ def test_a_tiny_run_learns_reverse_string_at_placeholders_and_records_accuracy_b
     assert sorted(by_length) == [3, 6, 9]
     assert [by_length[n]["window"] for n in (3, 6, 9)] == [6, 12, 18]  # n bits, n blanks
     assert {r["answer_mode"] for r in results["eval"]} == {"placeholders"}
-    # In distribution it has learned most of the reversal; the summary is of length 9 alone.
-    assert by_length[3]["accuracy"] > max(0.7, by_length[3]["constant_answer_accuracy"] + 0.15)
+    # In distribution it reads the prompt; the summary is of length 9 alone.
+    assert by_length[3]["accuracy"] > by_length[3]["constant_answer_accuracy"] + 0.1
     assert results["length_generalization"] == by_length[9]["sequence_accuracy"]
     assert results["length_generalization_accuracy"] == by_length[9]["accuracy"]
     # TensorBoard's HParams tab shows it beside the run's knobs.
@@ -986,30 +999,35 @@ def test_randomized_positions_train_on_batches_as_wide_as_their_longest_problem(
 
 
 def test_a_tiny_run_learns_duplicate_string_in_distribution_above_chance(tmp_path):
-    """The context-sensitive family: the prompt written twice, 2n answer bytes."""
+    """The context-sensitive family: the prompt written twice, 2n answer bytes. In 15 runs of
+    300 steps the accuracy per answer bit was 0.79 to 0.86 at length 3 and 0.82 to 0.94 at 6
+    (at 150 steps 0.745 to 0.844: the run that scored 0.677 on AMX had 150); the constant answer
+    scores 0.5625 and 0.604, so the bound, the constant answer + 0.1, sits 0.12 below the
+    lowest. After 5 steps runs scored up to 0.67 at 3 but 0.60 at 6: below the bound."""
     overrides = [
         *TINY_TASK_RUN,
         "data=duplicate_string",
         "data.train_lengths=[1,6]",
         "data.val_examples=32",
         "train.seq_len=18",
-        "train.steps=150",
+        "train.steps=300",
         "model.d_model=64",
         "eval.task_lengths=[3,6]",
     ]
-    results = train(compose_config(overrides), tmp_path / "run")
-    # At placeholders (2026-12-06) seeds 0, 1 and 2 reach 0.76 to 0.80 per answer bit at both
-    # lengths, and 0.42 to 0.67 after 5 steps; chance is 0.5, the constant answer 0.56 and 0.60.
-    accuracy = {r["length"]: r["accuracy"] for r in results["eval"]}
-    assert accuracy[3] > 0.68 and accuracy[6] > 0.68, accuracy
+    records = train(compose_config(overrides), tmp_path / "run")["eval"]
+    assert [r["length"] for r in records] == [3, 6]
+    for record in records:
+        assert record["accuracy"] > record["constant_answer_accuracy"] + 0.1, record
 
 
 def test_a_tiny_run_learns_one_digit_addition(tmp_path):
     """Kazemnejad et al.'s family: trained on operands of 1 and 2 digits, it adds two digits
-    (chance 1/11 per answer byte). At 400 steps seeds 0, 1, 2 got exact sums 0.56 to 0.61 on
-    one machine and 0.39 to 0.72 on a Zen 4 VM (2026-12-04: a run this short carries the
-    machines' rounding differences far); at 600 steps there: accuracy 0.92, 0.86, 0.90 and
-    exact sums 0.81, 0.66, 0.75 at length 1."""
+    (chance 1/11 per answer byte, the constant answer 0.60). At 400 steps seeds 0, 1, 2 got
+    exact sums 0.56 to 0.61 on one machine and 0.39 to 0.72 on a Zen 4 VM (2026-12-04: a run
+    this short carries the machines' rounding differences far). In 15 runs of 600 steps the
+    accuracy at length 1 was 0.78 to 0.98 and the exact sums 0.55 to 0.95: the bounds, the
+    constant answer + 0.05 and exact sums 0.3 (the constant answer gets 0.016), sit 0.13 and
+    0.25 below the lowest."""
     overrides = [
         *TINY_TASK_RUN,
         "data=addition",
@@ -1025,14 +1043,15 @@ def test_a_tiny_run_learns_one_digit_addition(tmp_path):
     ]
     results = train(compose_config(overrides), tmp_path / "run")
     by_length = {r["length"]: r for r in results["eval"]}
-    assert by_length[1]["accuracy"] > 0.7 and by_length[1]["sequence_accuracy"] > 0.4
+    assert by_length[1]["accuracy"] > by_length[1]["constant_answer_accuracy"] + 0.05
+    assert by_length[1]["sequence_accuracy"] > 0.3
     assert results["length_generalization"] == by_length[4]["sequence_accuracy"]
 
 
 def test_a_tiny_run_learns_even_pairs_in_distribution(tmp_path):
     """The regular family's run: over seeds 0, 1 and 2 its mean accuracy at problem lengths 2
     to 4 was 0.94, 0.98 and 1.0 at placeholders (2026-12-06; 1.0, 0.89 and 1.0 with the answer
-    after a separator; chance: 1/2)."""
+    after a separator; chance: 1/2); in 15 runs 0.94 to 1.0, 0.14 above the bound."""
     overrides = [
         *TINY_TASK_RUN,
         "data=even_pairs",
@@ -1055,7 +1074,8 @@ def test_a_tiny_run_learns_even_pairs_in_distribution(tmp_path):
 def test_a_tiny_run_counts_the_letters_in_distribution_and_not_past_it(tmp_path):
     """The counting family (Kazemnejad et al.'s counting, docs/tasks.md): n letters, the answer
     n modulo 10. Trained on 1 to 6 letters, seeds 0, 1 and 2 answer every problem of 2, 4 and 6
-    right and none of 8 (2026-12-05, a Zen 3 VM): 8 was never an answer in training."""
+    right and none of 8 (2026-12-05, a Zen 3 VM): 8 was never an answer in training. So did
+    all 15 runs (2026-12-06)."""
     overrides = [
         *TINY_TASK_RUN,
         "data=counting",

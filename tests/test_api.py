@@ -3,7 +3,9 @@ every posbench path README and docs/ name, importable from where they name it.""
 
 import importlib
 import re
+import runpy
 import shutil
+import sys
 from pathlib import Path
 from types import FunctionType, ModuleType
 
@@ -118,6 +120,14 @@ def test_the_model_package_gives_the_decoder_and_its_arguments():
         model_transformer,
         model_build_model,
     )
+
+
+def test_python_m_posbench_is_the_posbench_command(monkeypatch, capsys):
+    """`python -m posbench` (as torchrun starts it) runs posbench's main with its arguments."""
+    monkeypatch.setattr(sys, "argv", ["posbench", "--help"])
+    monkeypatch.delitem(sys.modules, "posbench.__main__", raising=False)  # run, not imported
+    runpy.run_module("posbench.__main__", run_name="__main__")
+    assert "posbench train" in capsys.readouterr().out
 
 
 def test_diverged_is_exported_and_is_the_training_loops_error():

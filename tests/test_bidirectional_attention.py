@@ -209,7 +209,10 @@ def test_saved_runs_without_the_key_load_as_causal():
 
 def test_a_bidirectional_model_learns_reverse_string_at_placeholders():
     """150 steps (about 4 s): the answer at blank i is the prompt's byte n - 1 - i, which
-    attending both ways reads from every blank alike."""
+    attending both ways reads from every blank alike. Seeds 0 to 4, each on three sets of
+    kernels that round as other CPUs do (2026-12-06, a Zen 4 VM; tests/test_algorithmic.py
+    names them), scored 0.83 to 0.94 against a constant answer of 0.57: the bound, the constant
+    answer + 0.1, sits 0.16 below the lowest (+ 0.2 sat 0.06 below)."""
     overrides = ["model.causal=false", "encoding=learned", "data.train_lengths=[1,5]"]
     more = ["data.val_examples=64", "train.lr=3e-3"]
     cfg = compose_config([*TINY_REVERSE_STRING, *overrides, *more])
@@ -226,4 +229,4 @@ def test_a_bidirectional_model_learns_reverse_string_at_placeholders():
         loss.backward()
         optimizer.step()
     (record,) = evaluate_task(model.eval(), task, [5])
-    assert record["accuracy"] > record["constant_answer_accuracy"] + 0.2
+    assert record["accuracy"] > record["constant_answer_accuracy"] + 0.1

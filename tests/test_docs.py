@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import TINY_RUN
+from conftest import TINY_RUN, built_once
 
 from posbench.commands.overrides import group_options
 from posbench.data import ALGORITHMIC_TASKS
@@ -138,11 +138,14 @@ def readme_env(tmp_path_factory, cache_dir):
 
 @pytest.fixture(scope="session")
 def trained_workdir(tmp_path_factory, readme_env):
-    """A directory holding what README's first command leaves, and a small sweep."""
-    workdir = tmp_path_factory.mktemp("readme-runs")
+    """A directory holding what README's first command leaves, and a small sweep (built once
+    for every worker: each test runs in a copy)."""
     commands = "posbench train encoding=rope\nposbench train -m encoding=none,rope\n"
-    run(["bash", "-c", PRELUDE + commands], workdir, readme_env)
-    return workdir
+    return built_once(
+        tmp_path_factory,
+        "readme-runs",
+        lambda workdir: run(["bash", "-c", PRELUDE + commands], workdir, readme_env),
+    )
 
 
 @pytest.mark.parametrize("page", PAGES, ids=lambda page: page.name)

@@ -9,9 +9,12 @@ import pytest
 from conftest import TINY_RUN, error_line
 from omegaconf import OmegaConf
 
-from posbench.commands.overrides import group_options
+from posbench.commands.overrides import group_options, unknown_key_hint
+from posbench.commands.train import train_help
 from posbench.config import compose_config
-from posbench.runs.directory import save_config
+from posbench.encodings import encoding_names
+from posbench.evaluation.reevaluate import default_run
+from posbench.runs.directory import SWEEP_MARKER, save_config
 from posbench.runs.sweep_summary import SweepSummary
 
 
@@ -52,6 +55,24 @@ def test_rope_scaling_without_any_rope_run_says_to_train_one(tmp_path, monkeypat
     fake_run(Path("outputs/day/09-00-00_alibi"), "alibi", 2_000)
     line = error_line(capsys, "eval", "--length", "2048", "--rope-scaling", "yarn")
     assert line.endswith("train one with `posbench train encoding=rope` and pass --run DIR")
+
+
+def test_eval_without_run_takes_the_newest_weights_and_says_which_sweep_they_ended(tmp_path):
+    fake_run(tmp_path / "day" / "08-00-00_rope", "rope", 1_000)
+    newest = fake_run(tmp_path / "multirun" / "day" / "09-00-00" / "1_alibi_seed0", "alibi", 2_000)
+    (newest.parent / SWEEP_MARKER).write_text("")  # what a sweep leaves in its directory
+    run_dir, why = default_run(tmp_path)
+    assert run_dir == newest
+    assert why.startswith(f"no --run given: evaluating the newest run under {tmp_path}/")
+    assert f"the last job of the sweep {newest.parent}" in why
+    assert why.endswith("; pass --run DIR to choose another")
+
+
+def test_train_help_lists_the_groups_and_the_config_its_overrides_compose():
+    """What `posbench train --help encoding=learned` prints (tests/test_cli.py runs it)."""
+    text = train_help(["encoding=learned"])
+    assert "encoding   " + ", ".join(encoding_names()) in text
+    assert "max_length" in text  # the learned encoding's own option, composed
 
 
 def test_run_at_a_file_says_it_is_a_file_and_names_its_directory(tmp_path, capsys):
@@ -119,3 +140,78 @@ def test_a_sweep_counts_its_runs_in_words(tmp_path, capsys, runs, said):
     summary.on_multirun_start(config)
     summary.on_multirun_end(config)
     assert f"sweep finished: {said} {tmp_path}" in capsys.readouterr().out
+
+
+# A mistake and a word of its error line. tests/test_cli.py runs one of each command's kind
+# through the `posbench` command.
+COMMAND_LINE_MISTAKES = [
+    (["train", "encoding=nope"], "unknown encoding 'nope'; choose one of"),
+    (["train", "model.d_model=36", "model.n_head=4"], "head dim"),
+    (["train", "train.steps=-5"], "train.steps must be positive"),
+    (["train", "threads=0"], "threads must be auto or a positive integer"),
+    (
+        ["train", "model.attention_scaling=bogus"],
+        "model.attention_scaling must be one of none, ssmax, llama4 (got 'bogus')",
+    ),
+    (["eval", "--threads", "two"], "expected auto or a positive integer"),
+    (
+        ["train", "--frob", "10"],
+        "posbench train: unrecognized arguments: --frob (see posbench train --help)",
+    ),
+    (["train", "--cfg", "everything"], "argument --cfg/-c: invalid choice: 'everything'"),
+    (["train", "-m", "encoding=none,rope", "--cfg", "job"], "--cfg job prints one job's"),
+    (["train", "--info", "--multirun"], "one of --multirun (-m), --cfg, --info"),
+    (["train", "train.stpes=10"], "no such key; did you mean train.steps?"),
+    (["train", "encoding=t5", "encoding.num_bucket=8"], "did you mean encoding.num_buckets?"),
+    (
+        ["train", "data.path=corpus.txt"],
+        "data.path is a key of data=text, not of data=synthetic: "
+        "use `data=text data.path=corpus.txt`",
+    ),
+    (["train", "encoding.max_distance=64"], "use `encoding=t5 encoding.max_distance=64`"),
+    (["train", "-m", "encoding=rope,", "alibi"], "did you mean encoding=rope,alibi?"),
+    (
+        ["train", "alibi"],
+        "cannot parse the override 'alibi' (missing EQUAL at '<EOF>'): "
+        "did you mean encoding=alibi?",
+    ),
+    (["train", "eval.lengths=128,256"], "write eval.lengths=[128,256] for a list"),
+    (["train", "encoding=t5", "encoding.num_buckets=0"], "encoding.num_buckets must be >= 2"),
+    (["train", "encoding=t5", "encoding.max_distance=10"], "encoding.max_distance must exceed"),
+    (
+        ["train", "encoding=kerple", "encoding.kernel=cubic"],
+        "encoding.kernel must be one of log, power",
+    ),
+    (["train", "encoding=alibi", "encoding.slopes=1"], "encoding.slopes"),
+    (["eval", "--length", "0"], "positive integer"),
+    (["eval", "--length", "many"], "positive integer"),
+    (["eval", "--length", "16", "--run", "no/such/run"], "not found"),
+    (["eval", "--length", "16"], "no trained run under outputs/"),
+    (["eval", "--rope-scaling", "stretch"], "invalid choice"),
+    (["eval", "--rope-scaling", "yarn", "--factor", "0.5"], "a number >= 1"),
+    (["eval", "--factor", "2"], "--factor needs --rope-scaling"),
+    (["report", "no/such/dir"], "no/such/dir is neither a directory nor a summary file"),
+    (["report"], "the following arguments are required: DIR"),
+    (["report", "a", "b"], "with several DIRs, say where the report goes: --out OUT"),
+    (["train", "-m", "hydra/launcher=nope"], "unknown hydra/launcher 'nope'"),
+    (["train", "-m", "+experiment=extrapolation_text"], "data.path must be set"),
+]
+
+
+@pytest.mark.parametrize(("args", "message"), COMMAND_LINE_MISTAKES)
+def test_a_mistake_is_one_error_line_exit_2_and_nothing_written(
+    args, message, tmp_path, monkeypatch, capsys
+):
+    monkeypatch.chdir(tmp_path)
+    assert message in error_line(capsys, *args)
+    assert not list(tmp_path.iterdir())
+
+
+def test_a_key_of_another_option_is_named_against_the_option_chosen_beside_a_second_mistake():
+    # data.val_tokens is not a key of data=text either, so the other overrides do not compose;
+    # the hint must still say data=text was chosen, not the default data=synthetic.
+    overrides = ["data=text", "data.path=f.txt", "data.train_tokens=4000", "data.val_tokens=100"]
+    assert unknown_key_hint("data.train_tokens", overrides) == (
+        "data.train_tokens is a key of data=synthetic, not of data=text: "
+        "use `data=synthetic data.train_tokens=4000`"
+    )

@@ -205,6 +205,8 @@ def bf16_run(tmp_path_factory, cache_dir):
 def test_results_record_the_precision_used_and_a_bf16_run_learns(bf16_run):
     run_dir, results = bf16_run
     assert json.loads((run_dir / "results.json").read_text())["precision"] == "bf16"
+    # At least the unigram's loss, a plateau no CPU's rounding moves: 0.53 to 0.58 of log 256
+    # over seeds 0 to 2 on three sets of kernels (tests/test_algorithmic.py names them).
     assert results["train"]["final_loss"] < 0.75 * torch.log(torch.tensor(256.0)).item()
     assert load_checkpoint(run_dir / CHECKPOINT_FILE)["precision"] == "bf16"
 

@@ -80,3 +80,16 @@ def test_the_published_figure_draws_each_encoding_in_its_colour(tmp_path):
         for label in (encoding, f"{encoding} (paper)"):
             if label in lines:
                 assert same_color(lines[label].get_color(), colour)
+
+
+def test_python_m_posbench_report_docs_runs_the_renderer(monkeypatch, capsys):
+    """`python -m posbench.report.docs` is the render command docs name; --help says what it
+    does and renders nothing."""
+    import runpy
+    import sys
+
+    monkeypatch.setattr(sys, "argv", ["python -m posbench.report.docs", "--help"])
+    with pytest.raises(SystemExit) as exit:
+        runpy.run_module("posbench.report.docs.__main__", run_name="__main__")
+    assert exit.value.code == 0
+    assert "Render README's and docs/'s result tables" in capsys.readouterr().out

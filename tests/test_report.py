@@ -6,7 +6,7 @@ import shutil
 
 import numpy as np
 import pytest
-from conftest import TINY, posbench
+from conftest import TINY, built_once, posbench
 from matplotlib import image
 from omegaconf import OmegaConf
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -28,9 +28,12 @@ from posbench.report.tables import best_shown, markdown, stat_text
 
 @pytest.fixture(scope="module")
 def sweep(tmp_path_factory, cache_dir):
-    """A real tiny sweep: 2 encodings x 2 seeds, a few steps each."""
-    workdir = tmp_path_factory.mktemp("sweep")
-    posbench("train", "-m", "encoding=none,rope", "seed=0,1", *TINY, "train.steps=10", cwd=workdir)
+    """A real tiny sweep: 2 encodings x 2 seeds, a few steps each (built once for every
+    worker: tests that change it take sweep_copy)."""
+    command = ["train", "-m", "encoding=none,rope", "seed=0,1", *TINY, "train.steps=10"]
+    workdir = built_once(
+        tmp_path_factory, "report-sweep", lambda workdir: posbench(*command, cwd=workdir)
+    )
     (root,) = (workdir / "outputs" / "multirun").glob("*/*")
     return root
 
@@ -120,10 +123,15 @@ def test_partial_sweeps_list_unfinished_and_diverged_runs_and_average_the_rest(s
         assert cells[(encoding, 32)]["ppl_std"] is None
 
 
-@pytest.mark.slow
-def test_report_help_and_top_level_help_mention_report(tmp_path):
-    assert "DIR" in posbench("report", "--help", cwd=tmp_path).stdout
-    assert "report" in posbench("--help", cwd=tmp_path).stdout
+def test_report_help_and_top_level_help_mention_report(capsys):
+    """posbench's main in this process (test_cli.py runs --help as the command)."""
+    from posbench.cli import main
+
+    with pytest.raises(SystemExit) as exited:
+        main(["report", "--help"])
+    assert exited.value.code == 0 and "DIR" in capsys.readouterr().out
+    main(["--help"])
+    assert "report" in capsys.readouterr().out
 
 
 # ------------------------------------------------------------ hand-made runs (fast)

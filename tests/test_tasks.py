@@ -194,7 +194,9 @@ def test_a_tiny_task_run_records_accuracy_at_every_length(source, tmp_path):
         "chance_accuracy": CHANCE[source],
         "answer_mode": "autoregressive",
     }
-    # Trained on the answers: their perplexity falls from ~256 to about the answer alphabet's.
+    # Trained on the answers: their perplexity falls from ~256 to about the answer alphabet's
+    # (seeds 0 to 4, 2026-12-06: passkey 10.0 to 10.3, copy 26.0 to 26.7, recall 21.7 to 25.8,
+    # half the bound).
     assert results["train"]["val_ppl"] < 2 / CHANCE[source]
     for record in results["eval"]:
         assert record["status"] == "ok" and record["examples"] == 20

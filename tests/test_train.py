@@ -30,15 +30,23 @@ def scalars(run_dir, tag):
 
 @pytest.fixture(scope="module")
 def rope_run(tmp_path_factory, cache_dir):
+    """TINY for 80 steps: at 40, seeds 1 and 2 still predict the unigram (4.60 bits per byte
+    against its 4.597; seed 0 had left it, at 4.09), and which side of that a run stands on
+    after 40 steps depends on the CPU's rounding. At 80 steps seeds 0 to 4 scored 3.27 to 3.75
+    (2026-12-06, a Zen 4 VM, on three sets of kernels: tests/test_algorithmic.py names them)."""
     from conftest import TINY
 
     run_dir = tmp_path_factory.mktemp("rope")
-    results = train(compose_config([*TINY, f"data.cache_dir={cache_dir}"]), run_dir)
-    return run_dir, results
+    overrides = [*TINY, f"data.cache_dir={cache_dir}", "train.steps=80"]
+    return run_dir, train(compose_config(overrides), run_dir)
 
 
 @pytest.mark.parametrize("encoding", encoding_names())
 def test_training_lowers_the_loss_for_every_encoding(encoding, tiny, tmp_path):
+    """40 steps take every encoding at least to the unigram's loss, a plateau the rounding of
+    no CPU moves: over seeds 0 to 2 on two sets of kernels (2026-12-06, a Zen 4 VM;
+    tests/test_algorithmic.py names them) the last loss was at most 0.696 of the loss at step 5
+    (t5; 0.49 to 0.69 for the others) and 0.59 of log 256."""
     results = train(compose_config([f"encoding={encoding}", *tiny]), tmp_path)
     first_step, first_loss = scalars(tmp_path, "train/loss")[0]
     assert first_step == 5
@@ -148,7 +156,7 @@ def test_tensorboard_has_training_validation_and_extrapolation_scalars(rope_run)
     } <= tags
     curve = [(e.step, e.value) for e in events.Scalars("eval/ppl")]
     assert curve == [(r["length"], pytest.approx(r["ppl"])) for r in results["eval"]]
-    assert [e.step for e in events.Scalars("val/ppl")] == [20, 40]
+    assert [e.step for e in events.Scalars("val/ppl")] == [20, 40, 60, 80]
     assert "eval/ppl_vs_length" in events.Tags()["images"]
 
 
