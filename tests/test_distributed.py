@@ -322,6 +322,9 @@ finally:
 def test_a_two_rank_run_stopped_by_sigterm_exits_after_its_checkpoint_and_resumes_alike(
     tmp_path, cache_dir
 ):
+    """About 40 s: three torchrun launches of two ranks (nine processes, each importing
+    torch): the run straight through, the run stopped, its resumption. The stopped run must
+    still be training when its first checkpoint is on disk, which needs its 120 steps."""
     # Long enough that SIGTERM, sent once the first checkpoint exists, arrives mid-run.
     long = [*SHORT, "train.steps=120", "train.checkpoint_every=5", "train.val_every=100"]
     code, stderr = finished(torchrun(2, "train", *long, "hydra.run.dir=straight", cwd=tmp_path))

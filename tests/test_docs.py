@@ -158,6 +158,10 @@ def test_every_block_that_is_not_run_says_why(page):
 
 @pytest.mark.parametrize(("lang", "code"), code_blocks())
 def test_code_block_runs(lang, code, trained_workdir, readme_env, tmp_path):
+    """Over 20 s for some blocks: getting-started's and README's command lists run a dozen
+    posbench commands each (about 70 s and 50 s of CPU), scaling's two torchrun launches, and
+    every command is a process that imports torch (about 2 s) before a run of a fraction of
+    the size a reader's would have."""
     workdir = tmp_path / "work"
     shutil.copytree(trained_workdir, workdir, symlinks=True)
     if lang == "python":

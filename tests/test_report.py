@@ -985,14 +985,17 @@ def test_the_prefix_rule_is_not_set_beside_a_decodes_accuracy(tmp_path):
     assert "prefix rule" not in text
 
 
-def test_a_summary_reports_as_the_sweep_it_summarizes(sweep_copy, tmp_path):
+def test_a_summary_reports_as_the_sweep_it_summarizes(sweep_copy, tmp_path, monkeypatch):
     """`posbench report DIR --summary FILE` keeps the runs' records as data; reading FILE gives
     the same tables, without weights, checkpoints or TensorBoard files, in a few KB a run."""
+    from posbench.cli import main
+
+    monkeypatch.chdir(tmp_path)  # posbench's main in this process (test_cli.py: the command)
     summary = tmp_path / "results" / "tiny" / "sweep.json"
-    posbench("report", str(sweep_copy), "--out", "a", "--summary", str(summary), cwd=tmp_path)
+    main(["report", str(sweep_copy), "--out", "a", "--summary", str(summary)])
     assert summary.stat().st_size < 6_000 * 4  # 4 runs
     shutil.rmtree(sweep_copy)  # the runs are gone; their summary stays
-    posbench("report", str(summary), "--out", "b", cwd=tmp_path)
+    main(["report", str(summary), "--out", "b"])
     first, *tables = (tmp_path / "a" / "report.md").read_text().splitlines()
     assert first.endswith(str(sweep_copy))
     assert (tmp_path / "b" / "report.md").read_text().splitlines()[1:] == tables
