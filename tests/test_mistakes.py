@@ -142,63 +142,156 @@ def test_a_sweep_counts_its_runs_in_words(tmp_path, capsys, runs, said):
     assert f"sweep finished: {said} {tmp_path}" in capsys.readouterr().out
 
 
-# A mistake and a word of its error line. tests/test_cli.py runs one of each command's kind
-# through the `posbench` command.
+# A mistake and a word of its error line: one of each kind in the fast tier, the rest beside
+# them in the slow one (each composes the config, about 0.7 s). tests/test_cli.py runs one of
+# each command's kind through the `posbench` command.
 COMMAND_LINE_MISTAKES = [
-    (["train", "encoding=nope"], "unknown encoding 'nope'; choose one of"),
-    (["train", "model.d_model=36", "model.n_head=4"], "head dim"),
-    (["train", "train.steps=-5"], "train.steps must be positive"),
-    (["train", "threads=0"], "threads must be auto or a positive integer"),
     (
-        ["train", "model.attention_scaling=bogus"],
-        "model.attention_scaling must be one of none, ssmax, llama4 (got 'bogus')",
+        ["train", "encoding=nope"],
+        "unknown encoding 'nope'; choose one of",
     ),
-    (["eval", "--threads", "two"], "expected auto or a positive integer"),
+    (
+        ["train", "train.steps=-5"],
+        "train.steps must be positive",
+    ),
     (
         ["train", "--frob", "10"],
         "posbench train: unrecognized arguments: --frob (see posbench train --help)",
     ),
-    (["train", "--cfg", "everything"], "argument --cfg/-c: invalid choice: 'everything'"),
-    (["train", "-m", "encoding=none,rope", "--cfg", "job"], "--cfg job prints one job's"),
-    (["train", "--info", "--multirun"], "one of --multirun (-m), --cfg, --info"),
-    (["train", "train.stpes=10"], "no such key; did you mean train.steps?"),
-    (["train", "encoding=t5", "encoding.num_bucket=8"], "did you mean encoding.num_buckets?"),
+    (
+        ["train", "train.stpes=10"],
+        "no such key; did you mean train.steps?",
+    ),
     (
         ["train", "data.path=corpus.txt"],
-        "data.path is a key of data=text, not of data=synthetic: "
-        "use `data=text data.path=corpus.txt`",
+        "data.path is a key of data=text, not of data=synthetic: use `data=text "
+        "data.path=corpus.txt`",
     ),
-    (["train", "encoding.max_distance=64"], "use `encoding=t5 encoding.max_distance=64`"),
-    (["train", "-m", "encoding=rope,", "alibi"], "did you mean encoding=rope,alibi?"),
+    (
+        ["train", "-m", "encoding=rope,", "alibi"],
+        "did you mean encoding=rope,alibi?",
+    ),
+    (
+        ["train", "encoding=t5", "encoding.num_buckets=0"],
+        "encoding.num_buckets must be >= 2",
+    ),
+    (
+        ["eval", "--length", "0"],
+        "positive integer",
+    ),
+    (
+        ["eval", "--length", "16"],
+        "no trained run under outputs/",
+    ),
+    (
+        ["report", "no/such/dir"],
+        "no/such/dir is neither a directory nor a summary file",
+    ),
+    (
+        ["train", "-m", "hydra/launcher=nope"],
+        "unknown hydra/launcher 'nope'",
+    ),
+]
+MORE_COMMAND_LINE_MISTAKES = [
+    (
+        ["train", "model.d_model=36", "model.n_head=4"],
+        "head dim",
+    ),
+    (
+        ["train", "threads=0"],
+        "threads must be auto or a positive integer",
+    ),
+    (
+        ["train", "model.attention_scaling=bogus"],
+        "model.attention_scaling must be one of none, ssmax, llama4 (got 'bogus')",
+    ),
+    (
+        ["eval", "--threads", "two"],
+        "expected auto or a positive integer",
+    ),
+    (
+        ["train", "--cfg", "everything"],
+        "argument --cfg/-c: invalid choice: 'everything'",
+    ),
+    (
+        ["train", "-m", "encoding=none,rope", "--cfg", "job"],
+        "--cfg job prints one job's",
+    ),
+    (
+        ["train", "--info", "--multirun"],
+        "one of --multirun (-m), --cfg, --info",
+    ),
+    (
+        ["train", "encoding=t5", "encoding.num_bucket=8"],
+        "did you mean encoding.num_buckets?",
+    ),
+    (
+        ["train", "encoding.max_distance=64"],
+        "use `encoding=t5 encoding.max_distance=64`",
+    ),
     (
         ["train", "alibi"],
-        "cannot parse the override 'alibi' (missing EQUAL at '<EOF>'): "
-        "did you mean encoding=alibi?",
+        "cannot parse the override 'alibi' (missing EQUAL at '<EOF>'): did you mean "
+        "encoding=alibi?",
     ),
-    (["train", "eval.lengths=128,256"], "write eval.lengths=[128,256] for a list"),
-    (["train", "encoding=t5", "encoding.num_buckets=0"], "encoding.num_buckets must be >= 2"),
-    (["train", "encoding=t5", "encoding.max_distance=10"], "encoding.max_distance must exceed"),
+    (
+        ["train", "eval.lengths=128,256"],
+        "write eval.lengths=[128,256] for a list",
+    ),
+    (
+        ["train", "encoding=t5", "encoding.max_distance=10"],
+        "encoding.max_distance must exceed",
+    ),
     (
         ["train", "encoding=kerple", "encoding.kernel=cubic"],
         "encoding.kernel must be one of log, power",
     ),
-    (["train", "encoding=alibi", "encoding.slopes=1"], "encoding.slopes"),
-    (["eval", "--length", "0"], "positive integer"),
-    (["eval", "--length", "many"], "positive integer"),
-    (["eval", "--length", "16", "--run", "no/such/run"], "not found"),
-    (["eval", "--length", "16"], "no trained run under outputs/"),
-    (["eval", "--rope-scaling", "stretch"], "invalid choice"),
-    (["eval", "--rope-scaling", "yarn", "--factor", "0.5"], "a number >= 1"),
-    (["eval", "--factor", "2"], "--factor needs --rope-scaling"),
-    (["report", "no/such/dir"], "no/such/dir is neither a directory nor a summary file"),
-    (["report"], "the following arguments are required: DIR"),
-    (["report", "a", "b"], "with several DIRs, say where the report goes: --out OUT"),
-    (["train", "-m", "hydra/launcher=nope"], "unknown hydra/launcher 'nope'"),
-    (["train", "-m", "+experiment=extrapolation_text"], "data.path must be set"),
+    (
+        ["train", "encoding=alibi", "encoding.slopes=1"],
+        "encoding.slopes",
+    ),
+    (
+        ["eval", "--length", "many"],
+        "positive integer",
+    ),
+    (
+        ["eval", "--length", "16", "--run", "no/such/run"],
+        "not found",
+    ),
+    (
+        ["eval", "--rope-scaling", "stretch"],
+        "invalid choice",
+    ),
+    (
+        ["eval", "--rope-scaling", "yarn", "--factor", "0.5"],
+        "a number >= 1",
+    ),
+    (
+        ["eval", "--factor", "2"],
+        "--factor needs --rope-scaling",
+    ),
+    (
+        ["report"],
+        "the following arguments are required: DIR",
+    ),
+    (
+        ["report", "a", "b"],
+        "with several DIRs, say where the report goes: --out OUT",
+    ),
+    (
+        ["train", "-m", "+experiment=extrapolation_text"],
+        "data.path must be set",
+    ),
 ]
 
 
-@pytest.mark.parametrize(("args", "message"), COMMAND_LINE_MISTAKES)
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        *COMMAND_LINE_MISTAKES,
+        *(pytest.param(*mistake, marks=pytest.mark.slow) for mistake in MORE_COMMAND_LINE_MISTAKES),
+    ],
+)
 def test_a_mistake_is_one_error_line_exit_2_and_nothing_written(
     args, message, tmp_path, monkeypatch, capsys
 ):
@@ -207,6 +300,7 @@ def test_a_mistake_is_one_error_line_exit_2_and_nothing_written(
     assert not list(tmp_path.iterdir())
 
 
+@pytest.mark.slow  # composes the config with each data option: about 6 s
 def test_a_key_of_another_option_is_named_against_the_option_chosen_beside_a_second_mistake():
     # data.val_tokens is not a key of data=text either, so the other overrides do not compose;
     # the hint must still say data=text was chosen, not the default data=synthetic.
