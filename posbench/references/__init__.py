@@ -47,6 +47,10 @@ class ReferenceTable:
         """Every evaluation length any encoding of the table has (a number or a null) at."""
         return sorted({length for by_length in self.values.values() for length in by_length})
 
+    def ratio_points(self, encoding: str) -> list[tuple[int, float]]:
+        """(length, ratio) at every length where the table has a number for ``encoding``."""
+        return [(n, r) for n in self.lengths if (r := self.ratio(encoding, n)) is not None]
+
     def ratio(self, encoding: str, length: int) -> float | None:
         """``encoding``'s value at ``length`` over its value at the training length (None
         where the table has no number at ``length``)."""

@@ -294,8 +294,7 @@ def ratio_figure(group: Group, metric: str, reference: Reference) -> Figure:
     drawn = rows_figure(group, cell_points("ratio"), more=len(met))
     paper = []
     for name in met:
-        points = [(n, r) for n in table.lengths if (r := table.ratio(name, n)) is not None]
-        lengths, ratios = (np.array(v) for v in zip(*points, strict=True))
+        lengths, ratios = (np.array(v) for v in zip(*table.ratio_points(name), strict=True))
         colour = next(drawn.styles[id(row)]["color"] for row in group.rows if row.name == name)
         drawn.holding(name).plot(
             lengths, ratios, color=colour, linestyle=":", marker="x", label=f"{name} (paper)"

@@ -84,7 +84,7 @@ def published_ratio_figure(table: PublishedTable):  # -> matplotlib Figure
         axes.plot(*zip(*points, strict=True), label=encoding, **encoding_style(encoding))
         plotted += [r for _, r in points]
         if paper is not None and encoding in paper.values:
-            ratios = [(n, r) for n in paper.lengths if (r := paper.ratio(encoding, n)) is not None]
+            ratios = paper.ratio_points(encoding)
             style = {**encoding_style(encoding), "linestyle": ":", "marker": "x"}
             axes.plot(*zip(*ratios, strict=True), label=f"{encoding} (paper)", **style)
             plotted += [r for _, r in ratios]
