@@ -4,7 +4,7 @@ every rule that never reads the prompt's content, under the headline measure, on
 import pytest
 import torch
 
-from posbench.data import TASKS, WINDOW_TASKS, AnswerMode, load_data
+from posbench.data import TASKS, AnswerMode, WindowTask, load_data
 from posbench.data.baselines import (
     PREFIX_RULES,
     accuracy,
@@ -20,8 +20,9 @@ from posbench.data.baselines import (
 def lengths_of(source: str) -> list[int]:
     """A length in the task's training range (its longest) and one past it (twice that)."""
     task = load_data({"source": source})
-    if source in WINDOW_TASKS:
-        return [128, 256]
+    if isinstance(task, WindowTask):  # 128 tokens, or the shortest window that holds an example
+        shortest = max(128, task.min_length())
+        return [shortest, 2 * shortest]
     return [task.train_lengths[1], 2 * task.train_lengths[1]]
 
 

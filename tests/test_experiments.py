@@ -6,7 +6,7 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 
 from posbench.commands.overrides import expand_sweeps, sweep_overrides
 from posbench.config import compose_config, eval_lengths, validate
-from posbench.data import ALGORITHMIC_TASKS, WINDOW_TASKS
+from posbench.data import ALGORITHMIC_TASKS, RULER_TASKS, WINDOW_TASKS
 from posbench.data.algorithmic.curriculum import BatchLengths, Curriculum
 from posbench.data.algorithmic.kazemnejad import KazemnejadTask
 from posbench.encodings import encoding_names
@@ -222,3 +222,13 @@ def test_ruoss2023_cpu_sweeps_each_row_of_their_table_once_on_some_of_their_task
         "rope",
         "alibi",
     }
+
+
+def test_the_ruler_experiment_sweeps_every_encoding_over_each_ruler_config_and_flip_flop():
+    cfg = compose_config(["+experiment=ruler"], with_hydra=True)
+    assert sorted(swept_values(cfg, "encoding")) == encoding_names()
+    tasks = swept_values(cfg, "data")
+    sources = {compose_config([f"data={task}"]).data.source for task in tasks}
+    assert sources == {*RULER_TASKS, "flip_flop"} and len(tasks) == 7
+    for task in tasks:  # every prompt fits the training window
+        validate(compose_config(["+experiment=ruler", f"data={task}"]))

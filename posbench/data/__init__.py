@@ -1,5 +1,6 @@
 """Data: corpora as bytes (the synthetic default, local text files, hub corpora) and tasks
-that generate prompts with answers (passkey, copy, recall; the algorithmic suites).
+that generate prompts with answers (passkey, copy, recall; the RULER-style tasks and flip-flop;
+the algorithmic suites).
 
 Every corpus is a train and a validation stream of bytes (uint8 arrays), cached on disk so a
 second run neither re-generates nor re-reads it and memory-mapped from there, so it may be
@@ -9,9 +10,10 @@ split starts. One module per source:
 ``synthetic`` (the default, see its docstring), ``text`` (local files), ``hub`` (``datasets``
 corpora), each writing its splits as it produces them; ``cache`` stores what they write;
 ``corpus`` holds the ``Corpus`` type, its windows and training batches; ``task`` the ``Task``
-interface that ``passkey``, ``copying`` and ``recall`` implement (``WindowTask``) and the
-package ``algorithmic`` (``AlgorithmicTask``, one module per task). ``load_data`` gives either,
-``load_corpus`` a corpus.
+interface that ``passkey``, ``copying`` and ``recall`` implement (``WindowTask``), as do the
+RULER-style tasks (``niah``, ``variable_tracking``, ``common_words``, ``freq_words``, sharing
+``haystack``) and ``flip_flop``, and the package ``algorithmic`` (``AlgorithmicTask``, one
+module per task). ``load_data`` gives either, ``load_corpus`` a corpus.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from posbench.data.algorithmic import (
     AlgorithmicTask,
 )
 from posbench.data.cache import build_entry, entry_path, read_entry, verify_entry
+from posbench.data.common_words import CommonWordsDataConfig, CommonWordsTask
 from posbench.data.copying import CopyDataConfig, CopyTask
 from posbench.data.corpus import (
     MIN_SPLIT_BYTES,
@@ -47,7 +50,10 @@ from posbench.data.corpus import (
     unigram_bits,
     unigram_bits_per_byte,
 )
+from posbench.data.flip_flop import FlipFlopDataConfig, FlipFlopTask
+from posbench.data.freq_words import FreqWordsDataConfig, FreqWordsTask
 from posbench.data.hub import HubDataConfig, _check_hub_available, _write_hub
+from posbench.data.niah import NiahDataConfig, NiahTask
 from posbench.data.passkey import PasskeyDataConfig, PasskeyTask
 from posbench.data.recall import RecallDataConfig, RecallTask
 from posbench.data.synthetic import (
@@ -62,6 +68,7 @@ from posbench.data.synthetic import (
 from posbench.data.task import IGNORE, AnswerMode, Examples, Task, WindowTask
 from posbench.data.text import TextDataConfig, _check_held_out, _text_file_stamps, _write_text
 from posbench.data.tokenizer import BYTES, TokenizerOptions, byte_is_whitespace, tokenized_corpus
+from posbench.data.variable_tracking import VariableTrackingDataConfig, VariableTrackingTask
 from posbench.errors import PosbenchError
 
 __all__ = [
@@ -70,6 +77,7 @@ __all__ = [
     "DATA_SCHEMAS",
     "IGNORE",
     "MIN_SPLIT_BYTES",
+    "RULER_TASKS",
     "SEPARATOR",
     "TASKS",
     "WINDOW_TASKS",
@@ -107,7 +115,20 @@ WINDOW_TASKS: dict[str, type[Task]] = {
     "copy": CopyTask,
     "recall": RecallTask,
 }
-TASKS: dict[str, type[Task]] = {**WINDOW_TASKS, **ALGORITHMIC_TASKS}
+# RULER's synthetic tasks at byte level (posbench/data/haystack.py), and flip-flop: window
+# tasks too, apart from the retrieval experiment's three.
+RULER_TASKS: dict[str, type[Task]] = {
+    "niah": NiahTask,
+    "variable_tracking": VariableTrackingTask,
+    "common_words": CommonWordsTask,
+    "freq_words": FreqWordsTask,
+}
+TASKS: dict[str, type[Task]] = {
+    **WINDOW_TASKS,
+    **RULER_TASKS,
+    "flip_flop": FlipFlopTask,
+    **ALGORITHMIC_TASKS,
+}
 
 DATA_SCHEMAS = {
     "synthetic": SyntheticDataConfig,
@@ -116,6 +137,11 @@ DATA_SCHEMAS = {
     "passkey": PasskeyDataConfig,
     "copy": CopyDataConfig,
     "recall": RecallDataConfig,
+    "niah": NiahDataConfig,
+    "variable_tracking": VariableTrackingDataConfig,
+    "common_words": CommonWordsDataConfig,
+    "freq_words": FreqWordsDataConfig,
+    "flip_flop": FlipFlopDataConfig,
     **ALGORITHMIC_SCHEMAS,
 }
 
@@ -126,6 +152,11 @@ DataConfig = (
     | PasskeyDataConfig
     | CopyDataConfig
     | RecallDataConfig
+    | NiahDataConfig
+    | VariableTrackingDataConfig
+    | CommonWordsDataConfig
+    | FreqWordsDataConfig
+    | FlipFlopDataConfig
     | AlgorithmicDataConfig
 )
 

@@ -60,14 +60,19 @@ class AnswerMode(Enum):
 # trained) and which targets are scored: uint8 (T,), int64 (T,), bool (T,).
 Example = tuple[np.ndarray, np.ndarray, np.ndarray]
 # An autoregressive example as a task writes it: the bytes of a sequence and which of them
-# are answer bytes: uint8 (T + 1,), bool (T + 1,).
-AnswerSequence = tuple[np.ndarray, np.ndarray]
+# are answer bytes: uint8 (T + 1,), bool (T + 1,); a task that trains on more bytes than it
+# scores (flip_flop, a language model: all of them) adds which are trained, bool (T + 1,).
+AnswerSequence = tuple[np.ndarray, np.ndarray] | tuple[np.ndarray, np.ndarray, np.ndarray]
 
 
-def next_byte_example(sequence: np.ndarray, is_answer: np.ndarray) -> Example:
+def next_byte_example(
+    sequence: np.ndarray, is_answer: np.ndarray, trained: np.ndarray | None = None
+) -> Example:
     """The autoregressive ``Example`` of ``sequence``: inputs all its bytes but the last, the
-    target of each the next byte, trained and scored where that byte is an answer byte."""
-    targets = np.where(is_answer[1:], sequence[1:].astype(np.int64), IGNORE)
+    target of each the next byte, scored where that byte is an answer byte and trained there
+    and where ``trained`` (None: nowhere else) says."""
+    trained = is_answer if trained is None else trained | is_answer
+    targets = np.where(trained[1:], sequence[1:].astype(np.int64), IGNORE)
     return sequence[:-1], targets, is_answer[1:]
 
 
@@ -80,6 +85,7 @@ class Examples:
     target_ids: torch.Tensor  # int64 (N, T): the target of each input, IGNORE where untrained
     answer: torch.Tensor  # bool (N, T): the scored targets, a subset of the trained ones
     depth_percent: torch.Tensor | None = None  # int64 (N,): the needle's depth, where it has one
+    p_ignore: torch.Tensor | None = None  # float64 (N,): flip_flop's distribution of each example
 
     def __post_init__(self) -> None:
         assert not (self.answer & (self.target_ids == IGNORE)).any(), "a scored target is IGNORE"
@@ -119,6 +125,9 @@ class Task(ABC):
     length_unit: ClassVar[str] = "tokens"
     # How the task asks for its answers: a window task writes them after its prompt.
     answer_mode: AnswerMode = AnswerMode.autoregressive
+    # The eval.decode the task's paper scores it under, whatever eval.decode says (None: as it
+    # says). flip_flop's: teacher_forced, each read scored given the true sequence before it.
+    protocol_decode: ClassVar[str | None] = None
 
     def __init__(self, config: Any) -> None:
         self.config = config

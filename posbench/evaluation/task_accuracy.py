@@ -17,9 +17,11 @@ exactly when every argmax given the true prefix is), ``teacher_forced_accuracy``
 before them, where a rule that repeats the previous answer byte scores high; null at
 placeholders), the prompt-blind baselines (posbench/data/baselines.py: ``chance_accuracy``,
 ``constant_answer_accuracy`` at the record's length and, for autoregressive answers,
-``prefix_rule_accuracy``, the bound of teacher-forced accuracy) and, for passkey,
-``accuracy_by_depth`` (the same per needle depth); ``ppl`` and ``bits_per_byte`` are those of
-the answer tokens in the one forward pass (autoregressive answers: under teacher forcing).
+``prefix_rule_accuracy``, the bound of teacher-forced accuracy) and, for passkey and the needle
+tasks, ``accuracy_by_depth`` (the same per needle depth; flip_flop: ``accuracy_by_p_ignore``,
+per test distribution, scored under teacher forcing as its paper does: ``protocol_decode``);
+``ppl`` and ``bits_per_byte`` are those of the answer tokens in the one forward pass
+(autoregressive answers: under teacher forcing).
 
 Records share the corpus records' fields (perplexity.py) and add those above.
 """
@@ -63,19 +65,25 @@ def baselines(task: Task, examples: Examples | None, length: int) -> dict[str, A
     return fields
 
 
+# The breakdowns of a record by a property of its examples (``Examples``' field of that name):
+# the record's key for each.
+BREAKDOWNS = {"depth_percent": "accuracy_by_depth", "p_ignore": "accuracy_by_p_ignore"}
+
+
 def answer_scores(
     answered: torch.Tensor | None,
     teacher_forced: torch.Tensor | None,
     answer_tokens: torch.Tensor,
-    depth_percent: torch.Tensor | None = None,
+    **groups: torch.Tensor | None,
 ) -> dict[str, Any]:
     """``accuracy`` (answer tokens right in the model's own answer / answer tokens; None when
     ``answered`` is), ``sequence_accuracy`` (examples with every answer token right /
     examples), ``teacher_forced_accuracy`` (answer tokens right given the true prefix / answer
-    tokens; None when ``teacher_forced`` is) and, with ``depth_percent``,
-    ``accuracy_by_depth``: the same three per needle depth. ``answered`` (the greedy decode's
-    or, at placeholders, the one forward pass's), ``teacher_forced`` and ``answer_tokens`` are
-    (N,) counts per example."""
+    tokens; None when ``teacher_forced`` is) and, for each of ``groups`` (a ``BREAKDOWNS``
+    key: ``depth_percent``, the needle's depth; ``p_ignore``, flip_flop's distribution) given,
+    its record key (``accuracy_by_depth``, ...): the same three per value. ``answered`` (the
+    greedy decode's or, at placeholders, the one forward pass's), ``teacher_forced``,
+    ``answer_tokens`` and ``groups`` are (N,), one per example."""
     # Either is right in full alike: a decode is exactly when every argmax given the true
     # prefix is.
     whole = teacher_forced if answered is None else answered
@@ -88,14 +96,16 @@ def answer_scores(
             None if teacher_forced is None else teacher_forced.sum().item() / answers
         ),
     }
-    if depth_percent is not None:
-        by_depth = []
-        for depth in depth_percent.unique().tolist():
-            at = depth_percent == depth  # (N,)
+    for key, values in groups.items():
+        if values is None:
+            continue
+        by_value = []
+        for value in values.unique().tolist():
+            at = values == value  # (N,)
             counts = [None if c is None else c[at] for c in (answered, teacher_forced)]
             scores_at = answer_scores(*counts, answer_tokens[at])
-            by_depth.append({"depth_percent": depth, **scores_at, "examples": int(at.sum())})
-        scores["accuracy_by_depth"] = by_depth
+            by_value.append({key: value, **scores_at, "examples": int(at.sum())})
+        scores[BREAKDOWNS[key]] = by_value
     return scores
 
 
@@ -135,7 +145,7 @@ def evaluate_task_length(
     if shortfall is not None:
         return {**unsupported(length, None, shortfall, scaling, positions), **NOT_SCORED, **about}
     autoregressive = task.answer_mode is AnswerMode.autoregressive
-    decoding = decode if autoregressive else None
+    decoding = (task.protocol_decode or decode) if autoregressive else None
     nll, one_pass, decoded = task_predictions(
         model, examples, batch_size, device, precision, positions, decoding == "greedy"
     )
@@ -160,7 +170,12 @@ def evaluate_task_length(
         **positions_record(positions, n),
         "examples": n,
         "decode": decoding,
-        **answer_scores(answered, teacher_forced, answer_tokens, examples.depth_percent),
+        **answer_scores(
+            answered,
+            teacher_forced,
+            answer_tokens,
+            **{key: getattr(examples, key) for key in BREAKDOWNS},
+        ),
         **about,
     }
 
