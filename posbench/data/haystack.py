@@ -17,7 +17,7 @@ import numpy as np
 
 from posbench.data.task import AnswerSequence
 
-# RULER's noise haystack, the same sentences passkey repeats (posbench/data/passkey.py).
+# RULER's noise haystack, which passkey's filler is too (posbench/data/passkey.py).
 FILLER = (
     "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. "
 )

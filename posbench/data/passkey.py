@@ -19,11 +19,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from posbench.data.haystack import haystack
 from posbench.data.task import AnswerSequence, WindowTask, check_positive
 
-FILLER = (
-    "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. "
-)
 QUESTION = "\nWhat is the pass key? The pass key is "
 
 
@@ -57,10 +55,8 @@ class PasskeyTask(WindowTask):
     def example(self, length: int, rng: np.random.Generator, depth: float | None) -> AnswerSequence:
         key = "".join(str(d) for d in rng.integers(10, size=self.config.digits))
         filler_bytes = length - self.min_length()  # the sequence holds length + 1 bytes
-        at = round((rng.random() if depth is None else depth) * filler_bytes)
-        repeats = filler_bytes // len(FILLER) + 1
-        filler = FILLER * repeats
-        text = filler[:at] + needle(key) + filler[at:filler_bytes] + QUESTION + key
+        at = rng.random() if depth is None else depth
+        text = haystack(filler_bytes, [needle(key)], [at]) + QUESTION + key
         sequence = np.frombuffer(text.encode(), dtype=np.uint8)
         answer = np.zeros(len(sequence), dtype=bool)
         answer[-len(key) :] = True
