@@ -9,11 +9,14 @@ import numpy as np
 import pytest
 import torch
 from conftest import TINY_RUN, error_line
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from test_evaluate import Teacher, uniform_model
 
 from posbench.config import compose_config, validate
 from posbench.data import RULER_TASKS, load_data
 from posbench.data.flip_flop import flip_flop_sequence
+from posbench.data.haystack import FILLER, haystack
 from posbench.evaluation.task_accuracy import answer_scores, evaluate_task_length, task_predictions
 from posbench.training.train import train
 
@@ -212,3 +215,22 @@ def test_a_tiny_run_records_accuracy_at_every_length(name, breakdown, tmp_path):
     for record in results["eval"]:
         assert record["status"] == "ok" and 0 <= record["teacher_forced_accuracy"] <= 1
         assert (breakdown in record) if breakdown else "accuracy_by_p_ignore" in record
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    filler=st.integers(0, 300),
+    needles=st.lists(st.text("abc. ", min_size=1, max_size=9), max_size=4),
+    data=st.data(),
+)
+def test_the_haystack_is_the_filler_with_each_needle_at_its_depth(filler, needles, data):
+    depths = data.draw(st.lists(st.floats(0, 1), min_size=len(needles), max_size=len(needles)))
+    text = haystack(filler, needles, depths)
+    assert len(text) == filler + sum(map(len, needles))
+    order = sorted(range(len(needles)), key=lambda i: (round(depths[i] * filler), i))
+    rest = text
+    for i in order:  # cut each needle out, in order, where its depth puts it in the filler
+        at = round(depths[i] * filler)
+        assert rest[at : at + len(needles[i])] == needles[i]
+        rest = rest[:at] + rest[at + len(needles[i]) :]
+    assert rest == (FILLER * (filler // len(FILLER) + 1))[:filler]
