@@ -18,6 +18,7 @@ from posbench.data import RULER_TASKS, load_data
 from posbench.data.flip_flop import flip_flop_sequence
 from posbench.data.haystack import FILLER, haystack
 from posbench.evaluation.task_accuracy import answer_scores, evaluate_task_length, task_predictions
+from posbench.runs.results import headline_accuracy
 from posbench.training.train import train
 
 NIAH = {
@@ -198,7 +199,8 @@ def test_flip_flop_trains_every_byte_and_scores_the_reads_under_teacher_forcing(
     _, targets = t.train_batch(2, 16, torch.Generator().manual_seed(0), 0)
     assert (targets >= 0).all()  # a language: every byte after the padding
     record = evaluate_task_length(uniform_model(), t, 16, decode="greedy")
-    assert record["decode"] == "teacher_forced" and record["accuracy"] is None
+    assert record["decode"] == record["protocol_decode"] == "teacher_forced"
+    assert record["accuracy"] == record["teacher_forced_accuracy"] == headline_accuracy(record)
     by = record["accuracy_by_p_ignore"]
     assert [(d["p_ignore"], d["examples"]) for d in by] == [(0.1, 4), (0.8, 4), (0.98, 4)]
 

@@ -19,7 +19,8 @@ placeholders), the prompt-blind baselines (posbench/data/baselines.py: ``chance_
 ``constant_answer_accuracy`` at the record's length and, for autoregressive answers,
 ``prefix_rule_accuracy``, the bound of teacher-forced accuracy) and, for passkey and the needle
 tasks, ``accuracy_by_depth`` (the same per needle depth; flip_flop: ``accuracy_by_p_ignore``,
-per test distribution, scored under teacher forcing as its paper does: ``protocol_decode``);
+per test distribution, scored under teacher forcing as its paper does: the record's
+``protocol_decode``, and its ``accuracy`` that teacher-forced share);
 ``ppl`` and ``bits_per_byte`` are those of the answer tokens in the one forward pass
 (autoregressive answers: under teacher forcing).
 
@@ -151,6 +152,8 @@ def evaluate_task_length(
     )
     # At placeholders the one forward pass is the model's answer; else it is teacher-forced.
     answered, teacher_forced = (decoded, one_pass) if autoregressive else (one_pass, None)
+    if task.protocol_decode == "teacher_forced":  # the paper's own answer: given the true prefix
+        answered = one_pass
     answer_tokens = examples.answer.sum(1)  # (N,)
     mean_nll = nll / answer_tokens.sum().item()
     return {
@@ -170,6 +173,7 @@ def evaluate_task_length(
         **positions_record(positions, n),
         "examples": n,
         "decode": decoding,
+        **({"protocol_decode": task.protocol_decode} if task.protocol_decode else {}),
         **answer_scores(
             answered,
             teacher_forced,

@@ -151,7 +151,7 @@ def position_table(group: Group, footnotes: dict[str, int]) -> list[str]:
 ACCURACIES = {
     "accuracy": (
         "Accuracy (answer bytes right in the model's own answer: written at placeholders, "
-        "or decoded greedily)"
+        "or decoded greedily; flip_flop's reads given the true sequence, as its paper scores them)"
     ),
     "sequence_accuracy": "Sequence accuracy (examples whose whole answer is right)",
 }

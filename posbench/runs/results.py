@@ -124,8 +124,11 @@ def headline_accuracy(record: Mapping[str, Any]) -> float | None:
     """A task's eval record's share of answer tokens right in the model's own answer: at
     placeholders, its one forward pass's; autoregressive, its greedy decode's. None when it
     was scored under teacher forcing (records from before the ``decode`` field were, and hold
-    the teacher-forced share as ``accuracy``)."""
-    return None if decode_mode(record) == "teacher_forced" else record.get("accuracy")
+    the teacher-forced share as ``accuracy``), but where the task's paper scores it so
+    (``protocol_decode``: flip_flop's reads, each given the true sequence before it)."""
+    if decode_mode(record) == "teacher_forced" and "protocol_decode" not in record:
+        return None
+    return record.get("accuracy")
 
 
 def eval_protocol(record: Mapping[str, Any]) -> tuple:

@@ -10,7 +10,8 @@ configured factor, e.g. ``yarn_s4``), ``eval/ppl/stride_<S>`` (sliding windows),
 ``eval/ppl/<method>/stride_<S>`` for both.
 
 A task's records also go to ``eval/accuracy`` (answer bytes right in the model's own answer:
-written at placeholders, or decoded greedily; records scored under teacher forcing have none),
+written at placeholders, or decoded greedily; records scored under teacher forcing have none,
+but flip_flop's, whose paper scores its reads so),
 ``eval/sequence_accuracy`` and ``eval/teacher_forced_accuracy`` (step = length). An
 algorithmic task's figure is ``eval/sequence_accuracy_vs_problem_length`` instead: its lengths
 are problem lengths, trained over a range (``TrainedLengths``), and its measure is accuracy.
