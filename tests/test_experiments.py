@@ -239,7 +239,9 @@ def test_drope_sweeps_its_baselines_and_rope_phase_and_recalibrates_for_the_pape
     drope.train.init_from = "parent"
     for run in (rope, drope, swa):
         validate(run)
-        assert run.model.qk_norm and run.train.seq_len == cfg.train.seq_len  # like with like
+        assert run.train.seq_len == cfg.train.seq_len  # like with like
+    # QK-norm is added at the switch, as the reference adds it to a model trained without it.
+    assert (rope.model.qk_norm, swa.model.qk_norm, drope.model.qk_norm) == (False, False, True)
     assert rope.train.steps + drope.train.steps == cfg.train.steps
     assert drope.train.steps / cfg.train.steps == pytest.approx(0.12)
     assert (rope.encoding.name, drope.encoding.name, drope.eval.temperature) == (

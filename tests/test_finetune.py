@@ -91,6 +91,7 @@ def test_a_missing_parent_is_a_one_line_error(cache_dir, tmp_path):
         ("encoding=alibi", "trained with encoding=rope, not alibi"),
         ("encoding.base=500", r"encoding\.base=10000\.0, not 500\.0"),
         ("model.d_model=64", r"model\.d_model=32, not 64"),
+        ("model.qk_norm=true", r"model\.qk_norm=False, not True; .* may add model\.qk_norm"),
     ],
 )
 def test_an_incompatible_parent_is_a_one_line_error(parent, cache_dir, tmp_path, override, message):
@@ -165,3 +166,15 @@ def test_a_switch_that_is_not_dropping_a_weightless_encoding_is_one_line(
     with pytest.raises(PosbenchError, match=message) as info:
         fine_tune_config(compose_config(child_overrides(saved, cache_dir, child)))
     assert "\n" not in str(info.value)
+
+
+def test_dropping_rope_may_add_qk_norm_whose_gains_start_at_one(parent, cache_dir):
+    # The reference's qk_norm_nope: RMS norms on q and k added at the switch, gains of 1.
+    overrides = child_overrides(parent, cache_dir, "encoding=none", "model.qk_norm=true")
+    child = train_module.initial_model(fine_tune_config(compose_config(overrides)), 256, False)
+    expected = load_file(parent / WEIGHTS_FILE)
+    weights = child.state_dict()
+    assert all(torch.equal(weights[k], expected[k]) for k in expected)
+    gains = {k for k in weights if ".qk_norm." in k}
+    assert gains == weights.keys() - expected.keys() - {"token_embedding.weight"}
+    assert gains and all(torch.equal(weights[k], torch.ones_like(weights[k])) for k in gains)

@@ -7,7 +7,8 @@ the parent's encoding, ``encoding=none`` (DroPE, Gelberg et al. 2025, arXiv 2512
 dropped for a short recalibration at the training length): every weight the parent has then
 loads into the child, so only an encoding without weights of its own (rope, alibi, xpos, ...)
 and without a window may be dropped; adding one, or dropping FIRE's MLP or a learned table, has
-no well-defined start and is refused in one line (``check_droppable``). Encoding options
+no well-defined start and is refused in one line (``check_droppable``); the switch may add
+QK-norm (``model.qk_norm``), as the reference does. Encoding options
 the child did not set explicitly but derived from its own config (``original_length:
 ${train.seq_len}``, FIRE's initial threshold, ...) take the parent's values, so that a child
 trained at a longer length still extends from the parent's training length.
@@ -125,12 +126,21 @@ def load_parent_weights(model: Transformer, cfg: DictConfig) -> None:
     assert parent is not None, "load_parent_weights needs train.init_from"
     source = load_weights(parent / WEIGHTS_FILE)
     theirs, ours = source.args.to_dict(), model.args.to_dict()
+    # DroPE's switch may add QK-norm, as the reference does to models pretrained without it
+    # (SakanaAI/DroPE's qk_norm_nope): the new gains start at 1, every other weight loads.
+    drops = model.encoding.config.name == NO_ENCODING != source.encoding.config.name
+    adds_qk_norm = drops and ours["qk_norm"] and not theirs["qk_norm"]
     for key in ours:
         if key == "sigmoid_length" and ours["attention"] != "sigmoid":
             continue  # train.seq_len's, unused: a fine-tune at another length keeps the model
+        if key == "qk_norm" and adds_qk_norm:
+            continue
         if theirs[key] != ours[key]:
             raise PosbenchError(
                 f"train.init_from={parent} holds a model with model.{key}={theirs[key]}, not "
-                f"{ours[key]}; a fine-tune keeps the parent's model shape"
+                f"{ours[key]}; a fine-tune keeps the parent's model shape (DroPE's switch to "
+                f"encoding={NO_ENCODING} may add model.qk_norm)"
             )
-    model.load_state_dict(source.state_dict())
+    added = {key for key in model.state_dict() if ".qk_norm." in key} if adds_qk_norm else set()
+    loaded = model.load_state_dict(source.state_dict(), strict=not added)
+    assert set(loaded.missing_keys) == added and not loaded.unexpected_keys, loaded
