@@ -15,7 +15,7 @@ from posbench.config import compose_config
 from posbench.data import load_data
 from posbench.errors import PosbenchError
 from posbench.evaluation import temperature
-from posbench.evaluation.run import evaluate_data
+from posbench.evaluation.run import evaluate_data, evaluate_run
 from posbench.evaluation.temperature import (
     check_temperature,
     fit_temperature,
@@ -134,6 +134,11 @@ def test_a_fitted_run_records_c_and_beta_at_every_length(tiny, tmp_path, monkeyp
     for length, record in records.items():
         assert record["scaling"] == "temperature"
         assert record["scaling_factor"] == pytest.approx(1 + c * math.log(length / 16))
+    # posbench eval's path: the run's own eval.temperature, fitted again on its training split.
+    (again,) = evaluate_run(tmp_path, [32], max_tokens=256)
+    assert again["temperature_c"] == pytest.approx(c) and again["ppl"] == records[32]["ppl"]
+    (plain,) = evaluate_run(tmp_path, [32], max_tokens=256, temperature="none")
+    assert plain["scaling"] == "none" and "temperature_c" not in plain
 
 
 @pytest.mark.parametrize(
