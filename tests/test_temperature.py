@@ -147,6 +147,11 @@ def test_a_fitted_run_records_c_and_beta_at_every_length(tiny, tmp_path, monkeyp
         (["eval.temperature=hot"], [32], "eval.temperature must be one of none, fit"),
         (["data=passkey"], [32], "data=passkey is a task"),
         (["encoding.scaling.method=yarn"], [32], "method=yarn are two eval-time extensions"),
+        (
+            ["encoding=hybrid", "encoding.encodings.rope.scaling.method=linear"],
+            [32],
+            r"encoding\.encodings\.rope\.scaling\.method=linear are two",
+        ),
         ([], [16, 24], r"multiples of train.seq_len=16 .*\[16, 24\] has none"),
     ],
 )

@@ -30,8 +30,9 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
+from posbench.config import flat_config
 from posbench.data import TASKS, Bytes, Offsets
 from posbench.errors import PosbenchError
 from posbench.evaluation.perplexity import evaluate_length
@@ -89,10 +90,16 @@ def check_temperature(temperature: str, cfg: DictConfig, lengths: Sequence[int])
             f"eval.temperature=fit calibrates on a corpus's training split; data={cfg.data.source}"
             " is a task, scored by its answers: drop eval.temperature"
         )
-    method = OmegaConf.select(cfg, "encoding.scaling.method", default="none")
-    if method != "none":
+    # A hybrid's RoPE layers scale under encoding.encodings.rope.scaling.method.
+    scaled = sorted(
+        (key, method)
+        for key, method in flat_config(cfg.encoding).items()
+        if key.endswith("scaling.method") and method != "none"
+    )
+    if scaled:
+        key, method = scaled[0]
         raise PosbenchError(
-            f"eval.temperature=fit and encoding.scaling.method={method} are two eval-time "
+            f"eval.temperature=fit and encoding.{key}={method} are two eval-time "
             "extensions and a record names one: evaluate them in two runs or re-evaluations"
         )
     if not fitted_lengths(lengths, cfg.train.seq_len):
