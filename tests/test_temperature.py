@@ -23,6 +23,7 @@ from posbench.evaluation.temperature import (
     slope_through_origin,
 )
 from posbench.model import build_model
+from posbench.runs.results import merge_eval_records
 from posbench.training.train import train
 
 NOPE = {"n_layer": 1, "n_head": 1, "d_model": 16}
@@ -160,3 +161,10 @@ def test_a_temperature_that_cannot_apply_is_one_line(overrides, lengths, message
     with pytest.raises(PosbenchError, match=message) as info:
         check_temperature(cfg.eval.temperature, cfg, lengths)
     assert "\n" not in str(info.value)
+
+
+def test_a_fit_made_again_replaces_its_record():
+    record = {"length": 32, "stride": None, "scaling": "temperature", "positions": "consecutive"}
+    first, again = ({**record, "scaling_factor": beta} for beta in (1.5, 1.4))
+    merged = merge_eval_records({"eval": [first]}, [again])
+    assert merged["eval"] == [again]
