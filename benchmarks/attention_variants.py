@@ -1,6 +1,7 @@
-"""The attention variants (model.qk_norm, model.attn_gate, model.attn_sinks, model.attention):
-training tokens/s and evaluation time of each, as ratios to plain NoPE measured in the same
-process (model: tiny, untrained; every variant on NoPE unless its name says another encoding).
+"""The attention variants (model.qk_norm, model.attn_gate, model.attn_sinks, model.attention)
+and DroPE (QK-norm, evaluated under eval.temperature's beta): training tokens/s and evaluation
+time of each, as ratios to plain NoPE measured in the same process (model: tiny, untrained;
+every variant on NoPE unless its name says another encoding).
 
     python benchmarks/attention_variants.py train [--rounds 15] [--threads 1] [--precision fp32]
         [--variants qk_norm sinks ...]
@@ -37,7 +38,11 @@ VARIANTS = {
     "rope+qk_norm": ("rope", {"qk_norm": True}),
     "alibi": ("alibi", {}),
     "alibi+sinks": ("alibi", {"attn_sinks": True}),
+    # DroPE after its switch: NoPE with QK-norm, evaluated under a logit temperature (a beta
+    # of a fit at 8x: posbench/evaluation/temperature.py); it trains as qk_norm does.
+    "drope": ("none", {"qk_norm": True}),
 }
+EVAL_TEMPERATURES = {"drope": 1.5}  # the beta each variant evaluates under (else none)
 TRAIN_TARGETS = {"stick_breaking": 0.4}  # else 0.8
 EVAL_TARGETS = {"stick_breaking": 6.0}  # else 3.0
 
@@ -68,6 +73,7 @@ def train_step(name: str, seq_len: int, batch: int, device: str, precision: str)
 
 def eval_step(name: str, seq_len: int, length: int, device: str):
     model = model_of(name, seq_len, device).eval()
+    model.set_logit_temperature(EVAL_TEMPERATURES.get(name, 1.0))
     x = torch.randint(0, 256, (1, length), device=device)
 
     @torch.inference_mode()

@@ -64,6 +64,7 @@ examples:
   posbench eval --length 2048
   posbench eval --length 1024 --length 4096 --run outputs/<date>/<time>_rope/
   posbench eval --length 8192 --rope-scaling yarn --factor 8
+  posbench train encoding=none train.init_from=<rope run> eval.temperature=fit   # DroPE
   posbench diagnose --length 2048 --run outputs/<date>/<time>_alibi/
 """
 

@@ -172,6 +172,7 @@ class EvalConfig:
     # posbench/evaluation/task_accuracy.py); accuracy is the greedy decode's, null under
     # teacher_forced (answers at placeholders: one forward pass, nothing to decode)
     decode: EvalDecode = EvalDecode.greedy
+    temperature: str = "none"  # none | fit: checked by posbench/evaluation/temperature.py
 
 
 @dataclass

@@ -205,7 +205,15 @@ def test_the_config_groups_table_lists_exactly_the_options_in_conf():
     header = "| group | options | what |"
     rows = markdown_table((DOCS / "getting-started.md").read_text(), header)
     documented = {row[0].strip("`"): re.findall(r"`([a-z0-9_]+)`", row[1]) for row in rows}
-    groups = ("encoding", "model", "data", "logger", "experiment", "ruoss2023_encoding")
+    groups = (
+        "encoding",
+        "model",
+        "data",
+        "logger",
+        "experiment",
+        "ruoss2023_encoding",
+        "drope_method",
+    )
     shipped = {group: group_options(group) for group in groups}
     assert {group: sorted(options) for group, options in documented.items()} == shipped
 

@@ -4,7 +4,7 @@ import pytest
 import torch
 from hydra.core.override_parser.overrides_parser import OverridesParser
 
-from posbench.commands.overrides import expand_sweeps, sweep_overrides
+from posbench.commands.overrides import expand_sweeps, group_options, sweep_overrides
 from posbench.config import compose_config, eval_lengths, validate
 from posbench.data import ALGORITHMIC_TASKS, RULER_TASKS, WINDOW_TASKS
 from posbench.data.algorithmic.curriculum import BatchLengths, Curriculum
@@ -232,3 +232,31 @@ def test_the_ruler_experiment_sweeps_every_encoding_over_each_ruler_config_and_f
     assert sources == {*RULER_TASKS, "flip_flop"} and len(tasks) == 7
     for task in tasks:  # every prompt fits the training window
         validate(compose_config(["+experiment=ruler", f"data={task}"]))
+
+
+def test_drope_sweeps_its_baselines_and_rope_phase_and_recalibrates_for_the_papers_share():
+    cfg = compose_config(["+experiment=drope"], with_hydra=True)
+    methods = swept_values(cfg, "+drope_method")
+    assert sorted(methods) == sorted(set(group_options("drope_method")) - {"drope"})
+    assert swept_values(cfg, "seed") == ["0", "1", "2"]
+    rope, drope, swa = (
+        compose_config(["+experiment=drope", f"+drope_method={method}"])
+        for method in ("drope_rope", "drope", "rnope_swa")
+    )
+    # The recalibration starts from the RoPE phase of its seed, in the same sweep directory.
+    init_from = drope.train._get_node("init_from")._value()
+    assert init_from == "${sweep_dir:}/drope_rope_seed${seed}"
+    drope.train.init_from = "parent"
+    for run in (rope, drope, swa):
+        validate(run)
+        assert run.train.seq_len == cfg.train.seq_len  # like with like
+    # QK-norm is added at the switch, as the reference adds it to a model trained without it.
+    assert (rope.model.qk_norm, swa.model.qk_norm, drope.model.qk_norm) == (False, False, True)
+    assert rope.train.steps + drope.train.steps == cfg.train.steps
+    assert drope.train.steps / cfg.train.steps == pytest.approx(0.12)
+    assert (rope.encoding.name, drope.encoding.name, drope.eval.temperature) == (
+        "rope",
+        "none",
+        "fit",
+    )
+    assert (swa.encoding.layers, swa.encoding.window) == (["rope", "none"], 64)

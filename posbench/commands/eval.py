@@ -20,6 +20,7 @@ from posbench.config import EvalDecode, EvalPositions, check_logger, eval_length
 from posbench.encodings.rope import SCALING_METHODS
 from posbench.evaluation.reevaluate import check_rope_run, record_eval
 from posbench.evaluation.run import evaluate_run, rope_scaling_overrides
+from posbench.evaluation.temperature import TEMPERATURES
 from posbench.report.run_table import run_table, trained_at
 from posbench.runs.directory import load_run_config
 from posbench.runs.tensorboard_log import trained_lengths
@@ -109,6 +110,14 @@ def eval_parser() -> argparse.ArgumentParser:
         "length) at each length L; for dynamic, s = 1); results of different factors are "
         "kept side by side",
     )
+    parser.add_argument(
+        "--temperature",
+        choices=list(TEMPERATURES),
+        help="none (attention logits as trained) or fit (DroPE's logit temperature: "
+        "beta = 1 + c ln(L / training length), c fitted again on a slice of the run's training "
+        'split at the lengths that are multiples of it); results.json records it as "scaling" '
+        '"temperature" with temperature_c (default: the run\'s eval.temperature)',
+    )
     return parser
 
 
@@ -116,6 +125,11 @@ def run_eval(args: Sequence[str]) -> None:
     options = eval_parser().parse_args(list(args))
     if options.factor is not None and options.rope_scaling is None:
         fail("--factor needs --rope-scaling METHOD (see posbench eval --help)")
+    if options.temperature == "fit" and options.rope_scaling not in (None, "none"):
+        fail(
+            "--temperature fit and --rope-scaling are two eval-time extensions and a record "
+            "names one: evaluate them apart"
+        )
     run_dir = chosen_run(options)
     cfg = load_run_config(run_dir)  # for the defaults; evaluate_run loads the weights
     check_logger(cfg)
@@ -138,6 +152,7 @@ def run_eval(args: Sequence[str]) -> None:
         precision=options.precision,
         positions=options.positions,
         decode=options.decode,
+        temperature=options.temperature,
     )
     results = record_eval(run_dir, cfg, records, trained_lengths(cfg))
     print(f"{cfg.encoding.name} trained at {trained_at(cfg)} ({run_dir})")

@@ -20,6 +20,7 @@ from posbench.errors import PosbenchError
 from posbench.evaluation.perplexity import evaluate
 from posbench.evaluation.positions import RandomPositions, eval_positions
 from posbench.evaluation.task_accuracy import evaluate_task
+from posbench.evaluation.temperature import check_temperature, fit_temperature, logit_temperature
 from posbench.model import Transformer
 from posbench.runs.directory import load_run
 
@@ -35,25 +36,44 @@ def evaluate_data(
     precision: str = "fp32",
     positions: RandomPositions | None = None,
     decode: str = "greedy",
+    temperature: str = "none",
 ) -> list[dict[str, Any]]:
     """``evaluate`` on a corpus's validation split, ``evaluate_task`` on a task (its answers
-    scored as ``decode`` says), at ``positions`` (None: 0..L-1)."""
+    scored as ``decode`` says), at ``positions`` (None: 0..L-1); ``temperature="fit"``: a
+    corpus's records under the logit temperature fitted on its training split
+    (posbench/evaluation/temperature.py; ``check_temperature`` refuses it for a task)."""
     if isinstance(data, Corpus):
-        return evaluate(
-            model,
-            data.val,
-            lengths,
-            stride,
-            batch_size,
-            max_tokens,
-            train_seq_len,
-            precision,
-            data.val_documents,
-            positions,
-            data.val_token_bytes,
-            data.val_word_starts,
-            data.has_words,
+
+        def on_validation(at: Sequence[int]) -> list[dict[str, Any]]:
+            return evaluate(
+                model,
+                data.val,
+                at,
+                stride,
+                batch_size,
+                max_tokens,
+                train_seq_len,
+                precision,
+                data.val_documents,
+                positions,
+                data.val_token_bytes,
+                data.val_word_starts,
+                data.has_words,
+            )
+
+        if temperature == "none":
+            return on_validation(lengths)
+        assert train_seq_len is not None, "a fitted temperature needs the training length"
+        fit = fit_temperature(
+            model, data.train, train_seq_len, lengths, precision, data.train_documents, positions
         )
+        records = []
+        for length in lengths:
+            with logit_temperature(model, fit.beta(length)):
+                (record,) = on_validation([length])
+            records.append({**record, **fit.record(length)})
+        return records
+    assert temperature == "none", "check_temperature refuses a temperature for a task"
     if stride is not None:
         raise PosbenchError(
             f"data={data.config.source} scores whole prompts: a stride applies to corpora only; "
@@ -73,13 +93,15 @@ def evaluate_run(
     precision: str | None = None,
     positions: str | None = None,
     decode: str | None = None,
+    temperature: str | None = None,
 ) -> list[dict[str, Any]]:
     """Evaluate a trained run on its own validation split; returns results.json eval records.
 
-    ``max_tokens``, ``precision``, ``positions`` (auto | consecutive | random) and ``decode``
-    (greedy | teacher_forced) default to the run's ``eval.max_tokens``, ``eval.precision``,
-    ``eval.positions`` and ``eval.decode`` (greedy for runs from before it: their records are
-    re-scored the new way), so the numbers are comparable with the ones measured at the end of
+    ``max_tokens``, ``precision``, ``positions`` (auto | consecutive | random), ``decode``
+    (greedy | teacher_forced) and ``temperature`` (none | fit: fitted again at ``lengths``)
+    default to the run's ``eval.max_tokens``, ``eval.precision``, ``eval.positions``,
+    ``eval.decode`` (greedy for runs from before it: their records are re-scored the new way)
+    and ``eval.temperature``, so the numbers are comparable with the ones measured at the end of
     training. ``encoding_overrides`` are merged
     over the
     run's encoding config before its weights are loaded (e.g. ``rope_scaling_overrides``).
@@ -92,6 +114,9 @@ def evaluate_run(
         precision = OmegaConf.select(cfg, "eval.precision", default="fp32")
     if decode is None:
         decode = choice(OmegaConf.select(cfg, "eval.decode", default="greedy"))
+    if temperature is None:
+        temperature = OmegaConf.select(cfg, "eval.temperature", default="none")
+    check_temperature(temperature, cfg, lengths)
     return evaluate_data(
         model,
         data,
@@ -103,6 +128,7 @@ def evaluate_run(
         precision,
         eval_positions(cfg, positions),
         decode,
+        temperature,
     )
 
 

@@ -24,6 +24,10 @@ sequence, not positions. Each layer has its own instance.
                                     its layers without RoPE; here every layer, whatever its
                                     encoding. It ignores windows.
 
+On top of either (or none), ``temperature`` multiplies every query by a fixed beta (1: as
+trained), which evaluation sets per length (``Transformer.set_logit_temperature``: DroPE's
+fitted logit temperature, posbench/evaluation/temperature.py); training never sets it.
+
 SSMax's s starts at 1 in every head (SSMAX_INIT): the paper learns s from the start of
 pre-training; the value it starts from is this module's choice. At the first query, log 1 = 0
 zeroes q: a single visible key gets all the attention anyway.
@@ -43,6 +47,8 @@ class AttentionScaling(nn.Module):
     give each query a ``factor``; the module holds no parameters, so a model without scaling
     saves exactly the weights it did before the option existed."""
 
+    temperature: float = 1.0  # beta on every query: evaluation's logit temperature (1: none)
+
     def factor(self, indices: torch.Tensor, window: int | None) -> torch.Tensor | None:
         """The factor of the queries at token ``indices`` (T,) of their sequence (0 for its first
         token), attending to at most ``window`` recent tokens (None: all), broadcastable against
@@ -54,6 +60,8 @@ class AttentionScaling(nn.Module):
         each times its ``factor`` (first > 0: a cached decode's newest tokens)."""
         indices = torch.arange(first, first + q.shape[2], device=q.device)  # (n,)
         factor = self.factor(indices, window)
+        if self.temperature != 1.0:
+            q = q * self.temperature  # a Python float keeps q's dtype
         if factor is None:
             return q
         # In q's dtype: a float32 factor would promote bf16 queries past their keys' dtype.

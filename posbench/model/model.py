@@ -263,6 +263,12 @@ class Transformer(nn.Module):
             return nll.view_as(targets) if reduction == "none" else nll
         return self.lm_head(x)  # (B, T, vocab)
 
+    def set_logit_temperature(self, beta: float) -> None:
+        """Multiply every layer's q.k logits by ``beta`` from now on (1: as trained; biases stay
+        unscaled): evaluation's fitted temperature (posbench/evaluation/temperature.py)."""
+        for block in self.blocks:
+            block.attn.scaling.temperature = beta
+
     def num_parameters(self) -> int:
         """Parameters counted once (the tied embedding is shared with the output layer)."""
         return sum(p.numel() for p in self.parameters())

@@ -169,8 +169,11 @@ def training_length_ppl(
 def record_key(record: dict[str, Any]) -> tuple:
     """What identifies one measurement: the same key measured again replaces the old record.
     Its length, protocol and the factor used, so the same method at different factors is kept
-    side by side."""
-    return (record["length"], *eval_protocol(record), record.get("scaling_factor"))
+    side by side; but a fitted temperature's beta (``scaling`` "temperature") follows its fit,
+    so a fit made again (``posbench eval --temperature fit``) replaces the record."""
+    fitted = scaling_method(record) == "temperature"
+    factor = None if fitted else record.get("scaling_factor")
+    return (record["length"], *eval_protocol(record), factor)
 
 
 def merge_eval_records(results: dict[str, Any], records: Iterable[dict[str, Any]]) -> dict:

@@ -12,6 +12,8 @@ Within a sweep, each job's subdirectory names what sets it apart: its number, en
 seed, and ``${random_positions_suffix:${train.random_positions}}`` adds the randomized
 positions a job trains at, so that a randomized-positions sweep writes beside the plain one in
 one sweep directory (both number their jobs from 0) instead of into the same directories.
+``${sweep_dir:}`` names the directory of the sweep a job runs in, so that a job of a later sweep
+in it can name an earlier sweep's run (``+experiment=drope``'s recalibration, its RoPE phase).
 """
 
 from __future__ import annotations
@@ -20,10 +22,13 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 RESOLVER = "unique_dir"
 SUFFIX_RESOLVER = "random_positions_suffix"
+SWEEP_RESOLVER = "sweep_dir"
 _claiming = True  # False inside unclaimed()
 
 
@@ -50,9 +55,17 @@ def random_positions_suffix(random_positions: int | None) -> str:
     return "" if random_positions is None else f"_random{random_positions}"
 
 
+def current_sweep_dir() -> str:
+    """The directory of the sweep this job runs in; "." outside a sweep's job (a config being
+    composed or checked before the sweep starts, or a single run)."""
+    if HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN:
+        return str(HydraConfig.get().sweep.dir)
+    return "."
+
+
 def register_output_dir_resolvers() -> None:
-    """Make ``${unique_dir:PATH}`` and ``${random_positions_suffix:N}`` available to configs
-    (idempotent).
+    """Make ``${unique_dir:PATH}``, ``${random_positions_suffix:N}`` and ``${sweep_dir:}``
+    available to configs (idempotent).
 
     ``use_cache``: Hydra reads hydra.run.dir / hydra.sweep.dir several times per job and
     copies the cache into every sweep job's config (also into launcher worker processes), so
@@ -62,6 +75,8 @@ def register_output_dir_resolvers() -> None:
         OmegaConf.register_new_resolver(RESOLVER, claim_unique_dir, use_cache=True)
     if not OmegaConf.has_resolver(SUFFIX_RESOLVER):
         OmegaConf.register_new_resolver(SUFFIX_RESOLVER, random_positions_suffix)
+    if not OmegaConf.has_resolver(SWEEP_RESOLVER):
+        OmegaConf.register_new_resolver(SWEEP_RESOLVER, current_sweep_dir)
 
 
 def names_new_dir(node: DictConfig, key: str) -> bool:

@@ -2,7 +2,13 @@
 switching on a RoPE scaling method, which is how position interpolation and YaRN are used.
 
 The child keeps the parent's model shape and encoding; only ``encoding.scaling`` may differ,
-and it is then applied while training too (``encoding.scaling.in_training``). Encoding options
+and it is then applied while training too (``encoding.scaling.in_training``). Or the child drops
+the parent's encoding, ``encoding=none`` (DroPE, Gelberg et al. 2025, arXiv 2512.12167: RoPE
+dropped for a short recalibration at the training length): every weight the parent has then
+loads into the child, so only an encoding without weights of its own (rope, alibi, xpos, ...)
+and without a window may be dropped; adding one, or dropping FIRE's MLP or a learned table, has
+no well-defined start and is refused in one line (``check_droppable``); the switch may add
+QK-norm (``model.qk_norm``), as the reference does. Encoding options
 the child did not set explicitly but derived from its own config (``original_length:
 ${train.seq_len}``, FIRE's initial threshold, ...) take the parent's values, so that a child
 trained at a longer length still extends from the parent's training length.
@@ -17,12 +23,13 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from posbench.encodings import encoding_config
+from posbench.encodings import build_encoding, encoding_config
 from posbench.errors import PosbenchError
 from posbench.model import Transformer
 from posbench.runs.directory import WEIGHTS_FILE, load_weights, saved_config
 
 SCALING = "scaling"  # the encoding options a fine-tune may change
+NO_ENCODING = "none"  # the encoding a fine-tune may switch to (DroPE)
 
 
 def parent_dir(cfg: DictConfig) -> Path | None:
@@ -48,10 +55,14 @@ def fine_tune_config(cfg: DictConfig) -> DictConfig:
         return cfg
     parent_cfg = saved_config(parent)
     if parent_cfg.encoding.name != cfg.encoding.name:
-        raise PosbenchError(
-            f"train.init_from={parent} was trained with encoding={parent_cfg.encoding.name}, "
-            f"not {cfg.encoding.name}; a fine-tune keeps the parent's encoding"
-        )
+        if cfg.encoding.name != NO_ENCODING:
+            raise PosbenchError(
+                f"train.init_from={parent} was trained with encoding={parent_cfg.encoding.name}, "
+                f"not {cfg.encoding.name}; a fine-tune keeps the parent's encoding or drops it "
+                f"(encoding={NO_ENCODING}, DroPE)"
+            )
+        check_droppable(parent_cfg, parent)
+        return cfg
     cfg = copy.deepcopy(cfg)
     inherit_derived_options(cfg.encoding, parent_cfg.encoding)
     if OmegaConf.select(cfg, "encoding.scaling") is not None:
@@ -64,6 +75,30 @@ def fine_tune_config(cfg: DictConfig) -> DictConfig:
                 f"not {ours.get(key)}; a fine-tune may change only encoding.{SCALING}.*"
             )
     return cfg
+
+
+def check_droppable(parent_cfg: DictConfig, parent: Path) -> None:
+    """Refuse, in one line, to drop an encoding that holds weights (the NoPE child has no place
+    for them) or a window (dropping it would widen attention, not only drop positions)."""
+    model = parent_cfg.model
+    encoding = build_encoding(parent_cfg.encoding, model.d_model, model.n_head)
+    layers = encoding.layer_encodings(model.n_layer)
+    name = parent_cfg.encoding.name
+    weights = sorted({key for layer in layers for key in layer.state_dict()})
+    if weights:
+        raise PosbenchError(
+            f"train.init_from={parent} was trained with encoding={name}, whose own weights "
+            f"({', '.join(weights)}) a model without positional encoding has no place for; "
+            f"encoding={NO_ENCODING} drops only an encoding without weights "
+            "(rope, alibi, xpos, ...)"
+        )
+    window = next((layer.window for layer in layers if layer.window is not None), None)
+    if window is not None:
+        raise PosbenchError(
+            f"train.init_from={parent} was trained with encoding={name} attending to windows of "
+            f"{window} tokens; encoding={NO_ENCODING} would widen attention, not only drop "
+            "positions: fine-tune it with its own encoding"
+        )
 
 
 def inherit_derived_options(ours: DictConfig, parent: DictConfig) -> None:
@@ -91,12 +126,21 @@ def load_parent_weights(model: Transformer, cfg: DictConfig) -> None:
     assert parent is not None, "load_parent_weights needs train.init_from"
     source = load_weights(parent / WEIGHTS_FILE)
     theirs, ours = source.args.to_dict(), model.args.to_dict()
+    # DroPE's switch may add QK-norm, as the reference does to models pretrained without it
+    # (SakanaAI/DroPE's qk_norm_nope): the new gains start at 1, every other weight loads.
+    drops = model.encoding.config.name == NO_ENCODING != source.encoding.config.name
+    adds_qk_norm = drops and ours["qk_norm"] and not theirs["qk_norm"]
     for key in ours:
         if key == "sigmoid_length" and ours["attention"] != "sigmoid":
             continue  # train.seq_len's, unused: a fine-tune at another length keeps the model
+        if key == "qk_norm" and adds_qk_norm:
+            continue
         if theirs[key] != ours[key]:
             raise PosbenchError(
                 f"train.init_from={parent} holds a model with model.{key}={theirs[key]}, not "
-                f"{ours[key]}; a fine-tune keeps the parent's model shape"
+                f"{ours[key]}; a fine-tune keeps the parent's model shape (DroPE's switch to "
+                f"encoding={NO_ENCODING} may add model.qk_norm)"
             )
-    model.load_state_dict(source.state_dict())
+    added = {key for key in model.state_dict() if ".qk_norm." in key} if adds_qk_norm else set()
+    loaded = model.load_state_dict(source.state_dict(), strict=not added)
+    assert set(loaded.missing_keys) == added and not loaded.unexpected_keys, loaded

@@ -21,6 +21,7 @@ from posbench.config import choice, eval_lengths, position_sampler, resolve_devi
 from posbench.data import Corpus, Task, load_data
 from posbench.evaluation.positions import eval_positions
 from posbench.evaluation.run import evaluate_data
+from posbench.evaluation.temperature import check_temperature
 from posbench.model import Transformer, build_model
 from posbench.runs.directory import prepare_run_dir, save_config, save_tokenizer, save_weights
 from posbench.runs.loggers import RunLogger, open_logger
@@ -62,6 +63,7 @@ def train(cfg: DictConfig, run_dir: str | Path) -> dict[str, Any]:
     # run fails before writing anything (commands.train.remove_if_worthless).
     distributed.wait_for_all()
     validate(cfg)
+    check_temperature(cfg.eval.temperature, cfg, eval_lengths(cfg))
     threads = use_threads(cfg.threads)  # before any work; the run's first log line
     warn_if_oversubscribed(threads)
     with registered_threads(threads) as controller:  # other posbench jobs count its threads
@@ -201,6 +203,7 @@ def evaluate_and_record(
         choice(cfg.eval.precision),
         eval_positions(cfg),
         choice(cfg.eval.decode),
+        cfg.eval.temperature,
     )
     results = {**results, "eval": records}
     trained = trained_lengths(cfg)
