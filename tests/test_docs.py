@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import TINY_RUN, built_once
+from conftest import TINY_RUN, built_once, forked_posbench
 
 from posbench.commands.overrides import group_options
 from posbench.data import ALGORITHMIC_TASKS
@@ -81,12 +81,13 @@ SUBSTITUTIONS = [
 # are dates and times, so the last in name order).
 PRELUDE = 'set -e\nnewest() { ls -d "$@" | sort | tail -n 1; }\n'
 
-SHIM = f"""#!/bin/sh
-# `posbench`, with tests/test_docs.py's small-run overrides after `train`'s own arguments.
+# `posbench`, with the small-run overrides after `train`'s own arguments, forked from the
+# worker's warm interpreter (conftest.forked_posbench).
+SHIM = """#!/bin/sh
 if [ "$1" = train ]; then
-    exec {sys.executable} -m posbench.cli "$@" {" ".join(TRAIN_OVERRIDES)}
+    exec {posbench} "$@" {overrides}
 fi
-exec {sys.executable} -m posbench.cli "$@"
+exec {posbench} "$@"
 """
 
 BLOCK = re.compile(
@@ -131,7 +132,8 @@ def readme_env(tmp_path_factory, cache_dir):
 
     bin_dir = tmp_path_factory.mktemp("readme-bin")
     shim = bin_dir / "posbench"
-    shim.write_text(SHIM)
+    command = " ".join(map(shlex.quote, forked_posbench()))
+    shim.write_text(SHIM.format(posbench=command, overrides=" ".join(TRAIN_OVERRIDES)))
     shim.chmod(0o755)
     return {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
 
