@@ -1,10 +1,12 @@
 """Shared fixtures: a tiny but real configuration that trains in seconds on a CPU."""
 
+import atexit
 import fcntl
 import importlib
 import os
 import shutil
 import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -159,13 +161,34 @@ def error_line(capsys, *args: str) -> str:
     return line.removeprefix("error: ")
 
 
+FORKSERVER = Path(__file__).with_name("forkserver.py")
+_forkserver: subprocess.Popen | None = None
+
+
+def forked_posbench() -> list[str]:
+    """The command that runs ``posbench ARGS`` forked from this worker's warm interpreter
+    (tests/forkserver.py: the same program without 2.5 s of imports a command); the server
+    starts on first use and ends with the worker."""
+    global _forkserver
+    name = f"{os.getpid()}"
+    if _forkserver is None:
+        _forkserver = subprocess.Popen(
+            [sys.executable, str(FORKSERVER), "--serve", name], stdout=subprocess.PIPE, text=True
+        )
+        assert _forkserver.stdout.readline().strip() == "ready", "the fork server did not start"
+        atexit.register(_forkserver.terminate)
+    return [sys.executable, "-I", "-S", str(FORKSERVER), "--socket", name, "--"]
+
+
 def posbench(
-    *args, cwd, check: bool = True, env: dict | None = None, executable: str = "posbench"
+    *args, cwd, check: bool = True, env: dict | None = None, executable: str | None = None
 ) -> subprocess.CompletedProcess:
     """Run ``posbench ARGS`` (str() of each) in ``cwd``, with ``env`` over this environment;
-    with ``check``, a failure fails the test with the command's stderr."""
+    with ``check``, a failure fails the test with the command's stderr. ``executable``: a
+    ``posbench`` of another install (else this one's, forked: ``forked_posbench``)."""
+    command = [executable] if executable else forked_posbench()
     result = subprocess.run(
-        [executable, *map(str, args)],
+        [*command, *map(str, args)],
         cwd=cwd,
         capture_output=True,
         text=True,

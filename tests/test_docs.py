@@ -12,7 +12,8 @@ Two things keep the blocks cheap without editing what users read:
 * ``posbench`` here is a small script that appends ``TRAIN_OVERRIDES`` (a one-layer model,
   40 steps, short lengths) to every ``posbench train``; the command line's last value of a
   key wins in Hydra, so README's own overrides are still parsed and checked (``torchrun ...
-  -m posbench train`` gets them by substitution, as it runs ``python -m posbench``);
+  -m posbench train`` gets them by substitution, as it runs ``python -m posbench``); it runs
+  each command forked from the worker's warm interpreter (tests/forkserver.py);
 * ``SUBSTITUTIONS`` replaces README's placeholders with the directories they stand for.
 """
 
@@ -25,7 +26,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import TINY_RUN, built_once
+from conftest import TINY_RUN, built_once, forked_posbench
 
 from posbench.commands.overrides import group_options
 from posbench.data import ALGORITHMIC_TASKS
@@ -81,12 +82,13 @@ SUBSTITUTIONS = [
 # are dates and times, so the last in name order).
 PRELUDE = 'set -e\nnewest() { ls -d "$@" | sort | tail -n 1; }\n'
 
-SHIM = f"""#!/bin/sh
-# `posbench`, with tests/test_docs.py's small-run overrides after `train`'s own arguments.
+# `posbench`, with the small-run overrides after `train`'s own arguments, forked from the
+# worker's warm interpreter (conftest.forked_posbench).
+SHIM = """#!/bin/sh
 if [ "$1" = train ]; then
-    exec {sys.executable} -m posbench.cli "$@" {" ".join(TRAIN_OVERRIDES)}
+    exec {posbench} "$@" {overrides}
 fi
-exec {sys.executable} -m posbench.cli "$@"
+exec {posbench} "$@"
 """
 
 BLOCK = re.compile(
@@ -131,7 +133,8 @@ def readme_env(tmp_path_factory, cache_dir):
 
     bin_dir = tmp_path_factory.mktemp("readme-bin")
     shim = bin_dir / "posbench"
-    shim.write_text(SHIM)
+    command = " ".join(map(shlex.quote, forked_posbench()))
+    shim.write_text(SHIM.format(posbench=command, overrides=" ".join(TRAIN_OVERRIDES)))
     shim.chmod(0o755)
     return {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
 
@@ -159,9 +162,9 @@ def test_every_block_that_is_not_run_says_why(page):
 @pytest.mark.parametrize(("lang", "code"), code_blocks())
 def test_code_block_runs(lang, code, trained_workdir, readme_env, tmp_path):
     """Over 20 s for some blocks: getting-started's and README's command lists run a dozen
-    posbench commands each (about 70 s and 50 s of CPU), scaling's two torchrun launches, and
-    every command is a process that imports torch (about 2 s) before a run of a fraction of
-    the size a reader's would have."""
+    posbench commands each, and scaling's two torchrun launches start processes that import
+    torch (about 2.5 s of CPU each; the shim's commands are forked from a warm interpreter
+    instead, conftest.forked_posbench)."""
     workdir = tmp_path / "work"
     shutil.copytree(trained_workdir, workdir, symlinks=True)
     if lang == "python":

@@ -1,0 +1,190 @@
+"""``posbench`` commands for the tests, each forked from one interpreter that imported posbench.
+
+A ``posbench ...`` that a test or a docs block runs would otherwise start a Python process
+that spends about 2.5 s of CPU importing torch, Hydra and posbench before a run that is often
+shorter. Here a server imports them once, then forks a child per command; the child takes the
+caller's arguments, working directory, environment and standard streams (their file
+descriptors, passed over a Unix socket) and runs ``posbench.cli.main`` as ``python -m
+posbench`` would. The caller runs the client (this file with ``--socket``), which stands for
+the command: it forwards the signals a shell or a test sends (SIGINT, SIGTERM, ...) to the
+child and exits as the child exited.
+
+What a fresh process would do differently, and how it is kept out:
+
+* an import reads some environment variables once (OpenMP's and torch's, Python's, Hugging
+  Face's, matplotlib's): where the caller's values of those differ from the server's, the
+  client runs the command as a process of its own instead;
+* a client killed with SIGKILL cannot pass it on, so tests that kill with it start their own
+  processes (tests/test_faults.py);
+* the child's parent is the server, not the caller: posbench never reads its parent.
+
+    python tests/forkserver.py --serve NAME     # the server (conftest.py starts one per worker)
+    python -I -S tests/forkserver.py --socket NAME -- ARGS...   # the client: posbench ARGS
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+import socket
+import struct
+import sys
+
+# Environment variables read at import time by what the server imports, by prefix.
+READ_AT_IMPORT = (
+    "OMP_", "KMP_", "GOMP_", "MKL_", "OPENBLAS_", "TORCH", "PYTORCH_", "CUDA_", "PYTHON",
+    "LD_", "MALLOC_", "HF_", "MPL", "TOKENIZERS_",
+)  # fmt: skip
+FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
+HEADER = struct.Struct("!I")  # the length of the request's JSON, sent with the three streams
+
+
+def read_at_import(env: dict[str, str]) -> dict[str, str]:
+    return {key: value for key, value in env.items() if key.startswith(READ_AT_IMPORT)}
+
+
+def address(name: str) -> str:
+    """An abstract Unix socket (Linux): no file to clean up, no path-length limit to meet."""
+    return "\0posbench-forkserver-" + name
+
+
+# ------------------------------------------------------------------------------ the client
+
+
+def run_as_own_process(args: list[str]) -> None:
+    os.execv(sys.executable, [sys.executable, "-m", "posbench.cli", *args])
+
+
+def ask(name: str, args: list[str], env: dict[str, str], streams: list[int]):
+    """Send the server a command; its replies, a line each: the child's pid then its wait
+    status, or "own process". Raises OSError where no server listens."""
+    request = json.dumps({"args": args, "cwd": os.getcwd(), "env": env}).encode()
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.connect(address(name))
+    socket.send_fds(server, [HEADER.pack(len(request))], streams)
+    server.sendall(request)
+    return server.makefile("r")
+
+
+def client(name: str, args: list[str]) -> None:
+    try:
+        replies = ask(name, args, dict(os.environ), [0, 1, 2])
+    except OSError:  # no server (it ended, or none was started): the command on its own
+        run_as_own_process(args)
+    reply = replies.readline().strip()
+    if reply == "own process":
+        run_as_own_process(args)
+    child = int(reply)
+    for signum in FORWARDED_SIGNALS:
+        signal.signal(signum, lambda signum, _frame: os.kill(child, signum))
+    status = int(replies.readline())
+    if os.WIFSIGNALED(status):  # die as the child died, as a shell reports it (128 + signal)
+        signum = os.WTERMSIG(status)
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
+    sys.exit(os.waitstatus_to_exitcode(status))
+
+
+# ------------------------------------------------------------------------------ the server
+
+
+def warm_up() -> None:
+    """Import what the commands import on their way, so that no child imports it again."""
+    import matplotlib.pyplot  # noqa: F401
+    import torch.utils.tensorboard  # noqa: F401
+
+    import posbench.cli
+    import posbench.evaluation.diagnose
+    import posbench.evaluation.run
+    import posbench.report.figures
+    import posbench.training.train  # noqa: F401
+
+
+def run_command(args: list[str], cwd: str, env: dict[str, str], streams: list[int]) -> None:
+    """In the forked child: become ``python -m posbench ARGS`` in the caller's place; never
+    returns."""
+    import atexit
+    import threading
+    import traceback
+
+    for target, stream in enumerate(streams):
+        os.dup2(stream, target)
+        os.close(stream)
+    # New stream objects: a fresh interpreter buffers stdout by line only for a terminal.
+    sys.stdin = sys.__stdin__ = open(0, closefd=False)  # noqa: SIM115
+    sys.stdout = sys.__stdout__ = open(1, "w", buffering=1 if os.isatty(1) else -1, closefd=False)  # noqa: SIM115
+    sys.stderr = sys.__stderr__ = open(2, "w", buffering=1, closefd=False)  # noqa: SIM115
+    os.chdir(cwd)
+    os.environ.clear()
+    os.environ.update(env)
+    sys.argv = [os.path.join(os.path.dirname(sys.executable), "posbench"), *args]
+    code = 0
+    try:
+        from posbench.cli import main
+
+        main(args)
+    except SystemExit as exit:
+        code = exit.code if isinstance(exit.code, int) else (exit.code is not None)
+        if isinstance(exit.code, str):
+            print(exit.code, file=sys.stderr)
+    except BaseException:
+        traceback.print_exc()
+        code = 1
+    threading._shutdown()  # what an interpreter does on its way out: threads, atexit, flush
+    atexit._run_exitfuncs()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def serve(name: str) -> None:
+    warm_up()
+    own_env = read_at_import(dict(os.environ))
+    parent = os.getppid()
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(address(name))
+    listener.listen(64)
+    print("ready", flush=True)
+    waiting = {}  # child pid -> the connection its status goes back on
+    while os.getppid() == parent:  # the worker that started it is gone: so is the server
+        if select.select([listener], [], [], 0.05)[0]:
+            connection, _ = listener.accept()
+            header, streams, _, _ = socket.recv_fds(connection, HEADER.size, 3)
+            (length,) = HEADER.unpack(header)
+            data = b""
+            while len(data) < length:
+                data += connection.recv(length - len(data))
+            request = json.loads(data)
+            if read_at_import(request["env"]) != own_env:
+                connection.sendall(b"own process\n")
+                connection.close()
+                for stream in streams:
+                    os.close(stream)
+                continue
+            child = os.fork()
+            if child == 0:
+                listener.close()
+                connection.close()
+                for other in waiting.values():
+                    other.close()
+                run_command(request["args"], request["cwd"], request["env"], streams)
+            for stream in streams:
+                os.close(stream)
+            connection.sendall(f"{child}\n".encode())
+            waiting[child] = connection
+        while waiting:
+            child, status = os.waitpid(-1, os.WNOHANG)
+            if child == 0:
+                break
+            connection = waiting.pop(child)
+            connection.sendall(f"{status}\n".encode())
+            connection.close()
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "--serve":
+        serve(sys.argv[2])
+    else:  # --socket NAME -- ARGS...
+        client(sys.argv[2], sys.argv[4:])

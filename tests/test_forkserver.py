@@ -1,0 +1,61 @@
+"""The tests' forked ``posbench`` (tests/forkserver.py) does what the installed command does:
+the same output and exit status, a stop signal passed on, and its own process where an import
+would read the environment differently."""
+
+import os
+import signal
+import subprocess
+import time
+
+from conftest import TINY, forked_posbench
+from forkserver import ask
+
+
+def run(command: list[str], env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        command, capture_output=True, text=True, timeout=300, env={**os.environ, **(env or {})}
+    )
+
+
+def test_a_forked_command_prints_and_exits_as_the_installed_command_does():
+    bad_length = ["eval", "--length", "0"]
+    forked, installed = run([*forked_posbench(), *bad_length]), run(["posbench", *bad_length])
+    assert (forked.returncode, forked.stdout, forked.stderr) == (
+        installed.returncode,
+        installed.stdout,
+        installed.stderr,
+    )
+    assert forked.returncode == 2
+
+
+def test_an_environment_read_at_import_gets_a_process_of_its_own():
+    """OMP_NUM_THREADS is read when torch loads OpenMP, in the server long before: a command
+    with another value must start afresh, one with the same may fork."""
+    command = forked_posbench()
+    name = command[command.index("--socket") + 1]
+    with open(os.devnull, "r+") as devnull:
+        streams = [devnull.fileno()] * 3
+        other = ask(name, ["--help"], {**os.environ, "OMP_NUM_THREADS": "3"}, streams)
+        assert other.readline() == "own process\n"
+        same = ask(name, ["--help"], dict(os.environ), streams)
+        assert int(same.readline()) > 0  # the forked child's pid
+        assert int(same.readline()) == 0  # its wait status: exited 0
+
+
+def test_a_stop_signal_reaches_the_forked_run(tmp_path, cache_dir):
+    """SIGTERM to the command (as `kill` or SLURM sends it) stops the run after a checkpoint:
+    exit 143, as tests/test_faults.py checks of the installed command."""
+    command = [*forked_posbench(), "train", *TINY, f"data.cache_dir={cache_dir}"]
+    process = subprocess.Popen(
+        [*command, "train.steps=100000", "train.checkpoint_every=5"],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 120
+    while not list(tmp_path.glob("outputs/*/*/checkpoint.pt")) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    process.send_signal(signal.SIGTERM)
+    _, stderr = process.communicate(timeout=120)
+    assert process.returncode == 128 + signal.SIGTERM, stderr
