@@ -262,3 +262,21 @@ def test_a_number_edited_by_hand_in_a_rendered_block_fails_the_check(tmp_path):
     assert render(tmp_path, check=True) == [name]
     assert render(tmp_path) == [name] and render(tmp_path, check=True) == []
     assert all((tmp_path / figure).stat().st_size > 10_000 for figure in FIGURES)
+
+
+def prose_paragraphs(text: str) -> list[list[str]]:
+    """The paragraphs of a Markdown page outside code blocks, lists, tables, headings, comments
+    and rendered blocks: runs of non-blank lines."""
+    text = re.sub(r"^```.*?^```$", "", text, flags=re.MULTILINE | re.DOTALL)
+    text = re.sub(r"<!-- rendered: .*?<!-- /rendered -->", "", text, flags=re.DOTALL)
+    blocks = [block.splitlines() for block in re.split(r"\n\s*\n", text)]
+    not_prose = ("|", "- ", "* ", "#", "<!--", "1. ", "![")
+    return [lines for lines in blocks if lines and not lines[0].lstrip().startswith(not_prose)]
+
+
+def test_readme_is_a_front_page():
+    """Issue 54: at most 150 lines, and no paragraph over 6 (details go to docs/)."""
+    text = README.read_text()
+    assert len(text.splitlines()) <= 150
+    long = [lines[0] for lines in prose_paragraphs(text) if len(lines) > 6]
+    assert not long, f"paragraphs over 6 lines start: {long}"
