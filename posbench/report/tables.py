@@ -15,6 +15,7 @@ from posbench.report.generalization import (
     mean_reciprocal_rank_content,
 )
 from posbench.report.groups import METRICS, Group, Report, Row, has_accuracy
+from posbench.report.long_context import effective_content, effective_rows, effective_table
 from posbench.report.reference import compared_rows, published
 from posbench.report.run_table import ratio_title
 from posbench.report.text import best_shown, stat_text
@@ -254,6 +255,9 @@ def markdown(report: Report) -> str:
             for metric, what in ACCURACIES.items():
                 lines += ["", f"{what}:", ""]
                 lines += markdown_table(group, metric, footnotes, best_of=max)
+        if effective_rows(group):
+            named = effective_table(report, group, lambda row: row_name(row, footnotes))
+            lines += ["", *named]
         if group.depth_length is not None:
             lines += ["", *depth_table(group, footnotes)]
         if group.position_length is not None:
@@ -390,6 +394,7 @@ def json_content(report: Report, records: Sequence[dict[str, Any]]) -> dict[str,
                 "rows": {row.label: [relative(p, report.root) for p in row.runs] for row in g.rows},
                 "loss_by_position": position_content(g),
                 "accuracy_by_depth": depth_content(g),
+                "effective_context_length": effective_content(report, g),
                 "reference": reference_content(report, g),
             }
             for g in report.groups
