@@ -87,6 +87,9 @@ class Row:
     # threshold, and the score they are read from ("accuracy" for a task, else the metric)
     effective: Stat = NOT_MEASURED
     effective_metric: str = ""
+    # its runs' attention-sink rates (posbench diagnose's results.json ``sink``) by (length,
+    # eps, k); only on the row measured as trained: a diagnosis is of the model, not a protocol
+    sink: dict[tuple[int, float, int], Stat] = field(default_factory=dict)
     name: str = ""  # its runs' encoding.name: "rope" for "rope (base=500)" or "rope [bpe 8192]"
     tokenizer: str = "bytes"  # its runs' (tokenizer_text): perplexities compare within one
 
@@ -252,6 +255,8 @@ def build_group(
                 table[key], runs[0].config["train.seq_len"], metric, effective_threshold
             )
         results = [run.results for run in runs if run.path in row.runs]
+        if row.as_trained:
+            row.sink = sink_rates(results)
         row.generalization = Stat.of(summary_values(results, "length_generalization"))
         # A teacher-forced accuracy is never averaged with the model's own answers' accuracies.
         answered = results if teacher_forced else [r for r in results if own_answers(r)]
@@ -318,6 +323,16 @@ def constant_answer_past(run: Run, past: Sequence[int]) -> float | None:
     if not scored:
         return None
     return statistics.fmean(task.constant_answer_accuracy([n]) for n in scored)
+
+
+def sink_rates(results: Sequence[dict[str, Any]]) -> dict[tuple[int, float, int], Stat]:
+    """The runs' sink rates (results.json's ``sink``, written by posbench diagnose) over runs,
+    by (length, eps, k)."""
+    rates: dict[tuple[int, float, int], list[float]] = defaultdict(list)
+    for result in results:
+        for r in result.get("sink", []):
+            rates[(r["length"], r["sink_epsilon"], r["sink_token"])].append(r["sink_rate"])
+    return {setting: Stat.of(values) for setting, values in sorted(rates.items())}
 
 
 def summary_values(results: Sequence[dict[str, Any]], key: str) -> list[float]:

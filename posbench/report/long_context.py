@@ -53,3 +53,44 @@ def effective_content(report: Report, group: Group) -> dict[str, Any] | None:
             for row in rows
         },
     }
+
+
+def sink_settings(group: Group) -> list[tuple[int, float, int]]:
+    """The (length, eps, k) at which some run of the group was diagnosed."""
+    return sorted({setting for row in group.rows for setting in row.sink})
+
+
+def sink_table(group: Group, row_name: Callable[[Row], str]) -> list[str]:
+    """One line per row that ``posbench diagnose`` measured, one column per (length, eps, k):
+    Sink^eps_k over its runs."""
+    settings = sink_settings(group)
+    lines = [
+        "Attention sinks (posbench diagnose): Sink^eps_k, the share of heads whose mean attention "
+        "on token k exceeds eps (Gu et al. 2025), each window thresholded alone:",
+        "",
+        "| encoding | "
+        + " | ".join(f"{n} tokens, eps {eps:g}, k {k}" for n, eps, k in settings)
+        + " |",
+        "| --- |" + " --- |" * len(settings),
+    ]
+    for row in group.rows:
+        if row.sink:
+            texts = [stat_text(row.sink[s]) if s in row.sink else "–" for s in settings]
+            lines.append(f"| {row_name(row)} | " + " | ".join(texts) + " |")
+    return lines
+
+
+def sink_content(group: Group) -> list[dict[str, Any]] | None:
+    """The group's sink rates for report.json: one entry per row and (length, eps, k)."""
+    entries = [
+        {
+            "encoding": row.label,
+            "length": length,
+            "sink_epsilon": eps,
+            "sink_token": k,
+            **{f"sink_rate_{part}": getattr(stat, part) for part in ("n", "mean", "std")},
+        }
+        for row in group.rows
+        for (length, eps, k), stat in row.sink.items()
+    ]
+    return entries or None

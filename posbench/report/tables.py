@@ -4,6 +4,7 @@ records for report.csv and report.json."""
 from __future__ import annotations
 
 import csv
+import functools
 import io
 from collections.abc import Sequence
 from pathlib import Path
@@ -15,7 +16,14 @@ from posbench.report.generalization import (
     mean_reciprocal_rank_content,
 )
 from posbench.report.groups import METRICS, Group, Report, Row, has_accuracy
-from posbench.report.long_context import effective_content, effective_rows, effective_table
+from posbench.report.long_context import (
+    effective_content,
+    effective_rows,
+    effective_table,
+    sink_content,
+    sink_settings,
+    sink_table,
+)
 from posbench.report.reference import compared_rows, published
 from posbench.report.run_table import ratio_title
 from posbench.report.text import best_shown, stat_text
@@ -255,9 +263,11 @@ def markdown(report: Report) -> str:
             for metric, what in ACCURACIES.items():
                 lines += ["", f"{what}:", ""]
                 lines += markdown_table(group, metric, footnotes, best_of=max)
+        named = functools.partial(row_name, footnotes=footnotes)
         if effective_rows(group):
-            named = effective_table(report, group, lambda row: row_name(row, footnotes))
-            lines += ["", *named]
+            lines += ["", *effective_table(report, group, named)]
+        if sink_settings(group):
+            lines += ["", *sink_table(group, named)]
         if group.depth_length is not None:
             lines += ["", *depth_table(group, footnotes)]
         if group.position_length is not None:
@@ -395,6 +405,7 @@ def json_content(report: Report, records: Sequence[dict[str, Any]]) -> dict[str,
                 "loss_by_position": position_content(g),
                 "accuracy_by_depth": depth_content(g),
                 "effective_context_length": effective_content(report, g),
+                "sink": sink_content(g),
                 "reference": reference_content(report, g),
             }
             for g in report.groups
