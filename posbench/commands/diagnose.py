@@ -7,7 +7,8 @@ import argparse
 from collections.abc import Sequence
 
 from posbench.commands.arguments import OneLineParser, add_run_argument, chosen_run, positive_int
-from posbench.evaluation.diagnose import SINK_EPSILON, SINK_TOKEN, diagnose_run, summary_table
+from posbench.evaluation.diagnose import diagnose_run, summary_table
+from posbench.evaluation.sink import SINK_EPSILON, SINK_TOKEN, check_sink
 
 
 def diagnose_parser() -> argparse.ArgumentParser:
@@ -52,6 +53,7 @@ def diagnose_parser() -> argparse.ArgumentParser:
 
 def run_diagnose(args: Sequence[str]) -> None:
     options = diagnose_parser().parse_args(list(args))
+    check_sink(options.length, options.sink_epsilon, options.sink_token)  # before finding a run
     run_dir = chosen_run(options)
     result, written = diagnose_run(
         run_dir,

@@ -56,8 +56,9 @@ def report_parser() -> argparse.ArgumentParser:
         choices=list(METRICS),
         help="what the tables and the figure show, each with its ratio to the training length: "
         "ppl (per token: the default, and compared within each tokenizer), bits_per_byte (the "
-        "default for runs on several tokenizers) or word_ppl (per byte and per word of the "
-        "text: these compare runs on different tokenizers); with --reference, the reference's",
+        "default for runs on several tokenizers), word_ppl (per byte and per word of the "
+        "text: these compare runs on different tokenizers) or longppl (over the key tokens of "
+        "posbench eval --metric longppl); with --reference, the reference's",
     )
     parser.add_argument(
         "--reference",

@@ -17,7 +17,8 @@ from omegaconf import DictConfig, OmegaConf
 from posbench.config import choice, resolve_device
 from posbench.data import Corpus, Task, load_data
 from posbench.errors import PosbenchError
-from posbench.evaluation.perplexity import evaluate
+from posbench.evaluation.longppl import LONGPPL_ALPHA, LONGPPL_BETA, KeyTokens, check_evaluator
+from posbench.evaluation.perplexity import KeySelection, evaluate
 from posbench.evaluation.positions import RandomPositions, eval_positions
 from posbench.evaluation.task_accuracy import evaluate_task
 from posbench.model import Transformer
@@ -35,9 +36,11 @@ def evaluate_data(
     precision: str = "fp32",
     positions: RandomPositions | None = None,
     decode: str = "greedy",
+    key_tokens: KeySelection | None = None,
 ) -> list[dict[str, Any]]:
-    """``evaluate`` on a corpus's validation split, ``evaluate_task`` on a task (its answers
-    scored as ``decode`` says), at ``positions`` (None: 0..L-1)."""
+    """``evaluate`` on a corpus's validation split (with LongPPL over ``key_tokens``' selection,
+    if given), ``evaluate_task`` on a task (its answers scored as ``decode`` says), at
+    ``positions`` (None: 0..L-1)."""
     if isinstance(data, Corpus):
         return evaluate(
             model,
@@ -53,6 +56,12 @@ def evaluate_data(
             data.val_token_bytes,
             data.val_word_starts,
             data.has_words,
+            key_tokens,
+        )
+    if key_tokens is not None:
+        raise PosbenchError(
+            f"data={data.config.source} scores answers: LongPPL is a corpus's perplexity; "
+            "drop --metric longppl"
         )
     if stride is not None:
         raise PosbenchError(
@@ -73,8 +82,13 @@ def evaluate_run(
     precision: str | None = None,
     positions: str | None = None,
     decode: str | None = None,
+    evaluator: str | Path | None = None,
+    alpha: float = LONGPPL_ALPHA,
+    beta: float = LONGPPL_BETA,
 ) -> list[dict[str, Any]]:
     """Evaluate a trained run on its own validation split; returns results.json eval records.
+    With an ``evaluator`` run (posbench/evaluation/longppl.py), each record also holds LongPPL
+    over the key tokens it selects at ``alpha`` and ``beta``, and how they were selected.
 
     ``max_tokens``, ``precision``, ``positions`` (auto | consecutive | random) and ``decode``
     (greedy | teacher_forced) default to the run's ``eval.max_tokens``, ``eval.precision``,
@@ -85,6 +99,11 @@ def evaluate_run(
     run's encoding config before its weights are loaded (e.g. ``rope_scaling_overrides``).
     """
     model, cfg = load_run(run_dir, resolve_device(device), encoding_overrides)
+    key_tokens = None
+    if evaluator is not None:
+        judge, judge_cfg = load_run(evaluator, resolve_device(device))
+        check_evaluator(cfg, judge, judge_cfg, list(lengths))
+        key_tokens = KeyTokens(judge, cfg.train.seq_len, alpha, beta)
     data = load_data(cfg.data)
     if max_tokens is None:
         max_tokens = cfg.eval.max_tokens
@@ -92,7 +111,7 @@ def evaluate_run(
         precision = OmegaConf.select(cfg, "eval.precision", default="fp32")
     if decode is None:
         decode = choice(OmegaConf.select(cfg, "eval.decode", default="greedy"))
-    return evaluate_data(
+    records = evaluate_data(
         model,
         data,
         lengths,
@@ -103,7 +122,12 @@ def evaluate_run(
         precision,
         eval_positions(cfg, positions),
         decode,
+        key_tokens,
     )
+    if key_tokens is None:
+        return records
+    how = key_tokens.record(Path(evaluator))
+    return [{**record, **how} for record in records]
 
 
 ROPE_SCALING_NEEDS_ROPE = "RoPE scaling needs a run trained with encoding=rope"

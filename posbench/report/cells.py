@@ -169,10 +169,14 @@ def alike(measured: Sequence[tuple[Run, dict]]) -> Sequence[tuple[Run, dict]]:
 
 def no_value(metric: str, records: Sequence[dict[str, Any]]) -> str:
     """Why measured ``records`` hold no ``metric``."""
+    if metric == "longppl" and not any(metric in r for r in records):
+        return "its records have no longppl: posbench eval --metric longppl --evaluator RUN"
     if not any(metric in r for r in records):
         return f"its records have no {metric} (written before posbench measured it)"
     if metric == "word_ppl":  # measured as null: text only
         return "word_ppl is null in its records: its data delimits no words (synthetic, a task)"
+    if metric == "longppl":
+        return "longppl is null in its records: its evaluator selected no key token there"
     return f"{metric} is null in its records"
 
 

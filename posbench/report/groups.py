@@ -63,6 +63,8 @@ METRICS = {
     "ppl": "Perplexity",
     "bits_per_byte": "Bits per byte (total NLL / ln 2 over the UTF-8 bytes scored)",
     "word_ppl": "Word-level perplexity (exp of the total NLL over the words scored)",
+    "longppl": "LongPPL (perplexity over the key tokens an evaluator run selects: posbench eval "
+    "--metric longppl)",
 }
 
 

@@ -112,7 +112,8 @@ class Point(NamedTuple):
 
 def length_points(records: Sequence[Mapping[str, Any]]) -> list[Point]:
     """One point per evaluated length on ``eval/ppl``, ``eval/bits_per_byte``, ``eval/word_ppl``
-    (text: the metrics that compare across tokenizers) and, for a task, ``eval/accuracy`` (of
+    (text: the metrics that compare across tokenizers), ``eval/longppl`` (posbench eval --metric
+    longppl) and, for a task, ``eval/accuracy`` (of
     the model's own answer), ``eval/sequence_accuracy`` and ``eval/teacher_forced_accuracy`` (an
     algorithmic task's at x = problem length)."""
     points = []
@@ -121,7 +122,7 @@ def length_points(records: Sequence[Mapping[str, Any]]) -> list[Point]:
             continue
         values = {
             metric: record.get(metric)
-            for metric in ("ppl", "bits_per_byte", "word_ppl", "sequence_accuracy")
+            for metric in ("ppl", "bits_per_byte", "word_ppl", "longppl", "sequence_accuracy")
         }
         values["accuracy"] = headline_accuracy(record)
         values["teacher_forced_accuracy"] = record.get("teacher_forced_accuracy")
