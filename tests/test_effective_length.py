@@ -100,7 +100,7 @@ def test_the_report_tabulates_each_rows_effective_length_over_seeds_at_its_thres
     make_run(tmp_path / "s0", 0, {16: 5.0, 32: 5.2, 64: 5.4})
     make_run(tmp_path / "s1", 1, {16: 5.0, 32: 5.2, 64: 9.0})
     report = build_report(tmp_path)
-    assert "| rope | 2 | ppl | 48.00 ± 22.63 | 3.00 ± 1.41 |" in markdown(report)
+    assert "| rope | 2 | ppl | 48 ± 23 | 3.00 ± 1.41 |" in markdown(report)
     content = json_content(report, [])["groups"][0]["effective_context_length"]
     assert content == {"threshold": 0.9, "rows": {"rope": {"metric": "ppl", "lengths": [64, 32]}}}
     strict = build_report(tmp_path, effective_threshold=0.99)

@@ -17,7 +17,7 @@ trunc_len and sliding_window), never one forward pass per token. Windows of S to
 evaluated run's training length: the evaluator then never reads past it) advance by W inside
 each window of L tokens (``windows``: the first scores all its targets, each later one its last
 W), so a target sees between S - W + 1 and S tokens; W = S / 4 by default (the paper's 1024 of
-4096), about L / W forward passes of S tokens per window, 4 L / S window-lengths. Targets within
+4096), about L / W windows of S tokens per window of L, 4 L tokens, batched. Targets within
 the first S tokens have the same context both ways: never key tokens. With windows of L <= S
 tokens nothing is: LongPPL is null.
 
@@ -36,7 +36,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from posbench.errors import PosbenchError
-from posbench.evaluation.perplexity import beyond_max_length, windows
+from posbench.evaluation.perplexity import TOKENS_PER_BATCH, beyond_max_length, windows
 from posbench.model import Transformer
 
 LONGPPL_ALPHA = 2.0  # the paper's thresholds, in nats
@@ -67,11 +67,18 @@ class KeyTokens:
         return -self.evaluator(rows[:, :-1], targets=rows[:, 1:], reduction="none")
 
     def short_log_probs(self, rows: torch.Tensor) -> torch.Tensor:
-        """Each target's log-probability with the short context -> (B, T)."""
-        short = torch.empty(rows.shape[0], rows.shape[1] - 1, device=rows.device)
-        for start, first in windows(rows.shape[1], self.short_length, self.short_stride):
-            end = start + self.short_length
-            short[:, start + first : end] = self.log_probs(rows[:, start : end + 1])[:, first:]
+        """Each target's log-probability with the short context -> (B, T): every short window of
+        every row in batches of about TOKENS_PER_BATCH tokens, not one forward pass each."""
+        B, n = rows.shape[0], self.short_length
+        spans = list(windows(rows.shape[1], n, self.short_stride))
+        short_rows = torch.stack([rows[:, s : s + n + 1] for s, _ in spans], 1)  # (B, w, n + 1)
+        short_rows = short_rows.flatten(0, 1)  # (B * w, n + 1)
+        per_batch = max(1, TOKENS_PER_BATCH // n)
+        log_probs = torch.cat([self.log_probs(b) for b in short_rows.split(per_batch)])
+        log_probs = log_probs.view(B, len(spans), n)
+        short = torch.empty(B, rows.shape[1] - 1, device=rows.device)
+        for index, (start, first) in enumerate(spans):
+            short[:, start + first : start + n] = log_probs[:, index, first:]
         return short
 
     @torch.inference_mode()

@@ -17,6 +17,11 @@ def effective_rows(group: Group) -> list[Row]:
     return [row for row in group.rows if row.effective_metric]
 
 
+def tokens_text(stat: Stat) -> str:
+    """A mean (± std) of lengths in whole tokens: "512", "384 ± 181"."""
+    return f"{stat.mean:.0f}" + ("" if stat.std is None else f" ± {stat.std:.0f}")
+
+
 def effective_table(report: Report, group: Group, row_name: Callable[[Row], str]) -> list[str]:
     """One line per row: its runs' effective context length, in tokens and in training
     lengths; ``row_name`` (tables.row_name) labels a row."""
@@ -34,7 +39,7 @@ def effective_table(report: Report, group: Group, row_name: Callable[[Row], str]
         stat = row.effective
         texts = ["–", "–"]
         if stat.mean is not None:
-            texts = [stat_text(stat), stat_text(Stat.of([n / S for n in stat.values]))]
+            texts = [tokens_text(stat), stat_text(Stat.of([n / S for n in stat.values]))]
         cells = [row_name(row), str(len(row.runs)), row.effective_metric, *texts]
         lines.append("| " + " | ".join(cells) + " |")
     return lines
