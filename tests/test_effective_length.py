@@ -11,7 +11,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from posbench.errors import PosbenchError
 from posbench.report import build_report
-from posbench.report.tables import json_content, markdown
+from posbench.report.tables import cell_records, json_content, markdown
 from posbench.runs.results import (
     append_eval_results,
     effective_context_lengths,
@@ -103,6 +103,8 @@ def test_the_report_tabulates_each_rows_effective_length_over_seeds_at_its_thres
     assert "| rope | 2 | ppl | 48 ± 23 | 3.00 ± 1.41 |" in markdown(report)
     content = json_content(report, [])["groups"][0]["effective_context_length"]
     assert content == {"threshold": 0.9, "rows": {"rope": {"metric": "ppl", "lengths": [64, 32]}}}
+    (first, *_) = cell_records(report)
+    assert (first["effective_length_n"], first["effective_length_mean"]) == (2, 48)
     strict = build_report(tmp_path, effective_threshold=0.99)
     assert strict.groups[0].rows[0].effective.values == (16, 16)
 

@@ -326,6 +326,9 @@ CSV_FIELDS = [
     "sequence_accuracy_std",
     "documents_min",
     "documents_max",
+    "effective_length_n",  # the row's, repeated at each of its lengths
+    "effective_length_mean",
+    "effective_length_std",
 ]
 
 
@@ -368,6 +371,7 @@ def cell_records(report: Report) -> list[dict[str, Any]]:
             },
             "documents_min": min(c.documents, default=None),
             "documents_max": max(c.documents, default=None),
+            **{f"effective_length_{p}": getattr(row.effective, p) for p in ("n", "mean", "std")},
         }
         for group in report.groups
         for row in group.rows
