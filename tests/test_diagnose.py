@@ -5,8 +5,7 @@ import json
 import numpy as np
 import pytest
 import torch
-from conftest import error_line, posbench, terabyte_split
-from omegaconf import OmegaConf
+from conftest import error_line, finished_run, posbench, terabyte_split
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from posbench.cli import main
@@ -337,18 +336,10 @@ def test_diagnose_errors_are_one_line(tmp_path, monkeypatch, capsys, args, messa
 
 def test_the_report_tabulates_the_sink_rate_by_encoding_over_seeds(tmp_path):
     for encoding, seed, rate in [("alibi", 0, 0.25), ("alibi", 1, 0.75), ("rope", 0, 0.5)]:
-        run = tmp_path / f"{encoding}{seed}"
-        run.mkdir()
-        config = {
-            "seed": seed,
-            "encoding": {"name": encoding},
-            "model": {"n_layer": 1, "d_model": 8},
-            "train": {"seq_len": 16, "steps": 1},
-        }
-        OmegaConf.save(OmegaConf.create(config), run / "config.yaml")
         record = {"length": 16, "stride": None, "ppl": 2.0, "status": "ok"}
         sink = {"length": 64, "sink_epsilon": 0.3, "sink_token": 1, "sink_rate": rate}
-        (run / "results.json").write_text(json.dumps({"eval": [record], "sink": [sink]}))
+        results = {"eval": [record], "sink": [sink]}
+        finished_run(tmp_path / f"{encoding}{seed}", encoding, results, seed)
     report = build_report(tmp_path)
     text = markdown(report)
     assert "| encoding | 64 tokens, eps 0.3, k 1 |" in text

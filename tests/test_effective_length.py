@@ -4,9 +4,9 @@ threshold of its score at the training length, in results.json, TensorBoard and 
 import json
 
 import pytest
+from conftest import finished_run
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from omegaconf import OmegaConf
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from posbench.errors import PosbenchError
@@ -84,16 +84,8 @@ def test_tensorboard_gets_a_scalar_per_series_and_hparams_the_as_trained_one(tmp
 
 
 def make_run(path, seed, ppls):
-    path.mkdir(parents=True)
-    cfg = {
-        "seed": seed,
-        "encoding": {"name": "rope"},
-        "model": {"n_layer": 1, "d_model": 32},
-        "train": {"seq_len": S, "steps": 10},
-    }
-    OmegaConf.save(OmegaConf.create(cfg), path / "config.yaml")
     records = [ppl_record(n, p) for n, p in ppls.items()]
-    (path / "results.json").write_text(json.dumps({"seed": seed, "eval": records}))
+    finished_run(path, "rope", {"seed": seed, "eval": records}, seed)
 
 
 def test_the_report_tabulates_each_rows_effective_length_over_seeds_at_its_threshold(tmp_path):

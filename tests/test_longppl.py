@@ -6,6 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from conftest import finished_run
 from longppl.longppl import find_key_token
 from omegaconf import OmegaConf
 
@@ -13,6 +14,8 @@ from posbench.errors import PosbenchError
 from posbench.evaluation.longppl import KeyTokens, check_evaluator
 from posbench.evaluation.perplexity import evaluate_length, windows
 from posbench.model import build_model
+from posbench.report import build_report
+from posbench.report.tables import markdown
 
 S, W, L = 16, 4, 64  # training length, short-context stride, window
 
@@ -115,3 +118,14 @@ def test_an_evaluator_of_other_data_is_a_one_line_error():
     with pytest.raises(PosbenchError, match=r"its data differs in data\.seed:"):
         check_evaluator(mine, tiny_model(), theirs, [64])
     check_evaluator(mine, tiny_model(), mine, [64])
+
+
+def test_a_report_of_longppl_shows_its_values_and_says_why_it_has_no_ratio(tmp_path):
+    records = [
+        {"length": n, "stride": None, "ppl": 3.0, "longppl": value, "status": "ok"}
+        for n, value in [(16, None), (64, 5.0)]
+    ]
+    finished_run(tmp_path / "run", "alibi", {"eval": records})
+    text = markdown(build_report(tmp_path, metric="longppl"))
+    assert "| alibi | 1 | – [1] | 5.00 |" in text
+    assert "LongPPL at the training length is null" in text

@@ -195,7 +195,12 @@ def cell(length: int, measured: Sequence[tuple[Run, dict]], metric: str = "ppl")
     missing = {}
     if ok and not valued:
         missing["value"] = no_value(metric, [r for _, r in ok_records])
-    if valued and not ratios:  # measured, but no run measured the training length that way
+    if valued and not ratios and metric == "longppl":
+        missing["ratio"] = (
+            "LongPPL at the training length is null: no token there has more context in the "
+            "window than in the training length, so none is key and no ratio divides by it"
+        )
+    elif valued and not ratios:  # measured, but no run measured the training length that way
         run, record = valued[0]
         missing["ratio"] = no_reference(run.config["train.seq_len"], protocol_text(record))
     reasons = sorted({r["reason"] for _, r in measured if r["status"] != "ok"})
