@@ -2,6 +2,8 @@
 
     python benchmarks/throughput.py [--threads 1] [--length 2048] [--rounds 15] [--device cpu]
         [--precision fp32]   # fp32, bf16 or auto (train.precision; evaluation stays fp32)
+        [--longppl]          # also evaluation with LongPPL's key tokens, the model its own
+                             # evaluator (posbench eval --metric longppl), as ratios to plain
 
 Timings on a shared machine are noisy, so the numbers that matter are the ratios measured in
 the same run with the thread count pinned. Encodings are timed in interleaved rounds (one step
@@ -21,6 +23,7 @@ from omegaconf import DictConfig
 
 from posbench.config import compose_config
 from posbench.encodings import encoding_names
+from posbench.evaluation.longppl import KeyTokens
 from posbench.model import build_model
 from posbench.system.precision import autocast, resolve_precision
 
@@ -39,14 +42,16 @@ def trained_encoding(encoding: str, seq_len: int, longest: int) -> DictConfig:
 
 def steps_for(
     encoding: str, seq_len: int, batch: int, eval_length: int, device: str, precision: str = "fp32"
-) -> tuple[Callable[[], None], Callable[[], None]]:
-    """A training step at ``seq_len`` in ``precision`` (train.precision: fp32, bf16 or auto) and
-    an evaluation forward at ``eval_length`` (fp32, eval.precision's default)."""
+) -> tuple[Callable[[], None], Callable[[], None], Callable[[], None]]:
+    """A training step at ``seq_len`` in ``precision`` (train.precision: fp32, bf16 or auto), an
+    evaluation forward at ``eval_length`` (fp32, eval.precision's default) and the same window's
+    LongPPL evaluation (the key tokens the model selects as its own evaluator, then its NLL)."""
     torch.manual_seed(0)
     model = build_model(MODEL, trained_encoding(encoding, seq_len, eval_length)).to(device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     x = torch.randint(0, 256, (batch, seq_len + 1), device=device)
-    long = torch.randint(0, 256, (1, eval_length), device=device)
+    long = torch.randint(0, 256, (1, eval_length + 1), device=device)  # inputs and targets
+    key_tokens = KeyTokens(model, seq_len)
     resolved = resolve_precision(precision, x.device, MODEL["d_model"])
 
     def train_step() -> None:
@@ -59,9 +64,14 @@ def steps_for(
 
     @torch.inference_mode()
     def eval_step() -> None:
-        model(long).sum().item()
+        model(long[:, :-1]).sum().item()
 
-    return train_step, eval_step
+    @torch.inference_mode()
+    def longppl_step() -> None:
+        nll = model(long[:, :-1], targets=long[:, 1:], reduction="none")
+        nll[key_tokens(long)].sum().item()
+
+    return train_step, eval_step, longppl_step
 
 
 def interleaved_seconds(
@@ -104,6 +114,7 @@ def main() -> None:
     parser.add_argument(
         "--precision", choices=["fp32", "bf16", "auto"], default="fp32", help="of training"
     )
+    parser.add_argument("--longppl", action="store_true", help="also LongPPL's evaluation")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     steps = {
@@ -111,19 +122,27 @@ def main() -> None:
         for name in encoding_names()
     }
     train = median_seconds({name: pair[0] for name, pair in steps.items()}, args.rounds)
-    evals = median_seconds({name: pair[1] for name, pair in steps.items()}, args.rounds)
+    evaluations = {name: pair[1] for name, pair in steps.items()}
+    if args.longppl:  # interleaved with the plain ones: their ratio is of one run
+        evaluations |= {f"{name}+longppl": pair[2] for name, pair in steps.items()}
+    evals = median_seconds(evaluations, args.rounds)
     train_tokens, eval_tokens = args.batch * args.seq_len, args.length
     resolved = resolve_precision(args.precision, torch.device(args.device), MODEL["d_model"])
     print(
         f"threads={args.threads} train {args.batch}x{args.seq_len} in {args.precision} "
         f"({resolved}), eval 1x{args.length} in fp32"
     )
-    print(f"{'encoding':<12}{'train tok/s':>12}{'ratio':>7}{'eval tok/s':>12}{'ratio':>7}")
+    longppl = f"{'longppl tok/s':>14}{'/ plain':>8}" if args.longppl else ""
+    print(f"{'encoding':<12}{'train tok/s':>12}{'ratio':>7}{'eval tok/s':>12}{'ratio':>7}{longppl}")
     for name in steps:
-        print(
+        line = (
             f"{name:<12}{train_tokens / train[name]:>12,.0f}{train['none'] / train[name]:>7.2f}"
             f"{eval_tokens / evals[name]:>12,.0f}{evals['none'] / evals[name]:>7.2f}"
         )
+        if args.longppl:
+            seconds = evals[f"{name}+longppl"]
+            line += f"{eval_tokens / seconds:>14,.0f}{evals[name] / seconds:>8.2f}"
+        print(line)
 
 
 if __name__ == "__main__":

@@ -37,10 +37,12 @@ encoding, then measure perplexity at longer lengths ("train short, test long").
 
 commands:
   train    train and evaluate; Hydra overrides key=value, -m for sweeps (posbench train --help)
-  eval     re-evaluate a trained run at any length (posbench eval --help)
-  report   compare the runs of a sweep: tables, plot, TensorBoard (posbench report --help)
+  eval     re-evaluate a trained run at any length, LongPPL too (posbench eval --help)
+  report   compare the runs of a sweep: tables, plot, TensorBoard, effective context length
+           (posbench report --help)
   diagnose attention entropy, distance, sink and mass beyond the training length by query
-           position, per layer and head (posbench diagnose --help)
+           position, per layer and head; the attention-sink rate Sink^eps_k (posbench
+           diagnose --help)
 
 --debug (or HYDRA_FULL_ERROR=1) shows the traceback behind an error message.
 
@@ -65,7 +67,10 @@ examples:
   posbench eval --length 1024 --length 4096 --run outputs/<date>/<time>_rope/
   posbench eval --length 8192 --rope-scaling yarn --factor 8
   posbench train encoding=none train.init_from=<rope run> eval.temperature=fit   # DroPE
+  posbench eval --length 1024 --metric longppl --evaluator outputs/<date>/<time>_alibi/
+  posbench report outputs/multirun/<date>/<time>/ --effective-threshold 0.8
   posbench diagnose --length 2048 --run outputs/<date>/<time>_alibi/
+  posbench diagnose --length 64 --sink-epsilon 0.3 --sink-token 1   # Gu et al.'s Sink^eps_k
 """
 
 

@@ -3,6 +3,7 @@
 import atexit
 import fcntl
 import importlib
+import json
 import os
 import shutil
 import subprocess
@@ -12,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from omegaconf import OmegaConf
 
 # Tests never touch the network, and progress bars would only clutter the logs.
 os.environ["HF_DATASETS_OFFLINE"] = "1"
@@ -146,6 +148,21 @@ def pytest_collection_modifyitems(config, items):
     if not torch.cuda.is_available():
         for item in cuda_tests:
             item.add_marker(pytest.mark.skip(reason="needs a CUDA GPU"))
+
+
+def finished_run(path: Path, encoding: str, results: dict, seed: int = 0) -> Path:
+    """A run directory as a report reads it: a config.yaml of a one-layer run trained at 16
+    tokens with ``encoding`` and ``seed``, and ``results`` as its results.json."""
+    path.mkdir(parents=True)
+    config = {
+        "seed": seed,
+        "encoding": {"name": encoding},
+        "model": {"n_layer": 1, "d_model": 8},
+        "train": {"seq_len": 16, "steps": 1},
+    }
+    OmegaConf.save(OmegaConf.create(config), path / "config.yaml")
+    (path / "results.json").write_text(json.dumps(results))
+    return path
 
 
 def error_line(capsys, *args: str) -> str:

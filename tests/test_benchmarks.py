@@ -22,7 +22,7 @@ RUNS = [
     ("bias_attention.py layer --quick", "blocks of 32"),
     ("bias_attention.py shared --quick", "per layer"),
     ("bias_attention.py train --quick --precision fp32 bf16 --encodings alibi", "same model's"),
-    ("throughput.py --rounds 1 --length 256 --batch 2 --seq-len 32", "none"),
+    ("throughput.py --rounds 1 --length 256 --batch 2 --seq-len 32 --longppl", "/ plain"),
     ("throughput.py --rounds 1 --length 256 --batch 2 --seq-len 32 --precision bf16", "(bf16)"),
     ("long_eval_memory.py --length 256 --threads 1 --encodings none fire", "none"),
     ("diagnose_memory.py --length 256 --threads 1 --encodings none fire", "none"),

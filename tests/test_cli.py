@@ -163,6 +163,25 @@ def test_eval_with_a_chosen_run_several_lengths_and_a_stride(trained, monkeypatc
     assert all(r["status"] == "ok" and r["ppl"] > 1 for r in strided.values())
 
 
+def test_eval_records_longppl_beside_ppl_with_how_its_key_tokens_were_selected(
+    trained, monkeypatch, capsys
+):
+    workdir, run_dir, _ = trained
+    args = ["--run", str(run_dir), "--length", "64", "--metric", "longppl"]
+    out = evaluated(
+        workdir, *args, "--evaluator", str(run_dir), monkeypatch=monkeypatch, capsys=capsys
+    )
+    (record,) = [r for r in results_of(run_dir)["eval"] if r["length"] == 64]
+    assert record["ppl"] > 1 and record["key_tokens"] >= 0 and "longppl" in record
+    assert record["longppl_evaluator"] == str(run_dir.resolve())
+    assert (record["longppl_alpha"], record["longppl_beta"], record["longppl_short_stride"]) == (
+        2.0,
+        -2.0,
+        4,
+    )
+    assert f"LongPPL, key tokens selected by {run_dir}:" in out
+
+
 def test_eval_of_the_training_length_reproduces_the_training_run_number(
     trained, monkeypatch, capsys
 ):

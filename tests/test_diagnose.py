@@ -5,7 +5,7 @@ import json
 import numpy as np
 import pytest
 import torch
-from conftest import error_line, posbench, terabyte_split
+from conftest import error_line, finished_run, posbench, terabyte_split
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from posbench.cli import main
@@ -25,10 +25,13 @@ from posbench.evaluation.diagnose import (
     validation_windows,
 )
 from posbench.evaluation.perplexity import position_buckets, windows
+from posbench.evaluation.sink import SINK_RECORD, sink_rates
 from posbench.model import Transformer, build_model
 from posbench.model.args import ModelArgs
 from posbench.model.attention import attention_probabilities
 from posbench.model.random_positions import PositionDraw, PositionSampler, randomizes_distances
+from posbench.report import build_report
+from posbench.report.tables import json_content, markdown
 from posbench.runs.directory import load_run_config
 from posbench.training.train import train
 
@@ -110,6 +113,33 @@ def test_a_per_layer_fire_models_layers_are_read_with_their_own_encodings():
         expected = diagnose(alone, tokens, train_seq_len=S)
         for name in STATISTICS:  # [layer][head][bucket]
             np.testing.assert_allclose(result[name][layer], expected[name][0], rtol=1e-9)
+
+
+@pytest.mark.parametrize("k", [1, 3])
+def test_sink_attention_is_the_mean_attention_on_token_k_over_the_queries_that_see_it(k):
+    """By hand: p_ij = r^(i - j) / Z_i on the zero-q/k ALiBi layer, key j = k - 1."""
+    result = diagnose(zero_qk_alibi_model(), torch.randint(0, 256, (2, 24)), S, sink_token=k)
+    for head, m in enumerate(alibi_slopes(2).tolist()):
+        r = np.exp(-m)
+        p = [r ** (i - k + 1) * (1 - r) / (1 - r ** (i + 1)) for i in range(k - 1, 24)]
+        assert result["sink_attention"][0][head] == pytest.approx(np.mean(p), rel=1e-9)
+
+
+def test_the_sink_rate_is_the_share_of_heads_whose_attention_on_token_k_exceeds_epsilon():
+    tokens = torch.randint(0, 256, (2, 64))
+    attention = diagnose(zero_qk_alibi_model(), tokens, S)["sink_attention"][0]  # [head]
+    between = sum(attention) / 2  # one head above it, one below
+    result = diagnose(zero_qk_alibi_model(), tokens, S, sink_epsilon=between)
+    assert (result["sink_rate"], result["sink_rate_by_layer"]) == (0.5, [0.5])
+    assert diagnose(zero_qk_alibi_model(), tokens, S, sink_epsilon=1.0)["sink_rate"] == 0.0
+
+
+def test_each_window_is_thresholded_alone_as_the_papers_code_does():
+    # head 0 sinks in window 0 only (its mean over windows, 0.35, would sink); head 1 never
+    attention = torch.tensor([[[0.5, 0.1]], [[0.2, 0.1]]], dtype=torch.float64)  # (K, L, H)
+    rates = sink_rates(attention, epsilon=0.3, token=1)
+    assert (rates["sink_rate"], rates["sink_rate_by_layer"]) == (0.25, [0.25])
+    assert rates["sink_attention"] == [[pytest.approx(0.35), pytest.approx(0.1)]]
 
 
 def test_buckets_count_every_query_of_every_window():
@@ -237,6 +267,8 @@ def test_diagnose_run_writes_json_figures_and_tensorboard_images(alibi_run):
         out / "L64_mass_beyond_train_length.png",
     ]
     assert json.loads((out / "L64.json").read_text()) == json.loads(json.dumps(result))
+    (sink,) = json.loads((alibi_run / "results.json").read_text())["sink"]
+    assert sink == {key: result[key] for key in SINK_RECORD} and sink["sink_token"] == 1
     assert all(path.read_bytes()[:4] == b"\x89PNG" for path in written[1:])
     events = EventAccumulator(str(alibi_run))
     events.Reload()
@@ -249,8 +281,9 @@ def test_diagnose_run_uses_the_windows_posbench_eval_scores(alibi_run, monkeypat
     monkeypatch.setattr(
         diagnose_module,
         "diagnose",
-        lambda model, tokens, s, positions, keys: seen.append((tokens, positions, keys)) or {},
+        lambda model, tokens, s, positions, keys, *sink: seen.append((tokens, positions, keys)),
     )
+    monkeypatch.setattr(diagnose_module, "record_sink", lambda run_dir, result: None)
     monkeypatch.setattr(diagnose_module, "write_diagnostics", lambda run_dir, result: [])
     diagnose_run(alibi_run, 32, n_windows=3)
     val = load_corpus(load_run_config(alibi_run).data).val
@@ -270,6 +303,18 @@ def test_the_diagnose_command_prints_a_table_and_writes_the_files(alibi_run, tmp
     assert (alibi_run / "diagnostics" / "L32.json").is_file()
 
 
+@pytest.mark.parametrize(
+    ("sink", "message"),
+    [
+        ({"sink_token": 33}, "--sink-token 33 is not in a window of --length 32"),
+        ({"sink_epsilon": -0.1}, "--sink-epsilon must be >= 0"),
+    ],
+)
+def test_a_sink_outside_the_window_or_a_negative_epsilon_is_one_line(sink, message):
+    with pytest.raises(PosbenchError, match=message):
+        diagnose_run("not read: the sink is checked first", 32, **sink)
+
+
 def test_top_level_help_lists_the_diagnose_command(capsys):
     main(["--help"])
     assert "diagnose" in capsys.readouterr().out
@@ -287,3 +332,17 @@ def test_diagnose_errors_are_one_line(tmp_path, monkeypatch, capsys, args, messa
     """posbench's main in this process; the command itself: test_cli.py's bad input."""
     monkeypatch.chdir(tmp_path)
     assert message in error_line(capsys, "diagnose", *args)
+
+
+def test_the_report_tabulates_the_sink_rate_by_encoding_over_seeds(tmp_path):
+    for encoding, seed, rate in [("alibi", 0, 0.25), ("alibi", 1, 0.75), ("rope", 0, 0.5)]:
+        record = {"length": 16, "stride": None, "ppl": 2.0, "status": "ok"}
+        sink = {"length": 64, "sink_epsilon": 0.3, "sink_token": 1, "sink_rate": rate}
+        results = {"eval": [record], "sink": [sink]}
+        finished_run(tmp_path / f"{encoding}{seed}", encoding, results, seed)
+    report = build_report(tmp_path)
+    text = markdown(report)
+    assert "| encoding | 64 tokens, eps 0.3, k 1 |" in text
+    assert "| alibi | 0.50 ± 0.35 |" in text and "| rope | 0.50 |" in text
+    (alibi, _) = json_content(report, [])["groups"][0]["sink"]
+    assert (alibi["encoding"], alibi["sink_rate_n"], alibi["sink_rate_mean"]) == ("alibi", 2, 0.5)

@@ -271,6 +271,14 @@ MORE_COMMAND_LINE_MISTAKES = [
         "--factor needs --rope-scaling",
     ),
     (
+        ["eval", "--metric", "longppl"],
+        "--metric longppl and --evaluator RUN go together",
+    ),
+    (
+        ["diagnose", "--length", "8", "--sink-token", "9"],
+        "--sink-token 9 is not in a window of --length 8",
+    ),
+    (
         ["report"],
         "the following arguments are required: DIR",
     ),

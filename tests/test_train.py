@@ -96,6 +96,13 @@ def test_results_json_has_the_documented_fields_and_types(rope_run):
         # The synthetic corpus has no words (a Markov chain over bytes, no whitespace between
         # words): no word count, no word perplexity.
         assert record["words"] is None and record["word_ppl"] is None
+    (effective,) = results["effective_context_length"]  # the one way it evaluated
+    assert (effective["metric"], effective["threshold"], effective["train_seq_len"]) == (
+        "ppl",
+        0.9,
+        16,
+    )
+    assert effective["length"] in (16, 32, 64)
 
 
 def test_results_name_the_code_that_ran(rope_run):

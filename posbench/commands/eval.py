@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from posbench.commands.arguments import (
@@ -18,6 +19,7 @@ from posbench.commands.arguments import (
 from posbench.commands.exits import fail
 from posbench.config import EvalDecode, EvalPositions, check_logger, eval_lengths
 from posbench.encodings.rope import SCALING_METHODS
+from posbench.evaluation.longppl import LONGPPL_ALPHA, LONGPPL_BETA
 from posbench.evaluation.reevaluate import check_rope_run, record_eval
 from posbench.evaluation.run import evaluate_run, rope_scaling_overrides
 from posbench.evaluation.temperature import TEMPERATURES
@@ -118,6 +120,34 @@ def eval_parser() -> argparse.ArgumentParser:
         'split at the lengths that are multiples of it); results.json records it as "scaling" '
         '"temperature" with temperature_c (default: the run\'s eval.temperature)',
     )
+    parser.add_argument(
+        "--metric",
+        choices=["ppl", "longppl"],
+        default="ppl",
+        help="ppl (the default), or also longppl: perplexity over the key tokens, those whose "
+        "log-probability under --evaluator with the whole window exceeds that with the run's "
+        "training length of context by --alpha and is above --beta (Fang et al. 2025); "
+        'results.json records it as "longppl" beside "ppl"',
+    )
+    parser.add_argument(
+        "--evaluator",
+        type=Path,
+        metavar="RUN",
+        help="the run directory of the model that selects LongPPL's key tokens, trained on "
+        "the same data and tokenizer (the run itself, or one that extrapolates)",
+    )
+    parser.add_argument(
+        "--alpha",
+        type=float,
+        default=LONGPPL_ALPHA,
+        help=f"LongPPL's long-short difference threshold in nats (default {LONGPPL_ALPHA:g})",
+    )
+    parser.add_argument(
+        "--beta",
+        type=float,
+        default=LONGPPL_BETA,
+        help=f"LongPPL's long-context log-likelihood threshold (default {LONGPPL_BETA:g})",
+    )
     return parser
 
 
@@ -130,6 +160,8 @@ def run_eval(args: Sequence[str]) -> None:
             "--temperature fit and --rope-scaling are two eval-time extensions and a record "
             "names one: evaluate them apart"
         )
+    if (options.metric == "longppl") != (options.evaluator is not None):
+        fail("--metric longppl and --evaluator RUN go together (see posbench eval --help)")
     run_dir = chosen_run(options)
     cfg = load_run_config(run_dir)  # for the defaults; evaluate_run loads the weights
     check_logger(cfg)
@@ -153,12 +185,27 @@ def run_eval(args: Sequence[str]) -> None:
         positions=options.positions,
         decode=options.decode,
         temperature=options.temperature,
+        evaluator=options.evaluator,
+        alpha=options.alpha,
+        beta=options.beta,
     )
     results = record_eval(run_dir, cfg, records, trained_lengths(cfg))
     print(f"{cfg.encoding.name} trained at {trained_at(cfg)} ({run_dir})")
     if options.rope_scaling not in (None, "none"):
         print(scaling_factors(options.rope_scaling, records))
     print(run_table(cfg, records, results))
+    if options.evaluator is not None:
+        print(longppl_lines(options.evaluator, records))
+
+
+def longppl_lines(evaluator: Path, records: Sequence[dict[str, Any]]) -> str:
+    """LongPPL at each length, with how many key tokens ``evaluator`` selected."""
+    lines = [f"LongPPL, key tokens selected by {evaluator}:"]
+    for r in records:
+        if r["status"] == "ok":
+            value = "null (no key token)" if r["longppl"] is None else f"{r['longppl']:.3f}"
+            lines.append(f"  length {r['length']}: {value} over {r['key_tokens']} key tokens")
+    return "\n".join(lines)
 
 
 def scaling_factors(method: str, records: Sequence[dict[str, Any]]) -> str:

@@ -17,6 +17,7 @@ from posbench.report.read import find_runs
 from posbench.report.reference import reference_warnings
 from posbench.report.summary import is_summary, write_summary
 from posbench.report.tables import markdown
+from posbench.runs.results import DEFAULT_EFFECTIVE_THRESHOLD
 
 
 def report_parser() -> argparse.ArgumentParser:
@@ -55,8 +56,9 @@ def report_parser() -> argparse.ArgumentParser:
         choices=list(METRICS),
         help="what the tables and the figure show, each with its ratio to the training length: "
         "ppl (per token: the default, and compared within each tokenizer), bits_per_byte (the "
-        "default for runs on several tokenizers) or word_ppl (per byte and per word of the "
-        "text: these compare runs on different tokenizers); with --reference, the reference's",
+        "default for runs on several tokenizers), word_ppl (per byte and per word of the "
+        "text: these compare runs on different tokenizers) or longppl (over the key tokens of "
+        "posbench eval --metric longppl); with --reference, the reference's",
     )
     parser.add_argument(
         "--reference",
@@ -74,6 +76,15 @@ def report_parser() -> argparse.ArgumentParser:
         help="an algorithmic sweep's success rate: the share of a row's seeds whose "
         f"length-generalization score is above T, in [0, 1) (default {DEFAULT_SUCCESS_THRESHOLD})",
     )
+    parser.add_argument(
+        "--effective-threshold",
+        type=float,
+        default=DEFAULT_EFFECTIVE_THRESHOLD,
+        metavar="T",
+        help="effective context length: the longest length up to which every evaluated length "
+        "keeps accuracy >= T x its value at the training length, or perplexity <= its value "
+        f"there / T, in (0, 1] (default {DEFAULT_EFFECTIVE_THRESHOLD})",
+    )
     return parser
 
 
@@ -85,7 +96,14 @@ def run_report(args: Sequence[str]) -> None:
     out = options.out if options.out is not None else default_out(options.dirs[0])
     reference = None if options.reference is None else load_reference(options.reference)
     metric = options.metric or (reference.metric if reference is not None else None)
-    report = build_report(options.dirs, out, metric, reference, options.success_threshold)
+    report = build_report(
+        options.dirs,
+        out,
+        metric,
+        reference,
+        options.success_threshold,
+        options.effective_threshold,
+    )
     for warning in reference_warnings(report):
         say(f"warning: {warning}")
     written = write_report(report, out)

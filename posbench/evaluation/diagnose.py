@@ -22,10 +22,14 @@ count tokens either way:
     mass_beyond_train_length  sum of p_ij over keys with i - j >= train.seq_len: attention at
                               distances training never showed (its largest distance is S - 1)
 
-Written to ``<run>/diagnostics/``: ``L<N>.json`` (every statistic as [layer][head][bucket]),
-``L<N>_entropy.png`` (entropy against query position, one panel per layer) and, when N exceeds
-the training length, ``L<N>_mass_beyond_train_length.png`` (a layer x head heatmap over the
-queries at positions >= train.seq_len); the same figures as TensorBoard images in the run.
+With them, the attention-sink rate Sink^eps_k of Gu et al. (posbench/evaluation/sink.py).
+
+Written to ``<run>/diagnostics/``: ``L<N>.json`` (every statistic as [layer][head][bucket], the
+sink rate, also in results.json's ``sink``: one record per length, eps and k, what ``posbench
+report`` tabulates), ``L<N>_entropy.png`` (entropy against query position, one panel per layer)
+and, when N exceeds the training length, ``L<N>_mass_beyond_train_length.png`` (a layer x head
+heatmap over the queries at positions >= train.seq_len); the same figures as TensorBoard images
+in the run.
 
 The model does not know it is observed: forward pre-hooks record each attention module's input, and
 q, k are recomputed by that module (its weights, the encoding's ``queries_and_keys`` and its
@@ -59,6 +63,13 @@ from posbench.evaluation.perplexity import (
     too_short,
 )
 from posbench.evaluation.positions import RandomPositions, eval_positions, positions_record
+from posbench.evaluation.sink import (
+    SINK_EPSILON,
+    SINK_TOKEN,
+    check_sink,
+    record_sink,
+    sink_rates,
+)
 from posbench.model import Transformer
 from posbench.model.attention import AttentionVariant, attention_probabilities
 from posbench.model.random_positions import PositionDraw
@@ -77,6 +88,10 @@ DEFINITIONS = {
     "mass_beyond_train_length_heatmap": "[layer][head] mass_beyond_train_length averaged "
     "over the queries at positions >= train_seq_len (null when the window is not longer)",
     "buckets": "each statistic is averaged over the queries of a bucket in every window",
+    "sink_attention": "[layer][head] mean over windows of (1 / (N - k + 1)) sum_{i >= k-1} "
+    "p_i,k-1: attention on token k (sink_token, 1 = the first) over the queries that see it",
+    "sink_rate": "Sink^eps_k (Gu et al. 2025): the share of (window, layer, head) whose mean "
+    "attention on token k exceeds eps (sink_epsilon); sink_rate_by_layer: per layer",
 }
 # Scores per block of queries. At most about six tensors of that size are alive at once (the
 # scores, the encoding's bias and its intermediates, the biased and masked scores, the
@@ -148,15 +163,18 @@ def layer_statistics(
     n_buckets: int,
     distances: torch.Tensor | None = None,
     variant: AttentionVariant | None = None,
-) -> torch.Tensor:
+    sink_key: int = 0,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """STATISTICS of one layer, summed over the batch and the queries of each bucket ->
-    (4, H, n_buckets) float64. ``content``: the encoding's content_state for this layer;
-    ``bucket_of`` (T,) is each token's bucket; ``distances``: the layer's randomized
-    distances (None: none); ``variant``: the layer's attention weights (sinks, sigmoid,
-    stick-breaking; None: softmax)."""
+    (4, H, n_buckets) float64, and the attention on key ``sink_key`` (counted from 0) summed
+    over the batch and every query -> (H,) float64. ``content``: the encoding's content_state
+    for this layer; ``bucket_of`` (T,) is each token's bucket; ``distances``: the layer's
+    randomized distances (None: none); ``variant``: the layer's attention weights (sinks,
+    sigmoid, stick-breaking; None: softmax)."""
     B, H, T, _ = q.shape
     tokens = torch.arange(T, device=q.device)  # the statistics count tokens, not positions
     sums = torch.zeros(len(STATISTICS), H, n_buckets, dtype=torch.float64, device=q.device)
+    on_sink = torch.zeros(H, dtype=torch.float64, device=q.device)
     block = diagnose_block_size(B * H, T)
     # From the last block (the most keys) to the first, as in posbench.model.attention's blocked
     # paths: each block's temporaries then fit in memory the previous block freed.
@@ -168,7 +186,9 @@ def layer_statistics(
         )
         stats = query_statistics(p, tokens[start:end], tokens[:end], train_seq_len)
         sums.index_add_(2, bucket_of[start:end], stats.sum(1).double())  # (4, H, e - s)
-    return sums
+        if sink_key < end:  # queries before the key give it nothing: it is masked for them
+            on_sink += p[..., sink_key].sum((0, 2)).double()
+    return sums, on_sink
 
 
 @torch.inference_mode()
@@ -178,13 +198,17 @@ def diagnose(
     train_seq_len: int,
     positions: RandomPositions | None = None,
     keys: Sequence[int] | None = None,
+    sink_epsilon: float = SINK_EPSILON,
+    sink_token: int = SINK_TOKEN,
 ) -> dict[str, Any]:
     """Attention statistics of ``model`` on ``windows_tokens`` (K, N) at randomized
     ``positions`` (None: 0..N-1), drawn as evaluation draws them for the windows ``keys``
     (their starts in the split; None: 0..K-1): the content of ``L<N>.json`` (see the module
-    docstring), each statistic as [layer][head][bucket]."""
+    docstring), each statistic as [layer][head][bucket], and Sink^eps_k at ``sink_epsilon``
+    and ``sink_token`` (k, 1 = the first token)."""
     model.eval()
     K, N = windows_tokens.shape
+    assert 1 <= sink_token <= N, "check_sink checks k"
     draws = PositionDraw() if positions is None else positions.of_windows(N, keys or range(K))
     buckets = position_buckets(N, train_seq_len)
     bucket_of = torch.zeros(N, dtype=torch.long, device=windows_tokens.device)  # (N,)
@@ -192,6 +216,7 @@ def diagnose(
         bucket_of[start:end] = i
     shape = (len(STATISTICS), model.args.n_layer, model.args.n_head, len(buckets))
     sums = torch.zeros(shape, dtype=torch.float64)
+    on_sink = torch.zeros(K, model.args.n_layer, model.args.n_head, dtype=torch.float64)
     for index, window in enumerate(windows_tokens):  # one at a time: the memory of one window
         at = draws.rows(torch.tensor([index]), N).to(window.device)
         inputs = attention_inputs(model, window[None], at)
@@ -199,7 +224,7 @@ def diagnose(
         for layer, (block, (x, at_layer, encoding, distances)) in enumerate(layers):
             # After the encoding's queries_and_keys (RoPE's rotation) and the layer's scaling.
             q, k, _, content = block.attn.queries_keys_values(x, at_layer, encoding)
-            sums[:, layer] += layer_statistics(
+            layer_sums, layer_on_sink = layer_statistics(
                 q,
                 k,
                 at_layer,
@@ -210,7 +235,10 @@ def diagnose(
                 len(buckets),
                 distances,
                 block.attn.variant,
-            ).cpu()
+                sink_token - 1,
+            )
+            sums[:, layer] += layer_sums.cpu()
+            on_sink[index, layer] = layer_on_sink.cpu()
     queries = torch.tensor([K * (end - start) for start, end in buckets], dtype=torch.float64)
     means = sums / queries  # (4, L, H, buckets)
     after = [i for i, (start, _) in enumerate(buckets) if start >= train_seq_len]
@@ -233,6 +261,7 @@ def diagnose(
         ],
         **{name: means[i].tolist() for i, name in enumerate(STATISTICS)},
         "mass_beyond_train_length_heatmap": None if heatmap is None else heatmap.tolist(),
+        **sink_rates(on_sink / (N - sink_token + 1), sink_epsilon, sink_token),
         "definitions": DEFINITIONS,
     }
 
@@ -317,11 +346,18 @@ def window_starts(
 
 
 def diagnose_run(
-    run_dir: str | Path, length: int, n_windows: int = 4, device: str = "auto"
+    run_dir: str | Path,
+    length: int,
+    n_windows: int = 4,
+    device: str = "auto",
+    sink_epsilon: float = SINK_EPSILON,
+    sink_token: int = SINK_TOKEN,
 ) -> tuple[dict[str, Any], list[Path]]:
     """Diagnose a trained run at ``length`` on ``n_windows`` windows of its validation split
-    (the split and windows ``posbench eval`` scores); write the JSON, the figures and the
-    TensorBoard images. Returns the JSON content and the paths written."""
+    (the split and windows ``posbench eval`` scores), Sink^eps_k at ``sink_epsilon`` and
+    ``sink_token``; write the JSON, the figures, the TensorBoard images and the sink rate
+    into results.json. Returns the JSON content and the paths written."""
+    check_sink(length, sink_epsilon, sink_token)
     run_dir = Path(run_dir)
     model, cfg = load_run(run_dir, resolve_device(device))
     model_device = next(model.parameters()).device
@@ -330,7 +366,16 @@ def diagnose_run(
     corpus = load_corpus(cfg.data)
     starts = window_starts(len(corpus.val), length, n_windows, corpus.val_documents)
     tokens = gather_windows(corpus.val, starts, length)  # (K, length)
-    result = diagnose(model, tokens.to(model_device), cfg.train.seq_len, positions, starts)
+    result = diagnose(
+        model,
+        tokens.to(model_device),
+        cfg.train.seq_len,
+        positions,
+        starts,
+        sink_epsilon,
+        sink_token,
+    )
+    record_sink(run_dir, result)
     return result, write_diagnostics(run_dir, result)
 
 

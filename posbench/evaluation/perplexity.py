@@ -28,6 +28,10 @@ first byte) and gives ``bits_per_byte`` = total NLL / ln 2 / bytes and ``word_pp
 exp(total NLL / words), lm-evaluation-harness's word perplexity. With byte tokens, bits per
 byte is mean NLL / ln 2.
 
+LongPPL (posbench/evaluation/longppl.py): given ``key_tokens``, a selection of the targets of
+each batch of windows, a record also holds ``longppl``, exp(mean NLL) over the selected targets
+that are scored, and ``key_tokens``, how many (``longppl`` null when none is).
+
 Where in the window the loss rises: each non-overlapping record also holds
 ``loss_by_position``, the mean NLL of the tokens at each bucket of positions
 (``position_buckets``), summed over every window. Sliding-window records omit it: their scored
@@ -37,7 +41,7 @@ positions are only the window's last ``stride``.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from itertools import islice, pairwise
 from typing import Any
 
@@ -55,6 +59,10 @@ TOKENS_PER_BATCH = 65536  # default eval batch: about this many tokens per forwa
 BUCKETS_PER_TRAIN_LENGTH = 8  # equal position buckets inside the training length
 BUCKETS_PER_OCTAVE = 4  # equal position buckets in each doubling beyond it (fewer if needed)
 MAX_POSITION_BUCKETS = 64
+
+
+# LongPPL's key tokens of a batch of windows: rows (B, T + 1) -> (B, T) bool (longppl.KeyTokens)
+KeySelection = Callable[[torch.Tensor], torch.Tensor]
 
 
 def position_buckets(length: int, train_seq_len: int) -> list[tuple[int, int]]:
@@ -199,6 +207,7 @@ def evaluate_length(
     token_bytes: Bytes | None = None,
     word_starts: Bytes | None = None,
     has_words: bool = True,
+    key_tokens: KeySelection | None = None,
 ) -> dict[str, Any]:
     """One results.json eval record: the model's perplexity on ``tokens`` at ``length``, the
     eval-time extension (``scaling``) its encoding applied there and, for non-overlapping
@@ -211,7 +220,8 @@ def evaluate_length(
     the bytes and word starts of each token (a corpus of tokens' ``val_token_bytes`` and
     ``val_word_starts``; None: ``tokens`` are bytes, which count themselves). Without
     ``has_words`` (bytes that are not text: the synthetic corpus) ``word_ppl`` and ``words``
-    are None: whitespace bytes there delimit no words. ``tokens`` (a
+    are None: whitespace bytes there delimit no words. ``key_tokens``: LongPPL's selection of
+    each batch's targets (None: no LongPPL). ``tokens`` (a
     tensor or a numpy array, maybe a memory map) is read one batch of windows at a time."""
     assert stride is None or 0 < stride <= length, "stride must be in (0, length]"
     model.eval()  # no dropout; eval-time extensions (RoPE scaling) apply
@@ -240,6 +250,7 @@ def evaluate_length(
     position_nll = torch.zeros(length, dtype=torch.float64, device=device)  # summed on the device
     position_tokens = torch.zeros(length, dtype=torch.long, device=device)
     text = torch.zeros(2, dtype=torch.long, device=device)  # bytes and words scored
+    key = torch.zeros(2, dtype=torch.float64, device=device)  # key tokens' NLL and count
     spans = document_windows(long_documents, length, stride)
     with tqdm(total=n_spans, desc=f"eval length {length}", unit="window", leave=False) as bar:
         while batch := list(islice(spans, batch_size)):
@@ -260,6 +271,10 @@ def evaluate_length(
             is_scored = torch.arange(length, device=device) >= first[:, None]  # (B, T)
             position_nll += nll.double().masked_fill(~is_scored, 0.0).sum(0)  # (T,)
             position_tokens += is_scored.sum(0)
+            if key_tokens is not None:
+                with autocast(precision, device):
+                    is_key = key_tokens(rows) & is_scored  # (B, T)
+                key += torch.stack([nll.double()[is_key].sum(), is_key.sum().double()])
             counts = scored_text(rows, starts, token_bytes, word_starts).to(device)  # (2, B, T)
             text += (counts * is_scored).sum((1, 2))
             bar.update(len(batch))
@@ -267,10 +282,13 @@ def evaluate_length(
     total_nll = position_nll.sum().item()
     mean_nll = total_nll / scored
     n_bytes, n_words = text.tolist()
-    by_position = {}
+    extra: dict[str, Any] = {}
+    if key_tokens is not None:
+        key_nll, n_key = key.tolist()
+        extra = {"longppl": math.exp(key_nll / n_key) if n_key else None, "key_tokens": int(n_key)}
     if stride is None:
         buckets = loss_by_position(position_nll, position_tokens, train_seq_len or length)
-        by_position = {"loss_by_position": buckets}
+        extra["loss_by_position"] = buckets
     return {
         "length": length,
         "stride": stride,
@@ -286,7 +304,7 @@ def evaluate_length(
         "precision": precision,
         **scaling,
         **positions_record(positions, n_spans),
-        **by_position,
+        **extra,
     }
 
 
@@ -332,6 +350,7 @@ def evaluate(
     token_bytes: Bytes | None = None,
     word_starts: Bytes | None = None,
     has_words: bool = True,
+    key_tokens: KeySelection | None = None,
 ) -> list[dict[str, Any]]:
     """Evaluate ``model`` on ``tokens`` (a tensor or a numpy array: bytes, or a tokenizer's
     ids with each one's ``token_bytes`` and ``word_starts``) at each length, in ``precision``,
@@ -347,7 +366,8 @@ def evaluate(
     bytes, words, documents,
     status, reason, precision (of measured records), scaling, scaling_factor, positions,
     random_positions, position_draws and
-    (non-overlapping windows) loss_by_position, bucketed around ``train_seq_len``.
+    (non-overlapping windows) loss_by_position, bucketed around ``train_seq_len``; with
+    ``key_tokens``, longppl and key_tokens.
     """
     if max_tokens is not None:
         tokens = tokens[: max_tokens + 1]
@@ -369,6 +389,7 @@ def evaluate(
             token_bytes,
             word_starts,
             has_words,
+            key_tokens,
         )
         for n in lengths
     ]

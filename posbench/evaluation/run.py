@@ -17,7 +17,8 @@ from omegaconf import DictConfig, OmegaConf
 from posbench.config import choice, resolve_device
 from posbench.data import Corpus, Task, load_data
 from posbench.errors import PosbenchError
-from posbench.evaluation.perplexity import evaluate
+from posbench.evaluation.longppl import LONGPPL_ALPHA, LONGPPL_BETA, KeyTokens, check_evaluator
+from posbench.evaluation.perplexity import KeySelection, evaluate
 from posbench.evaluation.positions import RandomPositions, eval_positions
 from posbench.evaluation.task_accuracy import evaluate_task
 from posbench.evaluation.temperature import check_temperature, fit_temperature, logit_temperature
@@ -37,11 +38,13 @@ def evaluate_data(
     positions: RandomPositions | None = None,
     decode: str = "greedy",
     temperature: str = "none",
+    key_tokens: KeySelection | None = None,
 ) -> list[dict[str, Any]]:
-    """``evaluate`` on a corpus's validation split, ``evaluate_task`` on a task (its answers
-    scored as ``decode`` says), at ``positions`` (None: 0..L-1); ``temperature="fit"``: a
-    corpus's records under the logit temperature fitted on its training split
-    (posbench/evaluation/temperature.py; ``check_temperature`` refuses it for a task)."""
+    """``evaluate`` on a corpus's validation split (with LongPPL over ``key_tokens``' selection,
+    if given), ``evaluate_task`` on a task (its answers scored as ``decode`` says), at
+    ``positions`` (None: 0..L-1); ``temperature="fit"``: a corpus's records under the logit
+    temperature fitted on its training split (posbench/evaluation/temperature.py;
+    ``check_temperature`` refuses it for a task)."""
     if isinstance(data, Corpus):
 
         def on_validation(at: Sequence[int]) -> list[dict[str, Any]]:
@@ -59,6 +62,7 @@ def evaluate_data(
                 data.val_token_bytes,
                 data.val_word_starts,
                 data.has_words,
+                key_tokens,
             )
 
         if temperature == "none":
@@ -74,6 +78,11 @@ def evaluate_data(
             records.append({**record, **fit.record(length)})
         return records
     assert temperature == "none", "check_temperature refuses a temperature for a task"
+    if key_tokens is not None:
+        raise PosbenchError(
+            f"data={data.config.source} scores answers: LongPPL is a corpus's perplexity; "
+            "drop --metric longppl"
+        )
     if stride is not None:
         raise PosbenchError(
             f"data={data.config.source} scores whole prompts: a stride applies to corpora only; "
@@ -94,8 +103,13 @@ def evaluate_run(
     positions: str | None = None,
     decode: str | None = None,
     temperature: str | None = None,
+    evaluator: str | Path | None = None,
+    alpha: float = LONGPPL_ALPHA,
+    beta: float = LONGPPL_BETA,
 ) -> list[dict[str, Any]]:
     """Evaluate a trained run on its own validation split; returns results.json eval records.
+    With an ``evaluator`` run (posbench/evaluation/longppl.py), each record also holds LongPPL
+    over the key tokens it selects at ``alpha`` and ``beta``, and how they were selected.
 
     ``max_tokens``, ``precision``, ``positions`` (auto | consecutive | random), ``decode``
     (greedy | teacher_forced) and ``temperature`` (none | fit: fitted again at ``lengths``)
@@ -107,6 +121,11 @@ def evaluate_run(
     run's encoding config before its weights are loaded (e.g. ``rope_scaling_overrides``).
     """
     model, cfg = load_run(run_dir, resolve_device(device), encoding_overrides)
+    key_tokens = None
+    if evaluator is not None:
+        judge, judge_cfg = load_run(evaluator, resolve_device(device))
+        check_evaluator(cfg, judge, judge_cfg, list(lengths))
+        key_tokens = KeyTokens(judge, cfg.train.seq_len, alpha, beta)
     data = load_data(cfg.data)
     if max_tokens is None:
         max_tokens = cfg.eval.max_tokens
@@ -117,7 +136,7 @@ def evaluate_run(
     if temperature is None:
         temperature = OmegaConf.select(cfg, "eval.temperature", default="none")
     check_temperature(temperature, cfg, lengths)
-    return evaluate_data(
+    records = evaluate_data(
         model,
         data,
         lengths,
@@ -129,7 +148,12 @@ def evaluate_run(
         eval_positions(cfg, positions),
         decode,
         temperature,
+        key_tokens,
     )
+    if key_tokens is None:
+        return records
+    how = key_tokens.record(Path(evaluator))
+    return [{**record, **how} for record in records]
 
 
 ROPE_SCALING_NEEDS_ROPE = "RoPE scaling needs a run trained with encoding=rope"

@@ -14,6 +14,8 @@ aggregate.py  an algorithmic sweep's max and success rate over seeds, mean recip
 tables.py     Markdown (printed, report.md) and the flat records of report.csv / report.json
 generalization.py  an algorithmic sweep's Table 1 and mean reciprocal rank, in both
 text.py       a mean ± std as the tables print it, the best in bold
+long_context.py  the effective context length (--effective-threshold) and attention-sink
+              rate tables
 figures.py    the PNG figures and the TensorBoard runs
 run_table.py  one run's records as a terminal table, and the ratio's wording both share
 reference.py  a sweep against published numbers (--reference): the rows that meet them, the

@@ -169,10 +169,14 @@ def alike(measured: Sequence[tuple[Run, dict]]) -> Sequence[tuple[Run, dict]]:
 
 def no_value(metric: str, records: Sequence[dict[str, Any]]) -> str:
     """Why measured ``records`` hold no ``metric``."""
+    if metric == "longppl" and not any(metric in r for r in records):
+        return "its records have no longppl: posbench eval --metric longppl --evaluator RUN"
     if not any(metric in r for r in records):
         return f"its records have no {metric} (written before posbench measured it)"
     if metric == "word_ppl":  # measured as null: text only
         return "word_ppl is null in its records: its data delimits no words (synthetic, a task)"
+    if metric == "longppl":
+        return "longppl is null in its records: its evaluator selected no key token there"
     return f"{metric} is null in its records"
 
 
@@ -191,7 +195,12 @@ def cell(length: int, measured: Sequence[tuple[Run, dict]], metric: str = "ppl")
     missing = {}
     if ok and not valued:
         missing["value"] = no_value(metric, [r for _, r in ok_records])
-    if valued and not ratios:  # measured, but no run measured the training length that way
+    if valued and not ratios and metric == "longppl":
+        missing["ratio"] = (
+            "LongPPL at the training length is null: no token there has more context in the "
+            "window than in the training length, so none is key and no ratio divides by it"
+        )
+    elif valued and not ratios:  # measured, but no run measured the training length that way
         run, record = valued[0]
         missing["ratio"] = no_reference(run.config["train.seq_len"], protocol_text(record))
     reasons = sorted({r["reason"] for _, r in measured if r["status"] != "ok"})

@@ -101,6 +101,7 @@ METRIC_AXES = {
     "ppl": "perplexity",
     "bits_per_byte": "bits per byte",
     "word_ppl": "word-level perplexity",
+    "longppl": "LongPPL (key tokens)",
 }
 
 Points = tuple[np.ndarray, np.ndarray, np.ndarray]  # a curve's x, mean and std

@@ -44,7 +44,14 @@ from posbench.report.settings import (
 )
 from posbench.report.summary import is_summary
 from posbench.runs.directory import saved_config
-from posbench.runs.results import decode_mode, positions_mode, scaling_name
+from posbench.runs.results import (
+    DEFAULT_EFFECTIVE_THRESHOLD,
+    decode_mode,
+    effective_length,
+    positions_mode,
+    record_score,
+    scaling_name,
+)
 
 # An encoding whose mean perplexity at the training length is more than this many times the
 # best encoding's did not learn comparably (e.g. under-trained): a flat ratio from a high start
@@ -56,6 +63,8 @@ METRICS = {
     "ppl": "Perplexity",
     "bits_per_byte": "Bits per byte (total NLL / ln 2 over the UTF-8 bytes scored)",
     "word_ppl": "Word-level perplexity (exp of the total NLL over the words scored)",
+    "longppl": "LongPPL (perplexity over the key tokens an evaluator run selects: posbench eval "
+    "--metric longppl)",
 }
 
 
@@ -76,6 +85,13 @@ class Row:
     # an algorithmic task's: its runs' length_generalization(_accuracy) (runs/results.py)
     generalization: Stat = NOT_MEASURED
     generalization_accuracy: Stat = NOT_MEASURED
+    # its runs' effective context lengths (runs.results.effective_length) at the report's
+    # threshold, and the score they are read from ("accuracy" for a task, else the metric)
+    effective: Stat = NOT_MEASURED
+    effective_metric: str = ""
+    # its runs' attention-sink rates (posbench diagnose's results.json ``sink``) by (length,
+    # eps, k); only on the row measured as trained: a diagnosis is of the model, not a protocol
+    sink: dict[tuple[int, float, int], Stat] = field(default_factory=dict)
     name: str = ""  # its runs' encoding.name: "rope" for "rope (base=500)" or "rope [bpe 8192]"
     tokenizer: str = "bytes"  # its runs' (tokenizer_text): perplexities compare within one
 
@@ -130,6 +146,9 @@ class Report:
     code: list[tuple[dict[str, Any] | None, int]] = field(default_factory=list)
     # a seed succeeds on an algorithmic task when its summary is above this (--success-threshold)
     success_threshold: float = DEFAULT_SUCCESS_THRESHOLD
+    # the share of its score at the training length a length keeps to be effective
+    # (--effective-threshold)
+    effective_threshold: float = DEFAULT_EFFECTIVE_THRESHOLD
     # runs left out because a newer one has their config and seed (not two seeds)
     duplicates: list[Duplicate] = field(default_factory=list)
     # why the metric is what it is, when the runs' tokenizers chose it (chosen_metric)
@@ -181,8 +200,30 @@ def other_positions(run: Run, record: dict[str, Any]) -> str | None:
     return None if mode == trained else mode
 
 
+def effective_lengths(
+    by_length: dict[int, list[tuple[Run, dict]]],
+    train_seq_len: int,
+    metric: str,
+    threshold: float,
+) -> tuple[Stat, str]:
+    """A row's effective context lengths over its runs, from its records ``by_length``, and
+    the score they are read from (a task's accuracy, else ``metric``)."""
+    scores: dict[Path, dict[int, float | None]] = defaultdict(dict)
+    name = metric
+    for length, measured in by_length.items():
+        for run, record in measured:
+            name, scores[run.path][length] = record_score(record, metric)
+    lengths = [effective_length(s, train_seq_len, threshold, name) for s in scores.values()]
+    return Stat.of([n for n in lengths if n is not None]), name
+
+
 def build_group(
-    runs: Sequence[Run], name: str, title: str, setting: dict[str, Any], metric: str = "ppl"
+    runs: Sequence[Run],
+    name: str,
+    title: str,
+    setting: dict[str, Any],
+    metric: str = "ppl",
+    effective_threshold: float = DEFAULT_EFFECTIVE_THRESHOLD,
 ) -> Group:
     labels = encoding_labels(runs)
     names = {labels[run.path]: run.config["encoding.name"] for run in runs}
@@ -211,7 +252,13 @@ def build_group(
         row = Row(shown, label, scaling, stride, positions, row_runs[key], name=names[label])
         row.tokenizer = tokenizers[label]
         row.cells = [cell(length, table[key].get(length, []), metric) for length in lengths]
+        if problem_lengths(runs[0]) is None:  # problem lengths are no multiple of a window
+            row.effective, row.effective_metric = effective_lengths(
+                table[key], runs[0].config["train.seq_len"], metric, effective_threshold
+            )
         results = [run.results for run in runs if run.path in row.runs]
+        if row.as_trained:
+            row.sink = sink_rates(results)
         row.generalization = Stat.of(summary_values(results, "length_generalization"))
         # A teacher-forced accuracy is never averaged with the model's own answers' accuracies.
         answered = results if teacher_forced else [r for r in results if own_answers(r)]
@@ -280,6 +327,16 @@ def constant_answer_past(run: Run, past: Sequence[int]) -> float | None:
     return statistics.fmean(task.constant_answer_accuracy([n]) for n in scored)
 
 
+def sink_rates(results: Sequence[dict[str, Any]]) -> dict[tuple[int, float, int], Stat]:
+    """The runs' sink rates (results.json's ``sink``, written by posbench diagnose) over runs,
+    by (length, eps, k)."""
+    rates: dict[tuple[int, float, int], list[float]] = defaultdict(list)
+    for result in results:
+        for r in result.get("sink", []):
+            rates[(r["length"], r["sink_epsilon"], r["sink_token"])].append(r["sink_rate"])
+    return {setting: Stat.of(values) for setting, values in sorted(rates.items())}
+
+
 def summary_values(results: Sequence[dict[str, Any]], key: str) -> list[float]:
     """The runs' top-level ``key`` where they have one (an algorithmic task's summary)."""
     return [r[key] for r in results if r.get(key) is not None]
@@ -339,18 +396,26 @@ def build_report(
     metric: str | None = None,
     reference: Reference | None = None,
     success_threshold: float = DEFAULT_SUCCESS_THRESHOLD,
+    effective_threshold: float = DEFAULT_EFFECTIVE_THRESHOLD,
 ) -> Report:
     """Read every run below ``dirs`` (one directory or several: e.g. a sweep and the sweep
     that added a row to it), a run repeated counted once, and aggregate its ``metric``
     (METRICS; by default ppl, or bits_per_byte for runs on several tokenizers), each group beside
     ``reference``'s table of its training length if it has one, an algorithmic task's seeds
-    counted as succeeding above ``success_threshold``; a one-line error if no run finished."""
+    counted as succeeding above ``success_threshold``, a length effective while its score
+    keeps ``effective_threshold`` of the training length's; a one-line error if no run
+    finished."""
     if metric is not None and metric not in METRICS:
         raise PosbenchError(f"--metric must be one of {', '.join(METRICS)} (got {metric!r})")
     if not 0 <= success_threshold < 1:
         raise PosbenchError(
             f"--success-threshold must be in [0, 1) (got {success_threshold}): a seed succeeds "
             "with a score above it"
+        )
+    if not 0 < effective_threshold <= 1:
+        raise PosbenchError(
+            f"--effective-threshold must be in (0, 1] (got {effective_threshold}): the share of "
+            "its score at the training length a length keeps to count as effective"
         )
     if reference is not None and reference.metric not in METRICS:
         raise PosbenchError(
@@ -389,7 +454,7 @@ def build_report(
     for number, setting in enumerate(settings, start=1):
         name = f"group{number}" if len(settings) > 1 else ""
         members, title = by_setting[setting], titles[number - 1]
-        group = build_group(members, name, title, distinct[number - 1], metric)
+        group = build_group(members, name, title, distinct[number - 1], metric, effective_threshold)
         if reference is not None:
             group.reference = reference.table(group.train_seq_len)
         groups.append(group)
@@ -397,6 +462,7 @@ def build_report(
     code = runs_by_code(runs)
     report = Report(root, dirs, groups, excluded, metric, reference, code, success_threshold)
     report.duplicates, report.metric_note = duplicates, metric_note
+    report.effective_threshold = effective_threshold
     return report
 
 

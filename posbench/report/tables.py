@@ -4,6 +4,7 @@ records for report.csv and report.json."""
 from __future__ import annotations
 
 import csv
+import functools
 import io
 from collections.abc import Sequence
 from pathlib import Path
@@ -15,6 +16,14 @@ from posbench.report.generalization import (
     mean_reciprocal_rank_content,
 )
 from posbench.report.groups import METRICS, Group, Report, Row, has_accuracy
+from posbench.report.long_context import (
+    effective_content,
+    effective_rows,
+    effective_table,
+    sink_content,
+    sink_settings,
+    sink_table,
+)
 from posbench.report.reference import compared_rows, published
 from posbench.report.run_table import ratio_title
 from posbench.report.text import best_shown, stat_text
@@ -254,6 +263,11 @@ def markdown(report: Report) -> str:
             for metric, what in ACCURACIES.items():
                 lines += ["", f"{what}:", ""]
                 lines += markdown_table(group, metric, footnotes, best_of=max)
+        named = functools.partial(row_name, footnotes=footnotes)
+        if effective_rows(group):
+            lines += ["", *effective_table(report, group, named)]
+        if sink_settings(group):
+            lines += ["", *sink_table(group, named)]
         if group.depth_length is not None:
             lines += ["", *depth_table(group, footnotes)]
         if group.position_length is not None:
@@ -312,6 +326,9 @@ CSV_FIELDS = [
     "sequence_accuracy_std",
     "documents_min",
     "documents_max",
+    "effective_length_n",  # the row's, repeated at each of its lengths
+    "effective_length_mean",
+    "effective_length_std",
 ]
 
 
@@ -354,6 +371,7 @@ def cell_records(report: Report) -> list[dict[str, Any]]:
             },
             "documents_min": min(c.documents, default=None),
             "documents_max": max(c.documents, default=None),
+            **{f"effective_length_{p}": getattr(row.effective, p) for p in ("n", "mean", "std")},
         }
         for group in report.groups
         for row in group.rows
@@ -390,6 +408,8 @@ def json_content(report: Report, records: Sequence[dict[str, Any]]) -> dict[str,
                 "rows": {row.label: [relative(p, report.root) for p in row.runs] for row in g.rows},
                 "loss_by_position": position_content(g),
                 "accuracy_by_depth": depth_content(g),
+                "effective_context_length": effective_content(report, g),
+                "sink": sink_content(g),
                 "reference": reference_content(report, g),
             }
             for g in report.groups

@@ -7,6 +7,7 @@ scaling, positions, decoding) and which records compare.
 from __future__ import annotations
 
 import json
+from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -219,14 +220,112 @@ def mean_of(values: list[float | None]) -> float | None:
     return None if None in values else sum(values) / len(values)
 
 
+# Effective context length: the longest evaluated length up to which a run's score stays
+# within a threshold of its score at the training length (RULER's effective context length,
+# Hsieh et al. 2024, https://arxiv.org/abs/2404.06654, made relative).
+#
+# RULER calls a length effective while the score there stays above an absolute bar (85.6 %, its
+# Llama-2-7B's). A tiny model's score at its own training length is no such bar, so the bar is
+# relative: with threshold t (``--effective-threshold``, default 0.9), a length L >= S (the
+# training length) is within it when
+#
+#     accuracy(L)   >= t * accuracy(S)      (a task: the model's own answers, headline_accuracy)
+#     perplexity(L) <= perplexity(S) / t    (a corpus; or bits_per_byte, word_ppl in a report)
+#
+# and the effective length is the longest evaluated L such that every evaluated length from S to
+# L is within it (a length that could not be measured, ``unsupported``, ends the run of lengths).
+# None when S itself was not measured the same way. Lengths below S are not read: fewer tokens of
+# context raise perplexity even for a model that extrapolates perfectly.
+#
+# Each protocol (stride, eval-time scaling, positions: results.eval_protocol) is its own series.
+# results.json holds them as ``effective_context_length`` at DEFAULT_EFFECTIVE_THRESHOLD;
+# ``posbench report --effective-threshold`` recomputes them at any other.
+
+DEFAULT_EFFECTIVE_THRESHOLD = 0.9
+PROTOCOL_FIELDS = ("stride", "scaling", "scaling_factor_setting", "positions")  # eval_protocol
+HIGHER_IS_BETTER = {"accuracy"}  # every other score is a perplexity or bits
+
+
+def effective_length(
+    scores: Mapping[int, float | None], train_length: int, threshold: float, metric: str
+) -> int | None:
+    """The effective length of ``scores`` (length -> ``metric`` there; None: not measured)
+    relative to the score at ``train_length``, as the comment above defines it."""
+    reference = scores.get(train_length)
+    if reference is None:
+        return None
+    effective = None
+    for length in sorted(n for n in scores if n >= train_length):
+        score = scores[length]
+        if score is None:
+            break
+        if metric in HIGHER_IS_BETTER:
+            within = score >= threshold * reference
+        else:
+            within = score <= reference / threshold
+        if not within:
+            break
+        effective = length
+    return effective
+
+
+def record_score(record: Mapping[str, Any], metric: str | None = None) -> tuple[str, float | None]:
+    """The score an eval record's effective length is read from, and its name: a task's
+    accuracy of its own answers, else ``metric`` (None: ppl); None when not measured."""
+    if "sequence_accuracy" in record:  # a task's record
+        return "accuracy", headline_accuracy(record) if record["status"] == "ok" else None
+    metric = metric or "ppl"
+    return metric, record.get(metric) if record["status"] == "ok" else None
+
+
+def effective_context_lengths(
+    records: Iterable[Mapping[str, Any]],
+    train_seq_len: int,
+    threshold: float = DEFAULT_EFFECTIVE_THRESHOLD,
+) -> list[dict[str, Any]]:
+    """results.json's ``effective_context_length``: one entry per protocol of ``records``
+    (a run's eval records), with the score it is read from and the score at the training
+    length."""
+    series: dict[tuple, dict[int, float | None]] = defaultdict(dict)
+    for record in records:
+        metric, score = record_score(record)
+        series[(*eval_protocol(record), metric)][record["length"]] = score
+    return [
+        {
+            "metric": key[-1],
+            "threshold": threshold,
+            "length": effective_length(scores, train_seq_len, threshold, key[-1]),
+            "train_seq_len": train_seq_len,
+            "score_at_train_seq_len": scores.get(train_seq_len),
+            **dict(zip(PROTOCOL_FIELDS, key[:-1], strict=True)),
+        }
+        for key, scores in series.items()
+    ]
+
+
+def with_effective_context_length(results: dict[str, Any]) -> dict[str, Any]:
+    """``results`` with its ``effective_context_length`` entries recomputed from all its eval
+    records at DEFAULT_EFFECTIVE_THRESHOLD (``posbench report`` reads them at any other)."""
+    entries = effective_context_lengths(results["eval"], results["train_seq_len"])
+    return {**results, "effective_context_length": entries}
+
+
+def as_trained(entry: Mapping[str, Any]) -> bool:
+    """Whether an ``effective_context_length`` entry is of the records measured as the run was
+    trained: non-overlapping windows, no eval-time scaling."""
+    return entry["stride"] is None and entry["scaling"] == "none"
+
+
 def append_eval_results(
     run_dir: Path, records: list[dict[str, Any]], longest_trained: int | None = None
 ) -> dict[str, Any]:
     """Add evaluation records to the run's results.json (atomically) and return the new content;
     with ``longest_trained`` (an algorithmic task's), its ``with_length_generalization``
-    summary is recomputed from all its records."""
+    summary is recomputed from all its records, else its ``effective_context_length``."""
     results = merge_eval_records(read_results(run_dir), records)
     if longest_trained is not None:
         results = with_length_generalization(results, longest_trained)
+    elif "train_seq_len" in results:  # an algorithmic task's lengths are problem lengths
+        results = with_effective_context_length(results)
     write_results(run_dir, results)
     return results

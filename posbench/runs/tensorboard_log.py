@@ -16,6 +16,10 @@ but flip_flop's, whose paper scores its reads so),
 algorithmic task's figure is ``eval/sequence_accuracy_vs_problem_length`` instead: its lengths
 are problem lengths, trained over a range (``TrainedLengths``), and its measure is accuracy.
 
+The effective context length (results.effective_context_lengths, at its default threshold) is
+one scalar per series, ``eval/effective_context_length`` (suffixed as above), at step 0, and
+the HParams metric ``effective_context_length`` (the series measured as the run was trained).
+
 Loss by position is one series per evaluated length, ``eval/loss_by_position/L<length>``
 (suffixed with the scaling method when there is one), whose step is each bucket's end position.
 
@@ -37,7 +41,13 @@ from omegaconf import DictConfig, OmegaConf
 from torch.utils.tensorboard import SummaryWriter
 
 from posbench.config import flat_config
-from posbench.runs.results import headline_accuracy, scaling_method, scaling_setting
+from posbench.runs.results import (
+    as_trained,
+    effective_context_lengths,
+    headline_accuracy,
+    scaling_method,
+    scaling_setting,
+)
 from posbench.system.atomic import atomic_path
 
 if TYPE_CHECKING:
@@ -103,7 +113,8 @@ class Point(NamedTuple):
 
 def length_points(records: Sequence[Mapping[str, Any]]) -> list[Point]:
     """One point per evaluated length on ``eval/ppl``, ``eval/bits_per_byte``, ``eval/word_ppl``
-    (text: the metrics that compare across tokenizers) and, for a task, ``eval/accuracy`` (of
+    (text: the metrics that compare across tokenizers), ``eval/longppl`` (posbench eval --metric
+    longppl) and, for a task, ``eval/accuracy`` (of
     the model's own answer), ``eval/sequence_accuracy`` and ``eval/teacher_forced_accuracy`` (an
     algorithmic task's at x = problem length)."""
     points = []
@@ -112,7 +123,7 @@ def length_points(records: Sequence[Mapping[str, Any]]) -> list[Point]:
             continue
         values = {
             metric: record.get(metric)
-            for metric in ("ppl", "bits_per_byte", "word_ppl", "sequence_accuracy")
+            for metric in ("ppl", "bits_per_byte", "word_ppl", "longppl", "sequence_accuracy")
         }
         values["accuracy"] = headline_accuracy(record)
         values["teacher_forced_accuracy"] = record.get("teacher_forced_accuracy")
@@ -120,6 +131,20 @@ def length_points(records: Sequence[Mapping[str, Any]]) -> list[Point]:
             if value is not None:  # word_ppl: text only; accuracy: tasks only
                 points.append(Point(eval_tag(metric, record), record["length"], value))
     return points
+
+
+def effective_length_scalars(
+    records: Sequence[Mapping[str, Any]], trained: TrainedLengths
+) -> dict[str, int]:
+    """``eval/effective_context_length`` of each series of ``records`` that has one (none for
+    an algorithmic task: its lengths are problem lengths, trained over a range)."""
+    if trained.problem_lengths:
+        return {}
+    return {
+        eval_tag("effective_context_length", entry): entry["length"]
+        for entry in effective_context_lengths(records, trained.lo)
+        if entry["length"] is not None
+    }
 
 
 def loss_by_position_tag(record: Mapping[str, Any]) -> str:
@@ -154,9 +179,11 @@ def log_eval_records(
     writer: SummaryWriter, records: Sequence[Mapping[str, Any]], trained: TrainedLengths
 ) -> None:
     """``records``'s points (length_points, then loss_by_position_points) with the x as the
-    global step, and their figure."""
+    global step, the effective context lengths at step 0, and their figure."""
     for point in [*length_points(records), *loss_by_position_points(records)]:
         writer.add_scalar(point.tag, point.value, global_step=point.x)
+    for tag, length in effective_length_scalars(records, trained).items():
+        writer.add_scalar(tag, length, global_step=0)
     figure = eval_figure(records, trained)
     if figure is not None:
         writer.add_figure(*figure)
@@ -273,8 +300,11 @@ def hparam_value(value: Any) -> Any:
 def headline_metrics(results: Mapping[str, Any]) -> dict[str, float]:
     """The numbers the HParams tab shows beside a run's knobs: its training summary's, and its
     perplexity (a task's accuracy, too) at each evaluated length; an algorithmic task's
-    length_generalization summaries."""
+    length_generalization summaries; the effective context length measured as it trained."""
     metrics = {"final_loss": results["train"]["final_loss"], "val_ppl": results["train"]["val_ppl"]}
+    for entry in results.get("effective_context_length", []):
+        if as_trained(entry) and entry["length"] is not None:
+            metrics["effective_context_length"] = entry["length"]
     for record in results["eval"]:
         if record["status"] == "ok":
             metrics[f"ppl_at_{record['length']}"] = record["ppl"]

@@ -29,6 +29,7 @@ from posbench.runs.results import (
     diverged_results,
     read_results,
     run_description,
+    with_effective_context_length,
     with_length_generalization,
     write_results,
 )
@@ -209,6 +210,8 @@ def evaluate_and_record(
     trained = trained_lengths(cfg)
     if trained.problem_lengths:
         results = with_length_generalization(results, trained.hi)
+    else:
+        results = with_effective_context_length(results)
     write_results(run_dir, results)
     logger.log_evaluation(records, trained)
     logger.log_summary(headline_metrics(results))

@@ -29,6 +29,7 @@ from posbench.config import choice, flat_config
 from posbench.runs.directory import sweep_of
 from posbench.runs.tensorboard_log import (
     TrainedLengths,
+    effective_length_scalars,
     eval_figure,
     length_points,
     loss_by_position_points,
@@ -103,6 +104,7 @@ class WandbLogger:
         # In order of x, so that each curve is drawn from left to right.
         for (axis, x), values in sorted(rows.items()):
             self.log_row(axis, x, values)
+        self.run.summary.update(effective_length_scalars(records, trained))
         figure = eval_figure(records, trained)
         if figure is not None:
             tag, image = figure
