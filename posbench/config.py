@@ -24,6 +24,7 @@ from posbench.encodings import ENCODINGS, build_encoding
 from posbench.errors import PosbenchError
 from posbench.model.args import ModelArgs
 from posbench.model.attention.bidirectional import check_two_sided
+from posbench.model.position_remap import SelfExtendSettings, StringSettings
 from posbench.model.random_positions import (
     PositionSampler,
     RandomPositionsMode,
@@ -45,9 +46,7 @@ class Device(Enum):
 
 
 class Precision(Enum):
-    auto = (
-        "auto"  # bf16 where measured faster for the model (posbench/system/precision.py), else fp32
-    )
+    auto = "auto"  # bf16 where measured faster (posbench/system/precision.py), else fp32
     fp32 = "fp32"
     bf16 = "bf16"  # autocast: bf16 products, fp32 weights and optimizer state
 
@@ -172,6 +171,10 @@ class EvalConfig:
     # posbench/evaluation/task_accuracy.py); accuracy is the greedy decode's, null under
     # teacher_forced (answers at placeholders: one forward pass, nothing to decode)
     decode: EvalDecode = EvalDecode.greedy
+    # none | self_extend | string: far keys at remapped positions (posbench/model/position_remap.py)
+    position_remap: str = "none"
+    self_extend: SelfExtendSettings = field(default_factory=SelfExtendSettings)
+    string: StringSettings = field(default_factory=StringSettings)
 
 
 @dataclass

@@ -20,6 +20,7 @@ from posbench.config import EvalDecode, EvalPositions, check_logger, eval_length
 from posbench.encodings.rope import SCALING_METHODS
 from posbench.evaluation.reevaluate import check_rope_run, record_eval
 from posbench.evaluation.run import evaluate_run, rope_scaling_overrides
+from posbench.model.position_remap import METHODS
 from posbench.report.run_table import run_table, trained_at
 from posbench.runs.directory import load_run_config
 from posbench.runs.tensorboard_log import trained_lengths
@@ -102,6 +103,17 @@ def eval_parser() -> argparse.ArgumentParser:
         '"scaling" next to the plain records (default: the run\'s own encoding.scaling)',
     )
     parser.add_argument(
+        "--position-remap",
+        choices=list(METHODS),
+        metavar="METHOD",
+        help="remap the far keys' positions at eval time, without retraining: none (as "
+        "trained), self_extend (Jin et al. 2024: past a neighbour window W, positions grouped G "
+        "to one; the run's eval.self_extend.group and .window) or string (An et al. 2024: keys "
+        "S or more back shifted S - W closer; eval.string.shift and .window); rope runs, and "
+        "string for alibi, t5, kerple and sandwich too; results.json records it as "
+        '"position_remap" and "scaling" (default: the run\'s eval.position_remap)',
+    )
+    parser.add_argument(
         "--factor",
         type=scale_factor,
         metavar="S",
@@ -138,6 +150,7 @@ def run_eval(args: Sequence[str]) -> None:
         precision=options.precision,
         positions=options.positions,
         decode=options.decode,
+        position_remap=options.position_remap,
     )
     results = record_eval(run_dir, cfg, records, trained_lengths(cfg))
     print(f"{cfg.encoding.name} trained at {trained_at(cfg)} ({run_dir})")

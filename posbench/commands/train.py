@@ -49,6 +49,7 @@ KEY_OPTIONS = (
     "model.qk_norm, model.attn_gate (none|headwise|elementwise), model.attn_sinks, "
     "model.attention (softmax|sigmoid|stick_breaking), train.seq_len, train.steps, "
     "train.batch_size, train.lr, eval.lengths, eval.stride, "
+    "eval.position_remap (none|self_extend|string), "
     "data.tokenizer (bytes|bpe|FILE|NAME), data.vocab_size"
 )
 # What every length means, said where lengths are set.

@@ -18,9 +18,10 @@ from posbench.config import choice, resolve_device
 from posbench.data import Corpus, Task, load_data
 from posbench.errors import PosbenchError
 from posbench.evaluation.perplexity import evaluate
-from posbench.evaluation.positions import RandomPositions, eval_positions
+from posbench.evaluation.positions import RandomPositions, eval_positions, eval_remap
 from posbench.evaluation.task_accuracy import evaluate_task
 from posbench.model import Transformer
+from posbench.model.position_remap import PositionRemap, remap_record, remapped_positions
 from posbench.runs.directory import load_run
 
 
@@ -35,31 +36,36 @@ def evaluate_data(
     precision: str = "fp32",
     positions: RandomPositions | None = None,
     decode: str = "greedy",
+    remap: PositionRemap | None = None,
 ) -> list[dict[str, Any]]:
     """``evaluate`` on a corpus's validation split, ``evaluate_task`` on a task (its answers
-    scored as ``decode`` says), at ``positions`` (None: 0..L-1)."""
-    if isinstance(data, Corpus):
-        return evaluate(
-            model,
-            data.val,
-            lengths,
-            stride,
-            batch_size,
-            max_tokens,
-            train_seq_len,
-            precision,
-            data.val_documents,
-            positions,
-            data.val_token_bytes,
-            data.val_word_starts,
-            data.has_words,
-        )
-    if stride is not None:
-        raise PosbenchError(
-            f"data={data.config.source} scores whole prompts: a stride applies to corpora only; "
-            "drop --stride / eval.stride"
-        )
-    return evaluate_task(model, data, lengths, batch_size, precision, positions, decode)
+    scored as ``decode`` says), at ``positions`` (None: 0..L-1), under a position ``remap``
+    (None: as trained; every record names it: ``position_remap`` and its settings)."""
+    with remapped_positions(model, remap):
+        if isinstance(data, Corpus):
+            records = evaluate(
+                model,
+                data.val,
+                lengths,
+                stride,
+                batch_size,
+                max_tokens,
+                train_seq_len,
+                precision,
+                data.val_documents,
+                positions,
+                data.val_token_bytes,
+                data.val_word_starts,
+                data.has_words,
+            )
+        elif stride is not None:
+            raise PosbenchError(
+                f"data={data.config.source} scores whole prompts: a stride applies to corpora "
+                "only; drop --stride / eval.stride"
+            )
+        else:
+            records = evaluate_task(model, data, lengths, batch_size, precision, positions, decode)
+    return [{**record, **remap_record(remap)} for record in records]
 
 
 def evaluate_run(
@@ -73,16 +79,17 @@ def evaluate_run(
     precision: str | None = None,
     positions: str | None = None,
     decode: str | None = None,
+    position_remap: str | None = None,
 ) -> list[dict[str, Any]]:
     """Evaluate a trained run on its own validation split; returns results.json eval records.
 
-    ``max_tokens``, ``precision``, ``positions`` (auto | consecutive | random) and ``decode``
-    (greedy | teacher_forced) default to the run's ``eval.max_tokens``, ``eval.precision``,
-    ``eval.positions`` and ``eval.decode`` (greedy for runs from before it: their records are
-    re-scored the new way), so the numbers are comparable with the ones measured at the end of
-    training. ``encoding_overrides`` are merged
-    over the
-    run's encoding config before its weights are loaded (e.g. ``rope_scaling_overrides``).
+    ``max_tokens``, ``precision``, ``positions`` (auto | consecutive | random), ``decode``
+    (greedy | teacher_forced) and ``position_remap`` (none | self_extend | string) default to
+    the run's ``eval.max_tokens``, ``eval.precision``, ``eval.positions``, ``eval.decode``
+    (greedy for runs from before it: their records are re-scored the new way) and
+    ``eval.position_remap``, so the numbers are comparable with the ones measured at the end of
+    training. ``encoding_overrides`` are merged over the run's encoding config before its
+    weights are loaded (e.g. ``rope_scaling_overrides``).
     """
     model, cfg = load_run(run_dir, resolve_device(device), encoding_overrides)
     data = load_data(cfg.data)
@@ -103,6 +110,7 @@ def evaluate_run(
         precision,
         eval_positions(cfg, positions),
         decode,
+        eval_remap(cfg, position_remap),
     )
 
 
