@@ -48,6 +48,7 @@ KEY_OPTIONS = (
     "seed, device (auto|cpu|cuda), threads (auto|N), model.n_layer, model.n_head, model.d_model, "
     "model.qk_norm, model.attn_gate (none|headwise|elementwise), model.attn_sinks, "
     "model.attention (softmax|sigmoid|stick_breaking), train.seq_len, train.steps, "
+    "train.positions (consecutive|pose), "
     "train.batch_size, train.lr, eval.lengths, eval.stride, "
     "eval.position_remap (none|self_extend|string), "
     "data.tokenizer (bytes|bpe|FILE|NAME), data.vocab_size"

@@ -102,7 +102,7 @@ def eval_positions(cfg: DictConfig, setting: str | None = None) -> RandomPositio
     (None). ``setting`` None: the run's ``eval.positions`` (auto for runs from before it)."""
     setting = setting or choice(OmegaConf.select(cfg, "eval.positions", default="auto"))
     sampler = position_sampler(cfg)
-    if setting == "consecutive" or (setting == "auto" and sampler is None):
+    if setting == "consecutive" or (setting == "auto" and not (sampler and sampler.at_evaluation)):
         return None
     if sampler is None:
         raise PosbenchError(
