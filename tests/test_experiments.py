@@ -222,3 +222,12 @@ def test_ruoss2023_cpu_sweeps_each_row_of_their_table_once_on_some_of_their_task
         "rope",
         "alibi",
     }
+
+
+def test_remaps_sweeps_pose_and_both_remaps_on_rope_over_three_seeds():
+    cfg = compose_config(["+experiment=remaps"], with_hydra=True)
+    assert cfg.encoding.name == "rope"
+    assert swept_values(cfg, "train.positions") == ["consecutive", "pose"]
+    assert swept_values(cfg, "eval.position_remap") == ["none", "self_extend", "string"]
+    assert swept_values(cfg, "seed") == ["0", "1", "2"]
+    validate(compose_config(["+experiment=remaps", "train.positions=pose"]))
