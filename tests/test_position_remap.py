@@ -9,14 +9,17 @@ import math
 import pytest
 import torch
 
+from posbench.config import compose_config
 from posbench.encodings import apply_rope, build_encoding
 from posbench.errors import PosbenchError
+from posbench.evaluation.positions import eval_remap
 from posbench.model import build_model
 from posbench.model.attention import blocks, causal_attention
 from posbench.model.position_remap import (
     PositionRemap,
     configured_remap,
     remap_encoding,
+    remap_record,
     remapped_positions,
 )
 
@@ -129,3 +132,26 @@ def test_remap_settings_default_from_the_training_length_and_are_checked():
         configured_remap("string", None, {"shift": 8, "window": 8}, 128)
     with pytest.raises(PosbenchError, match="choose one of: none, self_extend, string"):
         configured_remap("yarn", None, None, 128)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "says"),
+    [
+        (["train.random_positions=512"], "set eval.positions=consecutive"),
+        (["data=passkey"], "eval.decode=teacher_forced"),
+        (["model.attention=sigmoid"], "use model.attention=softmax"),
+        (["encoding=none"], "reads no positions to remap"),
+    ],
+)
+def test_a_run_that_a_remap_cannot_evaluate_is_refused_before_training(overrides, says):
+    with pytest.raises(PosbenchError, match=says):
+        eval_remap(compose_config(["eval.position_remap=string", *overrides]))
+
+
+def test_a_runs_remap_comes_from_its_eval_settings_and_names_its_records():
+    cfg = compose_config(["eval.position_remap=self_extend", "eval.self_extend.group=4"])
+    remap = eval_remap(cfg)
+    assert remap == PositionRemap("self_extend", window=32, group=4)
+    assert remap_record(remap)["scaling"] == "self_extend"
+    assert remap_record(None)["position_remap"] == "none"
+    assert eval_remap(compose_config([])) is None
