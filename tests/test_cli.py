@@ -93,8 +93,8 @@ def test_train_help_lists_groups_and_the_composed_config(tmp_path):
     out = posbench("train", "--help", "encoding=learned", cwd=tmp_path).stdout
     assert "encoding   " + ", ".join(encoding_names()) in out
     assert (
-        "experiment algorithmic, alibi_wt103, extrapolation, extrapolation_text, retrieval, "
-        "ruoss2023, ruoss2023_cpu" in out
+        "experiment algorithmic, alibi_wt103, extrapolation, extrapolation_text, remaps, "
+        "retrieval, ruoss2023, ruoss2023_cpu" in out
     )
     assert "-m +experiment=OPTION" in out
     assert "max_length" in out  # the learned encoding's own option, composed
