@@ -24,17 +24,19 @@ from posbench.encodings import ENCODINGS, build_encoding
 from posbench.errors import PosbenchError
 from posbench.model.args import ModelArgs
 from posbench.model.attention.bidirectional import check_two_sided
+from posbench.model.config import ModelConfig
+from posbench.model.position_remap import SelfExtendSettings, StringSettings
 from posbench.model.random_positions import (
     PositionSampler,
     RandomPositionsMode,
+    pose_sampler,
     randomizes_distances,
 )
 from posbench.system.distributed import check_divisible, world_size
 from posbench.system.threads import AUTO, is_threads_setting
 
 DEFAULT_LENGTH_MULTIPLES = (1, 2, 4, 8, 16)
-# eval.task_lengths=reference: every problem length of the task's paper's grid
-# (AlgorithmicTask.reference_eval_lengths)
+# eval.task_lengths=reference: the task paper's grid (AlgorithmicTask.reference_eval_lengths)
 REFERENCE_TASK_LENGTHS = "reference"
 
 
@@ -45,9 +47,7 @@ class Device(Enum):
 
 
 class Precision(Enum):
-    auto = (
-        "auto"  # bf16 where measured faster for the model (posbench/system/precision.py), else fp32
-    )
+    auto = "auto"  # bf16 where measured faster (posbench/system/precision.py), else fp32
     fp32 = "fp32"
     bf16 = "bf16"  # autocast: bf16 products, fp32 weights and optimizer state
 
@@ -72,40 +72,6 @@ class WandbMode(Enum):
     online = "online"
     offline = "offline"  # written under <run>/wandb/ only: `wandb sync` uploads it later
     disabled = "disabled"  # wandb's calls do nothing
-
-
-@dataclass
-class ModelConfig:
-    n_layer: int = 2
-    n_head: int = 4
-    d_model: int = 128
-    mlp_ratio: int = 4
-    dropout: float = 0.0
-    # none | ssmax | llama4: queries scaled by the keys they see (ssmax, learned per head) or by
-    # their position (llama4), for any encoding (posbench/model/attention_scaling.py)
-    attention_scaling: str = "none"
-    # llama4: log(floor((m + 1) / floor_scale) + 1) * scale + 1 at position m (HF's floor_scale
-    # and attn_scale)
-    attention_floor_scale: int = 8192
-    attention_scale: float = 0.1
-    # pre | post: where each block's layer norms sit (posbench/model/model.py Block; post: Ruoss et
-    # al.'s, without the final norm)
-    norm_position: str = "pre"
-    activation: str = "gelu"  # gelu | relu: the MLP's
-    # false: every token attends to every token of its row, as Ruoss et al.'s encoder does
-    # (posbench/model/attention/bidirectional.py); answers at placeholders only, two-sided encodings
-    causal: bool = True
-    # Attention variants, for any encoding (posbench/model/attention_options.py, docs/attention.md):
-    # q and k RMS-normalised per head with learned gains, before the encoding
-    qk_norm: bool = False
-    # none | headwise | elementwise: the output times sigmoid(x W) (Qiu et al. 2025)
-    attn_gate: str = "none"
-    # a learned sink logit per head in the softmax's denominator (gpt-oss)
-    attn_sinks: bool = False
-    # softmax | sigmoid (sigmoid(z - ln sigmoid_length)) | stick_breaking (Tan et al. 2024)
-    attention: str = "softmax"
-    # sigmoid: L of the bias b = -ln L on every logit (conf/model: train.seq_len)
-    sigmoid_length: int | None = None
 
 
 @dataclass
@@ -135,9 +101,11 @@ class TrainConfig:
     # with random_positions: a fresh draw in every layer (the reference's), or one for all (false)
     random_positions_per_layer: bool = True
     # auto | positions | distances: what random_positions randomizes (auto: the distances of a
-    # bias of the distance alone, ALiBi/T5/KERPLE/Sandwich; the positions of every other
-    # encoding; posbench/model/random_positions.py)
+    # bias of the distance alone, the positions of others; posbench/model/random_positions.py)
     random_positions_mode: RandomPositionsMode = RandomPositionsMode.auto
+    # consecutive | pose: PoSE's skip-wise positions up to pose_length (null: 16 x seq_len)
+    positions: str = "consecutive"
+    pose_length: int | None = None
     # start from this run's weights (a fine-tune: same model and encoding, scaling may differ)
     init_from: str | None = None
     # auto | fp32 | bf16 (autocast; auto: bf16 where measured faster, posbench/system/precision.py)
@@ -148,14 +116,11 @@ class TrainConfig:
 
 @dataclass
 class EvalConfig:
-    # null: 1x, 2x, 4x, 8x and 16x train.seq_len (windows of a corpus or a passkey/copy/recall task)
+    # null: 1x, 2x, 4x, 8x, 16x train.seq_len (a corpus's windows, a passkey/copy/recall task)
     lengths: list[int] | None = None
-    # an algorithmic task's problem lengths; null: its training range at up to 8 lengths, then
-    # every 50 up to 500 (posbench/data/algorithmic/base.py), or for Kazemnejad et al.'s tasks
-    # every length up to twice the longest trained (kazemnejad.py); reference: those few inside
-    # the training range, then every length past it up to 500 (Ruoss et al.'s 41-500; for
-    # Kazemnejad et al.'s tasks their own grid, the default). Any, not list[int] | None:
-    # OmegaConf types no list-or-string union, so validate() checks it.
+    # an algorithmic task's problem lengths; null: its default grid, reference: its paper's
+    # (posbench/data/algorithmic/base.py, kazemnejad.py; docs/tasks.md). Any, not
+    # list[int] | None: OmegaConf types no list-or-string union, so validate() checks it.
     task_lengths: Any = None
     # null: non-overlapping windows; S: sliding windows advancing S tokens
     stride: int | None = None
@@ -173,6 +138,10 @@ class EvalConfig:
     # teacher_forced (answers at placeholders: one forward pass, nothing to decode)
     decode: EvalDecode = EvalDecode.greedy
     temperature: str = "none"  # none | fit: checked by posbench/evaluation/temperature.py
+    # none | self_extend | string: far keys at remapped positions (posbench/model/position_remap.py)
+    position_remap: str = "none"
+    self_extend: SelfExtendSettings = field(default_factory=SelfExtendSettings)
+    string: StringSettings = field(default_factory=StringSettings)
 
 
 @dataclass
@@ -187,8 +156,7 @@ class WandbConfig(LoggerConfig):
     name: str = "wandb"
     project: str = "posbench"
     entity: str | None = None  # null: the account's default entity
-    # null: WANDB_MODE, else online
-    mode: WandbMode | None = None
+    mode: WandbMode | None = None  # null: WANDB_MODE, else online
 
 
 # The schema of each option of the logger group (posbench/runs/loggers/ holds the loggers).
@@ -270,12 +238,16 @@ def eval_lengths(cfg: DictConfig) -> list[int]:
 
 
 def position_sampler(cfg: DictConfig) -> PositionSampler | None:
-    """How the run configured by ``cfg`` draws its randomized positions (None: it trains at
-    0..T-1), its ``auto`` mode resolved for its encoding. Runs saved before
-    ``train.random_positions_per_layer`` and ``train.random_positions_mode`` existed drew one
-    subset of positions for every layer: they keep it. Raises PosbenchError for a distances
+    """How the run configured by ``cfg`` draws its randomized (or PoSE's) positions (None: at
+    0..T-1), its ``auto`` mode resolved for its encoding. Runs saved before the per-layer and
+    mode keys drew one subset for every layer: they keep it. A PosbenchError for a distances
     mode the encoding cannot take."""
     n_positions = OmegaConf.select(cfg, "train.random_positions")
+    train = cfg.train
+    if (setting := OmegaConf.select(train, "positions", default="consecutive")) != "consecutive":
+        return pose_sampler(
+            setting, train.pose_length, train.seq_len, n_positions, cfg.model.n_layer
+        )
     if n_positions is None:
         return None
     per_layer = OmegaConf.select(cfg, "train.random_positions_per_layer", default=False)

@@ -260,3 +260,12 @@ def test_drope_sweeps_its_baselines_and_rope_phase_and_recalibrates_for_the_pape
         "fit",
     )
     assert (swa.encoding.layers, swa.encoding.window) == (["rope", "none"], 64)
+
+
+def test_remaps_sweeps_pose_and_both_remaps_on_rope_over_three_seeds():
+    cfg = compose_config(["+experiment=remaps"], with_hydra=True)
+    assert cfg.encoding.name == "rope"
+    assert swept_values(cfg, "train.positions") == ["consecutive", "pose"]
+    assert swept_values(cfg, "eval.position_remap") == ["none", "self_extend", "string"]
+    assert swept_values(cfg, "seed") == ["0", "1", "2"]
+    validate(compose_config(["+experiment=remaps", "train.positions=pose"]))

@@ -23,6 +23,7 @@ from posbench.evaluation.longppl import LONGPPL_ALPHA, LONGPPL_BETA
 from posbench.evaluation.reevaluate import check_rope_run, record_eval
 from posbench.evaluation.run import evaluate_run, rope_scaling_overrides
 from posbench.evaluation.temperature import TEMPERATURES
+from posbench.model.position_remap import METHODS
 from posbench.report.run_table import run_table, trained_at
 from posbench.runs.directory import load_run_config
 from posbench.runs.tensorboard_log import trained_lengths
@@ -103,6 +104,17 @@ def eval_parser() -> argparse.ArgumentParser:
         "factors, from the run's encoding.scaling.short_factor/long_factor); results.json "
         "records it as "
         '"scaling" next to the plain records (default: the run\'s own encoding.scaling)',
+    )
+    parser.add_argument(
+        "--position-remap",
+        choices=list(METHODS),
+        metavar="METHOD",
+        help="remap the far keys' positions at eval time, without retraining: none (as "
+        "trained), self_extend (Jin et al. 2024: past a neighbour window W, positions grouped G "
+        "to one; the run's eval.self_extend.group and .window) or string (An et al. 2024: keys "
+        "S or more back shifted S - W closer; eval.string.shift and .window); rope runs, and "
+        "string for alibi, t5, kerple and sandwich too; results.json records it as "
+        '"position_remap" and "scaling" (default: the run\'s eval.position_remap)',
     )
     parser.add_argument(
         "--factor",
@@ -188,6 +200,7 @@ def run_eval(args: Sequence[str]) -> None:
         evaluator=options.evaluator,
         alpha=options.alpha,
         beta=options.beta,
+        position_remap=options.position_remap,
     )
     results = record_eval(run_dir, cfg, records, trained_lengths(cfg))
     print(f"{cfg.encoding.name} trained at {trained_at(cfg)} ({run_dir})")

@@ -26,6 +26,7 @@ from posbench.config import (
 )
 from posbench.data import check_data
 from posbench.errors import PosbenchError
+from posbench.evaluation.positions import eval_remap
 from posbench.runs.directory import check_can_create
 from posbench.system.output_dirs import unclaimed
 
@@ -227,6 +228,7 @@ def check_overrides(overrides: Sequence[str], multirun: bool) -> None:
             check_not_a_sweep(cfg, overrides)
         validate(cfg)
         check_model_config(cfg.model, cfg.encoding)
+        eval_remap(cfg)
         check_data(cfg.data)  # its files: a sweep's third job must not find them missing
         with unclaimed():  # Hydra claims the directory when the job starts
             check_can_create(Path(cfg.hydra.sweep.dir if multirun else cfg.hydra.run.dir))

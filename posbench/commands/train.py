@@ -48,8 +48,10 @@ KEY_OPTIONS = (
     "seed, device (auto|cpu|cuda), threads (auto|N), model.n_layer, model.n_head, model.d_model, "
     "model.qk_norm, model.attn_gate (none|headwise|elementwise), model.attn_sinks, "
     "model.attention (softmax|sigmoid|stick_breaking), train.seq_len, train.steps, "
+    "train.positions (consecutive|pose), "
     "train.batch_size, train.lr, train.init_from (DIR: a fine-tune; with encoding=none, DroPE), "
     "eval.lengths, eval.stride, eval.temperature (none|fit), "
+    "eval.position_remap (none|self_extend|string), "
     "data.tokenizer (bytes|bpe|FILE|NAME), data.vocab_size"
 )
 # What every length means, said where lengths are set.

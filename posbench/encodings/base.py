@@ -58,6 +58,11 @@ What an encoding author may assume:
 * ``window`` (``None`` by default; a hybrid sets it for its windowed layers): a query attends
   only to the ``window`` most recent tokens, itself included (counted in tokens, not positions).
 
+``two_part_window`` (``None`` by default; a position remap's wrapper sets it, Self-Extend and
+STRING at evaluation): ``queries_and_keys`` returns each of q and k as two halves side by side,
+(B, H, T, 2 hs), and a key fewer than ``two_part_window`` tokens before its query scores with
+the first halves, any other with the second (posbench/model/attention/remap.py).
+
 ``bidirectional`` (``False`` by default) says the encoding has a two-sided form, which a model built
 with ``model.causal=false`` (posbench/model/attention/bidirectional.py) attends with: every token
 sees every token of its row, through ``embed``, ``queries_and_keys`` and ``two_sided_bias`` alone
@@ -106,6 +111,8 @@ class PositionalEncoding(nn.Module):
         self.n_head = n_head
         self.head_dim = d_model // n_head
         self.window: int | None = None  # attend to at most this many recent tokens (None: all)
+        # eval.position_remap (posbench/model/position_remap.py): see the module docstring
+        self.two_part_window: int | None = None
 
     @property
     def per_layer(self) -> bool:

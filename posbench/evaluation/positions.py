@@ -27,7 +27,10 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from posbench.config import choice, position_sampler
+from posbench.data import TASKS
+from posbench.encodings import build_encoding
 from posbench.errors import PosbenchError
+from posbench.model.position_remap import PositionRemap, configured_remap, remap_layers
 from posbench.model.random_positions import PositionDraw, PositionSampler
 
 # The record fields of an evaluation at positions 0..L-1.
@@ -99,7 +102,7 @@ def eval_positions(cfg: DictConfig, setting: str | None = None) -> RandomPositio
     (None). ``setting`` None: the run's ``eval.positions`` (auto for runs from before it)."""
     setting = setting or choice(OmegaConf.select(cfg, "eval.positions", default="auto"))
     sampler = position_sampler(cfg)
-    if setting == "consecutive" or (setting == "auto" and sampler is None):
+    if setting == "consecutive" or (setting == "auto" and not (sampler and sampler.at_evaluation)):
         return None
     if sampler is None:
         raise PosbenchError(
@@ -107,3 +110,36 @@ def eval_positions(cfg: DictConfig, setting: str | None = None) -> RandomPositio
             "trained without train.random_positions; use eval.positions=auto or consecutive"
         )
     return RandomPositions(sampler, OmegaConf.select(cfg, "data.seed", default=0))
+
+
+def eval_remap(cfg: DictConfig, method: str | None = None) -> PositionRemap | None:
+    """The position remap the run configured by ``cfg`` is evaluated under (``method``, else its
+    ``eval.position_remap``; None: none), checked against the run before anything runs: one
+    forward pass over windows at 0..L-1, through the layers' encodings, with softmax weights."""
+    method = method or OmegaConf.select(cfg, "eval.position_remap", default="none")
+    select = OmegaConf.select
+    remap = configured_remap(
+        method, select(cfg, "eval.self_extend"), select(cfg, "eval.string"), cfg.train.seq_len
+    )
+    if remap is None:
+        return None
+    why = None
+    if eval_positions(cfg) is not None:
+        why = "the windows sit at randomized positions: set eval.positions=consecutive"
+    greedy = choice(select(cfg, "eval.decode", default="greedy")) == "greedy"
+    answers = choice(select(cfg, "data.answer_mode", default="autoregressive"))
+    if cfg.data.source in TASKS and greedy and answers != "placeholders":
+        why = "a greedy decode steps through a cache it does not fill: eval.decode=teacher_forced"
+    model = cfg.model
+    if select(model, "attention", default="softmax") != "softmax" or select(model, "attn_sinks"):
+        why = "its softmax is merged from two parts: use model.attention=softmax, no attn_sinks"
+    if not select(model, "causal", default=True):
+        why = "its near and far keys are keys before the query: use model.causal=true"
+    if why is not None:
+        raise PosbenchError(
+            f"eval.position_remap={method} remaps positions 0..L-1 of a causal softmax; {why}"
+        )
+    with torch.device("meta"):
+        encoding = build_encoding(cfg.encoding, model.d_model, model.n_head)
+        remap_layers(encoding.layer_encodings(model.n_layer), remap)
+    return remap

@@ -8,7 +8,7 @@ is evaluated as trained, else e.g. "yarn" for a RoPE run, with the factor in
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -19,10 +19,11 @@ from posbench.data import Corpus, Task, load_data
 from posbench.errors import PosbenchError
 from posbench.evaluation.longppl import LONGPPL_ALPHA, LONGPPL_BETA, KeyTokens, check_evaluator
 from posbench.evaluation.perplexity import KeySelection, evaluate
-from posbench.evaluation.positions import RandomPositions, eval_positions
+from posbench.evaluation.positions import RandomPositions, eval_positions, eval_remap
 from posbench.evaluation.task_accuracy import evaluate_task
 from posbench.evaluation.temperature import check_temperature, fit_temperature, logit_temperature
 from posbench.model import Transformer
+from posbench.model.position_remap import PositionRemap, remap_record, remapped_positions
 from posbench.runs.directory import load_run
 
 
@@ -39,56 +40,79 @@ def evaluate_data(
     decode: str = "greedy",
     temperature: str = "none",
     key_tokens: KeySelection | None = None,
+    remap: PositionRemap | None = None,
 ) -> list[dict[str, Any]]:
     """``evaluate`` on a corpus's validation split (with LongPPL over ``key_tokens``' selection,
     if given), ``evaluate_task`` on a task (its answers scored as ``decode`` says), at
-    ``positions`` (None: 0..L-1); ``temperature="fit"``: a corpus's records under the logit
-    temperature fitted on its training split (posbench/evaluation/temperature.py;
+    ``positions`` (None: 0..L-1), under a position ``remap`` (None: as trained; every record
+    names it: ``position_remap`` and its settings); ``temperature="fit"``: a corpus's records
+    under the logit temperature fitted on its training split (posbench/evaluation/temperature.py;
     ``check_temperature`` refuses it for a task)."""
-    if isinstance(data, Corpus):
+    with remapped_positions(model, remap):
+        if isinstance(data, Corpus):
 
-        def on_validation(at: Sequence[int]) -> list[dict[str, Any]]:
-            return evaluate(
-                model,
-                data.val,
-                at,
-                stride,
-                batch_size,
-                max_tokens,
-                train_seq_len,
-                precision,
-                data.val_documents,
-                positions,
-                data.val_token_bytes,
-                data.val_word_starts,
-                data.has_words,
-                key_tokens,
+            def on_validation(at: Sequence[int]) -> list[dict[str, Any]]:
+                return evaluate(
+                    model,
+                    data.val,
+                    at,
+                    stride,
+                    batch_size,
+                    max_tokens,
+                    train_seq_len,
+                    precision,
+                    data.val_documents,
+                    positions,
+                    data.val_token_bytes,
+                    data.val_word_starts,
+                    data.has_words,
+                    key_tokens,
+                )
+
+            records = (
+                temperature_records(
+                    model, data, lengths, train_seq_len, precision, positions, on_validation
+                )
+                if temperature == "fit"
+                else on_validation(lengths)
             )
+        else:
+            assert temperature == "none", "check_temperature refuses a temperature for a task"
+            if key_tokens is not None:
+                raise PosbenchError(
+                    f"data={data.config.source} scores answers: LongPPL is a corpus's "
+                    "perplexity; drop --metric longppl"
+                )
+            if stride is not None:
+                raise PosbenchError(
+                    f"data={data.config.source} scores whole prompts: a stride applies to "
+                    "corpora only; drop --stride / eval.stride"
+                )
+            records = evaluate_task(model, data, lengths, batch_size, precision, positions, decode)
+    return [{**record, **remap_record(remap)} for record in records]
 
-        if temperature == "none":
-            return on_validation(lengths)
-        assert train_seq_len is not None, "a fitted temperature needs the training length"
-        fit = fit_temperature(
-            model, data.train, train_seq_len, lengths, precision, data.train_documents, positions
-        )
-        records = []
-        for length in lengths:
-            with logit_temperature(model, fit.beta(length)):
-                (record,) = on_validation([length])
-            records.append({**record, **fit.record(length)})
-        return records
-    assert temperature == "none", "check_temperature refuses a temperature for a task"
-    if key_tokens is not None:
-        raise PosbenchError(
-            f"data={data.config.source} scores answers: LongPPL is a corpus's perplexity; "
-            "drop --metric longppl"
-        )
-    if stride is not None:
-        raise PosbenchError(
-            f"data={data.config.source} scores whole prompts: a stride applies to corpora only; "
-            "drop --stride / eval.stride"
-        )
-    return evaluate_task(model, data, lengths, batch_size, precision, positions, decode)
+
+def temperature_records(
+    model: Transformer,
+    data: Corpus,
+    lengths: Sequence[int],
+    train_seq_len: int | None,
+    precision: str,
+    positions: RandomPositions | None,
+    on_validation: Callable[[Sequence[int]], list[dict[str, Any]]],
+) -> list[dict[str, Any]]:
+    """Each length's ``on_validation`` record under the logit temperature fitted for it on the
+    training split, with the fit."""
+    assert train_seq_len is not None, "a fitted temperature needs the training length"
+    fit = fit_temperature(
+        model, data.train, train_seq_len, lengths, precision, data.train_documents, positions
+    )
+    records = []
+    for length in lengths:
+        with logit_temperature(model, fit.beta(length)):
+            (record,) = on_validation([length])
+        records.append({**record, **fit.record(length)})
+    return records
 
 
 def evaluate_run(
@@ -106,19 +130,20 @@ def evaluate_run(
     evaluator: str | Path | None = None,
     alpha: float = LONGPPL_ALPHA,
     beta: float = LONGPPL_BETA,
+    position_remap: str | None = None,
 ) -> list[dict[str, Any]]:
     """Evaluate a trained run on its own validation split; returns results.json eval records.
     With an ``evaluator`` run (posbench/evaluation/longppl.py), each record also holds LongPPL
     over the key tokens it selects at ``alpha`` and ``beta``, and how they were selected.
 
     ``max_tokens``, ``precision``, ``positions`` (auto | consecutive | random), ``decode``
-    (greedy | teacher_forced) and ``temperature`` (none | fit: fitted again at ``lengths``)
-    default to the run's ``eval.max_tokens``, ``eval.precision``, ``eval.positions``,
-    ``eval.decode`` (greedy for runs from before it: their records are re-scored the new way)
-    and ``eval.temperature``, so the numbers are comparable with the ones measured at the end of
-    training. ``encoding_overrides`` are merged
-    over the
-    run's encoding config before its weights are loaded (e.g. ``rope_scaling_overrides``).
+    (greedy | teacher_forced), ``temperature`` (none | fit: fitted again at ``lengths``) and
+    ``position_remap`` (none | self_extend | string) default to the run's ``eval.max_tokens``,
+    ``eval.precision``, ``eval.positions``, ``eval.decode`` (greedy for runs from before it:
+    their records are re-scored the new way), ``eval.temperature`` and ``eval.position_remap``,
+    so the numbers are comparable with the ones measured at the end of training.
+    ``encoding_overrides`` are merged over the run's encoding config before its weights are
+    loaded (e.g. ``rope_scaling_overrides``).
     """
     model, cfg = load_run(run_dir, resolve_device(device), encoding_overrides)
     key_tokens = None
@@ -149,6 +174,7 @@ def evaluate_run(
         decode,
         temperature,
         key_tokens,
+        eval_remap(cfg, position_remap),
     )
     if key_tokens is None:
         return records

@@ -36,6 +36,16 @@ which posbench does not have: its relabelling of distances is what T5, KERPLE an
 here. FIRE's bias depends on the query's position as well as the distance, and
 RoPE/xPos/learned/sinusoidal read positions: they take positions. FoX and CoPE read no
 positions (their biases come from the content), so randomized positions leave them unchanged.
+
+PoSE (Zhu et al., ICLR 2024, https://arxiv.org/abs/2309.10400; dwzhu-pku/PoSE
+``train_preprocess_function_pose``), ``train.positions=pose``: skip-wise position ids, one draw
+per example shared by every layer. Its reference cuts each training window in two chunks: the
+first r1 tokens, r1 uniform in [1, (n + 1) // 2] for a row of n tokens, at positions
+0..r1 - 1; the rest at r1 + u .. n - 1 + u, the skip u uniform in [0, L_t - n] for the target
+length L_t (``train.pose_length``): a window of n tokens covers relative positions up to L_t - 1.
+The reference takes the second chunk's text from further on in a longer document; posbench's
+windows stay contiguous text (only the positions skip). Evaluation and validation take 0..L-1
+(``eval.positions=auto``; ``random`` draws as training does).
 """
 
 from __future__ import annotations
@@ -49,11 +59,13 @@ import torch.nn.functional as F
 
 from posbench.data import IGNORE, sample_positions
 from posbench.encodings import PositionalEncoding
+from posbench.errors import PosbenchError
 
 
 class RandomPositionsMode(Enum):
     auto = "auto"  # distances where randomizes_distances, else positions
     positions = "positions"  # a sorted subset of [0, N) per example (and layer)
+    pose = "pose"  # PoSE's two chunks, the second skipped by u in [0, N - n] (train.positions)
     distances = "distances"  # positions 0..T-1, distances relabelled by a subset of [1, N)
 
 
@@ -135,6 +147,8 @@ class PositionSampler:
         ``generator`` alone: (B, width) per tensor, or (n_layer, B, width) per layer."""
         layers = self.n_layer if self.per_layer else 1
         rows = lengths.repeat(layers)  # (layers * B,): layer by layer
+        if self.mode == "pose":
+            return PositionDraw(pose_positions(rows, width, self.n_positions, generator))
         if self.mode == "distances":
             # s[0] = 0, then a sorted subset of [1, N) of the row's length - 1.
             beyond = sample_positions(
@@ -146,6 +160,12 @@ class PositionSampler:
         drawn = drawn.view(layers, len(lengths), width) if self.per_layer else drawn
         return PositionDraw(distances=drawn) if self.mode == "distances" else PositionDraw(drawn)
 
+    @property
+    def at_evaluation(self) -> bool:
+        """Whether evaluation takes these draws by default (eval.positions=auto): randomized
+        positions do; PoSE trains at them to evaluate at 0..L-1."""
+        return self.mode != "pose"
+
     def record(self) -> dict[str, object]:
         """What an eval record says was drawn, besides ``positions`` and ``position_draws``."""
         return {
@@ -153,3 +173,42 @@ class PositionSampler:
             "random_positions_mode": self.mode,
             "random_positions_per_layer": self.per_layer,
         }
+
+
+def pose_positions(
+    lengths: torch.Tensor, width: int, target: int, generator: torch.Generator
+) -> torch.Tensor:
+    """PoSE's skip-wise positions of rows of ``lengths`` (R,) tokens padded to ``width``, for
+    the ``target`` length, from ``generator`` alone -> (R, width) int64: the first chunk
+    0..r1 - 1, the rest shifted by the skip u (module docstring); the padding repeats the row's
+    last position."""
+    n = lengths.clamp(min=1)
+    draws = torch.rand(2, len(n), generator=generator, dtype=torch.float64)
+    first = 1 + (draws[0] * ((n + 1) // 2)).long()  # (R,): uniform in [1, (n + 1) // 2]
+    skip = (draws[1] * (target - n + 1)).long()  # (R,): uniform in [0, target - n]
+    index = torch.arange(width).minimum(n[:, None] - 1)  # (R, width)
+    return index + torch.where(index >= first[:, None], skip[:, None], 0)
+
+
+def pose_sampler(
+    setting: str, target: int | None, seq_len: int, random_positions: int | None, n_layer: int
+) -> PositionSampler:
+    """``train.positions=pose``'s sampler (``setting``: train.positions, not consecutive):
+    positions up to ``target`` (``train.pose_length``; null: 16 x ``seq_len``, evaluation's
+    longest default length), or a one-line error."""
+    if setting != "pose":
+        raise PosbenchError(
+            f"unknown train.positions {setting!r}; choose one of: consecutive, pose"
+        )
+    if random_positions is not None:
+        raise PosbenchError(
+            "train.positions=pose draws skip-wise positions and train.random_positions random "
+            "ones: choose one (set train.random_positions=null or train.positions=consecutive)"
+        )
+    target = target or 16 * seq_len
+    if target < seq_len:
+        raise PosbenchError(
+            f"train.pose_length ({target}) must be >= train.seq_len ({seq_len}): the target "
+            "length PoSE's skips reach"
+        )
+    return PositionSampler(target, n_layer, per_layer=False, mode="pose")

@@ -179,10 +179,15 @@ def encoding_labels(runs: Sequence[Run]) -> dict[Path, str]:
 
 def label_options(run: Run) -> dict[str, Any]:
     """What can tell a run's row from others of its encoding: the encoding's options, and
-    train.random_positions where it is set."""
+    train.random_positions where it is set, train.positions (and a target length set) where it
+    is pose."""
     options = {k: v for k, v in run.config.items() if k.startswith("encoding.")}
     if run.config.get("train.random_positions") is not None:
         options["train.random_positions"] = run.config["train.random_positions"]
+    if run.config.get("train.positions", "consecutive") != "consecutive":
+        options["train.positions"] = run.config["train.positions"]
+        if run.config.get("train.pose_length") is not None:  # null: 16 x train.seq_len
+            options["train.pose_length"] = run.config["train.pose_length"]
     return options
 
 

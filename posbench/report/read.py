@@ -16,8 +16,9 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from posbench.config import EvalConfig, ModelConfig, TrainConfig, flat_config
+from posbench.config import EvalConfig, TrainConfig, flat_config
 from posbench.errors import PosbenchError
+from posbench.model.config import ModelConfig
 from posbench.report.run import Run
 from posbench.report.summary import is_summary, read_summary
 from posbench.runs.directory import CONFIG_FILE, RESULTS_FILE

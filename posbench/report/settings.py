@@ -23,8 +23,11 @@ NOT_A_SETTING = (
     # compared by bits_per_byte or word_ppl (--metric).
     "data.tokenizer",
     "data.vocab_size",
-    # Randomized positions make rows too: Ruoss et al.'s method beside the encodings.
+    # Randomized positions make rows too: Ruoss et al.'s method beside the encodings; so do
+    # PoSE's skip-wise positions.
     "train.random_positions",
+    "train.positions",
+    "train.pose_length",
 )
 
 # Evaluation keys that make groups: runs that scored other text at each length (more or fewer

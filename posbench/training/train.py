@@ -19,7 +19,7 @@ from omegaconf import DictConfig
 
 from posbench.config import choice, eval_lengths, position_sampler, resolve_device, validate
 from posbench.data import Corpus, Task, load_data
-from posbench.evaluation.positions import eval_positions
+from posbench.evaluation.positions import eval_positions, eval_remap
 from posbench.evaluation.run import evaluate_data
 from posbench.evaluation.temperature import check_temperature
 from posbench.model import Transformer, build_model
@@ -65,6 +65,7 @@ def train(cfg: DictConfig, run_dir: str | Path) -> dict[str, Any]:
     distributed.wait_for_all()
     validate(cfg)
     check_temperature(cfg.eval.temperature, cfg, eval_lengths(cfg))
+    eval_remap(cfg)  # refused before training, not after it
     threads = use_threads(cfg.threads)  # before any work; the run's first log line
     warn_if_oversubscribed(threads)
     with registered_threads(threads) as controller:  # other posbench jobs count its threads
@@ -204,7 +205,8 @@ def evaluate_and_record(
         choice(cfg.eval.precision),
         eval_positions(cfg),
         choice(cfg.eval.decode),
-        cfg.eval.temperature,
+        temperature=cfg.eval.temperature,
+        remap=eval_remap(cfg),
     )
     results = {**results, "eval": records}
     trained = trained_lengths(cfg)

@@ -241,7 +241,8 @@ def train_step(
     x, y = data.train_batch(cfg.batch_size, cfg.seq_len, sampler, step)
     scored = int((y != IGNORE).sum())  # targets in the global batch: the loss is their mean
     rows, micro_batch = distributed.rows_of_rank(cfg.batch_size, cfg.grad_accum)
-    assert (positions is None) == (cfg.random_positions is None), "train.random_positions' draws"
+    consecutive = cfg.random_positions is None and cfg.get("positions") != "pose"
+    assert (positions is None) == consecutive, "train.random_positions' or PoSE's draws"
     drawn = PositionDraw()  # every row at positions 0, 1, 2, ...
     if positions is not None:
         # Each row for its own length, drawn for the global batch like the batch itself, from

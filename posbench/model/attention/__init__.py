@@ -9,6 +9,8 @@ Which path runs when (T tokens, H heads, blocks of n queries):
 
     condition                                 path
     ----------------------------------------  ------------------------------------------------
+    q, k rotated twice by a position remap    remap_attention (remap.py): two fused calls merged
+      (two_part_window: eval.position_remap)    by their log-sum-exps, or written out per block
     no score bias, no window shorter than T   unbiased_causal_attention
     a bias of the key alone from the content  key_bias_attention up to KEY_BIAS_LENGTH tokens;
       (key_bias: FoX) and no other, no window   longer, in evaluation on LOG_SUM_EXP_DEVICES
@@ -65,6 +67,7 @@ The modules, each path's own and what they share:
     biases.py         QueryBlockBiases: the blocks' biases the layers of a forward pass share
     probabilities.py  the probabilities written out (posbench diagnose, a cached decode)
     scratch.py        attention_scratch_elements
+    remap.py          remap_attention: eval.position_remap's near and far keys in one softmax
     bidirectional.py  model.causal=false's attention, every token over its whole row
     variants.py       weights other than a plain softmax (model.attn_sinks, model.attention:
                         sigmoid, stick_breaking), its own table of paths; causal_attention
@@ -95,6 +98,7 @@ from posbench.model.attention.key_bias import (
 )
 from posbench.model.attention.probabilities import attention_probabilities, query_probabilities
 from posbench.model.attention.relative_bias import relative_bias_attention
+from posbench.model.attention.remap import remap_attention
 from posbench.model.attention.scratch import attention_scratch_elements
 from posbench.model.attention.variants import AttentionVariant, variant_attention
 
@@ -137,6 +141,8 @@ def causal_attention(
     The one entry point: the package's table says which path it takes. flex_attention lacks
     attention dropout, so dropout keeps a bias of the distance alone on the SDPA path.
     """
+    if encoding.two_part_window is not None:  # eval.position_remap (remap.py)
+        return remap_attention(q, k, v, encoding.two_part_window, dropout)
     if variant is not None and not variant.plain:
         return variant_attention(q, k, v, positions, encoding, dropout, biases, content, variant)
     T = q.shape[2]
