@@ -71,6 +71,7 @@ EVAL_ENCODINGS = (
     "hybrid",
     "hybrid-swa",
     "ssmax",
+    "pope",
 )
 # The issues' targets: eval time at most this many times NoPE's; training tokens/s at least
 # TRAIN_TARGET times NoPE's (every encoding but those in TRAIN_TARGETS).
@@ -86,9 +87,17 @@ EVAL_TARGETS = {
     "fox": 2.0,
     "ssmax": 2.0,
     "cope": 6.0,
+    "pope": 3.0,
 }
 TRAIN_TARGET = 0.91
-TRAIN_TARGETS = {"xpos": 0.9, "sandwich": 0.9, "ssmax": 0.9, "fox": 0.8, "cope": 0.5}
+TRAIN_TARGETS = {
+    "xpos": 0.9,
+    "sandwich": 0.9,
+    "ssmax": 0.9,
+    "fox": 0.8,
+    "cope": 0.5,
+    "pope": 0.8,
+}
 
 
 class GeneralKerple(PositionalEncoding):
