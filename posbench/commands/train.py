@@ -47,7 +47,8 @@ log = logging.getLogger(__name__)
 KEY_OPTIONS = (
     "seed, device (auto|cpu|cuda), threads (auto|N), model.n_layer, model.n_head, model.d_model, "
     "model.qk_norm, model.attn_gate (none|headwise|elementwise), model.attn_sinks, "
-    "model.attention (softmax|sigmoid|stick_breaking), train.seq_len, train.steps, "
+    "model.attention (softmax|sigmoid|stick_breaking), encoding.dape (alibi|kerple|fire), "
+    "train.seq_len, train.steps, "
     "train.batch_size, train.lr, eval.lengths, eval.stride, "
     "data.tokenizer (bytes|bpe|FILE|NAME), data.vocab_size"
 )
