@@ -4,6 +4,7 @@ ratios to NoPE measured in the same process (model: tiny, or --model for train; 
     python benchmarks/bias_attention.py eval [--lengths 2048 16384] [--rounds 5] [--threads 1]
     python benchmarks/bias_attention.py train [--rounds 15] [--threads 1] [--precision fp32 bf16]
         [--encodings alibi t5] [--model tiny|small|base]
+    python benchmarks/bias_attention.py eval --encodings pope alibi-dape    # these and NoPE
     python benchmarks/bias_attention.py layer [--rounds 60]    # explicit attention's blocks
     python benchmarks/bias_attention.py shared [--lengths 2048] [--fire-switches 32]
     python benchmarks/bias_attention.py eval --quick     # a small, fast check that it runs
@@ -15,7 +16,8 @@ past L (see switch_inside_the_inputs_range; the 15 trained FIRE models of README
 ``score_bias`` (looked up at every (query, key) pair; no ``relative_bias``): the path that any
 bias without exploitable structure takes. ``hybrid-swa`` is the hybrid with a sliding window of
 128 tokens in its RoPE layers (NoPE layers global), ``ssmax`` RoPE with
-``model.attention_scaling=ssmax`` (VARIANTS). Models are configured as trained at ``--seq-len``
+``model.attention_scaling=ssmax``, ``alibi-dape`` (and kerple's, fire's) the bias with
+``encoding.dape=true`` (VARIANTS). Models are configured as trained at ``--seq-len``
 (default 128, the extrapolation experiments' length), so FIRE's threshold L is 128: past it, its
 bias depends on the query's position too and takes that path. Models are timed in interleaved
 rounds (one forward or training step of each per round; median per model; see
@@ -51,10 +53,13 @@ from posbench.model.args import ModelArgs
 from posbench.model.attention import biases, blocks
 from posbench.system.precision import autocast, resolve_precision
 
+DAPE_BIASES = ("alibi", "kerple", "fire")
 # Configurations besides the registered encodings: (encoding overrides, model options).
 VARIANTS = {
     "hybrid-swa": (["encoding=hybrid", "encoding.window=128"], {}),  # rope windowed, none global
     "ssmax": (["encoding=rope"], {"attention_scaling": "ssmax"}),
+    # DAPE (encoding.dape=true, its default kernel: DAPE V2's 1x3) on each bias it wraps
+    **{f"{name}-dape": ([f"encoding={name}", "encoding.dape=true"], {}) for name in DAPE_BIASES},
 }
 EVAL_ENCODINGS = (
     "none",
@@ -71,6 +76,8 @@ EVAL_ENCODINGS = (
     "hybrid",
     "hybrid-swa",
     "ssmax",
+    "pope",
+    *(f"{name}-dape" for name in DAPE_BIASES),
 )
 # The issues' targets: eval time at most this many times NoPE's; training tokens/s at least
 # TRAIN_TARGET times NoPE's (every encoding but those in TRAIN_TARGETS).
@@ -86,9 +93,19 @@ EVAL_TARGETS = {
     "fox": 2.0,
     "ssmax": 2.0,
     "cope": 6.0,
+    "pope": 3.0,
+    **{f"{name}-dape": 3.0 for name in DAPE_BIASES},
 }
 TRAIN_TARGET = 0.91
-TRAIN_TARGETS = {"xpos": 0.9, "sandwich": 0.9, "ssmax": 0.9, "fox": 0.8, "cope": 0.5}
+TRAIN_TARGETS = {
+    "xpos": 0.9,
+    "sandwich": 0.9,
+    "ssmax": 0.9,
+    "fox": 0.8,
+    "cope": 0.5,
+    "pope": 0.8,
+    **{f"{name}-dape": 0.5 for name in DAPE_BIASES},
+}
 
 
 class GeneralKerple(PositionalEncoding):
@@ -252,7 +269,7 @@ def main() -> None:
         help="train: train.precision of the models, one or more (timed in the same rounds)",
     )
     parser.add_argument(
-        "--encodings", nargs="+", help="train: these models and none (default: every one)"
+        "--encodings", nargs="+", help="train, eval: these models and none (default: every one)"
     )
     parser.add_argument(
         "--fire-switches", type=int, default=8, help="of fire-switching's 32 units (default 8)"
@@ -269,12 +286,13 @@ def main() -> None:
     models = "models tiny, small, base" if args.figure == "shared" else f"model {args.model}"
     print(f"threads={args.threads}, rounds={rounds}, {models}")
     if args.figure == "eval":
+        names = EVAL_ENCODINGS if not args.encodings else ["none", *args.encodings]
         for length in args.lengths:
             steps = {
                 name: eval_step(
                     untrained_model(name, length, args.seq_len, args.fire_switches), length
                 )
-                for name in EVAL_ENCODINGS
+                for name in names
             }
             seconds = median_seconds(steps, rounds)
             report(f"eval time at {length} tokens (one window)", seconds, EVAL_TARGETS, True)

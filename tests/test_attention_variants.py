@@ -374,6 +374,7 @@ def test_stick_breaking_weights_of_a_query_sum_to_one_and_the_first_token_keeps_
 ENCODINGS = [
     {"name": "none"},
     {"name": "rope"},
+    {"name": "pope", "phase_init": "uniform"},  # q and k twice as wide as v
     {"name": "alibi"},
     {"name": "t5"},
     {"name": "fire"},

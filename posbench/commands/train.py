@@ -47,8 +47,8 @@ log = logging.getLogger(__name__)
 KEY_OPTIONS = (
     "seed, device (auto|cpu|cuda), threads (auto|N), model.n_layer, model.n_head, model.d_model, "
     "model.qk_norm, model.attn_gate (none|headwise|elementwise), model.attn_sinks, "
-    "model.attention (softmax|sigmoid|stick_breaking), train.seq_len, train.steps, "
-    "train.positions (consecutive|pose), "
+    "model.attention (softmax|sigmoid|stick_breaking), encoding.dape (alibi|kerple|fire), "
+    "train.seq_len, train.steps, train.positions (consecutive|pose), "
     "train.batch_size, train.lr, train.init_from (DIR: a fine-tune; with encoding=none, DroPE), "
     "eval.lengths, eval.stride, eval.temperature (none|fit), "
     "eval.position_remap (none|self_extend|string), "

@@ -9,6 +9,8 @@ Attending both ways (``model.causal=false``), the bias is Ruoss et al.'s symmetr
 (google-deepmind/randomized_positional_encodings, compute_alibi_encodings_biases):
 -m_h * (|i - j| - 1/2) for keys before the query, -m_h * |i - j| for keys after it; the 1/2
 tells left from right.
+
+``encoding.dape=true`` adds DAPE's network of the logits and this bias (posbench/encodings/dape.py).
 """
 
 from __future__ import annotations
@@ -17,12 +19,12 @@ from dataclasses import dataclass
 
 import torch
 
-from posbench.encodings.base import EncodingConfig, PositionalEncoding
+from posbench.encodings.dape import DapeEncoding, DapeOptions
 from posbench.encodings.registry import register
 
 
 @dataclass
-class AlibiConfig(EncodingConfig):
+class AlibiConfig(DapeOptions):
     name: str = "alibi"
 
 
@@ -42,7 +44,7 @@ def alibi_slopes(n_heads: int) -> torch.Tensor:
 
 
 @register("alibi")
-class AlibiPositionalBias(PositionalEncoding):
+class AlibiPositionalBias(DapeEncoding):
     Config = AlibiConfig
     bidirectional = True
 

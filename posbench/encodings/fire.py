@@ -35,6 +35,8 @@ Attention takes FIRE's bias as a bias of the distance alone while no query is pa
 (``score_bias``), where f_theta is evaluated from its linear segments (``segments``), one
 slope and intercept per key wherever no segment boundary crosses the key's column. L is
 learned, so a run whose L falls below its training length trains on the second path from then.
+
+``encoding.dape=true`` adds DAPE's network of the logits and this bias (posbench/encodings/dape.py).
 """
 
 from __future__ import annotations
@@ -45,7 +47,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from posbench.encodings.base import EncodingConfig, PositionalEncoding
+from posbench.encodings.dape import DapeEncoding, DapeOptions
 from posbench.encodings.registry import register
 from posbench.errors import PosbenchError
 
@@ -53,7 +55,7 @@ SMALLEST_C = 1e-2  # psi(x) = log(c x + 1) flattens to 0 as c -> 0; keep it a tr
 
 
 @dataclass
-class FireConfig(EncodingConfig):
+class FireConfig(DapeOptions):
     name: str = "fire"
     width: int = 32  # hidden units of f_theta
     c: float = 0.1  # initial scale of psi(x) = log(c x + 1)
@@ -62,7 +64,7 @@ class FireConfig(EncodingConfig):
 
 
 @register("fire")
-class FireRelativeBias(PositionalEncoding):
+class FireRelativeBias(DapeEncoding):
     Config = FireConfig
 
     def __init__(self, config: FireConfig, d_model: int, n_head: int) -> None:
@@ -78,7 +80,7 @@ class FireRelativeBias(PositionalEncoding):
 
     @property
     def per_layer(self) -> bool:
-        return self.config.per_layer
+        return self.config.per_layer or super().per_layer  # DAPE: one per layer
 
     @property
     def threshold(self) -> torch.Tensor:

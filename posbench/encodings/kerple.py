@@ -15,6 +15,8 @@ after the 1/sqrt(d) scaling, r1 and r2 start uniform in (0, 2) and (0, 1) (log) 
 and (0, 2) (power), and the constraints are kept by projection: before each use, r1 and r2
 are clamped to at least 0.01 (positive, away from zero), and the power kernel's r2 also to at
 most 2.
+
+``encoding.dape=true`` adds DAPE's network of the logits and this bias (posbench/encodings/dape.py).
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from posbench.encodings.base import EncodingConfig, PositionalEncoding
+from posbench.encodings.dape import DapeEncoding, DapeOptions
 from posbench.encodings.registry import register
 from posbench.errors import PosbenchError
 
@@ -33,13 +35,13 @@ SMALLEST = 1e-2  # the authors' lower bound for r1 and r2: positive, away from z
 
 
 @dataclass
-class KerpleConfig(EncodingConfig):
+class KerpleConfig(DapeOptions):
     name: str = "kerple"
     kernel: str = "log"  # log | power
 
 
 @register("kerple")
-class KerpleRelativeBias(PositionalEncoding):
+class KerpleRelativeBias(DapeEncoding):
     Config = KerpleConfig
 
     def __init__(self, config: KerpleConfig, d_model: int, n_head: int) -> None:

@@ -25,11 +25,11 @@ def explicit_attention(
     dropout: float = 0.0,
     key_starts: list[int] | None = None,
 ) -> torch.Tensor:
-    """softmax(q k^T / sqrt(hs) + mask) v for q, k, v (B, H, T, hs), in blocks of queries whose
-    additive float masks ([B|1], H, n, m) need a gradient (a learned bias, in training): masks[i]
-    is the i-th block's, keys [s, s + m) with s = key_starts[i] (0 by default) and queries
-    [s + m - n, s + m); the blocks cover the queries in order, the last one ending at T
-    -> (B, H, T, hs).
+    """softmax(q k^T / sqrt(d) + mask) v for q, k (B, H, T, d) and v (B, H, T, hs) (hs = d but
+    for PoPE's wider q and k), in blocks of queries whose additive float masks ([B|1], H, n, m)
+    need a gradient (a learned bias, in training): masks[i] is the i-th block's, keys [s, s + m)
+    with s = key_starts[i] (0 by default) and queries [s + m - n, s + m); the blocks cover the
+    queries in order, the last one ending at T -> (B, H, T, hs).
 
     SDPA's fused CPU kernel gives no gradient for a mask, and its unfused fallback is slower
     than this computation. ExplicitAttention writes the gradients itself rather than leave
@@ -66,11 +66,12 @@ class ExplicitAttention(torch.autograd.Function):
         key_starts: tuple[int, ...],
         *masks: torch.Tensor,
     ) -> torch.Tensor:
-        B, H, T, hs = q.shape
+        B, H, T, d = q.shape
+        hs = v.shape[-1]  # d, or less (PoPE's q and k are wider)
         dtype = torch.promote_types(q.dtype, torch.float32)
         with torch.autocast(q.device.type, enabled=False):
-            q3, k3, v3 = (t.to(dtype).reshape(B * H, T, hs) for t in (q, k, v))
-            q3 = q3 * (1 / math.sqrt(hs))
+            q3, k3, v3 = (t.to(dtype).reshape(B * H, T, t.shape[-1]) for t in (q, k, v))
+            q3 = q3 * (1 / math.sqrt(d))
             y = q.new_empty(B, T, H, hs, dtype=dtype)
             weights, keeps = [], []
             for key_start, mask in zip(key_starts, masks, strict=True):
@@ -98,11 +99,12 @@ class ExplicitAttention(torch.autograd.Function):
         q3, k3, v3, *saved = ctx.saved_tensors
         blocks = len(ctx.masks)
         weights, keeps = saved[:blocks], saved[blocks:] or [None] * blocks
-        BH, T, hs = q3.shape
+        BH, T, d = q3.shape
+        hs = v3.shape[-1]
         B, H = dy.shape[:2]
         with torch.autocast(dy.device.type, enabled=False):
             dy3 = dy.to(q3.dtype).reshape(BH, T, hs)
-            dq = dy3.new_empty(B, T, H, hs)
+            dq = dy3.new_empty(B, T, H, d)
             dk = dv = None
             mask_grads = []
             for w, keep, key_start, (mask_batch, mask_dtype) in reversed(
@@ -119,7 +121,7 @@ class ExplicitAttention(torch.autograd.Function):
                     dw.mul_(keep)
                 dscores = torch._softmax_backward_data(dw, w, -1, w.dtype)  # (B, H, n, e)
                 ds3 = dscores.view(BH, n, m)
-                dk_part = torch.bmm(ds3.transpose(1, 2), q3[:, start:end])  # (BH, m, hs)
+                dk_part = torch.bmm(ds3.transpose(1, 2), q3[:, start:end])  # (BH, m, d)
                 if dk is None and key_start == 0:  # the last block of full attention: every key
                     dk, dv = dk_part, dv_part
                 else:
@@ -127,14 +129,14 @@ class ExplicitAttention(torch.autograd.Function):
                         dk, dv = torch.zeros_like(k3), torch.zeros_like(v3)
                     dk[:, keys] += dk_part
                     dv[:, keys] += dv_part
-                dq[:, start:end] = torch.bmm(ds3, k3[:, keys]).view(B, H, n, hs).transpose(1, 2)
+                dq[:, start:end] = torch.bmm(ds3, k3[:, keys]).view(B, H, n, d).transpose(1, 2)
                 summed = dscores.sum(0, keepdim=True) if mask_batch == 1 else dscores
                 mask_grads.append(summed.to(mask_dtype))
-            dq.mul_(1 / math.sqrt(hs))  # q3 was scaled
+            dq.mul_(1 / math.sqrt(d))  # q3 was scaled
         dq_dtype, dk_dtype, dv_dtype = ctx.input_dtypes
         return (
             dq.transpose(1, 2).to(dq_dtype),
-            dk.view(B, H, T, hs).to(dk_dtype),
+            dk.view(B, H, T, d).to(dk_dtype),
             dv.view(B, H, T, hs).to(dv_dtype),
             None,
             None,

@@ -40,7 +40,7 @@ def sigmoid_block(
     None, causal and within ``window`` tokens: sum over tiles of sigmoid(z + b) v
     -> (B, H, n, hs)."""
     n, m = queries.shape[2], keys.shape[2]
-    out = torch.zeros_like(queries)
+    out = queries.new_zeros(*queries.shape[:-1], values.shape[-1])  # (B, H, n, hs)
     for tile_end in range(m, 0, -KEY_TILE):
         tile_start = max(0, tile_end - KEY_TILE)
         tile = slice(tile_start, tile_end)
@@ -77,7 +77,7 @@ def stick_breaking_block(
     spent = math.log(finfo.tiny) + math.log(finfo.eps) - 5  # e^spent rounds to 0
     reversed_keys, reversed_values = keys.flip(2), values.flip(2)  # key m - 1 - c at c
     query = torch.arange(query_start, query_start + n, device=queries.device)[:, None]  # (n, 1)
-    out = torch.zeros_like(queries)
+    out = queries.new_zeros(*queries.shape[:-1], values.shape[-1])  # (B, H, n, hs)
     carried = queries.new_zeros(*queries.shape[:-1], 1)  # log of the stick left: (B, H, n, 1)
     for tile_start in range(0, m, STICK_TILE):
         tile_end = min(tile_start + STICK_TILE, m)

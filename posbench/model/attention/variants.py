@@ -250,26 +250,29 @@ class SinkAttention(torch.autograd.Function):
 def sink_attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sinks: torch.Tensor, dropout: float = 0.0
 ) -> torch.Tensor:
-    """Causal softmax attention of q, k, v (B, H, T, hs) with the sink logits ``sinks`` (H,) and
-    no bias -> (B, H, T, hs), without writing (T, T) (see the module's docstring), in
-    sdpa_dtype(q)."""
+    """Causal softmax attention of q, k (B, H, T, d) and v (B, H, T, hs), hs <= d (PoPE's q and k
+    are wider), with the sink logits ``sinks`` (H,) and no bias -> (B, H, T, hs), without writing
+    (T, T) (see the module's docstring), in sdpa_dtype(q)."""
     dtype = fused.sdpa_dtype(q)
+    B, H, T, d = q.shape
+    hs = v.shape[-1]
     with torch.autocast(q.device.type, enabled=False):
         queries, keys, values = (t.to(dtype) for t in (q, k, v))
+        if hs < d:  # the flash kernel takes one width: v's zeros past hs give outputs of 0
+            values = F.pad(values, (0, d - hs))
         logits = sinks.to(dtype)
         if q.device.type in fused.LOG_SUM_EXP_DEVICES and not dropout:
-            return SinkAttention.apply(queries, keys, values, logits).to(q.dtype)
-        B, H, T, hs = q.shape
+            return SinkAttention.apply(queries, keys, values, logits)[..., :hs].to(q.dtype)
         # The sink as key 0 (one more dimension, s) with a value of 0, after a query of zeros.
         queries = F.pad(
-            torch.cat([queries, queries.new_full((B, H, T, 1), hs**0.5)], -1), (0, 0, 1, 0)
+            torch.cat([queries, queries.new_full((B, H, T, 1), d**0.5)], -1), (0, 0, 1, 0)
         )
-        sink = torch.cat([keys.new_zeros(H, hs), logits[:, None]], -1)  # (H, hs + 1)
-        keys = torch.cat([sink[:, None].expand(B, H, 1, hs + 1), F.pad(keys, (0, 1))], dim=2)
-        values = F.pad(values, (0, 1, 1, 0))  # (B, H, T + 1, hs + 1): as wide as q
+        sink = torch.cat([keys.new_zeros(H, d), logits[:, None]], -1)  # (H, d + 1)
+        keys = torch.cat([sink[:, None].expand(B, H, 1, d + 1), F.pad(keys, (0, 1))], dim=2)
+        values = F.pad(values, (0, 1, 1, 0))  # (B, H, T + 1, d + 1): as wide as q
         y = F.scaled_dot_product_attention(
-            queries, keys, values, dropout_p=dropout, is_causal=True, scale=hs**-0.5
-        )  # (B, H, T + 1, hs + 1)
+            queries, keys, values, dropout_p=dropout, is_causal=True, scale=d**-0.5
+        )  # (B, H, T + 1, d + 1)
     return y[:, :, 1:, :hs].to(q.dtype)
 
 
