@@ -2,6 +2,7 @@
 ratios to NoPE measured in the same process (model: tiny, or --model for train; untrained).
 
     python benchmarks/bias_attention.py eval [--lengths 2048 16384] [--rounds 5] [--threads 1]
+        [--encodings path path-fox]
     python benchmarks/bias_attention.py train [--rounds 15] [--threads 1] [--precision fp32 bf16]
         [--encodings alibi t5] [--model tiny|small|base]
     python benchmarks/bias_attention.py layer [--rounds 60]    # explicit attention's blocks
@@ -9,16 +10,16 @@ ratios to NoPE measured in the same process (model: tiny, or --model for train; 
     python benchmarks/bias_attention.py eval --quick     # a small, fast check that it runs
 
 Besides the registered encodings, ``fire-switching`` is FIRE with ``--fire-switches`` (default 8)
-of f_theta's 32 switch points inside (0, 1), where an untrained FIRE has none: each costs time
-past L (see switch_inside_the_inputs_range; the 15 trained FIRE models of README's sweeps have
-0-7 there, 32 is the slowest case). ``general`` is KERPLE's bias given only through
-``score_bias`` (looked up at every (query, key) pair; no ``relative_bias``): the path that any
-bias without exploitable structure takes. ``hybrid-swa`` is the hybrid with a sliding window of
-128 tokens in its RoPE layers (NoPE layers global), ``ssmax`` RoPE with
-``model.attention_scaling=ssmax`` (VARIANTS). Models are configured as trained at ``--seq-len``
-(default 128, the extrapolation experiments' length), so FIRE's threshold L is 128: past it, its
-bias depends on the query's position too and takes that path. Models are timed in interleaved
-rounds (one forward or training step of each per round; median per model; see
+of f_theta's 32 switch points inside (0, 1), where an untrained FIRE has none: each costs time past
+L (see switch_inside_the_inputs_range; the 15 trained FIRE models of README's sweeps have 0-7
+there, 32 is the slowest case). ``general`` is KERPLE's bias given only through ``score_bias``
+(looked up at every (query, key) pair; no ``relative_bias``): the path that any bias without
+exploitable structure takes. ``hybrid-swa`` is the hybrid with a sliding window of 128 tokens in
+its RoPE layers (NoPE layers global), ``ssmax`` RoPE with ``model.attention_scaling=ssmax``,
+``path-fox`` PaTH with ``encoding.forget_gate=true`` (VARIANTS). Models are configured as trained
+at ``--seq-len`` (default 128, the extrapolation experiments' length), so FIRE's threshold L is
+128: past it, its bias depends on the query's position too and takes that path. Models are timed in
+interleaved rounds (one forward or training step of each per round; median per model; see
 benchmarks/README.md). Peak memory at 16,384 tokens is benchmarks/long_eval_memory.py's figure.
 
 ``train --precision`` takes one or more of fp32, bf16 and auto (``train.precision``: auto resolved
@@ -55,6 +56,7 @@ from posbench.system.precision import autocast, resolve_precision
 VARIANTS = {
     "hybrid-swa": (["encoding=hybrid", "encoding.window=128"], {}),  # rope windowed, none global
     "ssmax": (["encoding=rope"], {"attention_scaling": "ssmax"}),
+    "path-fox": (["encoding=path", "encoding.forget_gate=true"], {}),  # PaTH-FoX
 }
 EVAL_ENCODINGS = (
     "none",
@@ -71,6 +73,8 @@ EVAL_ENCODINGS = (
     "hybrid",
     "hybrid-swa",
     "ssmax",
+    "path",
+    "path-fox",
 )
 # The issues' targets: eval time at most this many times NoPE's; training tokens/s at least
 # TRAIN_TARGET times NoPE's (every encoding but those in TRAIN_TARGETS).
@@ -86,9 +90,12 @@ EVAL_TARGETS = {
     "fox": 2.0,
     "ssmax": 2.0,
     "cope": 6.0,
+    "path": 6.0,
+    "path-fox": 6.0,
 }
 TRAIN_TARGET = 0.91
 TRAIN_TARGETS = {"xpos": 0.9, "sandwich": 0.9, "ssmax": 0.9, "fox": 0.8, "cope": 0.5}
+TRAIN_TARGETS |= {"path": 0.3, "path-fox": 0.3}
 
 
 class GeneralKerple(PositionalEncoding):
@@ -252,7 +259,7 @@ def main() -> None:
         help="train: train.precision of the models, one or more (timed in the same rounds)",
     )
     parser.add_argument(
-        "--encodings", nargs="+", help="train: these models and none (default: every one)"
+        "--encodings", nargs="+", help="train, eval: these models and none (default: every one)"
     )
     parser.add_argument(
         "--fire-switches", type=int, default=8, help="of fire-switching's 32 units (default 8)"
@@ -269,12 +276,13 @@ def main() -> None:
     models = "models tiny, small, base" if args.figure == "shared" else f"model {args.model}"
     print(f"threads={args.threads}, rounds={rounds}, {models}")
     if args.figure == "eval":
+        names = ["none", *args.encodings] if args.encodings else EVAL_ENCODINGS
         for length in args.lengths:
             steps = {
                 name: eval_step(
                     untrained_model(name, length, args.seq_len, args.fire_switches), length
                 )
-                for name in EVAL_ENCODINGS
+                for name in names
             }
             seconds = median_seconds(steps, rounds)
             report(f"eval time at {length} tokens (one window)", seconds, EVAL_TARGETS, True)

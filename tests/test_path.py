@@ -1,0 +1,124 @@
+"""PaTH (Yang et al. 2025): attention against fla's naive PaTH reference
+(``fla.ops.path_attn.naive.naive_path_attn``, outputs and gradients, with and without FoX's gate,
+in training and evaluation),
+the chunked logits against the product of transitions written out in float64, transitions of
+strength 0 giving NoPE, and the layer's directions and strengths as the paper's layer makes them.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import posbench.encodings.path
+from posbench.encodings import build_encoding
+from posbench.encodings.path import path_logits
+from posbench.errors import PosbenchError
+from posbench.model import build_model
+from posbench.model.attention.transitions import transition_attention
+
+# fla's ops import triton, which has wheels for Linux alone.
+naive_path_attn = pytest.importorskip("fla.ops.path_attn.naive").naive_path_attn
+
+F64 = torch.float64
+SMALL = {"n_layer": 2, "n_head": 2, "d_model": 16}
+
+
+def transitions_inputs(length: int, seed: int = 0) -> list[torch.Tensor]:
+    """q, k, v (B, H, T, hs), unit w (B, H, T, hs), beta in (0, 2) (B, H, T) and log forget gates
+    (B, H, T), float64, for B = 2, H = 3, hs = 8."""
+    generator = torch.Generator().manual_seed(seed)
+    q, k, v, w = (torch.randn(2, 3, length, 8, dtype=F64, generator=generator) for _ in range(4))
+    beta = 2 * torch.rand(2, 3, length, dtype=F64, generator=generator)
+    log_gates = F.logsigmoid(torch.randn(2, 3, length, dtype=F64, generator=generator))
+    return [q, k, v, F.normalize(w, dim=-1), beta, log_gates]
+
+
+@pytest.mark.parametrize("gate", [False, True], ids=["path", "path-fox"])
+def test_attention_equals_flas_naive_path_attention_with_its_gradients(gate, monkeypatch):
+    # Chunks of 16 over 40 tokens: two whole chunks and a partial one, as at any length.
+    monkeypatch.setattr(posbench.encodings.path, "CHUNK", 16)
+    inputs = [t.requires_grad_() for t in transitions_inputs(40)]
+    q, k, v, w, beta, log_gates = inputs
+    scale = 1 / math.sqrt(q.shape[-1])
+    # posbench's key bias b_j = -c_j / sqrt(hs), c the gates' running log-sum: fla's reference
+    # adds c_i - c_j to q.k before scaling both.
+    key_bias = -log_gates.cumsum(-1) * scale if gate else None
+    got = transition_attention(q, k, v, (w, beta, key_bias))
+    fla_inputs = [t.transpose(1, 2) for t in (q, k, v, w, beta, log_gates if gate else 0 * beta)]
+    expected = naive_path_attn(*fla_inputs, scale=scale, chunk_size=16).transpose(1, 2)
+    torch.testing.assert_close(got, expected, rtol=0, atol=2e-6)  # fla's in float32
+    with torch.no_grad():  # evaluation's path: SDPA's kernel, merged by log-sum-exps
+        evaluated = transition_attention(q, k, v, (w, beta, key_bias))
+    torch.testing.assert_close(evaluated, expected, rtol=0, atol=2e-6)
+    out_grad = torch.randn_like(got)
+    leaves = inputs if gate else inputs[:-1]
+    for ours, theirs in zip(
+        torch.autograd.grad(got, leaves, out_grad),
+        torch.autograd.grad(expected, leaves, out_grad),
+        strict=True,
+    ):
+        torch.testing.assert_close(ours, theirs, rtol=0, atol=2e-5)
+
+
+def householder(w: torch.Tensor, beta: torch.Tensor, t: int) -> torch.Tensor:
+    """H_t = I - beta_t w_t w_t^T (B, H, hs, hs), written out."""
+    outer = w[:, :, t, :, None] * w[:, :, t, None, :]
+    return torch.eye(w.shape[-1], dtype=F64) - beta[:, :, t, None, None] * outer
+
+
+def test_logits_of_any_block_are_queries_and_keys_through_every_transition_between(monkeypatch):
+    monkeypatch.setattr(posbench.encodings.path, "CHUNK", 4)
+    q, k, _, w, beta, _ = transitions_inputs(23)
+    queries, keys = slice(9, 23), slice(2, 21)  # neither starts on a chunk's first token
+    logits = path_logits(q, k, w, beta, queries, keys)
+    for i in range(queries.start, queries.stop):
+        product = torch.eye(8, dtype=F64)  # H_i ... H_{j+1}, from j = i down
+        for j in range(i, keys.start - 1, -1):
+            if j < keys.stop:
+                expected = (q[:, :, i, None, :] @ product @ k[:, :, j, :, None])[..., 0, 0]
+                torch.testing.assert_close(logits[:, :, i - 9, j - 2], expected, rtol=0, atol=1e-12)
+            product = product @ householder(w, beta, j)
+
+
+def test_transitions_of_strength_zero_leave_a_nope_model():
+    torch.manual_seed(0)
+    tokens = torch.randint(0, 256, (2, 70))
+    path = build_model(SMALL, {"name": "path", "forget_gate": False}).double().eval()
+    nope = build_model(SMALL, {"name": "none"}).double().eval()
+    nope.load_state_dict(path.state_dict(), strict=False)  # every weight but PaTH's own
+    with torch.no_grad():
+        for encoding in path.layer_encodings:
+            encoding.beta.bias.fill_(-80.0)  # beta = 2 sigmoid(-80): H_t = I to rounding
+        torch.testing.assert_close(path(tokens), nope(tokens), rtol=0, atol=1e-12)
+
+
+def test_directions_are_unit_vectors_of_their_tokens_and_those_before_and_strengths_in_0_2():
+    encoding = build_encoding({"name": "path"}, 16, 2)
+    x = torch.randn(1, 9, 16)
+    w, beta = encoding.directions(x)  # (1, 2, 9, 8), (1, 2, 9)
+    torch.testing.assert_close(w.norm(dim=-1), torch.ones(1, 2, 9))
+    assert ((beta > 0) & (beta < 2)).all()
+    later = x.clone()
+    later[:, 5] += 1.0
+    w_later, _ = encoding.directions(later)
+    assert torch.equal(w_later[:, :, :5], w[:, :, :5]) and not torch.equal(w_later, w)
+    further = x.clone()
+    further[:, 2] += 1.0  # the convolution reads tokens t - 2, t - 1 and t
+    w_further, _ = encoding.directions(further)
+    assert torch.equal(w_further[:, :, 5:], w[:, :, 5:]) and not torch.equal(w_further, w)
+
+
+def test_path_fox_reuses_foxs_gate_and_its_initialisation():
+    encoding = build_encoding({"name": "path", "forget_gate": True}, 16, 2)
+    assert type(encoding.gate).__name__ == "ForgetGateBias"
+    assert torch.equal(encoding.gate.gate_bias, torch.zeros(2))
+    assert build_encoding({"name": "path"}, 16, 2).gate is None
+
+
+def test_an_attention_scaling_is_refused_in_one_line():
+    with pytest.raises(PosbenchError, match=r"model\.attention_scaling=none"):
+        build_model({**SMALL, "attention_scaling": "ssmax"}, {"name": "path"})
