@@ -7,11 +7,15 @@ strength 0 giving NoPE, and the layer's directions and strengths as the paper's 
 
 from __future__ import annotations
 
+import functools
 import math
+from unittest import mock
 
 import pytest
 import torch
 import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import posbench.encodings.path
 from posbench.encodings import build_encoding
@@ -70,18 +74,38 @@ def householder(w: torch.Tensor, beta: torch.Tensor, t: int) -> torch.Tensor:
     return torch.eye(w.shape[-1], dtype=F64) - beta[:, :, t, None, None] * outer
 
 
-def test_logits_of_any_block_are_queries_and_keys_through_every_transition_between(monkeypatch):
-    monkeypatch.setattr(posbench.encodings.path, "CHUNK", 4)
-    q, k, _, w, beta, _ = transitions_inputs(23)
-    queries, keys = slice(9, 23), slice(2, 21)  # neither starts on a chunk's first token
-    logits = path_logits(q, k, w, beta, queries, keys)
-    for i in range(queries.start, queries.stop):
+@functools.cache
+def written_out_logits(length: int) -> torch.Tensor:
+    """q_i^T H_i ... H_{j+1} k_j of transitions_inputs(length) at every j <= i (B, H, T, T), the
+    transitions multiplied out one by one in float64 (0 above the diagonal)."""
+    q, k, _, w, beta, _ = transitions_inputs(length)
+    logits = torch.zeros(2, 3, length, length, dtype=F64)
+    for i in range(length):
         product = torch.eye(8, dtype=F64)  # H_i ... H_{j+1}, from j = i down
-        for j in range(i, keys.start - 1, -1):
-            if j < keys.stop:
-                expected = (q[:, :, i, None, :] @ product @ k[:, :, j, :, None])[..., 0, 0]
-                torch.testing.assert_close(logits[:, :, i - 9, j - 2], expected, rtol=0, atol=1e-12)
+        for j in range(i, -1, -1):
+            logits[:, :, i, j] = (q[:, :, i, None, :] @ product @ k[:, :, j, :, None])[..., 0, 0]
             product = product @ householder(w, beta, j)
+    return logits
+
+
+@settings(max_examples=8, deadline=None)
+@given(st.data())
+def test_logits_of_any_block_are_queries_and_keys_through_every_transition_between(data):
+    # Chunks of 4 over 23 tokens; blocks that start and end anywhere, keys up to the queries'.
+    query_stop = data.draw(st.integers(1, 23))
+    query_start = data.draw(st.integers(0, query_stop - 1))
+    key_start = data.draw(st.integers(0, query_stop - 1))
+    key_stop = data.draw(st.integers(key_start + 1, query_stop))
+    q, k, _, w, beta, _ = transitions_inputs(23)
+    with mock.patch.object(posbench.encodings.path, "CHUNK", 4):
+        logits = path_logits(
+            q, k, w, beta, slice(query_start, query_stop), slice(key_start, key_stop)
+        )
+    expected = written_out_logits(23)[:, :, query_start:query_stop, key_start:key_stop]
+    on_or_below = torch.arange(query_start, query_stop)[:, None] >= torch.arange(
+        key_start, key_stop
+    )
+    torch.testing.assert_close(logits * on_or_below, expected, rtol=0, atol=1e-12)
 
 
 def test_transitions_of_strength_zero_leave_a_nope_model():
