@@ -1,8 +1,9 @@
 """PaTH (Yang et al. 2025): attention against fla's naive PaTH reference
 (``fla.ops.path_attn.naive.naive_path_attn``, outputs and gradients, with and without FoX's gate,
-in training and evaluation),
-the chunked logits against the product of transitions written out in float64, transitions of
-strength 0 giving NoPE, and the layer's directions and strengths as the paper's layer makes them.
+in training and evaluation), the chunked logits of any block against the product of transitions
+written out in float64, a window's attention through content_bias, transitions of strength 0 giving
+NoPE, the layer's directions and strengths as the paper's layer makes them, and attention scaling
+refused.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from posbench.encodings import build_encoding
 from posbench.encodings.path import path_logits
 from posbench.errors import PosbenchError
 from posbench.model import build_model
+from posbench.model.attention import causal_attention
 from posbench.model.attention.transitions import transition_attention
 
 # fla's ops import triton, which has wheels for Linux alone.
@@ -91,10 +93,11 @@ def written_out_logits(length: int) -> torch.Tensor:
 @settings(max_examples=8, deadline=None)
 @given(st.data())
 def test_logits_of_any_block_are_queries_and_keys_through_every_transition_between(data):
-    # Chunks of 4 over 23 tokens; blocks that start and end anywhere, keys up to the queries'.
+    # Chunks of 4 over 23 tokens; blocks that start and end anywhere, the keys from at most the
+    # first query on and up to at most the last, as attention asks (a window's start first).
     query_stop = data.draw(st.integers(1, 23))
     query_start = data.draw(st.integers(0, query_stop - 1))
-    key_start = data.draw(st.integers(0, query_stop - 1))
+    key_start = data.draw(st.integers(0, query_start))
     key_stop = data.draw(st.integers(key_start + 1, query_stop))
     q, k, _, w, beta, _ = transitions_inputs(23)
     with mock.patch.object(posbench.encodings.path, "CHUNK", 4):
@@ -146,3 +149,19 @@ def test_path_fox_reuses_foxs_gate_and_its_initialisation():
 def test_an_attention_scaling_is_refused_in_one_line():
     with pytest.raises(PosbenchError, match=r"model\.attention_scaling=none"):
         build_model({**SMALL, "attention_scaling": "ssmax"}, {"name": "path"})
+
+
+def test_a_windowed_layer_attends_with_the_same_logits_to_its_recent_keys_alone():
+    # A hybrid's window takes the blocked path, which asks content_bias per block of queries.
+    encoding = build_encoding({"name": "path"}, 16, 2).double()
+    encoding.window = 5
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randn(1, 30, 16, dtype=F64, generator=generator)
+    q, k, v = (torch.randn(1, 2, 30, 8, dtype=F64, generator=generator) for _ in range(3))
+    state = encoding.content_state(x, q, k, torch.arange(30))
+    got = causal_attention(q, k, v, torch.arange(30), encoding, content=state)
+    logits = path_logits(q, k, state.w, state.beta, slice(0, 30), slice(0, 30)) / math.sqrt(8)
+    apart = torch.arange(30)[:, None] - torch.arange(30)[None, :]  # i - j
+    visible = (apart >= 0) & (apart < 5)
+    expected = torch.softmax(logits.masked_fill(~visible, -math.inf), dim=-1) @ v
+    torch.testing.assert_close(got, expected, rtol=0, atol=1e-12)

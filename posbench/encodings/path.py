@@ -204,8 +204,10 @@ def path_logits(
     keys: slice,
 ) -> torch.Tensor:
     """The PaTH logits (without 1/sqrt(hs)) of the queries at indices ``queries`` over the keys
-    at ``keys`` (B, H, n, m), keys.stop <= queries.stop, in the dtype of ``w``: those on and
-    below the diagonal; those above it are not meaningful (the caller masks them)."""
+    at ``keys`` (B, H, n, m), the keys from at most the first query on and up to at most the
+    last (as attention asks a block's), in the dtype of ``w``: those on and below the diagonal;
+    those above it are not meaningful (the caller masks them)."""
+    assert keys.start <= queries.start and keys.stop <= queries.stop, (queries, keys)
     first = keys.start - keys.start % min(CHUNK, q.shape[2])  # the first chunk's first key
     width = queries.stop - first
     rows = []
