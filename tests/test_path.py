@@ -9,7 +9,10 @@ refused.
 from __future__ import annotations
 
 import functools
+import importlib.util
 import math
+from pathlib import Path
+from types import ModuleType
 from unittest import mock
 
 import pytest
@@ -26,8 +29,19 @@ from posbench.model import build_model
 from posbench.model.attention import causal_attention
 from posbench.model.attention.transitions import transition_attention
 
-# fla's ops import triton, which has wheels for Linux alone.
-naive_path_attn = pytest.importorskip("fla.ops.path_attn.naive").naive_path_attn
+
+def fla_naive_module(name: str) -> ModuleType:
+    """fla's plain-PyTorch reference ``fla/ops/<name>.py``, loaded as that one file: importing
+    it through fla's packages imports every Triton kernel of fla (10 s, and triton, which has
+    wheels for Linux alone), and the reference needs only torch and einops."""
+    path = Path(importlib.util.find_spec("fla").origin).parent / "ops" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"fla_reference_{name.replace('/', '_')}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+naive_path_attn = fla_naive_module("path_attn/naive").naive_path_attn
 
 F64 = torch.float64
 SMALL = {"n_layer": 2, "n_head": 2, "d_model": 16}
