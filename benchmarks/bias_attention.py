@@ -2,6 +2,7 @@
 ratios to NoPE measured in the same process (model: tiny, or --model for train; untrained).
 
     python benchmarks/bias_attention.py eval [--lengths 2048 16384] [--rounds 5] [--threads 1]
+        [--encodings path path-fox]
     python benchmarks/bias_attention.py train [--rounds 15] [--threads 1] [--precision fp32 bf16]
         [--encodings alibi t5] [--model tiny|small|base]
     python benchmarks/bias_attention.py eval --encodings pope alibi-dape    # these and NoPE
@@ -17,11 +18,12 @@ past L (see switch_inside_the_inputs_range; the 15 trained FIRE models of README
 bias without exploitable structure takes. ``hybrid-swa`` is the hybrid with a sliding window of
 128 tokens in its RoPE layers (NoPE layers global), ``ssmax`` RoPE with
 ``model.attention_scaling=ssmax``, ``alibi-dape`` (and kerple's, fire's) the bias with
-``encoding.dape=true`` (VARIANTS). Models are configured as trained at ``--seq-len``
-(default 128, the extrapolation experiments' length), so FIRE's threshold L is 128: past it, its
-bias depends on the query's position too and takes that path. Models are timed in interleaved
-rounds (one forward or training step of each per round; median per model; see
-benchmarks/README.md). Peak memory at 16,384 tokens is benchmarks/long_eval_memory.py's figure.
+``encoding.dape=true``, ``path-fox`` PaTH with ``encoding.forget_gate=true`` (VARIANTS).
+Models are configured as trained at ``--seq-len`` (default 128, the extrapolation experiments'
+length), so FIRE's threshold L is 128: past it, its bias depends on the query's position too
+and takes that path. Models are timed in interleaved rounds (one forward or training step of
+each per round; median per model; see benchmarks/README.md). Peak memory at 16,384 tokens is
+benchmarks/long_eval_memory.py's figure.
 
 ``train --precision`` takes one or more of fp32, bf16 and auto (``train.precision``: auto resolved
 per model as a run resolves it); the models of every precision are timed in the same interleaved
@@ -60,6 +62,7 @@ VARIANTS = {
     "ssmax": (["encoding=rope"], {"attention_scaling": "ssmax"}),
     # DAPE (encoding.dape=true, its default kernel: DAPE V2's 1x3) on each bias it wraps
     **{f"{name}-dape": ([f"encoding={name}", "encoding.dape=true"], {}) for name in DAPE_BIASES},
+    "path-fox": (["encoding=path", "encoding.forget_gate=true"], {}),  # PaTH-FoX
 }
 EVAL_ENCODINGS = (
     "none",
@@ -78,6 +81,8 @@ EVAL_ENCODINGS = (
     "ssmax",
     "pope",
     *(f"{name}-dape" for name in DAPE_BIASES),
+    "path",
+    "path-fox",
 )
 # The issues' targets: eval time at most this many times NoPE's; training tokens/s at least
 # TRAIN_TARGET times NoPE's (every encoding but those in TRAIN_TARGETS).
@@ -95,6 +100,8 @@ EVAL_TARGETS = {
     "cope": 6.0,
     "pope": 3.0,
     **{f"{name}-dape": 3.0 for name in DAPE_BIASES},
+    "path": 6.0,
+    "path-fox": 6.0,
 }
 TRAIN_TARGET = 0.91
 TRAIN_TARGETS = {
@@ -105,6 +112,8 @@ TRAIN_TARGETS = {
     "cope": 0.5,
     "pope": 0.8,
     **{f"{name}-dape": 0.5 for name in DAPE_BIASES},
+    "path": 0.3,
+    "path-fox": 0.3,
 }
 
 
@@ -286,7 +295,7 @@ def main() -> None:
     models = "models tiny, small, base" if args.figure == "shared" else f"model {args.model}"
     print(f"threads={args.threads}, rounds={rounds}, {models}")
     if args.figure == "eval":
-        names = EVAL_ENCODINGS if not args.encodings else ["none", *args.encodings]
+        names = ["none", *args.encodings] if args.encodings else EVAL_ENCODINGS
         for length in args.lengths:
             steps = {
                 name: eval_step(

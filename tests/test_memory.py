@@ -102,7 +102,7 @@ def test_key_bias_attention_scratch_without_log_sum_exps_is_the_blocked_paths(mo
     assert scratch("fox", 2048) < MAX_SCORE_ELEMENTS  # up to it, one fused call on any device
 
 
-@pytest.mark.parametrize("encoding", ["alibi", "t5", "kerple", "sandwich"])
+@pytest.mark.parametrize("encoding", ["alibi", "t5", "kerple", "sandwich", "path"])
 def test_default_model_at_16k_tokens_is_estimated_under_2_gb(encoding):
     model = build_model({}, {"name": encoding})  # ModelArgs' defaults are model=tiny
     assert inference_memory_bytes(model, 1, 16384) < 2e9

@@ -76,7 +76,7 @@ def test_the_model_gives_its_encoding_the_positions_it_is_given(monkeypatch):
 
 
 # Encodings that read no positions: NoPE, and the biases of the content alone (FoX, CoPE).
-POSITION_FREE = {"none", "fox", "cope"}
+POSITION_FREE = {"none", "fox", "cope", "path"}
 
 
 @pytest.mark.parametrize("name", encoding_names())

@@ -32,6 +32,14 @@ hook                   gets                                    returns; who over
                                                                which attention folds into its
                                                                fused kernel (FoX); overriding
                                                                it sets ``has_key_bias``
+``transitions``        that state                              (w (B, H, T, hs), beta (B, H, T),
+                                                               b (B, H, T) or None) when the
+                                                               logit of query i and key j is
+                                                               q_i^T H_i..H_{j+1} k_j / sqrt(hs)
+                                                               + b_j - b_i, H_t = I - beta_t
+                                                               w_t w_t^T: attention takes it
+                                                               chunk by chunk (PaTH); overriding
+                                                               it sets ``has_transitions``
 ``layer_encodings``    the model's number of layers            the encoding of each layer
                                                                (per-layer FIRE, hybrid)
 ``two_sided_bias``     integer distances i - j (D,) of either  (H, D), the bias of a model
@@ -276,4 +284,23 @@ class PositionalEncoding(nn.Module):
         attention can then fold into SDPA's fused kernel instead of building the bias per block.
         An encoding that overrides it returns b for every state; ``None`` (the default): the
         content bias is not of that form."""
+        return None
+
+    @property
+    def has_transitions(self) -> bool:
+        """Whether this encoding's logits go through transitions between key and query
+        (overrides ``transitions``), known without a forward pass."""
+        return type(self).transitions is not PositionalEncoding.transitions
+
+    def transitions(
+        self, state: Any
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None] | None:
+        """When the logit of query i and key j <= i is q_i^T H_i H_{i-1} ... H_{j+1} k_j / sqrt(hs)
+        + b_j - b_i, H_t = I - beta_t w_t w_t^T (PaTH's Householder-like transitions): the unit
+        directions w (B, H, T, hs), the strengths beta (B, H, T) and the key's bias b (B, H, T)
+        (None: no bias), from ``content_state``'s ``state``; attention then takes the logits
+        chunk by chunk (posbench/model/attention/transitions.py) instead of asking content_bias
+        per block. Such an encoding's ``content_bias`` is the same logit less
+        q_i . k_j / sqrt(hs), for the paths that ask it (a cached decode, diagnose, the
+        attention variants). ``None`` (the default): no transitions."""
         return None

@@ -28,6 +28,7 @@ from posbench.model.attention import (
     layer_biases,
     of_layer,
 )
+from posbench.model.attention.transitions import check_transitions
 from posbench.model.attention_options import OutputGate, QKNorm
 from posbench.model.attention_scaling import AttentionScaling, build_attention_scaling
 from posbench.model.kv_cache import DecodeCache, LayerCache
@@ -179,6 +180,7 @@ class Transformer(nn.Module):
         # The encoding says which encoding each layer attends with (one for all by default); the
         # instances it does not hold itself (a per-layer FIRE's fresh ones) are kept here.
         self.layer_encodings = encoding.layer_encodings(args.n_layer)
+        check_transitions(self.layer_encodings, args.attention_scaling)
         own = {id(module) for module in encoding.modules()}
         self.deeper_encodings = nn.ModuleList(
             e for e in unique(self.layer_encodings) if id(e) not in own

@@ -35,6 +35,7 @@ ENCODING_FAMILIES = {
     "gated and contextual": {
         "fox": ("tab:green", "P"),
         "cope": ("tab:gray", "X"),
+        "path": ("darkgreen", "h"),
     },
 }
 ENCODING_STYLES = {

@@ -2,8 +2,9 @@
 model behind one entry point, ``causal_attention(q, k, v, positions, encoding, dropout,
 biases, content)``. It asks the encoding what bias it adds (``has_score_bias``,
 ``consecutive_bias``, ``score_bias``, ``has_key_bias``, ``key_bias``, ``content_bias``,
-``content_biases``) and how far back it attends (``window``), never its name. Each path is a
-module of this package (the list below the table).
+``content_biases``, ``has_transitions``, ``transitions``) and how far back it attends
+(``window``), never its name. Each path is a module of this package (the list below the
+table).
 
 Which path runs when (T tokens, H heads, blocks of n queries):
 
@@ -12,6 +13,8 @@ Which path runs when (T tokens, H heads, blocks of n queries):
     q, k rotated twice by a position remap    remap_attention (remap.py): two fused calls merged
       (two_part_window: eval.position_remap)    by their log-sum-exps, or written out per block
     no score bias, no window shorter than T   unbiased_causal_attention
+    transitions between key and query from    transition_attention
+      the content (PaTH), no window
     a bias of the key alone from the content  key_bias_attention up to KEY_BIAS_LENGTH tokens;
       (key_bias: FoX) and no other, no window   longer, in evaluation on LOG_SUM_EXP_DEVICES
                                                 (CPU), blocked_key_bias_attention
@@ -31,6 +34,10 @@ gigabytes at evaluation lengths: 4 GiB for 4 heads at 16,384 tokens):
 * unbiased_causal_attention: SDPA's fused causal kernel, the fastest, never builds a (T, T)
   mask. Nothing of (T, T). Every SDPA call takes bf16 inputs on a CPU cast up to float32
   (sdpa_dtype: its bf16 kernels are slower there), with or without a mask.
+* transition_attention: chunks of queries, each over the earlier keys carried forward to it
+  through the transitions and its own (n, n) logits; in evaluation on a CPU the earlier keys on
+  SDPA's fused kernel, merged by log-sum-exps. The carried keys (T, hs) and one chunk's (n, n);
+  with gradients each chunk's scores over its keys, kept for the backward pass.
 * key_bias_attention: the same kernel with the key's bias as one more q/k dimension. Nothing
   of (T, T); q and k with that dimension, in float32. blocked_key_bias_attention: the same per
   block of KEY_BIAS_BLOCK queries, each relative to its own reference, in two calls merged by
@@ -59,6 +66,7 @@ The modules, each path's own and what they share:
     fused.py          SDPA in the dtype it runs fastest: unbiased_causal_attention, and parts
                         merged by their log-sum-exps (merge_by_log_sum_exp)
     key_bias.py       key_bias_attention, blocked_key_bias_attention
+    transitions.py    transition_attention
     flex.py           flex_attention_bias
     relative_bias.py  relative_bias_attention
     blocked_bias.py   blocked_bias_attention, past_and_diagonal_attention
@@ -100,6 +108,7 @@ from posbench.model.attention.probabilities import attention_probabilities, quer
 from posbench.model.attention.relative_bias import relative_bias_attention
 from posbench.model.attention.remap import remap_attention
 from posbench.model.attention.scratch import attention_scratch_elements
+from posbench.model.attention.transitions import transition_attention
 from posbench.model.attention.variants import AttentionVariant, variant_attention
 
 __all__ = [  # the entry point, and what the model, memory, diagnose and the decode cache use
@@ -146,6 +155,8 @@ def causal_attention(
     if variant is not None and not variant.plain:
         return variant_attention(q, k, v, positions, encoding, dropout, biases, content, variant)
     T = q.shape[2]
+    if content is not None and encoding.has_transitions and hiding_window(encoding, T) is None:
+        return transition_attention(q, k, v, encoding.transitions(content), dropout)
     if content is not None and fuses_key_bias(encoding, T, merges_by_log_sum_exp(q, dropout)):
         if T <= key_bias.KEY_BIAS_LENGTH:
             return key_bias_attention(q, k, v, encoding.key_bias(content), dropout)

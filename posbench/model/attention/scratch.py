@@ -7,6 +7,7 @@ from __future__ import annotations
 import torch
 
 from posbench.encodings import PositionalEncoding
+from posbench.encodings.path import CHUNK
 
 # Their constants as attributes: set in one place for every path (the package's docstring).
 from posbench.model.attention import biases, blocks, fused
@@ -31,20 +32,22 @@ def attention_scratch_elements(
     q, k, v and its output, for ``batch_size`` sequences of ``length`` tokens with
     ``encoding``'s score bias, at ``consecutive`` positions (else each at its own).
 
-    Without a bias, none: the fused kernel writes nothing of (T, T). A bias of the key alone
-    (key_bias_attention, blocked_key_bias_attention) adds q, k, v with its dimension and the
-    blocks' outputs in float32, and k, v reversed and cast while they are made: at most
-    10*(C + H) per token (5 in float32, counted twice for a 16-bit model). A bias of the distance
-    alone at consecutive positions (relative_bias_attention) adds the reversed keys and values
-    and the query blocks' outputs before they are joined (3*C per token) and its bias row per
-    head (twice, with its padded copy), counted per sequence (randomized distances give each
-    its own). Any other score bias adds the attention scratch of one query block (the bias,
-    its masked copy, SDPA's scores and probabilities, and the encoding's own intermediates:
-    at most 6 per score, and CONTENT_SCRATCH_PER_SCORE more for a bias from
-    the content), which query_block_size keeps bounded at any length, and the blocks' biases
-    the layers share (at most SHARED_BIAS_ELEMENTS). A window bounds the keys of a block. Both
-    of the last two may cast q, k and v up to float32 (bf16 on a CPU: sdpa_dtype), 3*C per
-    token, counted twice for a 16-bit model (the estimate does not know the precision).
+    Without a bias, none: the fused kernel writes nothing of (T, T). Transitions
+    (transition_attention: PaTH) add w, the keys carried in place, the padded values and the
+    chunks' outputs, in float32 (16*(C + H) per token, a 16-bit model's counted twice). A bias
+    of the key alone (key_bias_attention, blocked_key_bias_attention) adds q, k, v with its
+    dimension and the blocks' outputs in float32, and k, v reversed and cast while they are
+    made: at most 10*(C + H) per token (5 in float32, counted twice for a 16-bit model). A bias
+    of the distance alone at consecutive positions (relative_bias_attention) adds the reversed
+    keys and values and the query blocks' outputs before they are joined (3*C per token) and its
+    bias row per head (twice, with its padded copy), counted per sequence (randomized distances
+    give each its own). Any other score bias adds the attention scratch of one query block (the
+    bias, its masked copy, SDPA's scores and probabilities, and the encoding's own
+    intermediates: at most 6 per score, and CONTENT_SCRATCH_PER_SCORE more for a bias from the
+    content), which query_block_size keeps bounded at any length, and the blocks' biases the
+    layers share (at most SHARED_BIAS_ELEMENTS). A window bounds the keys of a block. Both of
+    the last two may cast q, k and v up to float32 (bf16 on a CPU: sdpa_dtype), 3*C per token,
+    counted twice for a 16-bit model (the estimate does not know the precision).
     """
     H, C = encoding.n_head, encoding.d_model
     first = torch.zeros(1, dtype=torch.long, device=device)
@@ -53,6 +56,13 @@ def attention_scratch_elements(
     windowed = window is not None
     if content and fuses_key_bias(encoding, length, device.type in fused.LOG_SUM_EXP_DEVICES):
         return 10 * batch_size * length * (C + H)
+    if content and encoding.has_transitions and not windowed:
+        # transition_attention: w, the carried keys, the padded values and the chunks' outputs,
+        # q, k, v cast up (float32, 8*(C + H) per token, twice for a 16-bit model); where the
+        # chunks are not merged by log-sum-exps, one chunk's scores and weights over every key.
+        merged = device.type in fused.LOG_SUM_EXP_DEVICES
+        scores = 0 if merged else 3 * batch_size * H * CHUNK * length
+        return 16 * batch_size * length * (C + H) + scores
     if consecutive and not (windowed or content) and encoding.relative_bias(first) is not None:
         return 9 * batch_size * length * C + 2 * batch_size * H * (length + blocks.QUERY_BLOCK)
     position_bias = encoding.score_bias(first, first) is not None
