@@ -6,6 +6,8 @@ from hydra.errors import ConfigCompositionException, MissingConfigException
 from posbench.config import compose_config, config_dir, eval_lengths, validate
 from posbench.encodings import encoding_config, encoding_names
 from posbench.errors import PosbenchError
+from posbench.model.args import ModelArgs
+from posbench.model.config import ModelConfig
 
 
 @pytest.mark.parametrize("encoding", encoding_names())
@@ -23,6 +25,16 @@ def test_every_option_of_a_group_composes(group):
             else [f"{group}={path.stem}"]
         )
         assert cfg[group] is not None
+
+
+def test_the_model_groups_schema_types_every_key_and_builds_the_models_args():
+    """conf/model/*.yaml set only ModelConfig's keys (typed, so a typo fails at compose time),
+    and every one of them reaches ModelArgs, which the run stores beside its weights."""
+    schema_keys = set(ModelConfig.__dataclass_fields__)
+    for path in sorted((config_dir() / "model").glob("*.yaml")):
+        model = compose_config([f"model={path.stem}"]).model
+        assert set(model) == schema_keys
+    assert schema_keys <= set(ModelArgs.__dataclass_fields__)
 
 
 def test_defaults_are_rope_tiny_synthetic():

@@ -24,6 +24,7 @@ ENCODING_FAMILIES = {
         "rope": ("tab:blue", "s"),
         "xpos": ("tab:cyan", "D"),
         "hybrid": ("navy", "P"),
+        "pope": ("deepskyblue", "v"),
     },
     "additive biases": {
         "alibi": ("tab:red", "o"),
