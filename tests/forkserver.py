@@ -32,10 +32,11 @@ import socket
 import struct
 import sys
 
-# Environment variables read at import time by what the server imports, by prefix.
+# Environment variables read at import time by what the server imports, by prefix (tqdm's
+# TQDM_* become its defaults when it is imported).
 READ_AT_IMPORT = (
     "OMP_", "KMP_", "GOMP_", "MKL_", "OPENBLAS_", "TORCH", "PYTORCH_", "CUDA_", "PYTHON",
-    "LD_", "MALLOC_", "HF_", "MPL", "TOKENIZERS_",
+    "LD_", "MALLOC_", "HF_", "MPL", "TOKENIZERS_", "TQDM_",
 )  # fmt: skip
 FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
 HEADER = struct.Struct("!I")  # the length of the request's JSON, sent with the three streams
