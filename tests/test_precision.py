@@ -298,7 +298,8 @@ def test_a_compiled_run_trains_like_the_eager_one_and_reports_its_compile_time(t
 @pytest.mark.slow
 def test_a_compiled_run_on_a_task_trains_like_the_eager_one(tmp_path):
     """A task's batches run in width slices of many widths: the compiled step recompiles for
-    them (dynamic shapes) and must still compute what the eager one does."""
+    them (dynamic shapes) and must still compute what the eager one does. About 35 s: those
+    compilations are the point, and each costs seconds of inductor."""
     short = [*TINY_REVERSE_STRING, "train.steps=3"]
     eager = train(compose_config(short), tmp_path / "eager")
     compiled = train(compose_config([*short, "train.compile=true"]), tmp_path / "compiled")
