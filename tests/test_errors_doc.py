@@ -439,3 +439,11 @@ def test_only_the_listed_functions_pass_on_a_message_with_no_words_of_their_own(
 
 def test_no_message_has_too_many_wordings_to_document() -> None:
     assert [site.where for site in sites() if len(site.templates) > MAX_TEMPLATES] == []
+
+
+def test_the_unknown_encoding_examples_list_every_registered_encoding():
+    """The page shows the line a typo gets; it went stale as encodings were added."""
+    from posbench.encodings import encoding_names
+
+    listed = re.findall(r"unknown encoding 'rop'; choose one of: ([a-z0-9_, ]+)", DOC.read_text())
+    assert listed and all(names.split(", ") == encoding_names() for names in listed)
