@@ -158,23 +158,21 @@ def serve(name: str) -> None:
             while len(data) < length:
                 data += connection.recv(length - len(data))
             request = json.loads(data)
-            if read_at_import(request["env"]) != own_env:
+            if read_at_import(request["env"]) == own_env:
+                child = os.fork()
+                if child == 0:
+                    listener.close()
+                    connection.close()
+                    for other in waiting.values():
+                        other.close()
+                    run_command(request["args"], request["cwd"], request["env"], streams)
+                connection.sendall(f"{child}\n".encode())
+                waiting[child] = connection
+            else:
                 connection.sendall(b"own process\n")
                 connection.close()
-                for stream in streams:
-                    os.close(stream)
-                continue
-            child = os.fork()
-            if child == 0:
-                listener.close()
-                connection.close()
-                for other in waiting.values():
-                    other.close()
-                run_command(request["args"], request["cwd"], request["env"], streams)
-            for stream in streams:
+            for stream in streams:  # the caller's, now the child's alone
                 os.close(stream)
-            connection.sendall(f"{child}\n".encode())
-            waiting[child] = connection
         while waiting:
             child, status = os.waitpid(-1, os.WNOHANG)
             if child == 0:

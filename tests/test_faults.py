@@ -8,6 +8,7 @@ import shlex
 import signal
 import subprocess
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -30,9 +31,13 @@ QUICK = [*QUICK_RUN, *TINY_SYNTHETIC]
 ENDLESS = [*QUICK, "train.steps=100000"]  # always stopped long before its end
 
 
-def start_training(cwd: Path, *overrides: str) -> subprocess.Popen:
+def start_training(
+    cwd: Path, *overrides: str, command: Sequence[str] = ("posbench",)
+) -> subprocess.Popen:
+    """``posbench train OVERRIDES`` started in ``cwd`` (``command``: what stands for
+    ``posbench``, e.g. conftest.forked_posbench())."""
     return subprocess.Popen(
-        ["posbench", "train", *overrides],
+        [*command, "train", *overrides],
         cwd=cwd,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,

@@ -5,10 +5,12 @@ would read the environment differently."""
 import os
 import signal
 import subprocess
-import time
 
-from conftest import TINY, forked_posbench
+from conftest import forked_posbench
 from forkserver import ask
+from test_faults import ENDLESS, start_training, wait_for_checkpoint
+
+from posbench.runs.directory import CHECKPOINT_FILE
 
 
 def run(command: list[str], env: dict | None = None) -> subprocess.CompletedProcess:
@@ -45,17 +47,15 @@ def test_an_environment_read_at_import_gets_a_process_of_its_own():
 def test_a_stop_signal_reaches_the_forked_run(tmp_path, cache_dir):
     """SIGTERM to the command (as `kill` or SLURM sends it) stops the run after a checkpoint:
     exit 143, as tests/test_faults.py checks of the installed command."""
-    command = [*forked_posbench(), "train", *TINY, f"data.cache_dir={cache_dir}"]
-    process = subprocess.Popen(
-        [*command, "train.steps=100000", "train.checkpoint_every=5"],
-        cwd=tmp_path,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
+    run_dir = tmp_path / "run"
+    process = start_training(
+        tmp_path,
+        *ENDLESS,
+        "train.checkpoint_every=5",
+        f"hydra.run.dir={run_dir}",
+        command=forked_posbench(),
     )
-    deadline = time.monotonic() + 120
-    while not list(tmp_path.glob("outputs/*/*/checkpoint.pt")) and time.monotonic() < deadline:
-        time.sleep(0.2)
+    wait_for_checkpoint(run_dir / CHECKPOINT_FILE, process)
     process.send_signal(signal.SIGTERM)
     _, stderr = process.communicate(timeout=120)
     assert process.returncode == 128 + signal.SIGTERM, stderr
