@@ -442,6 +442,21 @@ def build_report(
             f"no finished run under {searched} ({found} run directories); point at a "
             "directory made by `posbench train` once a run has finished"
         )
+    return report_of(
+        runs, excluded, dirs, metric, reference, success_threshold, effective_threshold
+    )
+
+
+def report_of(
+    runs: Sequence[Run],
+    excluded: list[Excluded],
+    dirs: list[Path],
+    metric: str | None = None,
+    reference: Reference | None = None,
+    success_threshold: float = DEFAULT_SUCCESS_THRESHOLD,
+    effective_threshold: float = DEFAULT_EFFECTIVE_THRESHOLD,
+) -> Report:
+    """build_report of ``runs`` already read from ``dirs`` (``excluded``: those left out)."""
     runs, duplicates = drop_duplicates(runs)
     tokenizers = sorted({tokenizer_text(run) for run in runs})
     metric, metric_note = chosen_metric(metric, tokenizers)

@@ -61,6 +61,15 @@ def read_published_table(root: Path, name: str) -> PublishedTable:
     path = root / name
     try:
         content = json.loads(path.read_text())
+    except (OSError, ValueError) as error:
+        raise not_published(path, error) from None
+    return published_table(name, path, content)
+
+
+def published_table(name: str, path: Path, content: Any) -> PublishedTable:
+    """The published table ``content``, read from ``path`` (``name``: below the repository);
+    a one-line error where it is not one."""
+    try:
         if not is_published_table(content):
             raise ValueError(f'no "format": "{PUBLISHED_FORMAT}"')
         if content["per_run_records"] is not False:
@@ -86,8 +95,12 @@ def read_published_table(root: Path, name: str) -> PublishedTable:
             {k: float(v) for k, v in content["at_train_seq_len"].items()},
             ratios,
         )
-    except (OSError, ValueError, TypeError, KeyError, AttributeError) as error:
-        raise PosbenchError(
-            f"{path} is not a published table ({error}); posbench/report/published.py "
-            "describes the format"
-        ) from None
+    except (ValueError, TypeError, KeyError, AttributeError) as error:
+        raise not_published(path, error) from None
+
+
+def not_published(path: Path, error: Exception) -> PosbenchError:
+    return PosbenchError(
+        f"{path} is not a published table ({error}); posbench/report/published.py describes "
+        "the format"
+    )

@@ -30,6 +30,12 @@ NOT_A_SETTING = (
     "train.pose_length",
 )
 
+# Keys that change the model only where another key has a value: model.sigmoid_length is
+# train.seq_len in every conf/model/ file, read by sigmoid attention alone. Softmax runs from
+# before the key existed (their config.yaml has it at its null default) train the model that
+# softmax runs with it do.
+ONLY_WHERE = {"model.sigmoid_length": ("model.attention", "sigmoid")}
+
 # Evaluation keys that make groups: runs that scored other text at each length (more or fewer
 # tokens) are never averaged. A record's stride and positions make rows of their own.
 MEASUREMENT = ("eval.max_tokens",)
@@ -58,8 +64,16 @@ def training_setting(run: Run) -> tuple[tuple[str, str], ...]:
     return tuple(
         (key, json.dumps(value))
         for key, value in sorted(config.items())
-        if not is_under(key, NOT_A_SETTING)
+        if not is_under(key, NOT_A_SETTING) and applies(key, config)
     )
+
+
+def applies(key: str, config: dict[str, Any]) -> bool:
+    """Whether ``key`` changes the model ``config`` trains (ONLY_WHERE)."""
+    if key not in ONLY_WHERE:
+        return True
+    other, value = ONLY_WHERE[key]
+    return config.get(other) == value
 
 
 def tokenizer_text(run: Run) -> str:

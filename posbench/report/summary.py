@@ -12,6 +12,14 @@ equal in every record once), floats to SIGNIFICANT_DIGITS significant digits. Re
 back the runs' config and results as dicts, rounding aside, so a report of the summary is the
 report of the runs. Re-measuring a result means replacing its summary (docs are rendered from
 it: posbench/report/docs/).
+
+A sweep run later adds its runs to a summary, written back as one:
+
+    posbench report results/extrapolation/synthetic.json SWEEP --out OUT \
+        --summary results/extrapolation/synthetic.json
+
+Its runs are then named after their sweeps (``<sweep>/<run>``), and its provenance is the
+first writing's with each later one's under ``added`` (provenance_parts).
 """
 
 from __future__ import annotations
@@ -20,6 +28,7 @@ import json
 import os
 import platform
 import shlex
+from collections import Counter
 from collections.abc import Sequence
 from datetime import date
 from pathlib import Path
@@ -45,14 +54,28 @@ def is_summary(path: Path) -> bool:
     return path.suffix == ".json" and path.is_file()
 
 
-def summary_content(runs: Sequence[Run], sweeps: Sequence[Path]) -> dict[str, Any]:
-    """The summary of ``runs`` (finished runs below the sweep directories ``sweeps``)."""
+def summary_content(runs: Sequence[Run], sources: Sequence[Path]) -> dict[str, Any]:
+    """The summary of ``runs``, the finished runs found below ``sources``: sweep directories,
+    and summaries whose runs it takes in as they are, with their provenance (a summary and a
+    sweep that adds rows to it make one summary: provenance_parts, in the order of
+    ``sources``, the sweep directories one part)."""
     if not runs:
         raise PosbenchError("no finished run to summarize")
-    names = [run_name(run, sweeps) for run in runs]
-    if len(set(names)) < len(names):
+    summaries = {source: summary_file_content(source) for source in sources if is_summary(source)}
+    sweeps = [source for source in sources if source not in summaries]
+    swept = [run for run in runs if not any(run.path.is_relative_to(s) for s in summaries)]
+    parts: list[dict[str, Any]] = []
+    for source in sources:
+        if source in summaries:
+            parts += provenance_parts(summaries[source]["provenance"])
+        elif source == sweeps[0] and swept:
+            parts.append(provenance(swept, sweeps))
+    several = len([sweep for part in parts for sweep in part["sweeps"]]) > 1
+    names = [run_name(run, sweeps, summaries, several) for run in runs]
+    if repeated := sorted(name for name, n in Counter(names).items() if n > 1):
         raise PosbenchError(
-            "two runs share a directory name below different sweeps; summarize each sweep apart"
+            f"two runs are named {repeated[0]} (a sweep summarized twice, or two sweeps of one "
+            "name); summarize each sweep once"
         )
     configs = [run.config for run in runs]
     shared = {
@@ -60,9 +83,10 @@ def summary_content(runs: Sequence[Run], sweeps: Sequence[Path]) -> dict[str, An
         for key, value in configs[0].items()
         if all(key in c and json.dumps(c[key]) == json.dumps(value) for c in configs)
     }
+    first, *added = parts
     return {
         "format": SUMMARY_FORMAT,
-        "provenance": provenance(runs, sweeps),
+        "provenance": {**first, "added": added} if added else first,
         "config": shared,
         "runs": [
             {
@@ -75,9 +99,10 @@ def summary_content(runs: Sequence[Run], sweeps: Sequence[Path]) -> dict[str, An
     }
 
 
-def write_summary(path: Path, runs: Sequence[Run], sweeps: Sequence[Path]) -> None:
-    """Write the summary of ``runs`` to ``path`` atomically (one line per run, for diffs)."""
-    content = rounded(summary_content(runs, sweeps))
+def write_summary(path: Path, runs: Sequence[Run], sources: Sequence[Path]) -> None:
+    """Write the summary of ``runs`` (found below ``sources``: summary_content) to ``path``
+    atomically, one line per run, for diffs; ``path`` may be one of ``sources``."""
+    content = rounded(summary_content(runs, sources))
     head = {k: v for k, v in content.items() if k != "runs"}
     lines = [json.dumps(run, separators=(",", ":")) for run in content["runs"]]
     text = json.dumps(head, indent=1)[:-2] + ',\n "runs": [\n' + ",\n".join(lines) + "\n ]\n}\n"
@@ -87,10 +112,21 @@ def write_summary(path: Path, runs: Sequence[Run], sweeps: Sequence[Path]) -> No
 def read_summary(path: Path) -> list[Run]:
     """The runs a summary holds, each at the path ``<summary>/<run name>`` (no such directory
     exists: the path names the run in tables and figures)."""
+    return summary_runs(path, summary_file_content(path))
+
+
+def summary_file_content(path: Path) -> dict[str, Any]:
+    """The summary at ``path`` as its JSON; a one-line error where it is none."""
     try:
         content = json.loads(path.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
         raise PosbenchError(f"{path} is not a readable summary ({err}); write it again") from err
+    check_summary(path, content)
+    return content
+
+
+def check_summary(path: Path, content: Any) -> None:
+    """A one-line error where ``content``, read from ``path``, is no summary."""
     if is_published_table(content):
         raise PosbenchError(
             f"{path} is a published table, not a summary: it holds no per-run records to "
@@ -101,6 +137,10 @@ def read_summary(path: Path) -> list[Run]:
             f'{path} is not a posbench summary (no "format": "{SUMMARY_FORMAT}"); pass a '
             "run directory, or a file written by `posbench report DIR --summary FILE`"
         )
+
+
+def summary_runs(path: Path, content: dict[str, Any]) -> list[Run]:
+    """The runs of the summary ``content`` read from ``path`` (read_summary)."""
     return [
         Run(
             path / run["name"],
@@ -111,20 +151,37 @@ def read_summary(path: Path) -> list[Run]:
     ]
 
 
-def summary_provenance(path: Path) -> dict[str, Any]:
-    """Where a summary's runs came from (its ``provenance``)."""
-    return json.loads(path.read_text())["provenance"]
+def provenance_parts(provenance: dict[str, Any]) -> list[dict[str, Any]]:
+    """A summary's provenance as one entry per writing from run directories: the first (the
+    experiment's own sweep), then each written into it later (``added``: ``posbench report
+    SUMMARY SWEEP --summary SUMMARY``), each with its sweeps' commands and names, runs,
+    commits, machine, date and wall time."""
+    first = {key: value for key, value in provenance.items() if key != "added"}
+    return [first, *provenance.get("added", [])]
 
 
-def run_name(run: Run, sweeps: Sequence[Path]) -> str:
-    """The run's directory below the sweep that holds it (its Hydra subdir), after the sweep's
-    own name when there are several."""
+def summary_sweeps(provenance: dict[str, Any]) -> list[str]:
+    """Every sweep a summary's runs came from, in the order they were written into it."""
+    return [sweep for part in provenance_parts(provenance) for sweep in part["sweeps"]]
+
+
+def run_name(
+    run: Run, sweeps: Sequence[Path], summaries: dict[Path, dict[str, Any]], several: bool
+) -> str:
+    """The run's directory below the sweep that holds it (its Hydra subdir), or its name in the
+    summary that holds it; after its sweep's name when the summary is of ``several`` sweeps."""
+    for summary, content in summaries.items():
+        if run.path.is_relative_to(summary):
+            name = run.path.relative_to(summary).as_posix()
+            own = summary_sweeps(content["provenance"])
+            # a summary of one sweep names its runs without the sweep's name
+            return f"{own[0]}/{name}" if several and len(own) == 1 else name
     for sweep in sweeps:
         try:
             name = run.path.resolve().relative_to(sweep.resolve()).as_posix()
         except ValueError:
             continue
-        return f"{sweep.resolve().name}/{name}" if len(sweeps) > 1 else name
+        return f"{sweep.resolve().name}/{name}" if several else name
     return run.path.name
 
 

@@ -39,7 +39,7 @@ from posbench.report.figures import FIGURE_DPI
 from posbench.report.published import (
     PublishedTable,
     is_published_table,
-    read_published_table,
+    published_table,
 )
 from posbench.system.atomic import atomic_path, atomic_write
 
@@ -76,10 +76,13 @@ FIGURES: dict[str, tuple[str, Callable]] = {
 
 
 def load(root: Path, name: str) -> Source | PublishedTable:
-    """The file ``name`` below ``root``, read as what it is: a summary or a published table."""
-    if is_published_table(json.loads((root / name).read_text())):
-        return read_published_table(root, name)
-    return Source.load(root, name)
+    """The file ``name`` below ``root``, read once, as what it is: a summary or a published
+    table."""
+    path = root / name
+    content = json.loads(path.read_text())
+    if is_published_table(content):
+        return published_table(name, path, content)
+    return Source.of(name, path, content)
 
 
 def pages(root: Path) -> list[Path]:

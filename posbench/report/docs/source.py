@@ -6,11 +6,17 @@ import re
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from posbench.report.groups import Group, Report, Row, build_report
+from posbench.report.groups import Group, Report, Row, report_of
 from posbench.report.read import Run
 from posbench.report.styles import ENCODING_STYLES
-from posbench.report.summary import read_summary, summary_provenance
+from posbench.report.summary import (
+    check_summary,
+    provenance_parts,
+    summary_runs,
+    summary_sweeps,
+)
 
 
 @dataclass(frozen=True)
@@ -24,15 +30,16 @@ class Source:
     provenance: dict
 
     @classmethod
-    def load(cls, root: Path, name: str) -> Source:
-        path = root / name
-        runs = read_summary(path)
-        return cls(name, path, build_report([path], out=None), runs, summary_provenance(path))
+    def of(cls, name: str, path: Path, content: dict[str, Any]) -> Source:
+        """The summary ``content`` read from ``path`` (``name``: its path in the repository)."""
+        check_summary(path, content)
+        runs = summary_runs(path, content)
+        return cls(name, path, report_of(runs, [], [path]), runs, content["provenance"])
 
     def main_runs(self) -> set[Path]:
         """The runs of the first sweep the summary was written from (the experiment's own
         command; later sweeps add variants beside it): every run for a summary of one sweep."""
-        sweeps = self.provenance.get("sweeps", [])
+        sweeps = summary_sweeps(self.provenance)
         if len(sweeps) < 2:
             return {run.path for run in self.runs}
         return {run.path for run in self.runs if run.path.parent.name == sweeps[0]}
@@ -43,9 +50,19 @@ class Source:
         return next(g for g in self.report.groups if any(set(r.runs) & main for r in g.rows))
 
     def main_rows(self, group: Group) -> list[Row]:
-        """The group's rows of the first sweep's runs, measured as trained."""
+        """The group's rows measured as trained: of the first sweep's runs, and of a later
+        sweep's runs of an encoding the first has not, run as the experiment runs it (a row
+        of its own name, no option or randomized positions telling it from another: e.g.
+        ``encoding=pope,path`` added later). Other rows of later sweeps (RoPE's options,
+        randomized positions) are variants beside the main ones."""
         main = self.main_runs()
-        return [row for row in group.rows if row.as_trained and set(row.runs) <= main]
+        first = {row.name for row in group.rows if set(row.runs) <= main}
+        return [
+            row
+            for row in group.rows
+            if row.as_trained
+            and (set(row.runs) <= main or (row.name not in first and row.label == row.name))
+        ]
 
     @property
     def experiment(self) -> str:
@@ -91,16 +108,22 @@ class Source:
 
 
 def provenance_line(source: Source) -> str:
-    """How the summary's runs were made: the command, how many runs, the machine, the date and
-    the wall time."""
-    p = source.provenance
-    commands = " and ".join(f"`{c}`" for c in p["commands"] if c) or "(command not recorded)"
+    """How the summary's runs were made: per writing (provenance_parts: the experiment's own
+    sweep, then each sweep added later), the command, how many runs, the commit, the machine,
+    the date and the wall time."""
+    first, *added = (part_text(part) for part in provenance_parts(source.provenance))
+    later = "".join(f"; then {text}" for text in added)
+    return f"{first}{later}; summary: `{source.name}`."
+
+
+def part_text(part: dict[str, Any]) -> str:
+    """One writing of a summary's runs (provenance_parts) in words."""
+    commands = " and ".join(f"`{c}`" for c in part["commands"] if c) or "(command not recorded)"
+    commits = [c[:7] for c in part["posbench_commits"] if c != "None"]
+    at = f" at {', '.join(commits)}" if commits else ""
     minutes = (
-        f", {p['wall_s'] / 60:.0f} min from the first job's start to the last result"
-        if p["wall_s"]
+        f", {part['wall_s'] / 60:.0f} min from the first job's start to the last result"
+        if part["wall_s"]
         else ""
     )
-    return (
-        f"{p['runs']} runs of {commands} on {p['machine']}, {p['date']}{minutes}; "
-        f"summary: `{source.name}`."
-    )
+    return f"{part['runs']} runs of {commands}{at} on {part['machine']}, {part['date']}{minutes}"

@@ -1,0 +1,120 @@
+"""The renderers of README's and docs/results.md's results (posbench/report/docs/): summaries
+that grow by a later sweep, the rows each table takes, each summary read once."""
+
+import json
+from pathlib import Path
+
+import pytest
+from omegaconf import OmegaConf
+from test_report import make_run
+
+from posbench.report.docs import EXTRAPOLATION, ROOT, load
+from posbench.report.docs.corpus import ratio_table
+from posbench.report.docs.source import Source, provenance_line
+from posbench.report.read import find_runs
+from posbench.report.summary import write_summary
+
+PPLS = {16: 5.0, 32: 4.5, 64: 4.8}
+
+
+def sweep(path: Path, overrides: str, runs: dict[str, dict], commit: str) -> Path:
+    """A finished sweep directory as `posbench train -m OVERRIDES` leaves it: Hydra's
+    multirun.yaml and one run per entry of ``runs`` (its name: make_run's keywords), trained
+    at ``commit``."""
+    for name, options in runs.items():
+        versions = {"versions": {"git_commit": commit}}
+        make_run(path / name, ppls=PPLS, results=versions, **options)
+    overrides_node = {"task": overrides.split(), "hydra": ["hydra.mode=MULTIRUN"]}
+    OmegaConf.save({"hydra": {"overrides": overrides_node}}, path / "multirun.yaml")
+    return path
+
+
+@pytest.fixture
+def grown(tmp_path, monkeypatch):
+    """A summary of a first sweep (none and rope, two seeds), and the summary that
+    `posbench report SUMMARY SWEEP --summary SUMMARY` writes back when a later sweep adds pope
+    as the experiment runs it and rope with another base (a variant)."""
+    from posbench.cli import main
+
+    first = {
+        f"{i}_{e}_seed{s}": {"encoding": e, "seed": s}
+        for i, (e, s) in enumerate((e, s) for e in ("none", "rope") for s in (0, 1))
+    }
+    first_sweep = sweep(tmp_path / "08-37-24", "encoding=none,rope seed=0,1", first, "a" * 40)
+    summary = tmp_path / "results" / "x" / "synthetic.json"
+    summary.parent.mkdir(parents=True)
+    runs, _ = find_runs([first_sweep])
+    write_summary(summary, runs, [first_sweep])
+    later = {
+        "0_pope_seed0": {"encoding": "pope", "seed": 0},
+        "1_pope_seed1": {"encoding": "pope", "seed": 1},
+        "2_rope_seed0": {"encoding": "rope", "seed": 0, "encoding__base": 500},
+    }
+    later_sweep = sweep(tmp_path / "15-02-11", "encoding=pope seed=0,1", later, "b" * 40)
+    monkeypatch.chdir(tmp_path)  # posbench's main in this process (test_cli.py: the command)
+    main(["report", str(summary), str(later_sweep), "--out", "out", "--summary", str(summary)])
+    return summary
+
+
+def test_a_later_sweep_written_into_a_summary_keeps_both_provenances_and_every_run(grown):
+    content = json.loads(grown.read_text())
+    provenance = content["provenance"]
+    assert provenance["commands"] == ["posbench train -m encoding=none,rope seed=0,1"]
+    assert provenance["sweeps"] == ["08-37-24"] and provenance["posbench_commits"] == ["a" * 40]
+    (added,) = provenance["added"]
+    assert added["commands"] == ["posbench train -m encoding=pope seed=0,1"]
+    assert added["sweeps"] == ["15-02-11"] and added["posbench_commits"] == ["b" * 40]
+    assert (provenance["runs"], added["runs"]) == (4, 3)
+    names = [run["name"] for run in content["runs"]]
+    assert names == sorted([f"08-37-24/{i}_{e}_seed{s}" for i, e, s in (
+        (0, "none", 0), (1, "none", 1), (2, "rope", 0), (3, "rope", 1))] + [
+        "15-02-11/0_pope_seed0", "15-02-11/1_pope_seed1", "15-02-11/2_rope_seed0"])  # fmt: skip
+
+
+def test_a_summary_written_back_with_its_own_runs_again_is_refused_in_one_line(grown, capsys):
+    from conftest import error_line
+
+    line = error_line(capsys, "report", str(grown), str(grown.parents[2] / "15-02-11"),
+                      "--out", "again", "--summary", str(grown))  # fmt: skip
+    assert line.startswith("two runs are named 15-02-11/0_pope_seed0")
+
+
+def test_a_new_encoding_of_a_later_sweep_joins_the_main_rows_and_a_variant_stays_beside(grown):
+    source = load(grown.parents[2], "results/x/synthetic.json")
+    group = source.main_group()
+    assert [row.label for row in group.rows] == ["none", "pope", "rope", "rope (base=500)"]
+    assert [row.label for row in source.main_rows(group)] == ["none", "pope", "rope"]
+    assert [line.split(" |")[0] for line in ratio_table(source).splitlines()[2:]] == [
+        "| none",
+        "| pope",
+        "| rope",
+    ]  # equal ratios: in the order found
+
+
+def test_the_provenance_line_names_each_sweep_its_command_commit_and_date(grown):
+    line = provenance_line(load(grown.parents[2], "results/x/synthetic.json"))
+    first, later = line.split("; then ")
+    assert first.startswith("4 runs of `posbench train -m encoding=none,rope seed=0,1` at aaaaaaa")
+    assert later.startswith("3 runs of `posbench train -m encoding=pope seed=0,1` at bbbbbbb on ")
+    assert later.endswith("; summary: `results/x/synthetic.json`.")
+
+
+def test_todays_extrapolation_runs_join_the_committed_summarys_group():
+    """The sweep that adds rows to results/extrapolation/synthetic.json runs today's code:
+    keys its runs' config.yaml has and the summary's predate must not split the group."""
+    from posbench.config import compose_config, flat_config
+    from posbench.report.read import Run
+    from posbench.report.settings import group_setting
+
+    summarized = load(ROOT, EXTRAPOLATION).runs[0]
+    config = flat_config(compose_config(["+experiment=extrapolation", "encoding=pope"]))
+    today = Run(Path("today"), config, {})
+    assert group_setting(today, False) == group_setting(summarized, False)
+
+
+def test_a_summary_is_read_once_to_render_from_it(grown, monkeypatch):
+    reads = []
+    read_text = Path.read_text
+    monkeypatch.setattr(Path, "read_text", lambda p, *a, **k: reads.append(p) or read_text(p))
+    assert isinstance(load(grown.parents[2], "results/x/synthetic.json"), Source)
+    assert reads == [grown]
