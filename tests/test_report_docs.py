@@ -118,3 +118,15 @@ def test_a_summary_is_read_once_to_render_from_it(grown, monkeypatch):
     monkeypatch.setattr(Path, "read_text", lambda p, *a, **k: reads.append(p) or read_text(p))
     assert isinstance(load(grown.parents[2], "results/x/synthetic.json"), Source)
     assert reads == [grown]
+
+
+def test_the_effective_length_table_has_each_rows_runs_length_in_training_lengths(grown):
+    """PPLS: 4.5 and 4.8 at 2x and 4x stay within 5.0 / 0.9, so every run keeps to 64 (4x)."""
+    from posbench.report.docs.corpus import effective_lengths
+
+    table = effective_lengths(load(grown.parents[2], "results/x/synthetic.json"))
+    rows = [line for line in table.splitlines() if line.startswith("| rope")]
+    assert rows == [
+        "| rope | 2 | ppl | 64 ± 0 | 4.00 ± 0.00 |",
+        "| rope (base=500) | 1 | ppl | 64 | 4.00 |",
+    ]

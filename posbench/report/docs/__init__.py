@@ -24,6 +24,7 @@ from posbench.report.docs.algorithmic import accuracy_panels, compact_table, det
 from posbench.report.docs.corpus import (
     corpus_details,
     corpus_provenance,
+    effective_lengths,
     main_group_figure,
     main_position_figure,
     ratio_table,
@@ -59,6 +60,7 @@ BLOCKS: dict[str, tuple[str, Callable[[Any], str]]] = {
     "extrapolation/table": (EXTRAPOLATION, ratio_table),
     "extrapolation/provenance": (EXTRAPOLATION, corpus_provenance),
     "extrapolation/details": (EXTRAPOLATION, corpus_details),
+    "extrapolation/effective": (EXTRAPOLATION, effective_lengths),
     "ruoss2023_cpu/table": (RUOSS2023_CPU, compact_table),
     "ruoss2023_cpu/provenance": (RUOSS2023_CPU, provenance_line),
     "ruoss2023_cpu/details": (RUOSS2023_CPU, detail_tables),

@@ -9,7 +9,8 @@ from dataclasses import replace
 from posbench.report.docs.source import Source, provenance_line
 from posbench.report.figures import position_figure, value_figure
 from posbench.report.groups import Row
-from posbench.report.tables import markdown_table, position_table
+from posbench.report.long_context import effective_table
+from posbench.report.tables import markdown_table, position_table, row_name
 from posbench.report.text import best_shown
 
 
@@ -94,6 +95,19 @@ def corpus_details(source: Source) -> str:
             lines += ["", *position_table(group, footnotes)]
     lines += ["", *(f"- [{n}] {text}" for text, n in footnotes.items())]
     return "\n".join(lines)
+
+
+def effective_lengths(source: Source) -> str:
+    """Per group: each row's effective context length at the report's threshold
+    (``--effective-threshold``, long_context.effective_table), in tokens and training
+    lengths, mean ± std over seeds."""
+    lines: list[str] = []
+    footnotes: dict[str, int] = {}
+    for group in source.report.groups:
+        lines += ["", f"{group.title}:", ""]
+        lines += effective_table(source.report, group, lambda row: row_name(row, footnotes))
+    lines += ["", *(f"- [{n}] {text}" for text, n in footnotes.items())] if footnotes else []
+    return "\n".join(lines[1:])
 
 
 def main_group_figure(source: Source):  # -> matplotlib Figure
