@@ -130,3 +130,49 @@ def test_the_effective_length_table_has_each_rows_runs_length_in_training_length
         "| rope | 2 | ppl | 64 ± 0 | 4.00 ± 0.00 |",
         "| rope (base=500) | 1 | ppl | 64 | 4.00 |",
     ]
+
+
+def drope_sweep(path: Path) -> Path:
+    """+experiment=drope's sweep directory at seeds 0 and 1, as its two sweeps and YaRN's
+    re-evaluations leave it: per run, perplexity 4 at 16 tokens and 4 + seed + a method's
+    offset at 32, its records of the eval-time extension the method is evaluated with."""
+    methods = {  # method: (encoding, offset, extensions, temperature c by seed)
+        "nope": ("none", 1.0, ["none"], None),
+        "rope": ("rope", 2.0, ["none", "yarn"], None),
+        "rnope_swa": ("hybrid", 3.0, ["none"], None),
+        "drope_rope": ("rope", 9.0, ["none"], None),  # DroPE's first phase: no row
+        "drope": ("none", 0.0, ["temperature"], (0.25, 0.5)),
+    }
+    for name, (encoding, offset, extensions, c) in methods.items():
+        for seed in (0, 1):
+            records = [
+                {"length": n, "stride": None, "ppl": p, "status": "ok", "reason": None,
+                 "scaling": scaling, **({} if c is None else {"temperature_c": c[seed]})}
+                for scaling in extensions
+                for n, p in {16: 4.0, 32: 4.0 + seed + offset + (scaling == "yarn")}.items()
+            ]  # fmt: skip
+            make_run(path / f"{name}_seed{seed}", encoding, seed, results={"eval": records})
+    return path
+
+
+def test_drope_sits_in_one_table_with_its_baselines_mean_and_std_over_seeds(tmp_path):
+    from posbench.report.docs.drope import drope_table
+
+    runs, _ = find_runs([drope_sweep(tmp_path / "S")])
+    write_summary(tmp_path / "drope.json", runs, [tmp_path / "S"])
+    assert drope_table(load(tmp_path, "drope.json")).splitlines() == [
+        "| method | runs | ppl at 16 | 32 (2×) |",
+        "| --- | --- | --- | --- |",
+        "| NoPE | 2 | 4.00 ± 0.00 | 1.38 ± 0.18 |",  # 5 / 4 and 6 / 4
+        "| RoPE | 2 | 4.00 ± 0.00 | 1.62 ± 0.18 |",
+        "| RoPE + YaRN | 2 | 4.00 ± 0.00 | 1.88 ± 0.18 |",
+        "| RNoPE-SWA | 2 | 4.00 ± 0.00 | 1.88 ± 0.18 |",
+        "| DroPE (c = 0.375 ± 0.177) | 2 | 4.00 ± 0.00 | **1.12** ± 0.18 |",
+    ]
+
+
+def test_the_drope_table_reads_the_methods_its_experiment_sweeps():
+    from posbench.report.docs.drope import ROWS
+
+    options = {path.stem for path in (ROOT / "conf" / "drope_method").glob("*.yaml")}
+    assert {option for _, option, _ in ROWS} == options - {"drope_rope"}

@@ -1,0 +1,92 @@
+"""+experiment=drope's block (docs/results.md, "DroPE"): DroPE beside the baselines of its
+comparison in one table. ``posbench report`` cannot give it: a recalibration trains 72 steps
+from a parent of its own seed (train.steps, train.init_from), a training setting apart from
+the baselines', so each run is a group of its own there. Here each row is the sweep's runs of
+one method, read by their job directories (``<method>_seed<seed>``, conf/experiment/drope.yaml,
+which DroPE's train.init_from relies on too), at the eval-time extension the row is of."""
+
+from __future__ import annotations
+
+from posbench.report.cells import Cell, Stat, cell
+from posbench.report.docs.source import Source
+from posbench.report.read import Run
+from posbench.report.text import best_shown, stat_text
+from posbench.runs.results import positions_mode, scaling_name
+
+# (row, conf/drope_method/ option, its records' eval-time extension: runs.results.scaling_name)
+ROWS = (
+    ("NoPE", "nope", "none"),
+    ("RoPE", "rope", "none"),
+    ("RoPE + YaRN", "rope", "yarn"),  # posbench eval --run S/rope_seed<seed> --rope-scaling yarn
+    ("RNoPE-SWA", "rnope_swa", "none"),
+    ("DroPE", "drope", "temperature"),  # eval.temperature=fit
+)
+
+
+def method(run: Run) -> str:
+    """The conf/drope_method/ option a run of the sweep trained with: its job directory's
+    ``<method>_seed<seed>``."""
+    return run.path.name.rsplit("_seed", 1)[0]
+
+
+def row_cells(source: Source, option: str, scaling: str, lengths: list[int]) -> list[Cell]:
+    """The cells of the runs of ``option`` at each of ``lengths``, over their records of
+    ``scaling`` (whole windows at consecutive positions: as the sweep evaluates them)."""
+    runs = [run for run in source.runs if method(run) == option]
+    return [
+        cell(
+            length,
+            [
+                (run, r)
+                for run in runs
+                for r in run.results["eval"]
+                if r["length"] == length
+                and r["stride"] is None
+                and scaling_name(r) == scaling
+                and positions_mode(r) == "consecutive"
+            ],
+        )
+        for length in lengths
+    ]
+
+
+def fitted_c(source: Source) -> Stat:
+    """DroPE's fitted temperature slope c (posbench/evaluation/temperature.py) over its runs:
+    each run's records hold its one c."""
+    return Stat.of(
+        [
+            next(r["temperature_c"] for r in run.results["eval"] if "temperature_c" in r)
+            for run in source.runs
+            if method(run) == "drope"
+        ]
+    )
+
+
+def drope_table(source: Source) -> str:
+    """One line per row of ROWS the summary holds runs of: its perplexity at the training
+    length, then its ratio at each longer length to its own perplexity there, mean ± std over
+    seeds (the best of each column in bold); DroPE's with its fitted c."""
+    (train,) = {run.config["train.seq_len"] for run in source.runs}
+    lengths = sorted({r["length"] for run in source.runs for r in run.results["eval"]})
+    longer = [n for n in lengths if n > train]
+    rows = {
+        label: cells
+        for label, option, scaling in ROWS
+        if any((cells := row_cells(source, option, scaling, [train, *longer]))[0].ppl.values)
+    }
+    c = fitted_c(source)
+    if c.n:
+        c_text = f"{c.mean:.3f}" + ("" if c.std is None else f" ± {c.std:.3f}")
+        rows = {(f"DroPE (c = {c_text})" if k == "DroPE" else k): v for k, v in rows.items()}
+    stats = {label: [cells[0].ppl] + [x.ratio for x in cells[1:]] for label, cells in rows.items()}
+    best = [best_shown((s[i].mean for s in stats.values()), min) for i in range(len(longer) + 1)]
+    lines = [
+        f"| method | runs | ppl at {train} | "
+        + " | ".join(f"{n} ({n // train}×)" for n in longer)
+        + " |",
+        "| --- | --- | --- |" + " --- |" * len(longer),
+    ]
+    for label, row in stats.items():
+        texts = ["–" if s.mean is None else stat_text(s, b) for s, b in zip(row, best, strict=True)]
+        lines.append(f"| {label} | {row[0].n} | " + " | ".join(texts) + " |")
+    return "\n".join(lines)
