@@ -12,7 +12,7 @@ from posbench.report.docs import EXTRAPOLATION, ROOT, load
 from posbench.report.docs.corpus import ratio_table
 from posbench.report.docs.source import Source, provenance_line
 from posbench.report.read import find_runs
-from posbench.report.summary import write_summary
+from posbench.report.summary import read_summary, write_summary
 
 PPLS = {16: 5.0, 32: 4.5, 64: 4.8}
 
@@ -29,13 +29,14 @@ def sweep(path: Path, overrides: str, runs: dict[str, dict], commit: str) -> Pat
     return path
 
 
-@pytest.fixture
-def grown(tmp_path, monkeypatch):
+@pytest.fixture(scope="module")
+def grown(tmp_path_factory):
     """A summary of a first sweep (none and rope, two seeds), and the summary that
     `posbench report SUMMARY SWEEP --summary SUMMARY` writes back when a later sweep adds pope
-    as the experiment runs it and rope with another base (a variant)."""
+    as the experiment runs it and rope with another base (a variant); tests only read it."""
     from posbench.cli import main
 
+    tmp_path = tmp_path_factory.mktemp("grown")
     first = {
         f"{i}_{e}_seed{s}": {"encoding": e, "seed": s}
         for i, (e, s) in enumerate((e, s) for e in ("none", "rope") for s in (0, 1))
@@ -51,8 +52,8 @@ def grown(tmp_path, monkeypatch):
         "2_rope_seed0": {"encoding": "rope", "seed": 0, "encoding__base": 500},
     }
     later_sweep = sweep(tmp_path / "15-02-11", "encoding=pope seed=0,1", later, "b" * 40)
-    monkeypatch.chdir(tmp_path)  # posbench's main in this process (test_cli.py: the command)
-    main(["report", str(summary), str(later_sweep), "--out", "out", "--summary", str(summary)])
+    out = tmp_path / "out"  # posbench's main in this process (test_cli.py: the command)
+    main(["report", str(summary), str(later_sweep), "--out", str(out), "--summary", str(summary)])
     return summary
 
 
@@ -71,11 +72,13 @@ def test_a_later_sweep_written_into_a_summary_keeps_both_provenances_and_every_r
         "15-02-11/0_pope_seed0", "15-02-11/1_pope_seed1", "15-02-11/2_rope_seed0"])  # fmt: skip
 
 
-def test_a_summary_written_back_with_its_own_runs_again_is_refused_in_one_line(grown, capsys):
+def test_a_summary_written_back_with_its_own_runs_again_is_refused_in_one_line(
+    grown, capsys, tmp_path
+):
     from conftest import error_line
 
     line = error_line(capsys, "report", str(grown), str(grown.parents[2] / "15-02-11"),
-                      "--out", "again", "--summary", str(grown))  # fmt: skip
+                      "--out", str(tmp_path), "--summary", str(grown))  # fmt: skip
     assert line.startswith("two runs are named 15-02-11/0_pope_seed0")
 
 
@@ -106,7 +109,7 @@ def test_todays_extrapolation_runs_join_the_committed_summarys_group():
     from posbench.report.read import Run
     from posbench.report.settings import group_setting
 
-    summarized = load(ROOT, EXTRAPOLATION).runs[0]
+    summarized = read_summary(ROOT / EXTRAPOLATION)[0]
     config = flat_config(compose_config(["+experiment=extrapolation", "encoding=pope"]))
     today = Run(Path("today"), config, {})
     assert group_setting(today, False) == group_setting(summarized, False)
