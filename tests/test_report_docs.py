@@ -2,11 +2,12 @@
 that grow by a later sweep, the rows each table takes, each summary read once."""
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
 from omegaconf import OmegaConf
-from test_report import make_run
+from test_report import make_run, sweep  # noqa: F401 (sweep: test_report's real tiny sweep)
 
 from posbench.report.docs import EXTRAPOLATION, ROOT, load
 from posbench.report.docs.corpus import ratio_table
@@ -17,7 +18,7 @@ from posbench.report.summary import read_summary, write_summary
 PPLS = {16: 5.0, 32: 4.5, 64: 4.8}
 
 
-def sweep(path: Path, overrides: str, runs: dict[str, dict], commit: str) -> Path:
+def fabricated_sweep(path: Path, overrides: str, runs: dict[str, dict], commit: str) -> Path:
     """A finished sweep directory as `posbench train -m OVERRIDES` leaves it: Hydra's
     multirun.yaml and one run per entry of ``runs`` (its name: make_run's keywords), trained
     at ``commit``."""
@@ -41,7 +42,9 @@ def grown(tmp_path_factory):
         f"{i}_{e}_seed{s}": {"encoding": e, "seed": s}
         for i, (e, s) in enumerate((e, s) for e in ("none", "rope") for s in (0, 1))
     }
-    first_sweep = sweep(tmp_path / "08-37-24", "encoding=none,rope seed=0,1", first, "a" * 40)
+    first_sweep = fabricated_sweep(
+        tmp_path / "08-37-24", "encoding=none,rope seed=0,1", first, "a" * 40
+    )
     summary = tmp_path / "results" / "x" / "synthetic.json"
     summary.parent.mkdir(parents=True)
     runs, _ = find_runs([first_sweep])
@@ -51,7 +54,7 @@ def grown(tmp_path_factory):
         "1_pope_seed1": {"encoding": "pope", "seed": 1},
         "2_rope_seed0": {"encoding": "rope", "seed": 0, "encoding__base": 500},
     }
-    later_sweep = sweep(tmp_path / "15-02-11", "encoding=pope seed=0,1", later, "b" * 40)
+    later_sweep = fabricated_sweep(tmp_path / "15-02-11", "encoding=pope seed=0,1", later, "b" * 40)
     out = tmp_path / "out"  # posbench's main in this process (test_cli.py: the command)
     main(["report", str(summary), str(later_sweep), "--out", str(out), "--summary", str(summary)])
     return summary
@@ -179,3 +182,28 @@ def test_the_drope_table_reads_the_methods_its_experiment_sweeps():
 
     options = {path.stem for path in (ROOT / "conf" / "drope_method").glob("*.yaml")}
     assert {option for _, option, _ in ROWS} == options - {"drope_rope"}
+
+
+def test_a_real_sweep_written_into_a_fabricated_summary_joins_its_main_table(request, tmp_path):
+    """test_report's tiny sweep (none and rope, two seeds, built once a session) added to a
+    summary of a first sweep fabricated from it (its none runs relabelled alibi): the real
+    runs' encodings join the table, their command and commit under it."""
+    from posbench.cli import main
+
+    runs_dir = request.getfixturevalue("sweep")
+    first = tmp_path / "07-00-00"
+    for run in sorted(runs_dir.glob("*_none_seed*")):
+        shutil.copytree(run, first / run.name.replace("none", "alibi"))
+        config = OmegaConf.load(first / run.name.replace("none", "alibi") / "config.yaml")
+        config.encoding = {"name": "alibi"}
+        OmegaConf.save(config, first / run.name.replace("none", "alibi") / "config.yaml")
+    summary = tmp_path / "results" / "x" / "synthetic.json"
+    summary.parent.mkdir(parents=True)
+    write_summary(summary, find_runs([first])[0], [first])
+    main(["report", str(summary), str(runs_dir), "--out", str(tmp_path / "out"),
+          "--summary", str(summary)])  # fmt: skip
+    source = load(tmp_path, "results/x/synthetic.json")
+    rows = ratio_table(source).splitlines()[2:]
+    assert sorted(row.split(" |")[0] for row in rows) == ["| alibi", "| none", "| rope"]
+    later = provenance_line(source).split("; then ")[1]
+    assert later.startswith("4 runs of `posbench train -m encoding=none,rope seed=0,1")
