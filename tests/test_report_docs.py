@@ -193,10 +193,11 @@ def test_a_real_sweep_written_into_a_fabricated_summary_joins_its_main_table(req
     runs_dir = request.getfixturevalue("sweep")
     first = tmp_path / "07-00-00"
     for run in sorted(runs_dir.glob("*_none_seed*")):
-        shutil.copytree(run, first / run.name.replace("none", "alibi"))
-        config = OmegaConf.load(first / run.name.replace("none", "alibi") / "config.yaml")
+        copy = first / run.name.replace("none", "alibi")
+        shutil.copytree(run, copy)
+        config = OmegaConf.load(copy / "config.yaml")
         config.encoding = {"name": "alibi"}
-        OmegaConf.save(config, first / run.name.replace("none", "alibi") / "config.yaml")
+        OmegaConf.save(config, copy / "config.yaml")
     summary = tmp_path / "results" / "x" / "synthetic.json"
     summary.parent.mkdir(parents=True)
     write_summary(summary, find_runs([first])[0], [first])

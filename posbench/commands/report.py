@@ -49,7 +49,8 @@ def report_parser() -> argparse.ArgumentParser:
         type=Path,
         metavar="FILE",
         help="also write the runs' records (config and results.json, no weights) to FILE as "
-        "data docs are rendered from, e.g. results/<experiment>/<name>.json",
+        "data docs are rendered from, e.g. results/<experiment>/<name>.json; FILE may be a "
+        "summary among the DIRs, which a later sweep's runs are then written into",
     )
     parser.add_argument(
         "--metric",
