@@ -177,6 +177,25 @@ def test_drope_sits_in_one_table_with_its_baselines_mean_and_std_over_seeds(tmp_
     ]
 
 
+def test_the_drope_block_awaits_its_summary_and_renders_it_once_committed(tmp_path):
+    """docs/results.md's DroPE block holds no number while results/drope/synthetic.json is
+    not committed; once it is, rendering fills in its table and provenance."""
+    from posbench.report.docs import DROPE, render
+    from posbench.report.docs.drope import drope_results
+
+    shutil.copytree(ROOT / "results", tmp_path / "results")
+    shutil.copytree(ROOT / "docs", tmp_path / "docs", ignore=shutil.ignore_patterns("*.png"))
+    shutil.copy(ROOT / "README.md", tmp_path)
+    assert render(tmp_path, check=True) == []
+    runs, _ = find_runs([drope_sweep(tmp_path / "S")])
+    write_summary(tmp_path / DROPE, runs, [tmp_path / "S"])
+    assert render(tmp_path, check=True) == ["docs/results.md: drope/table"]
+    table, provenance = drope_results(load(tmp_path, DROPE)).split("\n\n")
+    assert table.startswith("| method | runs | ppl at 16 | 32 (2×) |")
+    assert provenance.startswith("10 runs of the commands above on ")
+    assert provenance.endswith("; summary: `results/drope/synthetic.json`.")
+
+
 def test_the_drope_table_reads_the_methods_its_experiment_sweeps():
     from posbench.report.docs.drope import ROWS
 

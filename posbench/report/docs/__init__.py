@@ -5,9 +5,11 @@ published.py for a result whose runs are gone), never typed:
     python -m posbench.report.docs --check   # exit 1, naming each block a hand edit changed
 
 A block in a Markdown file sits between ``<!-- rendered: NAME -->`` and ``<!-- /rendered -->``;
-NAME is one of BLOCKS, each drawn from one summary by one function. FIGURES are the PNGs drawn
-the same way (the check compares the Markdown only: a PNG's bytes vary with the fonts and the
-matplotlib build). Re-measuring a result: replace its summary, run this, commit both.
+NAME is one of BLOCKS, each drawn from one summary by one function; a block whose summary is
+not committed yet (its sweep is running) says that it awaits it, and shows no number. FIGURES
+are the PNGs drawn the same way (the check compares the Markdown only: a PNG's bytes vary with
+the fonts and the matplotlib build). Re-measuring a result: replace its summary, run this,
+commit both.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from posbench.report.docs.corpus import (
     ratio_table,
     rope_variants_figure,
 )
+from posbench.report.docs.drope import drope_results
 from posbench.report.docs.published import (
     published_provenance,
     published_ratio_figure,
@@ -55,6 +58,7 @@ RENDERED = re.compile(
 EXTRAPOLATION = "results/extrapolation/synthetic.json"
 RUOSS2023_CPU = "results/ruoss2023_cpu/sweep.json"
 ALIBI_WT103_H200 = "results/alibi_wt103/h200.json"
+DROPE = "results/drope/synthetic.json"
 # block name -> (summary or published table, what it shows)
 BLOCKS: dict[str, tuple[str, Callable[[Any], str]]] = {
     "extrapolation/table": (EXTRAPOLATION, ratio_table),
@@ -66,6 +70,7 @@ BLOCKS: dict[str, tuple[str, Callable[[Any], str]]] = {
     "ruoss2023_cpu/details": (RUOSS2023_CPU, detail_tables),
     "alibi_wt103/h200/provenance": (ALIBI_WT103_H200, published_provenance),
     "alibi_wt103/h200/table": (ALIBI_WT103_H200, published_ratio_table),
+    "drope/table": (DROPE, drope_results),
 }
 # figure path -> (summary or published table, what it draws)
 FIGURES: dict[str, tuple[str, Callable]] = {
@@ -113,6 +118,8 @@ def render(root: Path = ROOT, check: bool = False) -> list[str]:
         if name not in BLOCKS:
             raise SystemExit(f"error: no rendered block {name!r}; known: {', '.join(BLOCKS)}")
         summary, show = BLOCKS[name]
+        if not (root / summary).is_file():  # its sweep has not run yet: no number to show
+            return f"(Awaits `{summary}`: the commands above write it.)"
         return show(source(summary))
 
     differing = []
@@ -131,6 +138,8 @@ def render(root: Path = ROOT, check: bool = False) -> list[str]:
                 atomic_write(page, new.encode())
     if not check:
         for path, (summary, draw) in FIGURES.items():
+            if not (root / summary).is_file():
+                continue
             with atomic_path(root / path) as tmp:
                 draw(source(summary)).savefig(tmp, format="png", dpi=FIGURE_DPI)
     return differing

@@ -8,7 +8,7 @@ which DroPE's train.init_from relies on too), at the eval-time extension the row
 from __future__ import annotations
 
 from posbench.report.cells import Cell, Stat, cell
-from posbench.report.docs.source import Source
+from posbench.report.docs.source import Source, provenance_line
 from posbench.report.read import Run
 from posbench.report.text import best_shown, stat_text
 from posbench.runs.results import positions_mode, scaling_name
@@ -90,3 +90,10 @@ def drope_table(source: Source) -> str:
         texts = ["–" if s.mean is None else stat_text(s, b) for s, b in zip(row, best, strict=True)]
         lines.append(f"| {label} | {row[0].n} | " + " | ".join(texts) + " |")
     return "\n".join(lines)
+
+
+def drope_results(source: Source) -> str:
+    """drope_table, and under it provenance_line naming the commands by the block above it:
+    the experiment's two sweeps share one directory, whose multirun.yaml the second rewrites,
+    so the summary records the second's command alone."""
+    return f"{drope_table(source)}\n\n{provenance_line(source, 'the commands above')}"

@@ -107,18 +107,23 @@ class Source:
         )
 
 
-def provenance_line(source: Source) -> str:
+def provenance_line(source: Source, commands: str | None = None) -> str:
     """How the summary's runs were made: per writing (provenance_parts: the experiment's own
-    sweep, then each sweep added later), the command, how many runs, the commit, the machine,
-    the date and the wall time."""
-    first, *added = (part_text(part) for part in provenance_parts(source.provenance))
+    sweep, then each sweep added later), the command (or ``commands``: part_text), how many
+    runs, the commit, the machine, the date and the wall time."""
+    parts = provenance_parts(source.provenance)
+    first, *added = (part_text(part, commands) for part in parts)
     later = "".join(f"; then {text}" for text in added)
     return f"{first}{later}; summary: `{source.name}`."
 
 
-def part_text(part: dict[str, Any]) -> str:
-    """One writing of a summary's runs (provenance_parts) in words."""
-    commands = " and ".join(f"`{c}`" for c in part["commands"] if c) or "(command not recorded)"
+def part_text(part: dict[str, Any], commands: str | None = None) -> str:
+    """One writing of a summary's runs (provenance_parts) in words; ``commands``: what they
+    ran, in words, where the recorded commands are not all (provenance's are the last sweep's
+    in a directory that held two)."""
+    if commands is None:
+        commands = " and ".join(f"`{c}`" for c in part["commands"] if c)
+        commands = commands or "(command not recorded)"
     commits = [c[:7] for c in part["posbench_commits"] if c != "None"]
     at = f" at {', '.join(commits)}" if commits else ""
     minutes = (
