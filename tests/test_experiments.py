@@ -1,10 +1,19 @@
 """Experiment configs and launchers compose, and sweep what they promise."""
 
+import logging
+
 import pytest
 import torch
 from hydra.core.override_parser.overrides_parser import OverridesParser
 
-from posbench.commands.overrides import expand_sweeps, group_options, sweep_overrides
+from posbench import cli
+from posbench.commands import train as train_command
+from posbench.commands.overrides import (
+    expand_sweeps,
+    force_added_in_sweeps,
+    group_options,
+    sweep_overrides,
+)
 from posbench.config import compose_config, eval_lengths, validate
 from posbench.data import ALGORITHMIC_TASKS, RULER_TASKS, WINDOW_TASKS
 from posbench.data.algorithmic.curriculum import BatchLengths, Curriculum
@@ -269,3 +278,38 @@ def test_remaps_sweeps_pose_and_both_remaps_on_rope_over_three_seeds():
     assert swept_values(cfg, "eval.position_remap") == ["none", "self_extend", "string"]
     assert swept_values(cfg, "seed") == ["0", "1", "2"]
     validate(compose_config(["+experiment=remaps", "train.positions=pose"]))
+
+
+def test_a_swept_key_of_a_swept_group_is_prechecked_with_each_of_the_groups_options():
+    """``data.val_examples`` is a key of the tasks the sweep chooses, not of the default data."""
+    overrides = ["data=flip_flop,variable_tracking", "data.val_examples=50,60"]
+    candidates = expand_sweeps(sweep_overrides(overrides))
+    assert sorted(c for c in candidates if "data.val_examples=50" in c) == [
+        ["data=flip_flop", "data.val_examples=50"],
+        ["data=variable_tracking", "data.val_examples=50"],
+    ]
+
+
+def test_hydra_runs_each_job_of_a_swept_group_with_a_key_the_default_option_lacks(
+    tmp_path, monkeypatch
+):
+    """Hydra composes a sweep's first config with the default ``data=synthetic``, which has no
+    ``val_examples``; each job has it, set to the command line's value."""
+    jobs = []
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(train_command, "train_job", jobs.append)
+    before = list(logging.root.handlers)  # each job logs to its train.log: give them back
+    monkeypatch.setattr(logging.root, "handlers", list(before))
+    sweep = ["data=flip_flop,variable_tracking", "train.seq_len=256", "data.val_examples=50"]
+    cli.main(["train", "-m", *sweep])
+    for handler in set(logging.root.handlers) - set(before):
+        handler.close()
+    assert [(cfg.data.source, cfg.data.val_examples) for cfg in jobs] == [
+        ("flip_flop", 50),
+        ("variable_tracking", 50),
+    ]
+
+
+def test_a_key_of_a_group_an_experiment_sweeps_is_force_added_for_hydra():
+    overrides = ["+experiment=retrieval", "seed=0", "data.val_examples=50", "train.steps=5"]
+    assert force_added_in_sweeps(overrides) == {"data.val_examples=50": "++data.val_examples=50"}

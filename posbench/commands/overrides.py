@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from hydra.core.override_parser.overrides_parser import OverridesParser
-from hydra.core.override_parser.types import Override
+from hydra.core.override_parser.types import Override, OverrideType
 from hydra.errors import HydraException, OverrideParseException
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
@@ -206,16 +206,41 @@ def parse_overrides(overrides: Sequence[str]) -> list[Override]:
 
 def expand_sweeps(overrides: Sequence[str]) -> list[list[str]]:
     """Override lists to check before a sweep starts: the fixed overrides plus, for each swept
-    key, each of its values (linear in the number of values, not their product)."""
+    key, each of its values (linear in the number of values, not their product). A swept key of
+    a swept group (``data=a,b data.x=1,2``) is checked with each of the group's options: its
+    jobs meet those, not the group's default."""
     parsed = parse_overrides(overrides)
     fixed = [o.input_line for o in parsed if not o.is_sweep_override()]
-    variants = [
-        [*fixed, f"{o.get_key_element()}={value}"]
-        for o in parsed
-        if o.is_sweep_override()
-        for value in o.sweep_string_iterator()
-    ]
+    swept = [o for o in parsed if o.is_sweep_override()]
+    options = {o.key_or_group: settings(o) for o in swept if chooses_an_option(o)}
+    variants = []
+    for override in swept:
+        group = None if chooses_an_option(override) else override.key_or_group.partition(".")[0]
+        for setting in settings(override):
+            choices = options.get(group, [])
+            variants += [[*fixed, c, setting] for c in choices] or [[*fixed, setting]]
     return variants or [fixed]
+
+
+def settings(override: Override) -> list[str]:
+    """A sweep's overrides one value each: ``data=a,b`` as ``data=a`` and ``data=b``."""
+    return [f"{override.get_key_element()}={v}" for v in override.sweep_string_iterator()]
+
+
+def force_added_in_sweeps(overrides: Sequence[str]) -> dict[str, str]:
+    """What Hydra's multirun is given instead of some of ``overrides``: a key of a swept group
+    (``data=a,b data.x=1``) force-added (``++data.x=1``). Hydra composes a sweep's first config
+    with the group's default option, which may lack the key (hydra#2888), before each job
+    composes its own, which has it (check_overrides made sure)."""
+    parsed = parse_overrides(sweep_overrides(overrides))
+    swept = {o.key_or_group for o in parsed if o.is_sweep_override() and chooses_an_option(o)}
+    return {
+        o.input_line: f"++{o.input_line}"
+        for o in OverridesParser.create().parse_overrides(list(overrides))  # each, as Hydra
+        if o.type == OverrideType.CHANGE
+        and not chooses_an_option(o)
+        and o.key_or_group.partition(".")[0] in swept
+    }
 
 
 def check_overrides(overrides: Sequence[str], multirun: bool) -> None:
