@@ -317,3 +317,22 @@ def test_a_key_of_another_option_is_named_against_the_option_chosen_beside_a_sec
         "data.train_tokens is a key of data=synthetic, not of data=text: "
         "use `data=synthetic data.train_tokens=4000`"
     )
+
+
+@pytest.mark.parametrize("sweep", [[], ["-m"]])
+def test_a_key_that_reads_hydras_config_is_checked_with_the_value_its_job_will_see(
+    sweep, tmp_path, monkeypatch, capsys
+):
+    monkeypatch.chdir(tmp_path)
+    path = "data.path=${hydra:runtime.cwd}/missing.txt"
+    line = error_line(capsys, "train", *sweep, "data=text", path)
+    assert line.startswith(f"data.path '{tmp_path}/missing.txt' matches no file")
+
+
+def test_a_key_that_reads_what_only_a_sweeps_job_has_is_one_line_without_m(capsys):
+    line = error_line(capsys, "train", "seed=${hydra:job.num}")
+    assert line == (
+        "seed=${hydra:job.num} does not resolve as its job would (Incompatible value 'None' for "
+        "field of type 'int'); hydra.job.num and hydra.job.id are set in a sweep's jobs only: "
+        "add -m"
+    )

@@ -7,14 +7,17 @@ from __future__ import annotations
 import difflib
 import re
 import shlex
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 
+from hydra.core.hydra_config import HydraConfig
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import Override, OverrideType
 from hydra.errors import HydraException, OverrideParseException
-from omegaconf import DictConfig, OmegaConf
-from omegaconf.errors import OmegaConfBaseException
+from hydra.types import RunMode
+from omegaconf import DictConfig, OmegaConf, open_dict, read_write
+from omegaconf.errors import InterpolationResolutionError, OmegaConfBaseException
 
 from posbench.commands.exits import fail
 from posbench.config import (
@@ -247,16 +250,64 @@ def check_overrides(overrides: Sequence[str], multirun: bool) -> None:
     """Compose (and validate) the config for ``overrides`` before Hydra starts any job, so a
     typo is one line here instead of a multi-line report or a failure deep in a sweep."""
     candidates = expand_sweeps(sweep_overrides(overrides)) if multirun else [list(overrides)]
-    for candidate in candidates:
+    for num, candidate in enumerate(candidates):
         cfg = compose_or_fail(candidate, with_hydra=True)
         if not multirun:
             check_not_a_sweep(cfg, overrides)
-        validate(cfg)
-        check_model_config(cfg.model, cfg.encoding)
-        eval_remap(cfg)
-        check_data(cfg.data)  # its files: a sweep's third job must not find them missing
-        with unclaimed():  # Hydra claims the directory when the job starts
-            check_can_create(Path(cfg.hydra.sweep.dir if multirun else cfg.hydra.run.dir))
+        with as_a_job(cfg, multirun, num):
+            try:
+                resolve_job_keys(cfg)
+                validate(cfg)
+                check_model_config(cfg.model, cfg.encoding)
+                eval_remap(cfg)
+                check_data(cfg.data)  # its files: a sweep's third job must not find them missing
+                check_can_create(Path(cfg.hydra.sweep.dir if multirun else cfg.hydra.run.dir))
+            except InterpolationResolutionError as err:
+                fail(unresolved_line(cfg, err, multirun))
+
+
+@contextmanager
+def as_a_job(cfg: DictConfig, multirun: bool, num: int) -> Iterator[None]:
+    """Inside, ``${hydra:...}`` in ``cfg`` reads what Hydra's run_job gives job ``num`` (its
+    mode, number and output directory), and no ``${unique_dir:...}`` is claimed (Hydra claims
+    it when the job starts): the checks above see the values the job will."""
+    hydra_config = HydraConfig.instance()
+    before = hydra_config.cfg
+    with unclaimed(), open_dict(cfg.hydra):
+        cfg.hydra.mode = RunMode.MULTIRUN if multirun else RunMode.RUN
+        if multirun:  # a single run has neither, as in Hydra
+            cfg.hydra.job.id = cfg.hydra.job.num = num
+        hydra_config.set_config(cfg)  # the output directory's interpolations read the mode
+        directories = cfg.hydra.sweep
+        output_dir = Path(directories.dir, directories.subdir) if multirun else cfg.hydra.run.dir
+        with read_write(cfg.hydra):
+            cfg.hydra.runtime.output_dir = str(Path(output_dir).absolute())
+        hydra_config.set_config(cfg)
+        try:
+            yield
+        finally:
+            hydra_config.cfg = before
+
+
+def resolve_job_keys(cfg: DictConfig) -> None:
+    """Resolve every interpolation of ``cfg`` outside its hydra node, as the job will read it:
+    an InterpolationResolutionError for the first that does not resolve."""
+    for key in cfg.keys() - {"hydra"}:
+        value = cfg[key]  # a leaf resolves here, a section's keys below
+        if isinstance(value, DictConfig):
+            OmegaConf.to_container(value, resolve=True)
+
+
+def unresolved_line(cfg: DictConfig, err: InterpolationResolutionError, multirun: bool) -> str:
+    """One line for a key whose interpolation does not resolve as its job would resolve it."""
+    parent, _, name = err.full_key.rpartition(".")
+    written = (OmegaConf.select(cfg, parent) if parent else cfg)._get_node(name)._value()
+    reason = re.sub(r"^While dereferencing interpolation '[^']*': ", "", str(err).splitlines()[0])
+    sweep_only = not multirun and re.search(r"\$\{hydra:job\.(num|id)\}", str(written))
+    hint = "; hydra.job.num and hydra.job.id are set in a sweep's jobs only: add -m"
+    return f"{err.full_key}={written} does not resolve as its job would ({reason})" + (
+        hint if sweep_only else ""
+    )
 
 
 def check_not_a_sweep(cfg: DictConfig, overrides: Sequence[str]) -> None:
