@@ -428,8 +428,9 @@ def check_trained_positions(cfg: DictConfig) -> None:
         )
 
 
-def flat_config(cfg: DictConfig) -> dict[str, Any]:
-    """``{"train.lr": 0.003, ...}``: every leaf of ``cfg`` under its dotted key."""
+def flat_config(cfg: DictConfig, resolve: bool = True) -> dict[str, Any]:
+    """``{"train.lr": 0.003, ...}``: every leaf of ``cfg`` under its dotted key (``resolve``:
+    interpolations resolved, else as written, ``???`` too)."""
     flat = {}
 
     def visit(node: Any, prefix: str) -> None:
@@ -439,7 +440,7 @@ def flat_config(cfg: DictConfig) -> dict[str, Any]:
         else:
             flat[prefix[:-1]] = node
 
-    visit(OmegaConf.to_container(cfg, resolve=True, enum_to_str=True), "")
+    visit(OmegaConf.to_container(cfg, resolve=resolve, enum_to_str=True), "")
     return flat
 
 

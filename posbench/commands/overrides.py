@@ -10,6 +10,7 @@ import shlex
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from hydra.core.hydra_config import HydraConfig
 from hydra.core.override_parser.overrides_parser import OverridesParser
@@ -258,6 +259,7 @@ def check_overrides(overrides: Sequence[str], multirun: bool) -> None:
             try:
                 resolve_job_keys(cfg)
                 validate(cfg)
+                check_marked_required(cfg)
                 check_model_config(cfg.model, cfg.encoding)
                 eval_remap(cfg)
                 check_data(cfg.data)  # its files: a sweep's third job must not find them missing
@@ -287,6 +289,42 @@ def as_a_job(cfg: DictConfig, multirun: bool, num: int) -> Iterator[None]:
             yield
         finally:
             hydra_config.cfg = before
+
+
+def check_marked_required(cfg: DictConfig) -> None:
+    """A key that a file of ``cfg``'s composition marks ``???`` must be set by another file or
+    the command line: OmegaConf's merge keeps a schema's default under ``???``, so Hydra would
+    run with that default. A PosbenchError naming the first such key."""
+    files = [config_dir() / "config.yaml"]
+    files += [config_dir() / f"{group}/{option}.yaml" for group, option in choices(cfg)]
+    marked, given = set(), set()
+    for path in files:
+        for key, value in file_keys(path).items():
+            (marked if value == "???" else given).add(key)
+    given |= {o.key_or_group for o in parse_overrides(cfg.hydra.overrides.task)}
+    unset = sorted(marked - given)
+    if unset:
+        raise PosbenchError(f"{unset[0]} must be set ({unset[0]}=...)")
+
+
+def choices(cfg: DictConfig) -> list[tuple[str, str]]:
+    """The group options ``cfg`` was composed from, Hydra's own groups left out."""
+    chosen = cfg.hydra.runtime.choices.items()
+    return [(g, o) for g, o in chosen if o is not None and not g.startswith("hydra/")]
+
+
+def file_keys(path: Path) -> dict[str, Any]:
+    """The keys a conf/ file sets, as the composed config names them (under its package: the
+    group, or the top for ``# @package _global_``), values as written (``???`` unresolved)."""
+    if not path.is_file():  # a schema: structured, not a file
+        return {}
+    text = path.read_text()
+    package = re.match(r"# @package (\S+)", text)
+    prefix = path.parent.relative_to(config_dir()).as_posix().replace("/", ".")
+    if package is not None:
+        prefix = "" if package[1] == "_global_" else package[1]
+    keys = flat_config(OmegaConf.create(text), resolve=False).items()
+    return {f"{prefix}.{k}".lstrip("."): v for k, v in keys if k.split(".")[0] != "defaults"}
 
 
 def resolve_job_keys(cfg: DictConfig) -> None:
