@@ -41,6 +41,7 @@ positions are only the window's last ``stride``.
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Callable, Iterator, Sequence
 from itertools import islice, pairwise
 from typing import Any
@@ -285,16 +286,17 @@ def evaluate_length(
     extra: dict[str, Any] = {}
     if key_tokens is not None:
         key_nll, n_key = key.tolist()
-        extra = {"longppl": math.exp(key_nll / n_key) if n_key else None, "key_tokens": int(n_key)}
+        longppl = perplexity(key_nll / n_key) if n_key else None
+        extra = {"longppl": longppl, "key_tokens": int(n_key)}
     if stride is None:
         buckets = loss_by_position(position_nll, position_tokens, train_seq_len or length)
         extra["loss_by_position"] = buckets
     return {
         "length": length,
         "stride": stride,
-        "ppl": math.exp(mean_nll),
+        "ppl": perplexity(mean_nll),
         "bits_per_byte": total_nll / n_bytes / math.log(2),
-        "word_ppl": math.exp(total_nll / n_words) if n_words and has_words else None,
+        "word_ppl": perplexity(total_nll / n_words) if n_words and has_words else None,
         "tokens": scored,
         "bytes": n_bytes,
         "words": n_words if has_words else None,
@@ -306,6 +308,16 @@ def evaluate_length(
         **positions_record(positions, n_spans),
         **extra,
     }
+
+
+# The largest mean NLL whose exponential is a float: past it a perplexity is infinite.
+MAX_FINITE_NLL = math.log(sys.float_info.max)
+
+
+def perplexity(mean_nll: float) -> float:
+    """exp(``mean_nll``); inf where that overflows a float (a word perplexity over few words:
+    hundreds of nats per word), never an OverflowError."""
+    return math.exp(mean_nll) if mean_nll <= MAX_FINITE_NLL else math.inf
 
 
 def scored_text(
