@@ -95,12 +95,16 @@ def test_longppl_is_the_perplexity_over_the_selected_targets_that_are_scored(eve
     model = tiny_model()
     tokens = torch.randint(0, 256, (256,))
 
-    def select(rows):  # every ``every``-th position of each window
-        chosen = torch.zeros_like(rows[:, 1:], dtype=torch.bool)
-        chosen[:, :: every or len(chosen[0]) + 1] = every is not None
-        return chosen
+    class Select:  # every ``every``-th position of each window
+        def __call__(self, rows):
+            chosen = torch.zeros_like(rows[:, 1:], dtype=torch.bool)
+            chosen[:, :: every or len(chosen[0]) + 1] = every is not None
+            return chosen
 
-    record = evaluate_length(model, tokens, 32, key_tokens=select)
+        def memory_bytes(self, batch_size, length):
+            return 0
+
+    record = evaluate_length(model, tokens, 32, key_tokens=Select())
     key_nll = []  # by hand: each window's targets from its first scored one
     for start, first in windows(256, 32, None):
         row = tokens[None, start : start + 33]

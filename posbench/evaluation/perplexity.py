@@ -42,9 +42,9 @@ from __future__ import annotations
 
 import math
 import sys
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from itertools import islice, pairwise
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from tqdm.auto import tqdm
@@ -62,8 +62,15 @@ BUCKETS_PER_OCTAVE = 4  # equal position buckets in each doubling beyond it (few
 MAX_POSITION_BUCKETS = 64
 
 
-# LongPPL's key tokens of a batch of windows: rows (B, T + 1) -> (B, T) bool (longppl.KeyTokens)
-KeySelection = Callable[[torch.Tensor], torch.Tensor]
+class KeySelection(Protocol):
+    """LongPPL's key tokens of a batch of windows (longppl.KeyTokens)."""
+
+    def __call__(self, rows: torch.Tensor) -> torch.Tensor:
+        """Rows (B, T + 1) of windows' inputs and their next tokens -> (B, T) bool."""
+
+    def memory_bytes(self, batch_size: int, length: int) -> int:
+        """The memory selecting them adds for ``batch_size`` windows of ``length`` tokens, after
+        the run's own forward pass (which has ended by then)."""
 
 
 def position_buckets(length: int, train_seq_len: int) -> list[tuple[int, int]]:
@@ -242,6 +249,7 @@ def evaluate_length(
             batch_size,
             device,
             consecutive=positions is None or positions.consecutive,
+            then=None if key_tokens is None else key_tokens.memory_bytes,
         )
     if reason is not None:
         return {

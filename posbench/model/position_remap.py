@@ -165,6 +165,7 @@ class RemappedRotations(PositionalEncoding):
         self.inner = inner
         self.remap = remap
         self.two_part_window = remap.near
+        self.query_key_width = 2 * inner.query_key_width  # [near | far]
 
     def queries_and_keys(
         self, q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor
