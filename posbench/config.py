@@ -412,15 +412,19 @@ def check_bidirectional(cfg: DictConfig) -> None:
 
 def check_trained_positions(cfg: DictConfig) -> None:
     """That the encoding represents every position training reaches (below
-    train.random_positions, else train.seq_len): a learned table's rows and xPos's decay
-    bound them. Checked before the data is built, not at the first step."""
+    train.random_positions or PoSE's train.pose_length, else train.seq_len): a learned table's
+    rows and xPos's decay bound them. Checked with the config, before the run directory and the
+    data are made, not at the first step."""
     if cfg.model.d_model % cfg.model.n_head:
         return  # the model's own error says so when it is built
     with torch.device("meta"):  # the encoding's options and bound, no table allocated
         encoding = build_encoding(cfg.encoding, cfg.model.d_model, cfg.model.n_head)
-    reached = cfg.train.random_positions or cfg.train.seq_len
+    sampler = position_sampler(cfg)
+    reached = cfg.train.seq_len if sampler is None else sampler.n_positions
     if encoding.max_length is not None and reached > encoding.max_length:
-        key = "train.random_positions" if cfg.train.random_positions else "train.seq_len"
+        key = "train.seq_len"
+        if sampler is not None:
+            key = "train.pose_length" if sampler.mode == "pose" else "train.random_positions"
         raise PosbenchError(
             f"{key}={reached} trains at positions past the {encoding.max_length} this "
             f"{cfg.encoding.name} model represents; "
