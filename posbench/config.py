@@ -7,6 +7,7 @@ types, so a typo or a wrong type fails when the config is composed, not halfway 
 
 from __future__ import annotations
 
+import copy
 import importlib.util
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -108,6 +109,8 @@ class TrainConfig:
     pose_length: int | None = None
     # start from this run's weights (a fine-tune: same model and encoding, scaling may differ)
     init_from: str | None = None
+    # train this share of train.steps (rounded): one phase of a budget (+experiment=drope's)
+    steps_share: float = 1.0
     # auto | fp32 | bf16 (autocast; auto: bf16 where measured faster, posbench/system/precision.py)
     precision: Precision = Precision.auto
     # torch.compile the model for training (compile time reported apart: train.compile_s)
@@ -347,6 +350,8 @@ def validate(cfg: DictConfig) -> None:
             f"train.random_positions ({positions}) must be >= train.seq_len "
             f"({cfg.train.seq_len}): each sequence takes seq_len distinct positions from it"
         )
+    if not 0 < cfg.train.steps_share <= 1:
+        raise PosbenchError(f"train.steps_share must be in (0, 1] (got {cfg.train.steps_share})")
     check_trained_positions(cfg)
     check_bidirectional(cfg)
     check_logger(cfg)
@@ -408,6 +413,18 @@ def check_bidirectional(cfg: DictConfig) -> None:
         )
     if cfg.model.d_model % cfg.model.n_head == 0:  # else the model's own error says so
         check_model_config(cfg.model, cfg.encoding)
+
+
+def with_steps_share(cfg: DictConfig) -> DictConfig:
+    """``cfg`` with its ``train.steps_share`` taken: train.steps the steps it trains (at least
+    one), the share 1, so that the saved config says what ran and a resume compares alike. A
+    phase's share follows a ``train.steps=`` budget given on the command line."""
+    share = OmegaConf.select(cfg, "train.steps_share", default=1.0)
+    if share == 1:
+        return cfg
+    cfg = copy.deepcopy(cfg)
+    cfg.train.steps, cfg.train.steps_share = max(1, round(share * cfg.train.steps)), 1.0
+    return cfg
 
 
 def check_trained_positions(cfg: DictConfig) -> None:

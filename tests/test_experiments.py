@@ -14,7 +14,7 @@ from posbench.commands.overrides import (
     group_options,
     sweep_overrides,
 )
-from posbench.config import compose_config, eval_lengths, validate
+from posbench.config import compose_config, eval_lengths, validate, with_steps_share
 from posbench.data import ALGORITHMIC_TASKS, RULER_TASKS, WINDOW_TASKS
 from posbench.data.algorithmic.curriculum import BatchLengths, Curriculum
 from posbench.data.algorithmic.kazemnejad import KazemnejadTask
@@ -261,6 +261,7 @@ def test_drope_sweeps_its_baselines_and_rope_phase_and_recalibrates_for_the_pape
         assert run.train.seq_len == cfg.train.seq_len  # like with like
     # QK-norm is added at the switch, as the reference adds it to a model trained without it.
     assert (rope.model.qk_norm, swa.model.qk_norm, drope.model.qk_norm) == (False, False, True)
+    rope, drope = with_steps_share(rope), with_steps_share(drope)
     assert rope.train.steps + drope.train.steps == cfg.train.steps
     assert drope.train.steps / cfg.train.steps == pytest.approx(0.12)
     assert (rope.encoding.name, drope.encoding.name, drope.eval.temperature) == (
@@ -313,3 +314,18 @@ def test_hydra_runs_each_job_of_a_swept_group_with_a_key_the_default_option_lack
 def test_a_key_of_a_group_an_experiment_sweeps_is_force_added_for_hydra():
     overrides = ["+experiment=retrieval", "seed=0", "data.val_examples=50", "train.steps=5"]
     assert force_added_in_sweeps(overrides) == {"data.val_examples=50": "++data.val_examples=50"}
+
+
+@pytest.mark.parametrize("steps", [100, 1000])
+def test_drope_phases_keep_their_share_of_a_train_steps_budget_from_the_command_line(steps):
+    overrides = ["+experiment=drope", f"train.steps={steps}"]
+    rope, drope, nope = (
+        with_steps_share(compose_config([*overrides, f"+drope_method={m}"]))
+        for m in ("drope_rope", "drope", "nope")
+    )
+    assert (rope.train.steps, drope.train.steps, nope.train.steps) == (
+        round(0.88 * steps),
+        round(0.12 * steps),
+        steps,
+    )
+    assert rope.train.steps_share == drope.train.steps_share == 1  # the saved config: what ran
