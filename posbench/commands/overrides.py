@@ -330,7 +330,7 @@ def file_keys(path: Path) -> dict[str, Any]:
 def resolve_job_keys(cfg: DictConfig) -> None:
     """Resolve every interpolation of ``cfg`` outside its hydra node, as the job will read it:
     an InterpolationResolutionError for the first that does not resolve."""
-    for key in cfg.keys() - {"hydra"}:
+    for key in [key for key in cfg if key != "hydra"]:  # in the config's order
         value = cfg[key]  # a leaf resolves here, a section's keys below
         if isinstance(value, DictConfig):
             OmegaConf.to_container(value, resolve=True)
