@@ -7,6 +7,7 @@ types, so a typo or a wrong type fails when the config is composed, not halfway 
 
 from __future__ import annotations
 
+import copy
 import importlib.util
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -108,6 +109,8 @@ class TrainConfig:
     pose_length: int | None = None
     # start from this run's weights (a fine-tune: same model and encoding, scaling may differ)
     init_from: str | None = None
+    # train this share of train.steps (rounded): one phase of a budget (+experiment=drope's)
+    steps_share: float = 1.0
     # auto | fp32 | bf16 (autocast; auto: bf16 where measured faster, posbench/system/precision.py)
     precision: Precision = Precision.auto
     # torch.compile the model for training (compile time reported apart: train.compile_s)
@@ -347,6 +350,8 @@ def validate(cfg: DictConfig) -> None:
             f"train.random_positions ({positions}) must be >= train.seq_len "
             f"({cfg.train.seq_len}): each sequence takes seq_len distinct positions from it"
         )
+    if not 0 < cfg.train.steps_share <= 1:
+        raise PosbenchError(f"train.steps_share must be in (0, 1] (got {cfg.train.steps_share})")
     check_trained_positions(cfg)
     check_bidirectional(cfg)
     check_logger(cfg)
@@ -410,17 +415,33 @@ def check_bidirectional(cfg: DictConfig) -> None:
         check_model_config(cfg.model, cfg.encoding)
 
 
+def with_steps_share(cfg: DictConfig) -> DictConfig:
+    """``cfg`` with its ``train.steps_share`` taken: train.steps the steps it trains (at least
+    one), the share 1, so that the saved config says what ran and a resume compares alike. A
+    phase's share follows a ``train.steps=`` budget given on the command line."""
+    share = OmegaConf.select(cfg, "train.steps_share", default=1.0)
+    if share == 1:
+        return cfg
+    cfg = copy.deepcopy(cfg)
+    cfg.train.steps, cfg.train.steps_share = max(1, round(share * cfg.train.steps)), 1.0
+    return cfg
+
+
 def check_trained_positions(cfg: DictConfig) -> None:
     """That the encoding represents every position training reaches (below
-    train.random_positions, else train.seq_len): a learned table's rows and xPos's decay
-    bound them. Checked before the data is built, not at the first step."""
+    train.random_positions or PoSE's train.pose_length, else train.seq_len): a learned table's
+    rows and xPos's decay bound them. Checked with the config, before the run directory and the
+    data are made, not at the first step."""
     if cfg.model.d_model % cfg.model.n_head:
         return  # the model's own error says so when it is built
     with torch.device("meta"):  # the encoding's options and bound, no table allocated
         encoding = build_encoding(cfg.encoding, cfg.model.d_model, cfg.model.n_head)
-    reached = cfg.train.random_positions or cfg.train.seq_len
+    sampler = position_sampler(cfg)
+    reached = cfg.train.seq_len if sampler is None else sampler.n_positions
     if encoding.max_length is not None and reached > encoding.max_length:
-        key = "train.random_positions" if cfg.train.random_positions else "train.seq_len"
+        key = "train.seq_len"
+        if sampler is not None:
+            key = "train.pose_length" if sampler.mode == "pose" else "train.random_positions"
         raise PosbenchError(
             f"{key}={reached} trains at positions past the {encoding.max_length} this "
             f"{cfg.encoding.name} model represents; "
@@ -428,8 +449,9 @@ def check_trained_positions(cfg: DictConfig) -> None:
         )
 
 
-def flat_config(cfg: DictConfig) -> dict[str, Any]:
-    """``{"train.lr": 0.003, ...}``: every leaf of ``cfg`` under its dotted key."""
+def flat_config(cfg: DictConfig, resolve: bool = True) -> dict[str, Any]:
+    """``{"train.lr": 0.003, ...}``: every leaf of ``cfg`` under its dotted key (``resolve``:
+    interpolations resolved, else as written, ``???`` too)."""
     flat = {}
 
     def visit(node: Any, prefix: str) -> None:
@@ -439,7 +461,7 @@ def flat_config(cfg: DictConfig) -> dict[str, Any]:
         else:
             flat[prefix[:-1]] = node
 
-    visit(OmegaConf.to_container(cfg, resolve=True, enum_to_str=True), "")
+    visit(OmegaConf.to_container(cfg, resolve=resolve, enum_to_str=True), "")
     return flat
 
 

@@ -8,6 +8,7 @@ from conftest import finished_run
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from torch.utils.tensorboard import SummaryWriter
 
 from posbench.errors import PosbenchError
 from posbench.report import build_report
@@ -17,7 +18,12 @@ from posbench.runs.results import (
     effective_context_lengths,
     effective_length,
 )
-from posbench.runs.tensorboard_log import TrainedLengths, headline_metrics, write_eval_events
+from posbench.runs.tensorboard_log import (
+    TrainedLengths,
+    headline_metrics,
+    log_hparams,
+    write_eval_events,
+)
 
 S = 16
 
@@ -106,3 +112,21 @@ def test_a_threshold_outside_0_1_is_a_one_line_error(tmp_path, threshold):
     make_run(tmp_path / "s0", 0, {16: 5.0})
     with pytest.raises(PosbenchError, match="--effective-threshold must be in"):
         build_report(tmp_path, effective_threshold=threshold)
+
+
+def test_a_re_evaluation_updates_the_hparams_metric_with_the_scalar(tmp_path):
+    """The HParams tab shows a metric's last value, read in event-file name order."""
+    with SummaryWriter(log_dir=str(tmp_path)) as writer:  # as the run trained: 32
+        log_hparams(writer, {"encoding": "rope"}, {"effective_context_length": 32})
+    records = [ppl_record(16, 5.0), ppl_record(32, 5.2), ppl_record(64, 5.3)]
+    write_eval_events(tmp_path, records, TrainedLengths.tokens(S))  # posbench eval at 64
+    events = EventAccumulator(str(tmp_path)).Reload()
+    scalar = [e.value for e in events.Scalars("eval/effective_context_length")]
+    metric = [e.value for e in events.Scalars("hparam/effective_context_length")]
+    assert scalar == [64] and metric[-1] == 64
+
+
+def test_the_effective_length_table_says_how_many_runs_a_row_is_over(tmp_path):
+    make_run(tmp_path / "s0", 0, {16: 5.0, 32: 5.2})
+    make_run(tmp_path / "s1", 1, {32: 5.2})  # not measured at the training length
+    assert "| rope | 2 | ppl | 32 (n=1) | 2.00 (n=1) |" in markdown(build_report(tmp_path))

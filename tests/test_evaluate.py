@@ -113,6 +113,14 @@ def test_uniform_model_has_perplexity_256_and_8_bits_per_byte():
     assert record["status"] == "ok" and record["reason"] is None
 
 
+def test_word_perplexity_of_a_text_with_few_words_is_infinite_not_an_overflow():
+    """199 bytes at ln 256 each over one word: exp(1103) overflows a float."""
+    tokens = torch.tensor(list(b" " + b"a" * 199), dtype=torch.uint8)
+    record = evaluate_length(uniform_model(), tokens, length=199)
+    assert (record["words"], record["word_ppl"]) == (1, math.inf)
+    assert record["ppl"] == pytest.approx(256.0)
+
+
 @pytest.mark.parametrize("chunked", [True, False], ids=["chunked", "logits"])
 def test_perplexity_is_exp_of_mean_nll_against_a_direct_computation(chunked, monkeypatch):
     # Both ways of the model's NLL: a chunk of logits at a time (a CPU's, for large logits:

@@ -1,11 +1,20 @@
 """Experiment configs and launchers compose, and sweep what they promise."""
 
+import logging
+
 import pytest
 import torch
 from hydra.core.override_parser.overrides_parser import OverridesParser
 
-from posbench.commands.overrides import expand_sweeps, group_options, sweep_overrides
-from posbench.config import compose_config, eval_lengths, validate
+from posbench import cli
+from posbench.commands import train as train_command
+from posbench.commands.overrides import (
+    expand_sweeps,
+    force_added_in_sweeps,
+    group_options,
+    sweep_overrides,
+)
+from posbench.config import compose_config, eval_lengths, validate, with_steps_share
 from posbench.data import ALGORITHMIC_TASKS, RULER_TASKS, WINDOW_TASKS
 from posbench.data.algorithmic.curriculum import BatchLengths, Curriculum
 from posbench.data.algorithmic.kazemnejad import KazemnejadTask
@@ -252,6 +261,7 @@ def test_drope_sweeps_its_baselines_and_rope_phase_and_recalibrates_for_the_pape
         assert run.train.seq_len == cfg.train.seq_len  # like with like
     # QK-norm is added at the switch, as the reference adds it to a model trained without it.
     assert (rope.model.qk_norm, swa.model.qk_norm, drope.model.qk_norm) == (False, False, True)
+    rope, drope = with_steps_share(rope), with_steps_share(drope)
     assert rope.train.steps + drope.train.steps == cfg.train.steps
     assert drope.train.steps / cfg.train.steps == pytest.approx(0.12)
     assert (rope.encoding.name, drope.encoding.name, drope.eval.temperature) == (
@@ -269,3 +279,53 @@ def test_remaps_sweeps_pose_and_both_remaps_on_rope_over_three_seeds():
     assert swept_values(cfg, "eval.position_remap") == ["none", "self_extend", "string"]
     assert swept_values(cfg, "seed") == ["0", "1", "2"]
     validate(compose_config(["+experiment=remaps", "train.positions=pose"]))
+
+
+def test_a_swept_key_of_a_swept_group_is_prechecked_with_each_of_the_groups_options():
+    """``data.val_examples`` is a key of the tasks the sweep chooses, not of the default data."""
+    overrides = ["data=flip_flop,variable_tracking", "data.val_examples=50,60"]
+    candidates = expand_sweeps(sweep_overrides(overrides))
+    assert sorted(c for c in candidates if "data.val_examples=50" in c) == [
+        ["data=flip_flop", "data.val_examples=50"],
+        ["data=variable_tracking", "data.val_examples=50"],
+    ]
+
+
+def test_hydra_runs_each_job_of_a_swept_group_with_a_key_the_default_option_lacks(
+    tmp_path, monkeypatch
+):
+    """Hydra composes a sweep's first config with the default ``data=synthetic``, which has no
+    ``val_examples``; each job has it, set to the command line's value."""
+    jobs = []
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(train_command, "train_job", jobs.append)
+    before = list(logging.root.handlers)  # each job logs to its train.log: give them back
+    monkeypatch.setattr(logging.root, "handlers", list(before))
+    sweep = ["data=flip_flop,variable_tracking", "train.seq_len=256", "data.val_examples=50"]
+    cli.main(["train", "-m", *sweep])
+    for handler in set(logging.root.handlers) - set(before):
+        handler.close()
+    assert [(cfg.data.source, cfg.data.val_examples) for cfg in jobs] == [
+        ("flip_flop", 50),
+        ("variable_tracking", 50),
+    ]
+
+
+def test_a_key_of_a_group_an_experiment_sweeps_is_force_added_for_hydra():
+    overrides = ["+experiment=retrieval", "seed=0", "data.val_examples=50", "train.steps=5"]
+    assert force_added_in_sweeps(overrides) == {"data.val_examples=50": "++data.val_examples=50"}
+
+
+@pytest.mark.parametrize("steps", [100, 1000])
+def test_drope_phases_keep_their_share_of_a_train_steps_budget_from_the_command_line(steps):
+    overrides = ["+experiment=drope", f"train.steps={steps}"]
+    rope, drope, nope = (
+        with_steps_share(compose_config([*overrides, f"+drope_method={m}"]))
+        for m in ("drope_rope", "drope", "nope")
+    )
+    assert (rope.train.steps, drope.train.steps, nope.train.steps) == (
+        round(0.88 * steps),
+        round(0.12 * steps),
+        steps,
+    )
+    assert rope.train.steps_share == drope.train.steps_share == 1  # the saved config: what ran

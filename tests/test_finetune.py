@@ -150,13 +150,17 @@ def test_a_dropped_encoding_trains_on_from_the_parent(parent, cache_dir, tmp_pat
 @pytest.mark.parametrize(
     ("parent_overrides", "child", "message"),
     [
-        (["encoding=none"], "encoding=rope", "trained with encoding=none, not rope; .* drops it"),
-        (["encoding=learned"], "encoding=none", r"own weights \(table\.weight\)"),
+        (["encoding=none"], ["encoding=rope"], "trained with encoding=none, not rope; .* drops it"),
+        (["encoding=learned"], ["encoding=none"], r"own weights \(table\.weight\)"),
         (
             ["encoding=hybrid", "encoding.window=8"],
-            "encoding=none",
+            ["encoding=none"],
             "windows of 8 tokens; encoding=none would widen attention",
         ),
+        # DAPE switched on or off: its network's weights would be new, or dropped
+        (["encoding=alibi"], ["encoding=alibi", "encoding.dape=true"], "dape=False, not True"),
+        (["encoding=fire", "encoding.dape=true"], ["encoding=fire"], "dape=True, not False"),
+        (["encoding=alibi", "encoding.dape=true"], ["encoding=none"], r"weights \(dape\.down"),
     ],
 )
 def test_a_switch_that_is_not_dropping_a_weightless_encoding_is_one_line(
@@ -164,7 +168,7 @@ def test_a_switch_that_is_not_dropping_a_weightless_encoding_is_one_line(
 ):
     saved = saved_parent(tmp_path, cache_dir, *parent_overrides)
     with pytest.raises(PosbenchError, match=message) as info:
-        fine_tune_config(compose_config(child_overrides(saved, cache_dir, child)))
+        fine_tune_config(compose_config(child_overrides(saved, cache_dir, *child)))
     assert "\n" not in str(info.value)
 
 

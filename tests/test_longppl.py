@@ -1,6 +1,7 @@
 """LongPPL: the key tokens an evaluator selects (checked against the ``longppl`` package's own
 ``find_key_token``) and the perplexity over them."""
 
+import json
 import math
 from types import SimpleNamespace
 
@@ -16,6 +17,7 @@ from posbench.evaluation.perplexity import evaluate_length, windows
 from posbench.model import build_model
 from posbench.report import build_report
 from posbench.report.tables import markdown
+from posbench.runs.results import append_eval_results
 
 S, W, L = 16, 4, 64  # training length, short-context stride, window
 
@@ -93,12 +95,16 @@ def test_longppl_is_the_perplexity_over_the_selected_targets_that_are_scored(eve
     model = tiny_model()
     tokens = torch.randint(0, 256, (256,))
 
-    def select(rows):  # every ``every``-th position of each window
-        chosen = torch.zeros_like(rows[:, 1:], dtype=torch.bool)
-        chosen[:, :: every or len(chosen[0]) + 1] = every is not None
-        return chosen
+    class Select:  # every ``every``-th position of each window
+        def __call__(self, rows):
+            chosen = torch.zeros_like(rows[:, 1:], dtype=torch.bool)
+            chosen[:, :: every or len(chosen[0]) + 1] = every is not None
+            return chosen
 
-    record = evaluate_length(model, tokens, 32, key_tokens=select)
+        def memory_bytes(self, batch_size, length):
+            return 0
+
+    record = evaluate_length(model, tokens, 32, key_tokens=Select())
     key_nll = []  # by hand: each window's targets from its first scored one
     for start, first in windows(256, 32, None):
         row = tokens[None, start : start + 33]
@@ -129,3 +135,24 @@ def test_a_report_of_longppl_shows_its_values_and_says_why_it_has_no_ratio(tmp_p
     text = markdown(build_report(tmp_path, metric="longppl"))
     assert "| alibi | 1 | – [1] | 5.00 |" in text
     assert "LongPPL at the training length is null" in text
+
+
+def test_a_longppl_record_and_a_plain_one_of_a_length_stand_side_by_side(tmp_path):
+    (tmp_path / "results.json").write_text(json.dumps({"train_seq_len": 16, "eval": []}))
+    plain = {"length": 64, "stride": None, "ppl": 3.0, "status": "ok"}
+    longppl = {**plain, "longppl": 5.0, "longppl_evaluator": "/runs/judge"}
+    append_eval_results(tmp_path, [longppl])
+    append_eval_results(tmp_path, [plain])
+    results = append_eval_results(tmp_path, [{**longppl, "longppl": 6.0}])  # measured again
+    assert sorted(r.get("longppl", 0) for r in results["eval"]) == [0, 6.0]
+
+
+def test_a_report_counts_a_run_with_a_plain_and_a_longppl_record_once(tmp_path):
+    records = [
+        {"length": n, "stride": None, "ppl": 3.0, "status": "ok", **judged}
+        for n in (16, 64)
+        for judged in ({}, {"longppl": 5.0, "longppl_evaluator": "/runs/judge"})
+    ]
+    finished_run(tmp_path / "run", "alibi", {"eval": records})
+    assert "| alibi | 1 | 3.00 | 3.00 |" in markdown(build_report(tmp_path))
+    assert "| alibi | 1 | 5.00 | 5.00 |" in markdown(build_report(tmp_path, metric="longppl"))

@@ -14,12 +14,14 @@ import torch
 import posbench.evaluation.memory
 import posbench.model.attention.fused
 from posbench.encodings import EncodingConfig, PositionalEncoding, build_encoding
+from posbench.evaluation.longppl import KeyTokens
 from posbench.evaluation.memory import available_memory, fitting_batch_size, inference_memory_bytes
 from posbench.evaluation.perplexity import evaluate_length
 from posbench.model import Transformer, build_model
 from posbench.model.args import ModelArgs
 from posbench.model.attention.biases import SHARED_BIAS_ELEMENTS
 from posbench.model.attention.blocks import MAX_SCORE_ELEMENTS
+from posbench.model.position_remap import configured_remap, remapped_positions
 
 CPU = torch.device("cpu")
 
@@ -158,3 +160,27 @@ def test_a_shrunken_batch_gives_the_same_perplexity(monkeypatch):
     assert evaluate_length(model, tokens, 64, batch_size=16)["ppl"] == pytest.approx(
         expected["ppl"], rel=1e-6
     )
+
+
+# --- queries and keys wider than the values, and LongPPL's evaluator ----------------------------
+
+
+def test_pope_and_a_remap_add_their_doubled_queries_and_keys_to_the_estimate():
+    """PoPE's q, k and the values padded to their width and its output: 4*C per token more
+    than RoPE; Self-Extend's [near | far] q and k and its two merged calls: more again."""
+    length, C = 4096, 16
+    rope, pope = model_with("rope"), model_with("pope")
+    plain = inference_memory_bytes(rope, 1, length)
+    assert inference_memory_bytes(pope, 1, length) - plain == length * 4 * C * 4
+    remap = configured_remap("self_extend", {"group": 8, "window": 32}, None, 128)
+    with remapped_positions(rope, remap):
+        assert inference_memory_bytes(rope, 1, length) - plain >= length * 8 * C * 4
+
+
+def test_longppl_counts_its_evaluators_passes_in_the_batch_that_fits(monkeypatch):
+    model = model_with("alibi")
+    evaluator = KeyTokens(model_with("none"), 16)
+    allow(monkeypatch, inference_memory_bytes(model, 8, 256))
+    batch, _ = fitting_batch_size(model, 256, 8, CPU, then=evaluator.memory_bytes)
+    assert evaluator.memory_bytes(8, 256) > inference_memory_bytes(model, 8, 256) and batch < 8
+    assert evaluator.memory_bytes(8, 16) == 0  # no window is long: no key token, no pass

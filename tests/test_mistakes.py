@@ -3,13 +3,14 @@ anything is trained (`posbench`'s main in this process: every one of them stops 
 starts a job)."""
 
 import os
+import shutil
 from pathlib import Path
 
 import pytest
 from conftest import TINY_RUN, error_line
 from omegaconf import OmegaConf
 
-from posbench.commands.overrides import group_options, unknown_key_hint
+from posbench.commands.overrides import check_overrides, group_options, unknown_key_hint
 from posbench.commands.train import train_help
 from posbench.config import compose_config
 from posbench.encodings import encoding_names
@@ -317,3 +318,62 @@ def test_a_key_of_another_option_is_named_against_the_option_chosen_beside_a_sec
         "data.train_tokens is a key of data=synthetic, not of data=text: "
         "use `data=synthetic data.train_tokens=4000`"
     )
+
+
+@pytest.mark.parametrize("sweep", [[], ["-m"]])
+def test_a_key_that_reads_hydras_config_is_checked_with_the_value_its_job_will_see(
+    sweep, tmp_path, monkeypatch, capsys
+):
+    monkeypatch.chdir(tmp_path)
+    path = "data.path=${hydra:runtime.cwd}/missing.txt"
+    line = error_line(capsys, "train", *sweep, "data=text", path)
+    assert line.startswith(f"data.path '{tmp_path}/missing.txt' matches no file")
+
+
+def test_a_key_that_reads_what_only_a_sweeps_job_has_is_one_line_without_m(capsys):
+    line = error_line(capsys, "train", "seed=${hydra:job.num}")
+    assert line == (
+        "seed=${hydra:job.num} does not resolve as its job would (Incompatible value 'None' for "
+        "field of type 'int'); hydra.job.num and hydra.job.id are set in a sweep's jobs only: "
+        "add -m"
+    )
+
+
+@pytest.fixture
+def conf_with(tmp_path, monkeypatch):
+    """A copy of conf/ that posbench composes from, with the files given added to it."""
+    from posbench import config
+    from posbench.commands import overrides
+
+    conf = tmp_path / "conf"
+    shutil.copytree(config.config_dir(), conf)
+    for module in (config, overrides):
+        monkeypatch.setattr(module, "config_dir", lambda: conf)
+    monkeypatch.chdir(tmp_path)
+
+    def add(path: str, text: str) -> None:
+        (conf / path).write_text(text)
+
+    return add
+
+
+REQUIRED_WIDTH = """defaults:
+  - /schema/model/model@_here_
+  - _self_
+d_model: ???
+"""
+
+
+def test_a_key_a_group_file_marks_missing_must_be_set_though_its_schema_has_a_default(
+    conf_with, capsys
+):
+    conf_with("model/unsized.yaml", REQUIRED_WIDTH)
+    line = error_line(capsys, "train", "model=unsized")
+    assert line == "model.d_model must be set (model.d_model=...)"
+
+
+def test_a_key_a_group_file_marks_missing_is_set_by_the_command_line_or_a_later_file(conf_with):
+    conf_with("model/unsized.yaml", REQUIRED_WIDTH)
+    conf_with("experiment/sized.yaml", "# @package _global_\nmodel:\n  d_model: 64\n")
+    for overrides in (["model.d_model=64"], ["+experiment=sized"]):
+        check_overrides(["model=unsized", *overrides], multirun=False)

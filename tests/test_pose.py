@@ -11,7 +11,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from posbench.config import compose_config, position_sampler
+from posbench.config import compose_config, position_sampler, validate
 from posbench.errors import PosbenchError
 from posbench.evaluation.positions import eval_positions
 from posbench.model.random_positions import pose_positions, pose_sampler
@@ -68,9 +68,28 @@ def test_pose_trains_skipped_and_evaluates_at_consecutive_positions():
     [
         ("skip", None, None, "unknown train.positions 'skip'; choose one of: consecutive, pose"),
         ("pose", 8, None, "must be >= train.seq_len"),
+        ("pose", 0, None, "must be >= train.seq_len"),  # 0 is 0, not the default
         ("pose", None, 64, "choose one"),
     ],
 )
 def test_pose_refuses_in_one_line(setting, target, random_positions, says):
     with pytest.raises(PosbenchError, match=says):
         pose_sampler(setting, target, 16, random_positions, 2)
+
+
+@pytest.mark.parametrize(
+    ("encoding", "says"),
+    [
+        ("learned", "train.pose_length=2048 trains at positions past the 128 this learned model"),
+        ("xpos", "train.pose_length=2048 trains at positions past the"),
+    ],
+)
+def test_pose_past_what_the_encoding_represents_is_refused_when_the_config_is_checked(
+    encoding, says
+):
+    """validate runs before Hydra makes the run directory (the -m pre-check included)."""
+    overrides = [f"encoding={encoding}", "train.positions=pose", "train.seq_len=128"]
+    if encoding == "xpos":  # its decay bounds positions at about 135 x scale_base
+        overrides.append("encoding.scale_base=8")
+    with pytest.raises(PosbenchError, match=says):
+        validate(compose_config(overrides))

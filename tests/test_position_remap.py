@@ -135,6 +135,21 @@ def test_remap_settings_default_from_the_training_length_and_are_checked():
 
 
 @pytest.mark.parametrize(
+    ("self_extend", "string", "says"),
+    [
+        ({"window": 0}, None, "needs a window >= 1 and a group >= 1 .got window 0, group 8"),
+        ({"group": 0}, None, "needs a window >= 1 and a group >= 1 .got window 32, group 0"),
+        (None, {"window": 0}, "needs a window >= 1 and a group >= 1 .got window 0, group 1"),
+        (None, {"shift": 0}, r"eval\.string\.window \(8\) must be below eval\.string\.shift \(0\)"),
+    ],
+)
+def test_a_remap_setting_of_0_is_refused_not_read_as_its_default(self_extend, string, says):
+    method = "self_extend" if string is None else "string"
+    with pytest.raises(PosbenchError, match=says):
+        configured_remap(method, self_extend, string, 128)
+
+
+@pytest.mark.parametrize(
     ("overrides", "says"),
     [
         (["train.random_positions=512"], "set eval.positions=consecutive"),

@@ -7,14 +7,18 @@ from __future__ import annotations
 import difflib
 import re
 import shlex
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
+from hydra.core.hydra_config import HydraConfig
 from hydra.core.override_parser.overrides_parser import OverridesParser
-from hydra.core.override_parser.types import Override
+from hydra.core.override_parser.types import Override, OverrideType
 from hydra.errors import HydraException, OverrideParseException
-from omegaconf import DictConfig, OmegaConf
-from omegaconf.errors import OmegaConfBaseException
+from hydra.types import RunMode
+from omegaconf import DictConfig, OmegaConf, open_dict, read_write
+from omegaconf.errors import InterpolationResolutionError, OmegaConfBaseException
 
 from posbench.commands.exits import fail
 from posbench.config import (
@@ -206,32 +210,142 @@ def parse_overrides(overrides: Sequence[str]) -> list[Override]:
 
 def expand_sweeps(overrides: Sequence[str]) -> list[list[str]]:
     """Override lists to check before a sweep starts: the fixed overrides plus, for each swept
-    key, each of its values (linear in the number of values, not their product)."""
+    key, each of its values (linear in the number of values, not their product). A swept key of
+    a swept group (``data=a,b data.x=1,2``) is checked with each of the group's options: its
+    jobs meet those, not the group's default."""
     parsed = parse_overrides(overrides)
     fixed = [o.input_line for o in parsed if not o.is_sweep_override()]
-    variants = [
-        [*fixed, f"{o.get_key_element()}={value}"]
-        for o in parsed
-        if o.is_sweep_override()
-        for value in o.sweep_string_iterator()
-    ]
+    swept = [o for o in parsed if o.is_sweep_override()]
+    options = {o.key_or_group: settings(o) for o in swept if chooses_an_option(o)}
+    variants = []
+    for override in swept:
+        group = None if chooses_an_option(override) else override.key_or_group.partition(".")[0]
+        for setting in settings(override):
+            choices = options.get(group, [])
+            variants += [[*fixed, c, setting] for c in choices] or [[*fixed, setting]]
     return variants or [fixed]
+
+
+def settings(override: Override) -> list[str]:
+    """A sweep's overrides one value each: ``data=a,b`` as ``data=a`` and ``data=b``."""
+    return [f"{override.get_key_element()}={v}" for v in override.sweep_string_iterator()]
+
+
+def force_added_in_sweeps(overrides: Sequence[str]) -> dict[str, str]:
+    """What Hydra's multirun is given instead of some of ``overrides``: a key of a swept group
+    (``data=a,b data.x=1``) force-added (``++data.x=1``). Hydra composes a sweep's first config
+    with the group's default option, which may lack the key (hydra#2888), before each job
+    composes its own, which has it (check_overrides made sure)."""
+    parsed = parse_overrides(sweep_overrides(overrides))
+    swept = {o.key_or_group for o in parsed if o.is_sweep_override() and chooses_an_option(o)}
+    return {
+        o.input_line: f"++{o.input_line}"
+        for o in OverridesParser.create().parse_overrides(list(overrides))  # each, as Hydra
+        if o.type == OverrideType.CHANGE
+        and not chooses_an_option(o)
+        and o.key_or_group.partition(".")[0] in swept
+    }
 
 
 def check_overrides(overrides: Sequence[str], multirun: bool) -> None:
     """Compose (and validate) the config for ``overrides`` before Hydra starts any job, so a
     typo is one line here instead of a multi-line report or a failure deep in a sweep."""
     candidates = expand_sweeps(sweep_overrides(overrides)) if multirun else [list(overrides)]
-    for candidate in candidates:
+    for num, candidate in enumerate(candidates):
         cfg = compose_or_fail(candidate, with_hydra=True)
         if not multirun:
             check_not_a_sweep(cfg, overrides)
-        validate(cfg)
-        check_model_config(cfg.model, cfg.encoding)
-        eval_remap(cfg)
-        check_data(cfg.data)  # its files: a sweep's third job must not find them missing
-        with unclaimed():  # Hydra claims the directory when the job starts
-            check_can_create(Path(cfg.hydra.sweep.dir if multirun else cfg.hydra.run.dir))
+        with as_a_job(cfg, multirun, num):
+            try:
+                resolve_job_keys(cfg)
+                validate(cfg)
+                check_marked_required(cfg)
+                check_model_config(cfg.model, cfg.encoding)
+                eval_remap(cfg)
+                check_data(cfg.data)  # its files: a sweep's third job must not find them missing
+                check_can_create(Path(cfg.hydra.sweep.dir if multirun else cfg.hydra.run.dir))
+            except InterpolationResolutionError as err:
+                fail(unresolved_line(cfg, err, multirun))
+
+
+@contextmanager
+def as_a_job(cfg: DictConfig, multirun: bool, num: int) -> Iterator[None]:
+    """Inside, ``${hydra:...}`` in ``cfg`` reads what Hydra's run_job gives job ``num`` (its
+    mode, number and output directory), and no ``${unique_dir:...}`` is claimed (Hydra claims
+    it when the job starts): the checks above see the values the job will."""
+    hydra_config = HydraConfig.instance()
+    before = hydra_config.cfg
+    with unclaimed(), open_dict(cfg.hydra):
+        cfg.hydra.mode = RunMode.MULTIRUN if multirun else RunMode.RUN
+        if multirun:  # a single run has neither, as in Hydra
+            cfg.hydra.job.id = cfg.hydra.job.num = num
+        hydra_config.set_config(cfg)  # the output directory's interpolations read the mode
+        directories = cfg.hydra.sweep
+        output_dir = Path(directories.dir, directories.subdir) if multirun else cfg.hydra.run.dir
+        with read_write(cfg.hydra):
+            cfg.hydra.runtime.output_dir = str(Path(output_dir).absolute())
+        hydra_config.set_config(cfg)
+        try:
+            yield
+        finally:
+            hydra_config.cfg = before
+
+
+def check_marked_required(cfg: DictConfig) -> None:
+    """A key that a file of ``cfg``'s composition marks ``???`` must be set by another file or
+    the command line: OmegaConf's merge keeps a schema's default under ``???``, so Hydra would
+    run with that default. A PosbenchError naming the first such key."""
+    files = [config_dir() / "config.yaml"]
+    files += [config_dir() / f"{group}/{option}.yaml" for group, option in choices(cfg)]
+    marked, given = set(), set()
+    for path in files:
+        for key, value in file_keys(path).items():
+            (marked if value == "???" else given).add(key)
+    given |= {o.key_or_group for o in parse_overrides(cfg.hydra.overrides.task)}
+    unset = sorted(marked - given)
+    if unset:
+        raise PosbenchError(f"{unset[0]} must be set ({unset[0]}=...)")
+
+
+def choices(cfg: DictConfig) -> list[tuple[str, str]]:
+    """The group options ``cfg`` was composed from, Hydra's own groups left out."""
+    chosen = cfg.hydra.runtime.choices.items()
+    return [(g, o) for g, o in chosen if o is not None and not g.startswith("hydra/")]
+
+
+def file_keys(path: Path) -> dict[str, Any]:
+    """The keys a conf/ file sets, as the composed config names them (under its package: the
+    group, or the top for ``# @package _global_``), values as written (``???`` unresolved)."""
+    if not path.is_file():  # a schema: structured, not a file
+        return {}
+    text = path.read_text()
+    package = re.match(r"# @package (\S+)", text)
+    prefix = path.parent.relative_to(config_dir()).as_posix().replace("/", ".")
+    if package is not None:
+        prefix = "" if package[1] == "_global_" else package[1]
+    keys = flat_config(OmegaConf.create(text), resolve=False).items()
+    return {f"{prefix}.{k}".lstrip("."): v for k, v in keys if k.split(".")[0] != "defaults"}
+
+
+def resolve_job_keys(cfg: DictConfig) -> None:
+    """Resolve every interpolation of ``cfg`` outside its hydra node, as the job will read it:
+    an InterpolationResolutionError for the first that does not resolve."""
+    for key in [key for key in cfg if key != "hydra"]:  # in the config's order
+        value = cfg[key]  # a leaf resolves here, a section's keys below
+        if isinstance(value, DictConfig):
+            OmegaConf.to_container(value, resolve=True)
+
+
+def unresolved_line(cfg: DictConfig, err: InterpolationResolutionError, multirun: bool) -> str:
+    """One line for a key whose interpolation does not resolve as its job would resolve it."""
+    parent, _, name = err.full_key.rpartition(".")
+    written = (OmegaConf.select(cfg, parent) if parent else cfg)._get_node(name)._value()
+    reason = re.sub(r"^While dereferencing interpolation '[^']*': ", "", str(err).splitlines()[0])
+    sweep_only = not multirun and re.search(r"\$\{hydra:job\.(num|id)\}", str(written))
+    hint = "; hydra.job.num and hydra.job.id are set in a sweep's jobs only: add -m"
+    return f"{err.full_key}={written} does not resolve as its job would ({reason})" + (
+        hint if sweep_only else ""
+    )
 
 
 def check_not_a_sweep(cfg: DictConfig, overrides: Sequence[str]) -> None:

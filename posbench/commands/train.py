@@ -25,6 +25,7 @@ from posbench.commands.overrides import (
     check_overrides,
     compose_or_fail,
     flag_overrides,
+    force_added_in_sweeps,
     group_options,
 )
 from posbench.config import config_dir
@@ -237,6 +238,9 @@ def run_train(args: Sequence[str]) -> None:
     informational = parsed.hydra_help or parsed.cfg or parsed.info
     if not informational and not parsed.shell_completion:
         check_overrides(parsed.overrides, parsed.multirun)
+        if parsed.multirun:
+            forced = force_added_in_sweeps(parsed.overrides)
+            args = [forced.get(arg, arg) for arg in args]
         if not parsed.multirun and not resuming:
             check_run_dir_holds_this_run(parsed.overrides)
         if distributed.launch() is not None:  # torchrun

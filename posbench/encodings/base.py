@@ -111,6 +111,9 @@ class PositionalEncoding(nn.Module):
 
     Config: type[EncodingConfig] = EncodingConfig
     bidirectional: bool = False  # has a two-sided form (model.causal=false): see above
+    # queries_and_keys' q and k are this many head dims wide (PoPE's polar vectors: 2); the
+    # memory estimate counts it (posbench/model/attention/scratch.py)
+    query_key_width: int = 1
 
     def __init__(self, config: EncodingConfig, d_model: int, n_head: int) -> None:
         super().__init__()

@@ -54,6 +54,7 @@ class PolarPositionalEncoding(PositionalEncoding):
     Config = PopeConfig
     # The logit is a function of i - j of either sign: two-sided by nature, as RoPE.
     bidirectional = True
+    query_key_width = 2  # the polar vectors (mu cos, mu sin)
 
     def __init__(self, config: PopeConfig, d_model: int, n_head: int) -> None:
         super().__init__(config, d_model, n_head)

@@ -36,7 +36,13 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from posbench.errors import PosbenchError
-from posbench.evaluation.perplexity import TOKENS_PER_BATCH, beyond_max_length, windows
+from posbench.evaluation.memory import inference_memory_bytes
+from posbench.evaluation.perplexity import (
+    TOKENS_PER_BATCH,
+    beyond_max_length,
+    count_windows,
+    windows,
+)
 from posbench.model import Transformer
 
 LONGPPL_ALPHA = 2.0  # the paper's thresholds, in nats
@@ -80,6 +86,21 @@ class KeyTokens:
         for index, (start, first) in enumerate(spans):
             short[:, start + first : start + n] = log_probs[:, index, first:]
         return short
+
+    def memory_bytes(self, batch_size: int, length: int) -> int:
+        """An upper estimate of the memory selecting the key tokens of ``batch_size`` windows of
+        ``length`` tokens adds (the run's own pass has ended): the evaluator's pass over the
+        whole windows, or its passes over the short windows together with those windows
+        (int64 tokens) and their log-probabilities, beside the whole windows' (B, T)."""
+        n = self.short_length
+        if length <= n:  # no key token: no pass
+            return 0
+        whole = inference_memory_bytes(self.evaluator, batch_size, length)
+        n_short = batch_size * count_windows(length + 1, n, self.short_stride)
+        per_pass = min(n_short, max(1, TOKENS_PER_BATCH // n))
+        short = inference_memory_bytes(self.evaluator, per_pass, n)
+        short += n_short * ((n + 1) * 8 + n * 4) + 2 * batch_size * length * 4
+        return max(whole, short)
 
     @torch.inference_mode()
     def __call__(self, rows: torch.Tensor) -> torch.Tensor:

@@ -7,11 +7,17 @@ from __future__ import annotations
 
 import logging
 import re
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
-from posbench.model.attention import attention_scratch_elements, bidirectional, variants
+from posbench.model.attention import (
+    attention_scratch_elements,
+    bidirectional,
+    variants,
+    wide_query_key_elements,
+)
 from posbench.model.loss import chunked_loss
 from posbench.model.model import Transformer, unique
 
@@ -47,8 +53,9 @@ def inference_memory_bytes(
     per token; 3*C where ``next_token_nll`` takes them a chunk at a time, whose chunks of
     logits hold at most as many elements as its input), and what attention with the
     encoding's score bias holds besides
-    (posbench.model.attention.attention_scratch_elements, for the layer whose encoding holds the
-    most).
+    (posbench.model.attention.attention_scratch_elements) and what queries and keys wider than
+    the values add (wide_query_key_elements: PoPE, a remap), for the layer whose encoding holds
+    the most.
     """
     a = model.args
     tokens = batch_size * length
@@ -65,6 +72,7 @@ def inference_memory_bytes(
 
     elements += max(
         scratch(encoding, batch_size, length, consecutive, device)
+        + wide_query_key_elements(encoding, tokens)
         for encoding in unique(model.layer_encodings)
     )
     if a.attn_gate != "none":  # the gate's (B, T, C) beside the attention output
@@ -78,15 +86,23 @@ def fitting_batch_size(
     batch_size: int,
     device: torch.device,
     consecutive: bool = True,
+    then: Callable[[int, int], int] | None = None,
 ) -> tuple[int, str | None]:
     """The largest batch, at most ``batch_size``, whose forward pass at ``length`` (at
     ``consecutive`` positions, or one row of positions per window) fits in the memory available
-    now, and ``None``; or ``(0, reason)`` when not even one window fits."""
+    now, and ``None``; or ``(0, reason)`` when not even one window fits. ``then(batch, length)``:
+    the bytes of what runs after each forward pass, once its memory is free (LongPPL's
+    evaluator: KeyTokens.memory_bytes)."""
     available = available_memory(device)
     if available is None:
         return batch_size, None
+
+    def needed(batch: int) -> int:
+        own = inference_memory_bytes(model, batch, length, consecutive)
+        return own if then is None else max(own, then(batch, length))
+
     for batch in range(batch_size, 0, -1):
-        if inference_memory_bytes(model, batch, length, consecutive) <= available:
+        if needed(batch) <= available:
             if batch < batch_size:
                 log.warning(
                     "length %d: batch size %d -> %d to fit the %.1f GB available",
@@ -96,9 +112,8 @@ def fitting_batch_size(
                     available / 1e9,
                 )
             return batch, None
-    needed = inference_memory_bytes(model, 1, length, consecutive)
     return 0, (
-        f"one window of {length} tokens needs about {needed / 1e9:.1f} GB and only "
+        f"one window of {length} tokens needs about {needed(1) / 1e9:.1f} GB and only "
         f"{available / 1e9:.1f} GB is available on {device.type}; evaluate a shorter length "
         "or free memory"
     )

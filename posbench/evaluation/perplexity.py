@@ -41,9 +41,10 @@ positions are only the window's last ``stride``.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator, Sequence
+import sys
+from collections.abc import Iterator, Sequence
 from itertools import islice, pairwise
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from tqdm.auto import tqdm
@@ -61,8 +62,15 @@ BUCKETS_PER_OCTAVE = 4  # equal position buckets in each doubling beyond it (few
 MAX_POSITION_BUCKETS = 64
 
 
-# LongPPL's key tokens of a batch of windows: rows (B, T + 1) -> (B, T) bool (longppl.KeyTokens)
-KeySelection = Callable[[torch.Tensor], torch.Tensor]
+class KeySelection(Protocol):
+    """LongPPL's key tokens of a batch of windows (longppl.KeyTokens)."""
+
+    def __call__(self, rows: torch.Tensor) -> torch.Tensor:
+        """Rows (B, T + 1) of windows' inputs and their next tokens -> (B, T) bool."""
+
+    def memory_bytes(self, batch_size: int, length: int) -> int:
+        """The memory selecting them adds for ``batch_size`` windows of ``length`` tokens, after
+        the run's own forward pass (which has ended by then)."""
 
 
 def position_buckets(length: int, train_seq_len: int) -> list[tuple[int, int]]:
@@ -241,6 +249,7 @@ def evaluate_length(
             batch_size,
             device,
             consecutive=positions is None or positions.consecutive,
+            then=None if key_tokens is None else key_tokens.memory_bytes,
         )
     if reason is not None:
         return {
@@ -285,16 +294,17 @@ def evaluate_length(
     extra: dict[str, Any] = {}
     if key_tokens is not None:
         key_nll, n_key = key.tolist()
-        extra = {"longppl": math.exp(key_nll / n_key) if n_key else None, "key_tokens": int(n_key)}
+        longppl = perplexity(key_nll / n_key) if n_key else None
+        extra = {"longppl": longppl, "key_tokens": int(n_key)}
     if stride is None:
         buckets = loss_by_position(position_nll, position_tokens, train_seq_len or length)
         extra["loss_by_position"] = buckets
     return {
         "length": length,
         "stride": stride,
-        "ppl": math.exp(mean_nll),
+        "ppl": perplexity(mean_nll),
         "bits_per_byte": total_nll / n_bytes / math.log(2),
-        "word_ppl": math.exp(total_nll / n_words) if n_words and has_words else None,
+        "word_ppl": perplexity(total_nll / n_words) if n_words and has_words else None,
         "tokens": scored,
         "bytes": n_bytes,
         "words": n_words if has_words else None,
@@ -306,6 +316,16 @@ def evaluate_length(
         **positions_record(positions, n_spans),
         **extra,
     }
+
+
+# The largest mean NLL whose exponential is a float: past it a perplexity is infinite.
+MAX_FINITE_NLL = math.log(sys.float_info.max)
+
+
+def perplexity(mean_nll: float) -> float:
+    """exp(``mean_nll``); inf where that overflows a float (a word perplexity over few words:
+    hundreds of nats per word), never an OverflowError."""
+    return math.exp(mean_nll) if mean_nll <= MAX_FINITE_NLL else math.inf
 
 
 def scored_text(

@@ -43,7 +43,12 @@ from posbench.data.baselines import constant_answer_accuracy, prefix_rule_accura
 from posbench.errors import PosbenchError
 from posbench.evaluation.decode import greedy_decode
 from posbench.evaluation.memory import fitting_batch_size
-from posbench.evaluation.perplexity import TOKENS_PER_BATCH, beyond_max_length, unsupported
+from posbench.evaluation.perplexity import (
+    TOKENS_PER_BATCH,
+    beyond_max_length,
+    perplexity,
+    unsupported,
+)
 from posbench.evaluation.positions import RandomPositions, positions_record
 from posbench.model import Transformer
 from posbench.model.random_positions import PositionDraw, row_lengths
@@ -160,7 +165,7 @@ def evaluate_task_length(
         "length": length,
         "window": window,
         "stride": None,
-        "ppl": math.exp(mean_nll),
+        "ppl": perplexity(mean_nll),
         "bits_per_byte": mean_nll / math.log(2),
         "word_ppl": None,  # answers are a few bytes, not text
         "tokens": answer_tokens.sum().item(),

@@ -74,11 +74,16 @@ def configured_remap(
         return None
     if method == "self_extend":
         settings = {**vars(SelfExtendSettings()), **(self_extend or {})}
-        window = settings["window"] or max(1, seq_len // 4)
+        window = or_default(settings["window"], max(1, seq_len // 4))
         return PositionRemap(method, window, group=settings["group"])
     settings = {**vars(StringSettings()), **(string or {})}
-    shift = settings["shift"] or max(2, seq_len // 3)
-    return PositionRemap(method, settings["window"] or max(1, seq_len // 16), shift=shift)
+    shift = or_default(settings["shift"], max(2, seq_len // 3))
+    return PositionRemap(method, or_default(settings["window"], max(1, seq_len // 16)), shift=shift)
+
+
+def or_default(setting: int | None, default: int) -> int:
+    """``setting``, or ``default`` where it is null: a 0 is a 0 (refused), not the default."""
+    return default if setting is None else setting
 
 
 @dataclass(frozen=True)
@@ -165,6 +170,7 @@ class RemappedRotations(PositionalEncoding):
         self.inner = inner
         self.remap = remap
         self.two_part_window = remap.near
+        self.query_key_width = 2 * inner.query_key_width  # [near | far]
 
     def queries_and_keys(
         self, q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor

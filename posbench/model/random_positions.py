@@ -205,7 +205,7 @@ def pose_sampler(
             "train.positions=pose draws skip-wise positions and train.random_positions random "
             "ones: choose one (set train.random_positions=null or train.positions=consecutive)"
         )
-    target = target or 16 * seq_len
+    target = 16 * seq_len if target is None else target  # 0 is refused below, not the default
     if target < seq_len:
         raise PosbenchError(
             f"train.pose_length ({target}) must be >= train.seq_len ({seq_len}): the target "

@@ -48,6 +48,7 @@ from posbench.runs.results import (
     DEFAULT_EFFECTIVE_THRESHOLD,
     decode_mode,
     effective_length,
+    one_per_measurement,
     positions_mode,
     record_score,
     scaling_name,
@@ -237,7 +238,7 @@ def build_group(
     table: dict[tuple, dict[int, list[tuple[Run, dict]]]] = defaultdict(lambda: defaultdict(list))
     row_runs: dict[tuple, list[Path]] = defaultdict(list)
     for run in runs:
-        for record in run.results["eval"]:
+        for record in one_per_measurement(run.results["eval"], longppl=metric == "longppl"):
             key = (
                 labels[run.path],
                 scaling_name(record),

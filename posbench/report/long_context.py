@@ -39,7 +39,9 @@ def effective_table(report: Report, group: Group, row_name: Callable[[Row], str]
         stat = row.effective
         texts = ["–", "–"]
         if stat.mean is not None:
-            texts = [tokens_text(stat), stat_text(Stat.of([n / S for n in stat.values]))]
+            over = "" if stat.n == len(row.runs) else f" (n={stat.n})"  # as the other cells
+            ratio = stat_text(Stat.of([n / S for n in stat.values]))
+            texts = [tokens_text(stat) + over, ratio + over]
         cells = [row_name(row), str(len(row.runs)), row.effective_metric, *texts]
         lines.append("| " + " | ".join(cells) + " |")
     return lines

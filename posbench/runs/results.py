@@ -167,14 +167,28 @@ def training_length_ppl(
     }
 
 
-def record_key(record: dict[str, Any]) -> tuple:
+def record_key(record: Mapping[str, Any]) -> tuple:
     """What identifies one measurement: the same key measured again replaces the old record.
     Its length, protocol and the factor used, so the same method at different factors is kept
     side by side; but a fitted temperature's beta (``scaling`` "temperature") follows its fit,
-    so a fit made again (``posbench eval --temperature fit``) replaces the record."""
+    so a fit made again (``posbench eval --temperature fit``) replaces the record. And LongPPL's
+    evaluator: a LongPPL record and a plain one (or one of another evaluator) stand side by
+    side, their perplexities alike (readers take one per measurement: one_per_measurement)."""
     fitted = scaling_method(record) == "temperature"
     factor = None if fitted else record.get("scaling_factor")
-    return (record["length"], *eval_protocol(record), factor)
+    return (record["length"], *eval_protocol(record), factor, record.get("longppl_evaluator"))
+
+
+def one_per_measurement(
+    records: Iterable[Mapping[str, Any]], longppl: bool = False
+) -> list[Mapping[str, Any]]:
+    """``records`` (one run's) with one record of each measurement (``record_key`` but the
+    evaluator): the plain record, else the first LongPPL one; with ``longppl``, the first
+    LongPPL record, else the plain one. Averaging both would count the run twice."""
+    chosen: dict[tuple, Mapping[str, Any]] = {}
+    for record in sorted(records, key=lambda r: (record_key(r)[-1] is None) == longppl):
+        chosen.setdefault(record_key(record)[:-1], record)
+    return list(chosen.values())
 
 
 def merge_eval_records(results: dict[str, Any], records: Iterable[dict[str, Any]]) -> dict:
@@ -185,9 +199,9 @@ def merge_eval_records(results: dict[str, Any], records: Iterable[dict[str, Any]
     kept = [r for r in results.get("eval", []) if record_key(r) not in new]
 
     def order(record: dict[str, Any]) -> tuple:
-        length, stride, scaling, setting, positions, _ = record_key(record)
+        length, stride, scaling, setting, positions, _, evaluator = record_key(record)
         plain = (length, stride or 0, scaling != "none", scaling, setting is not None)
-        return (*plain, setting or 0, positions)
+        return (*plain, setting or 0, positions, evaluator or "")
 
     merged = sorted([*kept, *new.values()], key=order)
     return {**results, "eval": merged}

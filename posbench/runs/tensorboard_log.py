@@ -45,6 +45,7 @@ from posbench.runs.results import (
     as_trained,
     effective_context_lengths,
     headline_accuracy,
+    one_per_measurement,
     scaling_method,
     scaling_setting,
 )
@@ -81,6 +82,7 @@ def trained_lengths(cfg: DictConfig) -> TrainedLengths:
 # timestamped ones SummaryWriter makes (digits < letters), so a resumed run's purge of later
 # training steps (a SessionLog START) never drops evaluation points, whose step is a length.
 EVAL_EVENTS_FILE = "events.out.tfevents.eval"
+HPARAM_PREFIX = "hparam/"  # the HParams tab's metrics, as scalars of these tags
 
 
 def series_name(record: Mapping[str, Any]) -> str:
@@ -118,6 +120,7 @@ def length_points(records: Sequence[Mapping[str, Any]]) -> list[Point]:
     the model's own answer), ``eval/sequence_accuracy`` and ``eval/teacher_forced_accuracy`` (an
     algorithmic task's at x = problem length)."""
     points = []
+    chosen = [id(r) for r in one_per_measurement(records)]
     for record in records:
         if record["status"] != "ok":
             continue
@@ -127,6 +130,8 @@ def length_points(records: Sequence[Mapping[str, Any]]) -> list[Point]:
         }
         values["accuracy"] = headline_accuracy(record)
         values["teacher_forced_accuracy"] = record.get("teacher_forced_accuracy")
+        if id(record) not in chosen:  # LongPPL's beside a plain record: its own point only
+            values = {"longppl": values["longppl"]}
         for metric, value in values.items():
             if value is not None:  # word_ppl: text only; accuracy: tasks only
                 points.append(Point(eval_tag(metric, record), record["length"], value))
@@ -184,6 +189,12 @@ def log_eval_records(
         writer.add_scalar(point.tag, point.value, global_step=point.x)
     for tag, length in effective_length_scalars(records, trained).items():
         writer.add_scalar(tag, length, global_step=0)
+    if not trained.problem_lengths:
+        # The HParams metric too: this file sorts after the one log_hparams wrote as the run
+        # trained, so a re-evaluation's value is the one TensorBoard reads.
+        effective = trained_effective_length(effective_context_lengths(records, trained.lo))
+        if effective is not None:
+            writer.add_scalar(HPARAM_PREFIX + "effective_context_length", effective, 0)
     figure = eval_figure(records, trained)
     if figure is not None:
         writer.add_figure(*figure)
@@ -263,7 +274,8 @@ def log_hparams(
 ) -> None:
     """Record the run's hyperparameters and headline metrics for the HParams tab, in the
     run's own directory (run_name ".") so each run is one row."""
-    writer.add_hparams(dict(hparams), {f"hparam/{k}": v for k, v in metrics.items()}, run_name=".")
+    metrics = {HPARAM_PREFIX + k: v for k, v in metrics.items()}
+    writer.add_hparams(dict(hparams), metrics, run_name=".")
     writer.flush()
 
 
@@ -297,14 +309,21 @@ def hparam_value(value: Any) -> Any:
     return value
 
 
+def trained_effective_length(entries: Sequence[Mapping[str, Any]]) -> int | None:
+    """The effective context length of the records measured as the run was trained, of
+    results.json's ``effective_context_length`` ``entries`` (None: not measured)."""
+    lengths = [e["length"] for e in entries if as_trained(e) and e["length"] is not None]
+    return lengths[-1] if lengths else None
+
+
 def headline_metrics(results: Mapping[str, Any]) -> dict[str, float]:
     """The numbers the HParams tab shows beside a run's knobs: its training summary's, and its
     perplexity (a task's accuracy, too) at each evaluated length; an algorithmic task's
     length_generalization summaries; the effective context length measured as it trained."""
     metrics = {"final_loss": results["train"]["final_loss"], "val_ppl": results["train"]["val_ppl"]}
-    for entry in results.get("effective_context_length", []):
-        if as_trained(entry) and entry["length"] is not None:
-            metrics["effective_context_length"] = entry["length"]
+    effective = trained_effective_length(results.get("effective_context_length", []))
+    if effective is not None:
+        metrics["effective_context_length"] = effective
     for record in results["eval"]:
         if record["status"] == "ok":
             metrics[f"ppl_at_{record['length']}"] = record["ppl"]

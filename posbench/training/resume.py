@@ -14,7 +14,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from posbench.config import flat_config
+from posbench.config import flat_config, with_steps_share
 from posbench.errors import PosbenchError
 from posbench.runs.directory import CHECKPOINT_FILE, CONFIG_FILE, saved_config
 from posbench.runs.results import read_results
@@ -87,7 +87,8 @@ def check_same_run(cfg: DictConfig, run_dir: Path) -> None:
     if not (run_dir / CONFIG_FILE).is_file():
         return
     # Its config.yaml as written: saved_config would name the run's tokenizer.json instead.
-    changed = changed_keys(OmegaConf.load(run_dir / CONFIG_FILE), fine_tune_config(cfg))
+    composed = fine_tune_config(with_steps_share(cfg))
+    changed = changed_keys(OmegaConf.load(run_dir / CONFIG_FILE), composed)
     if changed:
         shown = ", ".join(f"{key} ({before}, not {after})" for key, before, after in changed[:3])
         more = f" and {len(changed) - 3} more" if len(changed) > 3 else ""

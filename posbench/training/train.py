@@ -17,7 +17,14 @@ from typing import Any
 import torch
 from omegaconf import DictConfig
 
-from posbench.config import choice, eval_lengths, position_sampler, resolve_device, validate
+from posbench.config import (
+    choice,
+    eval_lengths,
+    position_sampler,
+    resolve_device,
+    validate,
+    with_steps_share,
+)
 from posbench.data import Corpus, Task, load_data
 from posbench.evaluation.positions import eval_positions, eval_remap
 from posbench.evaluation.run import evaluate_data
@@ -77,7 +84,7 @@ def train_with_threads(
 ) -> dict[str, Any]:
     """``train`` once its threads are set: ``controller`` adapts an ``auto`` count (None: a
     count the user set)."""
-    cfg = fine_tune_config(cfg)
+    cfg = fine_tune_config(with_steps_share(cfg))
     run_dir = Path(run_dir)
     # Rank 0 goes first where it creates what the other ranks read (the directory, the data
     # cache), so that a mistake there is reported once (distributed.rank_zero_first).

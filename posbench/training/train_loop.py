@@ -23,6 +23,7 @@ from tqdm.auto import tqdm
 
 from posbench.data import IGNORE, Corpus, Task
 from posbench.errors import PosbenchError
+from posbench.evaluation.perplexity import perplexity
 from posbench.evaluation.positions import RandomPositions
 from posbench.model import Transformer
 from posbench.model.random_positions import PositionDraw, PositionSampler, row_lengths
@@ -144,7 +145,8 @@ def train_steps(
                 progress.val_loss = validation_loss(
                     model, data, tcfg, precision, settings.val_positions
                 )
-                validation = {"val/loss": progress.val_loss, "val/ppl": math.exp(progress.val_loss)}
+                val_ppl = perplexity(progress.val_loss)
+                validation = {"val/loss": progress.val_loss, "val/ppl": val_ppl}
                 logger.log_scalars(validation, progress.step)
             if checkpointer.due(progress.step) or stopping is not None:
                 logger.flush()  # the logged curves reach at least as far as the checkpoint
@@ -167,7 +169,7 @@ def train_summary(progress: TrainProgress) -> dict[str, Any]:
     return {
         "steps": progress.step,
         "final_loss": sum(progress.recent_losses) / len(progress.recent_losses),
-        "val_ppl": math.exp(progress.val_loss),
+        "val_ppl": perplexity(progress.val_loss),
         "tokens_per_s": progress.tokens_seen / progress.train_time,
         "wall_s": progress.train_time,
         "compile_s": progress.compile_time,

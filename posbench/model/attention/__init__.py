@@ -74,7 +74,7 @@ The modules, each path's own and what they share:
     blocks.py         query blocks: their size, their causal and window masks, joined outputs
     biases.py         QueryBlockBiases: the blocks' biases the layers of a forward pass share
     probabilities.py  the probabilities written out (posbench diagnose, a cached decode)
-    scratch.py        attention_scratch_elements
+    scratch.py        attention_scratch_elements, wide_query_key_elements
     remap.py          remap_attention: eval.position_remap's near and far keys in one softmax
     bidirectional.py  model.causal=false's attention, every token over its whole row
     variants.py       weights other than a plain softmax (model.attn_sinks, model.attention:
@@ -107,7 +107,7 @@ from posbench.model.attention.key_bias import (
 from posbench.model.attention.probabilities import attention_probabilities, query_probabilities
 from posbench.model.attention.relative_bias import relative_bias_attention
 from posbench.model.attention.remap import remap_attention
-from posbench.model.attention.scratch import attention_scratch_elements
+from posbench.model.attention.scratch import attention_scratch_elements, wide_query_key_elements
 from posbench.model.attention.transitions import transition_attention
 from posbench.model.attention.variants import AttentionVariant, variant_attention
 
@@ -121,6 +121,7 @@ __all__ = [  # the entry point, and what the model, memory, diagnose and the dec
     "of_layer",
     "query_probabilities",
     "unbiased_causal_attention",
+    "wide_query_key_elements",
 ]
 
 # The device types on which a bias of the distance alone takes flex_attention_bias (one fused

@@ -21,6 +21,22 @@ from posbench.model.attention.key_bias import fuses_key_bias
 CONTENT_SCRATCH_PER_SCORE = 10
 
 
+def wide_query_key_elements(encoding: PositionalEncoding, tokens: int) -> int:
+    """The elements that queries and keys wider than the values (``query_key_width``: PoPE's
+    polar vectors, a remap's [near | far] halves) add for ``tokens`` tokens of one layer: their
+    extra width, and what attention writes because of it. A remap (remap_attention) writes two
+    fused calls' outputs and log-sum-exps, their merge and join, and copies of the far halves
+    and the values the far call may take contiguous (6*C + 2*H per token); one wide pair
+    (fused_attention) writes the values padded to its width and an output as wide."""
+    extra = encoding.query_key_width - 1
+    if not extra:
+        return 0
+    C, H = encoding.d_model, encoding.n_head
+    remapped = encoding.two_part_window is not None
+    written = 6 * C + 2 * H if remapped else 2 * extra * C
+    return tokens * (2 * extra * C + written)
+
+
 def attention_scratch_elements(
     encoding: PositionalEncoding,
     batch_size: int,
