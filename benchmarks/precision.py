@@ -9,7 +9,9 @@ training step), timed in interleaved rounds after warm-up steps; the ratio to fp
 of the per-round ratios. Variants: fp32; bf16 (train.precision=bf16); bf16-sdpa (plain autocast:
 bf16 with SDPA's attention kernel, the baseline the bf16 attention path replaces); bf16-fused
 (fused AdamW); bf16-compile (train.compile; its compile time is printed apart); any
-"<precision>-compile" or "<precision>-fused" works the same, e.g. fp32-compile. MFU = achieved
+"<precision>-compile" or "<precision>-fused" works the same, e.g. fp32-compile; fp32-mkldnn
+(fp32 with ``torch.backends.mkldnn.matmul.fp32_precision = "bf16"``, PyTorch >= 2.9: oneDNN
+may run fp32 matrix products in bf16, without autocast). MFU = achieved
 model FLOP/s / peak matmul FLOP/s of the same dtype, measured in this process (a 2048^2 matmul):
 model FLOPs per token = 6 N + 12 L d T (PaLM's count: N parameters, L layers, width d, context
 T; the causal half of attention is counted too). Also prints what train.precision=auto picks.
@@ -20,7 +22,7 @@ ALiBi's causal bias as SDPA's float mask ("-mask": in the inputs' dtype for SDPA
 posbench's path, as a bias of the distance takes it).
 
 ``quality``: final validation perplexity of the same seed trained in fp32 and in bf16
-(target: within 2 %).
+(target: within 2 %); ``--mkldnn``: and in fp32-mkldnn.
 
 ``--quick`` checks that a command runs (tiny model, batch 4, two rounds, a few steps, small
 peak products); its numbers mean nothing.
@@ -93,6 +95,17 @@ def sdpa_masked(q, k, v, mask):
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask.to(q.dtype))
 
 
+@contextmanager
+def mkldnn_bf16_matmul(enabled: bool) -> Iterator[None]:
+    """fp32 matrix products that oneDNN may run in bf16 while active (``enabled``)."""
+    before = torch.backends.mkldnn.matmul.fp32_precision
+    torch.backends.mkldnn.matmul.fp32_precision = "bf16" if enabled else before
+    try:
+        yield
+    finally:
+        torch.backends.mkldnn.matmul.fp32_precision = before
+
+
 def training_step(model_name: str, variant: str, seq_len: int, batch: int) -> tuple:
     """(step, compile seconds, model FLOPs per token, precision) of one variant."""
     cfg = compose_config(
@@ -118,7 +131,7 @@ def training_step(model_name: str, variant: str, seq_len: int, batch: int) -> tu
     def step() -> None:
         # bf16-sdpa: the issue's plain autocast, with SDPA's kernel in place of the bf16 path
         swap = swapped_attention() if variant.endswith("sdpa") else nullcontext()
-        with swap:
+        with swap, mkldnn_bf16_matmul(variant.endswith("mkldnn")):
             train_step(stepper, optimizer, data, sampler, next(counter), cfg.train, precision)
 
     m = cfg.model
@@ -205,8 +218,10 @@ def attention(args: argparse.Namespace) -> None:
 def quality(args: argparse.Namespace) -> None:
     print(f"model={args.model} data={args.data} steps={args.steps} seed={args.seed}")
     ppl = {}
+    variants = ("fp32", "bf16", "fp32-mkldnn") if args.mkldnn else ("fp32", "bf16")
     with tempfile.TemporaryDirectory() as scratch:
-        for precision in ("fp32", "bf16"):
+        for variant in variants:
+            precision = variant.split("-")[0]
             overrides = [
                 f"model={args.model}",
                 f"data={args.data}",
@@ -218,10 +233,13 @@ def quality(args: argparse.Namespace) -> None:
                 "eval.lengths=[128]",
                 *args.overrides,
             ]
-            results = train(compose_config(overrides), Path(scratch) / precision)
-            ppl[precision] = results["train"]["val_ppl"]
-            print(f"{precision}: validation ppl {ppl[precision]:.4f}")
-    print(f"bf16 / fp32: {ppl['bf16'] / ppl['fp32']:.4f} (target within 2 %: 0.98-1.02)")
+            with mkldnn_bf16_matmul(variant.endswith("mkldnn")):
+                results = train(compose_config(overrides), Path(scratch) / variant)
+            ppl[variant] = results["train"]["val_ppl"]
+            print(f"{variant}: validation ppl {ppl[variant]:.4f}")
+    for variant in variants[1:]:
+        ratio = ppl[variant] / ppl["fp32"]
+        print(f"{variant} / fp32: {ratio:.4f} (target within 2 %: 0.98-1.02)")
 
 
 def main() -> None:
@@ -238,6 +256,7 @@ def main() -> None:
     parser.add_argument("--data", default="synthetic", help="quality: the corpus")
     parser.add_argument("--steps", type=int, default=300, help="quality: training steps")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--mkldnn", action="store_true", help="quality: fp32-mkldnn too")
     parser.add_argument("--quick", action="store_true", help="check that it runs")
     parser.add_argument("overrides", nargs="*", help="quality: more posbench overrides")
     args = parser.parse_args()

@@ -520,6 +520,27 @@ def test_the_layers_of_a_forward_pass_share_the_biases_of_its_query_blocks(
     assert len(calls) == 7 + (7 - kept_blocks) and SMALL.n_layer == 2
 
 
+def test_the_kept_biases_are_written_into_storage_that_the_next_forward_pass_reuses(
+    monkeypatch,
+):
+    # Fresh storage each pass had its pages zeroed by the operating system again.
+    monkeypatch.setattr(posbench.model.attention.blocks, "QUERY_BLOCK", 16)
+    model, tokens = small_model("kerple"), torch.randint(0, 256, (2, 100))
+    monkeypatch.setattr(type(model.encoding), "consecutive_bias", lambda self, positions: None)
+    pointers, score_bias = [], model.encoding.score_bias
+
+    def recording(query_positions, key_positions, out=None):
+        pointers.append(None if out is None else out.untyped_storage().data_ptr())
+        return score_bias(query_positions, key_positions, out=out)
+
+    monkeypatch.setattr(model.encoding, "score_bias", recording)
+    with torch.no_grad():
+        first, second = model(tokens), model(tokens)
+    assert torch.equal(first, second)
+    assert len(pointers) == 14 and None not in pointers  # 7 blocks each pass, all kept
+    assert len(set(pointers)) == 1 and pointers[:7] == pointers[7:]  # one storage, reused
+
+
 def block_masks(mask: torch.Tensor, starts: list[int]) -> list[torch.Tensor]:
     """The masks of the blocks of queries from each of ``starts`` (the first 0) of a whole
     (.., T, T) ``mask``: queries [s, e), keys [0, e)."""

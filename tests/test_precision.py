@@ -65,12 +65,14 @@ def test_auto_picks_bf16_on_a_bf16_cpu_from_the_measured_width_on(monkeypatch, h
     assert resolve_precision("auto", CPU, width // 2) == "fp32"
 
 
-def test_auto_keeps_the_default_tiny_model_fp32_on_amx_where_bf16_was_measured_slower(
-    monkeypatch,
+@pytest.mark.parametrize("flags", [{"amx_bf16": True}, {"amx_bf16": False}])
+def test_auto_trains_the_default_tiny_model_in_bf16_on_a_bf16_cpu_where_it_was_measured_faster(
+    monkeypatch, flags
 ):
-    fake_cpu(monkeypatch, amx_bf16=True, avx512_bf16=True)
+    # issue 57: 1.62x fp32 at tiny on AMX; 1.57x on AVX512-BF16 (benchmarks/README.md)
+    fake_cpu(monkeypatch, avx512_bf16=True, **flags)
     tiny = compose_config().model.d_model
-    assert resolve_precision("auto", CPU, tiny) == "fp32"
+    assert resolve_precision("auto", CPU, tiny) == "bf16"
 
 
 def test_auto_picks_fp32_on_a_cpu_without_bf16_units_at_any_size(monkeypatch):

@@ -22,8 +22,8 @@ Which path runs when (T tokens, H heads, blocks of n queries):
       consecutive positions (consecutive_bias)  (CUDA) without dropout, else
                                               relative_bias_attention
     any other bias (of both positions, or     blocked_bias_attention; in evaluation on a CPU
-      at positions with gaps, or of the         without a window its blocks after the first
-      content: CoPE, FoX where the row above    take past_and_diagonal_attention
+      at positions with gaps, or of the         without a window its blocks take
+      content: CoPE, FoX where the row above    past_and_diagonal_attention
       does not take it), or a window
     a bias that needs a gradient (a learned   explicit_attention,
       one, in training)                         from either of the two paths above
@@ -51,7 +51,7 @@ gigabytes at evaluation lengths: 4 GiB for 4 heads at 16,384 tokens):
   the causal mask (and the window's) folded in; in evaluation the layers share the blocks'
   biases of positions (QueryBlockBiases). One block's bias and scores (at most
   MAX_SCORE_ELEMENTS) and the shared biases (SHARED_BIAS_ELEMENTS);
-  past_and_diagonal_attention spares the masked copy of all but the diagonal square. With a
+  past_and_diagonal_attention spares the masked copy (the kernel masks the diagonal). With a
   window of w tokens a block of n queries sees at most n + w - 1 keys: time and memory linear
   in T.
 * explicit_attention: SDPA's fused CPU kernel gives no gradient for its mask; blocks of at most
