@@ -129,7 +129,7 @@ class DapeBias(torch.autograd.Function):
         outputs = []
         with torch.autocast(q.device.type, enabled=False):
             for piece, bias in zip(pieces, biases, strict=True):
-                net = Network(w_up, b_up, w_down, piece)
+                net = Network(w_up, b_up, w_down, piece, q.shape[-1])
                 outputs.append(net.forward(q, k, bias).add_(b_down[:, None, None]))
         return tuple(outputs)
 
@@ -144,7 +144,7 @@ class DapeBias(torch.autograd.Function):
             for piece, bias, grad, needs_grad in zip(
                 ctx.pieces, biases, grads, ctx.needs_input_grad[7:], strict=True
             ):
-                net = Network(w_up, b_up, w_down, piece)
+                net = Network(w_up, b_up, w_down, piece, q.shape[-1])
                 parts = net.backward(q, k, bias, grad.to(q.dtype), dq, dk, needs_grad)
                 for total, part in zip(sums, parts[:3], strict=True):
                     total += part
@@ -163,11 +163,19 @@ class Network:
     as matrices (``matrices``), the logits of a chunk's queries and keys, its hidden layer."""
 
     def __init__(
-        self, w_up: torch.Tensor, b_up: torch.Tensor, w_down: torch.Tensor, piece: Piece
+        self,
+        w_up: torch.Tensor,
+        b_up: torch.Tensor,
+        w_down: torch.Tensor,
+        piece: Piece,
+        head_dim: int,
     ) -> None:
         self.kernel = w_up.shape[-1]
         self.half = self.kernel // 2
         self.w_z, self.w_b, self.w_d = matrices(w_up, w_down, w_down.shape[0])
+        # The logits' 1 / sqrt(d) in their matrix: its taps are those of q k^T.
+        self.scale = 1 / math.sqrt(head_dim)
+        self.w_z = self.w_z * self.scale
         self.b_up = b_up[:, None]  # (width, 1)
         self.piece = piece
         self.n, self.m = piece.hidden.shape  # queries, keys read
@@ -220,7 +228,7 @@ class Network:
             )  # (c, width, n * w)
             # (c, kH, n * w) by (c, n * w, width): 2.5x as fast as the product the other way
             d_wz += torch.bmm(z_taps, dh.transpose(1, 2)).sum(0).t()
-            dz = self.features_grad(self.w_z, dh).mul_(self.scale(q))  # (c, H, n, M)
+            dz = self.features_grad(self.w_z, dh)  # (c, H, n, M), of q k^T
             dq[s, :, piece.queries] += torch.matmul(dz, k[s, :, piece.keys])
             dk[s, :, piece.keys] += torch.matmul(dz.transpose(-1, -2), q[s, :, piece.queries])
             if shared:
@@ -242,10 +250,6 @@ class Network:
         size = max(1, CHUNK_PAIRS // (self.n * self.w))
         return [slice(s, min(s + size, batch)) for s in range(0, batch, size)]
 
-    @staticmethod
-    def scale(q: torch.Tensor) -> float:
-        return 1 / math.sqrt(q.shape[-1])  # of the logits
-
     def bias_taps(self, bias: torch.Tensor) -> torch.Tensor:
         """The masked bias's taps, ([B|1], kH, n * w)."""
         masked = bias.masked_fill(self.piece.hidden, 0)
@@ -261,8 +265,8 @@ class Network:
         """The masked logits' taps (c, kH, n * w) and the hidden layer after the LeakyReLU
         (c, width, n * w) of the piece's queries and keys in the ``chunk`` of sequences."""
         piece = self.piece
-        queries = q[chunk, :, piece.queries] * self.scale(q)  # (c, H, n, d)
-        z = torch.matmul(queries, k[chunk, :, piece.keys].transpose(-1, -2))  # (c, H, n, M)
+        # q k^T: its 1 / sqrt(d) is in w_z
+        z = torch.matmul(q[chunk, :, piece.queries], k[chunk, :, piece.keys].transpose(-1, -2))
         right = self.half + piece.beyond
         z_taps = taps(z.masked_fill_(piece.hidden, 0), self.kernel, self.half, right)
         c = z.shape[0]
@@ -282,6 +286,7 @@ class Network:
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The gradients of w_up, b_up and w_down in their shapes from those of ``matrices``."""
         width = d_wz.shape[0]
+        d_wz = d_wz * self.scale  # of the weights before the logits' scale
         up = torch.cat((d_wz.view(width, self.kernel, -1), d_wb.view(width, self.kernel, -1)), 2)
         down = d_wd.view(self.kernel, -1, width).flip(0).permute(1, 2, 0)
         return up.permute(0, 2, 1).unsqueeze(2), d_bup, down.unsqueeze(2)
