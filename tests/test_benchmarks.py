@@ -27,7 +27,7 @@ RUNS = [
     ),
     ("throughput.py --rounds 1 --length 256 --batch 2 --seq-len 32 --longppl", "/ plain"),
     ("throughput.py --rounds 1 --length 256 --batch 2 --seq-len 32 --precision bf16", "(bf16)"),
-    ("long_eval_memory.py --length 256 --threads 1 --encodings none alibi,dape=true", "none"),
+    ("long_eval_memory.py --length 256 --threads 1 --encodings none fire,dape=true", "none"),
     ("diagnose_memory.py --length 256 --threads 1 --encodings none fire", "none"),
     ("tokenizer.py encode --quick", "encode_split"),
     ("tokenizer.py train --quick", "vocabulary 8,192"),
