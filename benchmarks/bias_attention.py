@@ -9,6 +9,7 @@ ratios to NoPE measured in the same process (model: tiny, or --model for train; 
     python benchmarks/bias_attention.py layer [--rounds 60]    # explicit attention's blocks
     python benchmarks/bias_attention.py shared [--lengths 2048] [--fire-switches 32]
     python benchmarks/bias_attention.py eval --quick     # a small, fast check that it runs
+    python benchmarks/bias_attention.py train --clock cpu    # CPU time: a machine shared
 
 Besides the registered encodings, ``fire-switching`` is FIRE with ``--fire-switches`` (default 8)
 of f_theta's 32 switch points inside (0, 1), where an untrained FIRE has none: each costs time
@@ -45,7 +46,7 @@ from types import ModuleType
 from unittest import mock
 
 import torch
-from throughput import median_seconds, trained_encoding
+from throughput import CLOCKS, median_seconds, trained_encoding
 
 from posbench.config import compose_config
 from posbench.encodings import PositionalEncoding, encoding_names
@@ -286,6 +287,12 @@ def main() -> None:
     parser.add_argument(
         "--model", choices=list(MODEL_SIZES), default="tiny", help="train: the models' size"
     )
+    parser.add_argument(
+        "--clock",
+        choices=list(CLOCKS),
+        default="wall",
+        help="train, eval: time steps by the wall clock or the process's CPU time (a shared CPU)",
+    )
     parser.add_argument("--quick", action="store_true", help="small sizes, 1 round")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -293,7 +300,7 @@ def main() -> None:
     if args.quick:
         args.lengths, args.batch, rounds = [512], 4, 1
     models = "models tiny, small, base" if args.figure == "shared" else f"model {args.model}"
-    print(f"threads={args.threads}, rounds={rounds}, {models}")
+    print(f"threads={args.threads}, rounds={rounds}, {models}, clock={args.clock}")
     if args.figure == "eval":
         names = ["none", *args.encodings] if args.encodings else EVAL_ENCODINGS
         for length in args.lengths:
@@ -303,7 +310,7 @@ def main() -> None:
                 )
                 for name in names
             }
-            seconds = median_seconds(steps, rounds)
+            seconds = median_seconds(steps, rounds, args.clock)
             report(f"eval time at {length} tokens (one window)", seconds, EVAL_TARGETS, True)
     elif args.figure == "layer":
         blocks = {"none": None, **{f"t5, blocks of {n}": n for n in (128, 64, 32, 16)}}
@@ -343,7 +350,7 @@ def main() -> None:
             for precision in args.precision
             for name in names
         }
-        seconds = median_seconds(steps, rounds)
+        seconds = median_seconds(steps, rounds, args.clock)
         targets = {**dict.fromkeys(names, TRAIN_TARGET), **TRAIN_TARGETS}
         d_model = ModelArgs(**MODEL_SIZES[args.model]).d_model
         for precision in args.precision:

@@ -33,8 +33,11 @@ MODEL = {"n_layer": 2, "n_head": 4, "d_model": 128, "mlp_ratio": 4, "dropout": 0
 def trained_encoding(encoding: str, seq_len: int, longest: int) -> DictConfig:
     """The encoding's config as `posbench train encoding=<name> train.seq_len=<seq_len>`
     composes it (FIRE's threshold L at seq_len, as a trained model has it), with a learned
-    table of ``longest`` rows, so that it can be evaluated that long."""
+    table of ``longest`` rows, so that it can be evaluated that long. ``encoding`` may carry
+    options after commas: ``alibi,dape=true`` is encoding=alibi encoding.dape=true."""
+    encoding, *options = encoding.split(",")
     overrides = [f"encoding={encoding}", f"train.seq_len={seq_len}"]
+    overrides += [f"encoding.{option}" for option in options]
     if encoding == "learned":
         overrides.append(f"encoding.max_length={longest}")
     return compose_config(overrides).encoding
@@ -75,9 +78,12 @@ def steps_for(
 
 
 def interleaved_seconds(
-    steps: dict[str, Callable[[], None]], rounds: int
+    steps: dict[str, Callable[[], None]],
+    rounds: int,
+    clock: Callable[[], float] = time.perf_counter,
 ) -> dict[str, list[float]]:
-    """Seconds of each step in each of ``rounds`` rounds (one call of every step per round).
+    """Seconds of each step in each of ``rounds`` rounds (one call of every step per round), by
+    ``clock`` (wall time; or time.process_time, CLOCKS's cpu).
 
     Each round starts one step later in the order, so every step runs at every place equally
     often: what runs just before a step changes its time (caches, the allocator's free memory;
@@ -89,17 +95,27 @@ def interleaved_seconds(
     for round_index in range(rounds):
         shift = round_index % len(names)
         for name in names[shift:] + names[:shift]:
-            started = time.perf_counter()
+            started = clock()
             steps[name]()
-            times[name].append(time.perf_counter() - started)
+            times[name].append(clock() - started)
     return times
 
 
-def median_seconds(steps: dict[str, Callable[[], None]], rounds: int) -> dict[str, float]:
-    """Median wall time of each step over ``rounds`` interleaved rounds, after a warm-up round
-    (caches and the allocator)."""
+# The clocks a benchmark can time its steps by: the wall time; or the process's CPU time, which
+# other jobs on a shared machine disturb far less (2 cores at load average 8-10, 2026-12-06:
+# NoPE's training step at 0.19 s of CPU time as on the quiet machine's wall clock, its wall time
+# 0.45-0.50 s, every ratio moving by 0.1 between runs). On a CPU only: a GPU's time is not the
+# process's.
+CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
+
+
+def median_seconds(
+    steps: dict[str, Callable[[], None]], rounds: int, clock: str = "wall"
+) -> dict[str, float]:
+    """Median time of each step (by CLOCKS[``clock``]) over ``rounds`` interleaved rounds, after
+    a warm-up round (caches and the allocator)."""
     interleaved_seconds(steps, 1)
-    times = interleaved_seconds(steps, rounds)
+    times = interleaved_seconds(steps, rounds, CLOCKS[clock])
     return {name: statistics.median(values) for name, values in times.items()}
 
 

@@ -566,6 +566,29 @@ def test_explicit_attention_gives_the_output_and_gradients_of_the_plain_computat
         torch.testing.assert_close(fast, plain, rtol=0, atol=1e-12)
 
 
+@pytest.mark.parametrize("length", [5, 37])  # one block of 8 queries, or 5 blocks
+def test_values_narrower_than_q_and_k_give_the_plain_causal_output_and_gradients(
+    length, monkeypatch
+):
+    # PoPE's q and k are twice v's width: in training written out (narrow_values_attention),
+    # in evaluation SDPA on v padded with zeros.
+    use_query_blocks(8, monkeypatch)
+    q, k, _ = random_qkv(2, 3, length, 8)
+    v = random_qkv(2, 3, length, 4)[2]
+    leaves = [t.requires_grad_() for t in (q, k, v)]
+    mask = causal_bias(torch.zeros(length, length, dtype=F64))
+    out_grad = torch.randn(2, 3, length, 4, dtype=F64)
+    got = outputs_and_gradients(
+        lambda: posbench.model.attention.unbiased_causal_attention(q, k, v), leaves, out_grad
+    )
+    expected = outputs_and_gradients(lambda: plain_attention(q, k, v, mask), leaves, out_grad)
+    for a, b in zip(got, expected, strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-12)
+    with torch.no_grad():
+        evaluated = posbench.model.attention.unbiased_causal_attention(q, k, v)
+    torch.testing.assert_close(evaluated, expected[0], rtol=0, atol=1e-12)
+
+
 def test_compiled_explicit_attention_gives_the_eager_output_and_gradients():
     # train.compile traces ExplicitAttention's forward and backward (an out= argument once made
     # the traced graph view a copy that it had not made).

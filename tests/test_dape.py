@@ -89,6 +89,8 @@ def test_attention_in_training_gives_the_repositorys_output_and_gradients(
     name, kernel, monkeypatch
 ):
     use_query_blocks(8, monkeypatch)
+    # Each block's rows at once, the network one sequence at a time (a chunk of each).
+    monkeypatch.setattr(posbench.encodings.dape_network, "CHUNK_PAIRS", 8 * 39)
     options = {"threshold": 16.0} if name == "fire" else {}  # 37 tokens: past FIRE's L
     encoding = dape(name, kernel, **options)
     q, k, v = (torch.randn(B, H, T, HS, dtype=F64, requires_grad=True) for _ in "qkv")
@@ -112,7 +114,7 @@ def test_attention_in_training_gives_the_repositorys_output_and_gradients(
 
 def test_evaluation_in_query_blocks_gives_the_repositorys_output(monkeypatch):
     use_query_blocks(8, monkeypatch)
-    monkeypatch.setattr(posbench.encodings.dape, "HIDDEN_ELEMENTS", 6 * 37 * B * 3)  # 3 rows
+    monkeypatch.setattr(posbench.encodings.dape_network, "CHUNK_PAIRS", 3 * 39)  # 3 rows
     encoding = dape("alibi")
     q, k, v = (torch.randn(B, H, T, HS, dtype=F64) for _ in "qkv")
     with torch.no_grad():

@@ -22,25 +22,24 @@ Each layer has its own f (the reference builds one per attention layer), so a mo
 gives every layer its own instance of the encoding: KERPLE's and FIRE's parameters become per
 layer too, as the reference's per-layer ``ParallelKerpleLog_DAPE`` and ``FIRE_DAPEV2`` have them.
 The logits f reads are those before ``model.attention_scaling``, the ones a bias from the
-content reads (posbench/model/model.py).
+content reads (posbench/model/model.py). f runs as matrix products with a hand-written backward
+(posbench/encodings/dape_network.py), every block attention asks for in one autograd node
+(``content_biases``), in pieces of rows of queries at long lengths.
 """
 
 from __future__ import annotations
 
-import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import torch
-import torch.nn.functional as F
-from torch import nn
 
+# dape_network.CHUNK_PAIRS as an attribute: set in one place for both modules
+from posbench.encodings import dape_network
 from posbench.encodings.base import EncodingConfig, PositionalEncoding
+from posbench.encodings.dape_network import DapeNetwork, Piece
 from posbench.errors import PosbenchError
-
-# f's hidden layer is dape_width channels per (query, key): at most this many elements at once
-# (64 MiB in float32); a block of queries is computed in rows that fit.
-HIDDEN_ELEMENTS = 2**24
 
 
 @dataclass
@@ -50,24 +49,6 @@ class DapeOptions(EncodingConfig):
     dape: bool = False  # add f([logits; bias]) to the logits (DAPE)
     dape_width: int = 32  # f's hidden channels
     dape_kernel: int = 3  # f's kernel along the keys: 1 (DAPE V1's MLP) or 3 (V2's 1x3) or more
-
-
-class DapeNetwork(nn.Module):
-    """f: logits and bias ([B|1], H, n, m) each -> (B, H, n, m), two convolutions along the keys,
-    2H -> width -> H channels, LeakyReLU between."""
-
-    def __init__(self, n_head: int, width: int, kernel: int) -> None:
-        super().__init__()
-        padding = (0, kernel // 2)  # the same number of keys out as in
-        self.up = nn.Conv2d(2 * n_head, width, (1, kernel), padding=padding)
-        self.down = nn.Conv2d(width, n_head, (1, kernel), padding=padding)
-
-    def forward(self, logits: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
-        features = torch.cat((logits, bias.expand_as(logits).to(logits.dtype)), dim=1)
-        # Channels last: the convolutions' CPU kernels took half the time (measured, 64 queries
-        # over 4,096 keys, 8 -> 32 -> 4 channels, one thread: 0.23 s against 0.43 s).
-        features = features.contiguous(memory_format=torch.channels_last)  # (B, 2H, n, m)
-        return self.down(F.leaky_relu(self.up(features), 0.01))  # (B, H, n, m)
 
 
 class DapeEncoding(PositionalEncoding):
@@ -105,30 +86,48 @@ class DapeEncoding(PositionalEncoding):
         return None if self.dape is None else (q, k, positions)
 
     def content_bias(self, state: Any, queries: slice, keys: slice) -> torch.Tensor:
+        return self.content_biases(state, [(queries, keys)])[0]
+
+    def content_biases(self, state: Any, blocks: list[tuple[slice, slice]]) -> list[torch.Tensor]:
         assert self.dape is not None, "content_bias without DAPE: content_state gave None"
         q, k, positions = state
+        pieces, biases, counts = [], [], []
+        for queries, keys in blocks:
+            block = list(self.pieces(positions, queries, keys, k.shape[2]))
+            pieces += [piece for piece, _ in block]
+            biases += [bias for _, bias in block]
+            counts.append(len(block))
+        outputs = iter(self.dape(q, k, pieces, biases))  # (B, H, r, m) each
+        joined = []
+        for count in counts:
+            parts = [next(outputs) for _ in range(count)]
+            joined.append(parts[0] if count == 1 else torch.cat(parts, dim=2))  # (B, H, n, m)
+        return joined
+
+    def pieces(
+        self, positions: torch.Tensor, queries: slice, keys: slice, length: int
+    ) -> Iterator[tuple[Piece, torch.Tensor]]:
+        """The pieces of a block of ``queries`` over ``keys`` (of a sequence of ``length``
+        tokens at ``positions``), rows of queries, and the bias of positions each reads,
+        ([B|1], H, r, M)."""
+        assert self.dape is not None
         # f's output at a key reads the hidden layer `half` keys away, which reads the features
         # `half` keys further: the block's keys are widened by `half` on each side, those past
         # the sequence's last key zeros (the features past each query's diagonal are anyway).
         half = self.dape.up.kernel_size[1] // 2
-        wide = slice(max(0, keys.start - half), min(k.shape[2], keys.stop + half))
+        wide = slice(max(0, keys.start - half), min(length, keys.stop + half))
         beyond = keys.stop + half - wide.stop  # zero keys past the sequence's last
-        m, offset = keys.stop - keys.start, keys.start - wide.start
-        rows = max(1, HIDDEN_ELEMENTS // (q.shape[0] * self.dape.up.out_channels * m))
-        key_positions = positions[..., wide]
-        parts = []
+        inside = slice(keys.start - wide.start, keys.stop - wide.start)
+        # f's hidden layer of one sequence's rows fits dape_network.CHUNK_PAIRS pairs (at long
+        # lengths: the network computes a chunk of sequences at a time).
+        rows = max(1, dape_network.CHUNK_PAIRS // (keys.stop - keys.start + 2 * half))
         for start in range(queries.start, queries.stop, rows):
             chunk = slice(start, min(start + rows, queries.stop))
-            # z and b of these queries over the keys: (B, H, r, M) and ([B,] H, r, M)
-            logits = q[:, :, chunk] @ k[:, :, wide].transpose(-1, -2) / math.sqrt(q.shape[-1])
-            bias = self.score_bias(positions[..., chunk], key_positions)
+            bias = self.score_bias(positions[..., chunk], positions[..., wide])  # ([B,] H, r, M)
             if bias.dim() == 3:
                 bias = bias.unsqueeze(0)  # (1, H, r, M)
-            hidden = unseen(chunk, wide, self.window, q.device)  # (r, M)
-            logits, bias = (F.pad(t.masked_fill(hidden, 0), (0, beyond)) for t in (logits, bias))
-            out = self.dape(logits, bias)
-            parts.append(out[..., offset : offset + m])  # (B, H, r, m)
-        return parts[0] if len(parts) == 1 else torch.cat(parts, dim=2)  # (B, H, n, m)
+            hidden = unseen(chunk, wide, self.window, positions.device)  # (r, M)
+            yield Piece(chunk, wide, beyond, inside, hidden), bias
 
 
 def unseen(queries: slice, keys: slice, window: int | None, device: torch.device) -> torch.Tensor:

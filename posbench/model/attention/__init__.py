@@ -33,7 +33,10 @@ gigabytes at evaluation lengths: 4 GiB for 4 heads at 16,384 tokens):
 
 * unbiased_causal_attention: SDPA's fused causal kernel, the fastest, never builds a (T, T)
   mask. Nothing of (T, T). Every SDPA call takes bf16 inputs on a CPU cast up to float32
-  (sdpa_dtype: its bf16 kernels are slower there), with or without a mask.
+  (sdpa_dtype: its bf16 kernels are slower there), with or without a mask. Values narrower
+  than q and k (PoPE's) are padded to their width for it, except in training on
+  NARROW_VALUES_DEVICES (CPU) up to NARROW_VALUES_LENGTH tokens: narrow_values_attention,
+  explicit_attention with the causal mask alone, at v's width.
 * transition_attention: chunks of queries, each over the earlier keys carried forward to it
   through the transitions and its own (n, n) logits; in evaluation on a CPU the earlier keys on
   SDPA's fused kernel, merged by log-sum-exps. The carried keys (T, hs) and one chunk's (n, n);
@@ -70,7 +73,7 @@ The modules, each path's own and what they share:
     flex.py           flex_attention_bias
     relative_bias.py  relative_bias_attention
     blocked_bias.py   blocked_bias_attention, past_and_diagonal_attention
-    explicit.py       explicit_attention
+    explicit.py       explicit_attention, narrow_values_attention
     blocks.py         query blocks: their size, their causal and window masks, joined outputs
     biases.py         QueryBlockBiases: the blocks' biases the layers of a forward pass share
     probabilities.py  the probabilities written out (posbench diagnose, a cached decode)

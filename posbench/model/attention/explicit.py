@@ -16,6 +16,10 @@ import torch
 import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
 
+# blocks.EXPLICIT_QUERY_BLOCK as an attribute: set in one place for every path
+from posbench.model.attention import blocks
+from posbench.model.attention.blocks import causal_bias
+
 
 def explicit_attention(
     q: torch.Tensor,
@@ -41,6 +45,27 @@ def explicit_attention(
     """
     starts = tuple(key_starts) if key_starts is not None else (0,) * len(masks)
     return ExplicitAttention.apply(q, k, v, dropout, starts, *masks)
+
+
+def narrow_values_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout: float = 0.0
+) -> torch.Tensor:
+    """softmax(q k^T / sqrt(d) + causal mask) v for q, k (B, H, T, d) wider than v (B, H, T, hs)
+    (PoPE's), with gradients: explicit_attention with only the causal mask, in blocks of
+    EXPLICIT_QUERY_BLOCK queries -> (B, H, T, hs).
+
+    SDPA's fused kernels take one width, so the fused path pads v with zeros to q's width and
+    computes the weights' products with those zeros too, forward and backward: this writes the
+    (T, T) weights out instead, at v's own width. One layer of PoPE's q, k (d 64) and v (hs 32),
+    4 heads, forward and backward, against SDPA on v padded: 53 ms against 68 ms at 32 x 128
+    tokens, 158 against 212 at 8 x 512, 694 against 644 at 2 x 2,048 (one thread, a loaded
+    machine): hence only up to NARROW_VALUES_LENGTH tokens (fused.py).
+    """
+    T, n = q.shape[2], blocks.EXPLICIT_QUERY_BLOCK
+    zeros = q.new_zeros(1, 1, min(n, T), T, dtype=torch.promote_types(q.dtype, torch.float32))
+    # Queries [s, s + n) over keys [0, s + n): the causal mask alone, the same for every head.
+    masks = [causal_bias(zeros[..., : min(n, T - s), : s + n], s) for s in range(0, T, n)]
+    return explicit_attention(q, k, v, masks, dropout)
 
 
 class ExplicitAttention(torch.autograd.Function):
@@ -89,7 +114,11 @@ class ExplicitAttention(torch.autograd.Function):
                 y[:, start:end] = part.view(B, H, n, hs).transpose(1, 2)
         ctx.save_for_backward(q3, k3, v3, *weights, *keeps)
         ctx.input_dtypes = [t.dtype for t in (q, k, v)]
-        ctx.masks = [(m.shape[0], m.dtype) for m in masks]
+        # Each mask's batch, dtype and whether it needs a gradient (not the causal mask alone).
+        ctx.masks = [
+            (m.shape[0], m.dtype, needs)
+            for m, needs in zip(masks, ctx.needs_input_grad[5:], strict=True)
+        ]
         ctx.key_starts = key_starts
         return y.transpose(1, 2).to(q.dtype)  # (B, H, T, hs)
 
@@ -107,7 +136,7 @@ class ExplicitAttention(torch.autograd.Function):
             dq = dy3.new_empty(B, T, H, d)
             dk = dv = None
             mask_grads = []
-            for w, keep, key_start, (mask_batch, mask_dtype) in reversed(
+            for w, keep, key_start, (mask_batch, mask_dtype, mask_needs_grad) in reversed(
                 list(zip(weights, keeps, ctx.key_starts, ctx.masks, strict=True))
             ):
                 n, m = w.shape[-2:]
@@ -130,8 +159,11 @@ class ExplicitAttention(torch.autograd.Function):
                     dk[:, keys] += dk_part
                     dv[:, keys] += dv_part
                 dq[:, start:end] = torch.bmm(ds3, k3[:, keys]).view(B, H, n, d).transpose(1, 2)
-                summed = dscores.sum(0, keepdim=True) if mask_batch == 1 else dscores
-                mask_grads.append(summed.to(mask_dtype))
+                grad = None  # the causal mask alone (narrow_values_attention) needs none
+                if mask_needs_grad:
+                    grad = dscores.sum(0, keepdim=True) if mask_batch == 1 else dscores
+                    grad = grad.to(mask_dtype)
+                mask_grads.append(grad)
             dq.mul_(1 / math.sqrt(d))  # q3 was scaled
         dq_dtype, dk_dtype, dv_dtype = ctx.input_dtypes
         return (

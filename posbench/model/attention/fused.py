@@ -8,10 +8,17 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from posbench.model.attention.explicit import narrow_values_attention
+
 # The device types whose fused SDPA kernel returns the log-sum-exps of its rows
 # (torch.ops.aten._scaled_dot_product_flash_attention_for_cpu), so that attention can be merged
 # from parts in evaluation (merge_by_log_sum_exp). The one place the choice is made.
 LOG_SUM_EXP_DEVICES = frozenset({"cpu"})
+# Values narrower than q and k (PoPE's) are attended written out (narrow_values_attention) rather
+# than padded for SDPA's fused kernel in training on these device types, up to this many tokens
+# (the fused kernel was as fast from 2,048 tokens on, and the written-out weights grow as T^2).
+NARROW_VALUES_DEVICES = frozenset({"cpu"})
+NARROW_VALUES_LENGTH = 1024
 
 
 def sdpa_dtype(q: torch.Tensor) -> torch.dtype:
@@ -75,7 +82,13 @@ def unbiased_causal_attention(
     (Plain bf16 products around an fp32 softmax measured as fast in whole training steps as
     SDPA's fp32 kernel on inputs cast up, but rounds the scores to bf16: 5x SDPA's error at
     peaked attention.)
+
+    With gradients, values narrower than q and k (PoPE's), up to NARROW_VALUES_LENGTH tokens on
+    a NARROW_VALUES_DEVICES device: narrow_values_attention, at v's own width.
     """
+    narrow = v.shape[-1] < q.shape[-1] and q.shape[2] <= NARROW_VALUES_LENGTH
+    if narrow and torch.is_grad_enabled() and q.device.type in NARROW_VALUES_DEVICES:
+        return narrow_values_attention(q, k, v, dropout)
     return fused_attention(q, k, v, dropout=dropout, is_causal=True)
 
 
