@@ -245,11 +245,11 @@ def test_the_ruler_experiment_sweeps_every_encoding_over_each_ruler_config_and_f
 
 def test_drope_sweeps_its_baselines_and_rope_phase_and_recalibrates_for_the_papers_share():
     cfg = compose_config(["+experiment=drope"], with_hydra=True)
-    methods = swept_values(cfg, "+drope_method")
+    methods = swept_values(cfg, "drope_method")
     assert sorted(methods) == sorted(set(group_options("drope_method")) - {"drope"})
     assert swept_values(cfg, "seed") == ["0", "1", "2"]
     rope, drope, swa = (
-        compose_config(["+experiment=drope", f"+drope_method={method}"])
+        compose_config(["+experiment=drope", f"drope_method={method}"])
         for method in ("drope_rope", "drope", "rnope_swa")
     )
     # The recalibration starts from the RoPE phase of its seed, in the same sweep directory.
@@ -316,11 +316,27 @@ def test_a_key_of_a_group_an_experiment_sweeps_is_force_added_for_hydra():
     assert force_added_in_sweeps(overrides) == {"data.val_examples=50": "++data.val_examples=50"}
 
 
+def test_drope_methods_win_over_the_experiment_in_a_sweeps_order_of_overrides():
+    """A sweep's job gets its swept groups before +experiment (Hydra's `#0 : drope_method=drope
+    seed=0 +experiment=drope`): the method's keys must still override the experiment's, as the
+    recalibration's 7-step warm-up against the experiment's 60 (they did not when the method was
+    a +group: the experiment's steps and warm-up won, and DroPE trained 600 + 600 steps)."""
+    for order in (
+        ["drope_method=drope", "seed=0", "+experiment=drope"],
+        ["+experiment=drope", "drope_method=drope", "seed=0"],
+    ):
+        drope = with_steps_share(compose_config(order))
+        assert (drope.train.steps, drope.train.warmup_steps, drope.train.lr) == (72, 7, 1e-3)
+        assert drope.model.qk_norm and drope.encoding.name == "none"
+    rope = with_steps_share(compose_config(["drope_method=drope_rope", "+experiment=drope"]))
+    assert (rope.train.steps, rope.train.warmup_steps, rope.encoding.name) == (528, 60, "rope")
+
+
 @pytest.mark.parametrize("steps", [100, 1000])
 def test_drope_phases_keep_their_share_of_a_train_steps_budget_from_the_command_line(steps):
     overrides = ["+experiment=drope", f"train.steps={steps}"]
     rope, drope, nope = (
-        with_steps_share(compose_config([*overrides, f"+drope_method={m}"]))
+        with_steps_share(compose_config([*overrides, f"drope_method={m}"]))
         for m in ("drope_rope", "drope", "nope")
     )
     assert (rope.train.steps, drope.train.steps, nope.train.steps) == (
