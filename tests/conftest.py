@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from forkserver import POSBENCH
 from omegaconf import OmegaConf
 
 # Tests never touch the network, and progress bars would only clutter the logs.
@@ -186,6 +187,12 @@ def forked_posbench() -> list[str]:
     """The command that runs ``posbench ARGS`` forked from this worker's warm interpreter
     (tests/forkserver.py: the same program without 2.5 s of imports a command); the server
     starts on first use and ends with the worker."""
+    return [*forked_python(), *POSBENCH]
+
+
+def forked_python() -> list[str]:
+    """The command that stands for ``python``: ``python ARGS`` forked likewise where ARGS run
+    posbench, ``-c`` code or a script (``SCRIPT.py ...``), else a process of its own."""
     global _forkserver
     name = f"{os.getpid()}"
     if _forkserver is None:
