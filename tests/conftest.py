@@ -20,6 +20,10 @@ from omegaconf import OmegaConf
 os.environ["HF_DATASETS_OFFLINE"] = "1"
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["TQDM_DISABLE"] = "1"
+# The environment the fork server starts in (forked_python): the session's, not that of the
+# test that happens to start it; one started under a test's monkeypatched TQDM_DISABLE or
+# OMP_* would run every later command, whose environment differs, as a process of its own.
+SESSION_ENV = dict(os.environ)
 
 # The module of posbench.train, the training function: tests that replace what it calls
 # (train_steps, registered_threads) take it from here.
@@ -197,7 +201,10 @@ def forked_python() -> list[str]:
     name = f"{os.getpid()}"
     if _forkserver is None:
         _forkserver = subprocess.Popen(
-            [sys.executable, str(FORKSERVER), "--serve", name], stdout=subprocess.PIPE, text=True
+            [sys.executable, str(FORKSERVER), "--serve", name],
+            stdout=subprocess.PIPE,
+            text=True,
+            env=SESSION_ENV,
         )
         assert _forkserver.stdout.readline().strip() == "ready", "the fork server did not start"
         atexit.register(_forkserver.terminate)

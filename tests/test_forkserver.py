@@ -6,7 +6,9 @@ import os
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
+import conftest
 from conftest import forked_posbench, forked_python
 from forkserver import POSBENCH, ask
 from test_faults import ENDLESS, start_training, wait_for_checkpoint
@@ -18,6 +20,15 @@ def run(command: list[str], env: dict | None = None) -> subprocess.CompletedProc
     return subprocess.run(
         command, capture_output=True, text=True, timeout=300, env={**os.environ, **(env or {})}
     )
+
+
+def test_the_server_runs_in_the_sessions_environment_whichever_test_starts_it(monkeypatch):
+    """A server started under this test's environment would run every later command (which
+    has TQDM_DISABLE=1 again) as a process of its own: 2.5 s of imports each."""
+    monkeypatch.delenv("TQDM_DISABLE")
+    forked_python()  # starts the server where no test of this worker has yet
+    server = Path(f"/proc/{conftest._forkserver.pid}/environ").read_bytes().split(b"\0")
+    assert b"TQDM_DISABLE=1" in server
 
 
 def test_a_forked_command_prints_and_exits_as_the_installed_command_does():
