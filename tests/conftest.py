@@ -13,12 +13,17 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from forkserver import POSBENCH
 from omegaconf import OmegaConf
 
 # Tests never touch the network, and progress bars would only clutter the logs.
 os.environ["HF_DATASETS_OFFLINE"] = "1"
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["TQDM_DISABLE"] = "1"
+# The environment the fork server starts in (forked_python): the session's, not that of the
+# test that happens to start it; one started under a test's monkeypatched TQDM_DISABLE or
+# OMP_* would run every later command, whose environment differs, as a process of its own.
+SESSION_ENV = dict(os.environ)
 
 # The module of posbench.train, the training function: tests that replace what it calls
 # (train_steps, registered_threads) take it from here.
@@ -186,11 +191,20 @@ def forked_posbench() -> list[str]:
     """The command that runs ``posbench ARGS`` forked from this worker's warm interpreter
     (tests/forkserver.py: the same program without 2.5 s of imports a command); the server
     starts on first use and ends with the worker."""
+    return [*forked_python(), *POSBENCH]
+
+
+def forked_python() -> list[str]:
+    """The command that stands for ``python``: ``python ARGS`` forked likewise where ARGS run
+    posbench, ``-c`` code or a script (``SCRIPT.py ...``), else a process of its own."""
     global _forkserver
     name = f"{os.getpid()}"
     if _forkserver is None:
         _forkserver = subprocess.Popen(
-            [sys.executable, str(FORKSERVER), "--serve", name], stdout=subprocess.PIPE, text=True
+            [sys.executable, str(FORKSERVER), "--serve", name],
+            stdout=subprocess.PIPE,
+            text=True,
+            env=SESSION_ENV,
         )
         assert _forkserver.stdout.readline().strip() == "ready", "the fork server did not start"
         atexit.register(_forkserver.terminate)

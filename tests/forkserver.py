@@ -1,13 +1,15 @@
-"""``posbench`` commands for the tests, each forked from one interpreter that imported posbench.
+"""``posbench`` commands (and Python programs) for the tests, each forked from one interpreter
+that imported posbench.
 
 A ``posbench ...`` that a test or a docs block runs would otherwise start a Python process
 that spends about 2.5 s of CPU importing torch, Hydra and posbench before a run that is often
-shorter. Here a server imports them once, then forks a child per command; the child takes the
-caller's arguments, working directory, environment and standard streams (their file
-descriptors, passed over a Unix socket) and runs ``posbench.cli.main`` as ``python -m
-posbench`` would. The caller runs the client (this file with ``--socket``), which stands for
-the command: it forwards the signals a shell or a test sends (SIGINT, SIGTERM, ...) to the
-child and exits as the child exited.
+shorter; so would a docs page's ``python`` block or a benchmark script. Here a server imports
+them once, then forks a child per command; the child takes the caller's arguments, working
+directory, environment and standard streams (their file descriptors, passed over a Unix
+socket) and runs ``posbench.cli.main`` as ``python -m posbench`` would, or the code or script
+as ``python`` would. The caller runs the client (this file with ``--socket``), which stands
+for the interpreter: it forwards the signals a shell or a test sends (SIGINT, SIGTERM, ...)
+to the child and exits as the child exited.
 
 What a fresh process would do differently, and how it is kept out:
 
@@ -19,18 +21,22 @@ What a fresh process would do differently, and how it is kept out:
 * the child's parent is the server, not the caller: posbench never reads its parent.
 
     python tests/forkserver.py --serve NAME     # the server (conftest.py starts one per worker)
-    python -I -S tests/forkserver.py --socket NAME -- ARGS...   # the client: posbench ARGS
+    python -I -S tests/forkserver.py --socket NAME -- -m posbench.cli ARGS...  # posbench ARGS
+    python -I -S tests/forkserver.py --socket NAME -- -c CODE [ARGS...]        # python -c CODE
+    python -I -S tests/forkserver.py --socket NAME -- SCRIPT.py [ARGS...]      # python SCRIPT.py
 """
 
 from __future__ import annotations
 
 import json
 import os
+import runpy
 import select
 import signal
 import socket
 import struct
 import sys
+import types
 
 # Environment variables read at import time by what the server imports, by prefix (tqdm's
 # TQDM_* become its defaults when it is imported).
@@ -40,6 +46,7 @@ READ_AT_IMPORT = (
 )  # fmt: skip
 FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
 HEADER = struct.Struct("!I")  # the length of the request's JSON, sent with the three streams
+POSBENCH = ["-m", "posbench.cli"]  # the interpreter's arguments that run posbench
 
 
 def read_at_import(env: dict[str, str]) -> dict[str, str]:
@@ -54,14 +61,21 @@ def address(name: str) -> str:
 # ------------------------------------------------------------------------------ the client
 
 
-def run_as_own_process(args: list[str]) -> None:
-    os.execv(sys.executable, [sys.executable, "-m", "posbench.cli", *args])
+def forks(argv: list[str]) -> bool:
+    """Whether the server runs ``python ARGV`` itself: posbench's command, ``-c`` code or a
+    script."""
+    script = bool(argv) and argv[0].endswith(".py")
+    return argv[:2] == POSBENCH or (argv[:1] == ["-c"] and len(argv) > 1) or script
 
 
-def ask(name: str, args: list[str], env: dict[str, str], streams: list[int]):
-    """Send the server a command; its replies, a line each: the child's pid then its wait
-    status, or "own process". Raises OSError where no server listens."""
-    request = json.dumps({"args": args, "cwd": os.getcwd(), "env": env}).encode()
+def run_as_own_process(argv: list[str]) -> None:
+    os.execv(sys.executable, [sys.executable, *argv])
+
+
+def ask(name: str, argv: list[str], env: dict[str, str], streams: list[int]):
+    """Send the server a command, ``python ARGV``; its replies, a line each: the child's pid
+    then its wait status, or "own process". Raises OSError where no server listens."""
+    request = json.dumps({"argv": argv, "cwd": os.getcwd(), "env": env}).encode()
     server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     server.connect(address(name))
     socket.send_fds(server, [HEADER.pack(len(request))], streams)
@@ -69,14 +83,14 @@ def ask(name: str, args: list[str], env: dict[str, str], streams: list[int]):
     return server.makefile("r")
 
 
-def client(name: str, args: list[str]) -> None:
+def client(name: str, argv: list[str]) -> None:
     try:
-        replies = ask(name, args, dict(os.environ), [0, 1, 2])
+        replies = ask(name, argv, dict(os.environ), [0, 1, 2])
     except OSError:  # no server (it ended, or none was started): the command on its own
-        run_as_own_process(args)
+        run_as_own_process(argv)
     reply = replies.readline().strip()
     if reply == "own process":
-        run_as_own_process(args)
+        run_as_own_process(argv)
     child = int(reply)
     for signum in FORWARDED_SIGNALS:
         signal.signal(signum, lambda signum, _frame: os.kill(child, signum))
@@ -101,11 +115,14 @@ def warm_up() -> None:
     import posbench.evaluation.run
     import posbench.report.figures
     import posbench.training.train  # noqa: F401
+    from posbench.config import register_schemas
+
+    register_schemas()  # once a process: cli.main's first step
 
 
-def run_command(args: list[str], cwd: str, env: dict[str, str], streams: list[int]) -> None:
-    """In the forked child: become ``python -m posbench ARGS`` in the caller's place; never
-    returns."""
+def run_command(argv: list[str], cwd: str, env: dict[str, str], streams: list[int]) -> None:
+    """In the forked child: become ``python ARGV`` (``-m posbench.cli ARGS``, ``-c CODE ...``
+    or ``SCRIPT.py ...``) in the caller's place; never returns."""
     import atexit
     import threading
     import traceback
@@ -120,18 +137,29 @@ def run_command(args: list[str], cwd: str, env: dict[str, str], streams: list[in
     os.chdir(cwd)
     os.environ.clear()
     os.environ.update(env)
-    sys.argv = [os.path.join(os.path.dirname(sys.executable), "posbench"), *args]
     code = 0
     try:
-        from posbench.cli import main
+        if argv[0] == "-c":
+            sys.argv = ["-c", *argv[2:]]
+            sys.path[0] = ""  # python -c imports from the working directory first
+            sys.modules["__main__"] = main = types.ModuleType("__main__")
+            exec(compile(argv[1], "<string>", "exec"), vars(main))
+        elif argv[0].endswith(".py"):
+            sys.argv = list(argv)
+            sys.path[0] = os.path.dirname(os.path.abspath(argv[0]))  # the script's neighbours
+            runpy.run_path(argv[0], run_name="__main__")
+        else:
+            from posbench.cli import main
 
-        main(args)
+            args = argv[len(POSBENCH) :]
+            sys.argv = [os.path.join(os.path.dirname(sys.executable), "posbench"), *args]
+            main(args)
     except SystemExit as exit:
         code = exit.code if isinstance(exit.code, int) else (exit.code is not None)
         if isinstance(exit.code, str):
             print(exit.code, file=sys.stderr)
-    except BaseException:
-        traceback.print_exc()
+    except BaseException as error:  # as the interpreter prints it: from the code, not from here
+        traceback.print_exception(type(error), error, error.__traceback__.tb_next)
         code = 1
     threading._shutdown()  # what an interpreter does on its way out: threads, atexit, flush
     atexit._run_exitfuncs()
@@ -158,14 +186,14 @@ def serve(name: str) -> None:
             while len(data) < length:
                 data += connection.recv(length - len(data))
             request = json.loads(data)
-            if read_at_import(request["env"]) == own_env:
+            if forks(request["argv"]) and read_at_import(request["env"]) == own_env:
                 child = os.fork()
                 if child == 0:
                     listener.close()
                     connection.close()
                     for other in waiting.values():
                         other.close()
-                    run_command(request["args"], request["cwd"], request["env"], streams)
+                    run_command(request["argv"], request["cwd"], request["env"], streams)
                 connection.sendall(f"{child}\n".encode())
                 waiting[child] = connection
             else:
@@ -185,5 +213,5 @@ def serve(name: str) -> None:
 if __name__ == "__main__":
     if sys.argv[1] == "--serve":
         serve(sys.argv[2])
-    else:  # --socket NAME -- ARGS...
+    else:  # --socket NAME -- ARGV...
         client(sys.argv[2], sys.argv[4:])

@@ -1,13 +1,14 @@
 """Every benchmark command still runs against the code it measures: each at its smallest size
 (``--quick`` or small arguments), in fp32 (bf16 too where a command takes ``--precision``),
-whose numbers mean nothing. A benchmark that no
-test runs breaks silently when an interface it calls changes."""
+whose numbers mean nothing. A benchmark that no test runs breaks silently when an interface it
+calls changes. Each script runs forked from the worker's warm interpreter
+(conftest.forked_python), without the 2.5 s of CPU a fresh one spends importing torch."""
 
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from conftest import forked_python
 
 pytestmark = pytest.mark.slow
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
@@ -47,7 +48,7 @@ RUNS = [
 )
 def test_the_benchmark_runs(command, printed, tmp_path):
     result = subprocess.run(
-        [sys.executable, BENCHMARKS / command[0], *command[1:]],
+        [*forked_python(), BENCHMARKS / command[0], *command[1:]],
         cwd=tmp_path,
         capture_output=True,
         text=True,
@@ -94,7 +95,7 @@ def test_the_nanogpt_parity_benchmark_runs_against_a_model_py(tmp_path):
     model_py.write_text(NANOGPT_STAND_IN)
     command = ["--nanogpt", model_py, "--rounds", "1", "--shapes", "1x32", "--batch", "2"]
     result = subprocess.run(
-        [sys.executable, BENCHMARKS / "nanogpt_parity.py", *command, "--seq-len", "16"],
+        [*forked_python(), BENCHMARKS / "nanogpt_parity.py", *command, "--seq-len", "16"],
         cwd=tmp_path,
         capture_output=True,
         text=True,

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import TINY, TINY_RUN, built_once, error_line, posbench
+from conftest import TINY, TINY_RUN, built_once, error_line, forked_posbench, posbench
 from omegaconf import OmegaConf
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -426,20 +426,21 @@ def test_installed_wheel_runs_with_its_bundled_configs(tmp_path, cache_dir):
     checked([sys.executable, "-m", "pip", "--python", python, "install", "--no-deps", "-q", wheel])
     # Without PYTHONPATH, so that nothing but the wheel can provide posbench.
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    where = checked(
-        [python, "-c", "import posbench.config as c; print(c.config_dir())"], cwd=tmp_path, env=env
-    ).stdout.strip()
+    # One interpreter for three questions (each would import torch again: 2.5 s of CPU).
+    asked = (
+        "import torch, posbench.config as c, posbench.references as r\n"
+        "print(c.config_dir())\n"
+        "print(r.load_reference('alibi-wt103').name)\n"
+        "print(torch.__file__)\n"
+    )
+    where, shipped, torch_there = checked(
+        [python, "-c", asked], cwd=tmp_path, env=env
+    ).stdout.splitlines()
     assert where.startswith(str(env_dir)) and where.endswith("posbench/conf")
     # ... and the published results posbench report --reference reads, inside the package too.
-    shipped = [
-        python,
-        "-c",
-        "import posbench.references as r; print(r.load_reference('alibi-wt103').name)",
-    ]
-    assert checked(shipped, cwd=tmp_path, env=env).stdout.strip() == "alibi-wt103"
+    assert shipped == "alibi-wt103"
     # Its dependencies are those the tests run with (in a venv: the venv's, not the base's).
-    torch_there = checked([python, "-c", "import torch; print(torch.__file__)"], env=env)
-    assert torch_there.stdout.strip() == torch.__file__
+    assert torch_there == torch.__file__
     workdir = tmp_path / "work"
     workdir.mkdir()
     posbench(
@@ -480,7 +481,7 @@ def test_two_trainings_started_together_never_share_a_directory(tmp_path, cache_
     same_name = "hydra.run.dir=${unique_dir:outputs/same}"
     jobs = [
         subprocess.Popen(
-            ["posbench", "train", f"seed={seed}", *TINY, same_name],
+            [*forked_posbench(), "train", f"seed={seed}", *TINY, same_name],
             cwd=tmp_path,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,

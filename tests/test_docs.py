@@ -13,7 +13,8 @@ Two things keep the blocks cheap without editing what users read:
   40 steps, short lengths) to every ``posbench train``; the command line's last value of a
   key wins in Hydra, so README's own overrides are still parsed and checked (``torchrun ...
   -m posbench train`` gets them by substitution, as it runs ``python -m posbench``); it runs
-  each command forked from the worker's warm interpreter (tests/forkserver.py);
+  each command forked from the worker's warm interpreter (tests/forkserver.py), as the
+  ``python`` blocks run;
 * ``SUBSTITUTIONS`` replaces README's placeholders with the directories they stand for.
 """
 
@@ -26,7 +27,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import TINY_RUN, built_once, forked_posbench
+from conftest import TINY_RUN, built_once, forked_posbench, forked_python
 
 from posbench.commands.overrides import group_options
 from posbench.data import ALGORITHMIC_TASKS
@@ -163,12 +164,12 @@ def test_every_block_that_is_not_run_says_why(page):
 def test_code_block_runs(lang, code, trained_workdir, readme_env, tmp_path):
     """Over 20 s for some blocks: getting-started's and README's command lists run a dozen
     posbench commands each, and scaling's two torchrun launches start processes that import
-    torch (about 2.5 s of CPU each; the shim's commands are forked from a warm interpreter
-    instead, conftest.forked_posbench)."""
+    torch (about 2.5 s of CPU each; the shim's commands and the python blocks are forked from
+    a warm interpreter instead, conftest.forked_posbench and forked_python)."""
     workdir = tmp_path / "work"
     shutil.copytree(trained_workdir, workdir, symlinks=True)
     if lang == "python":
-        run([sys.executable, "-c", code], workdir, readme_env)
+        run([*forked_python(), "-c", code], workdir, readme_env)
     else:
         run(["bash", "-c", PRELUDE + substituted(code)], workdir, readme_env)
 
