@@ -2,12 +2,14 @@
 
 import atexit
 import fcntl
+import getpass
 import importlib
 import json
 import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
@@ -20,6 +22,13 @@ from omegaconf import OmegaConf
 os.environ["HF_DATASETS_OFFLINE"] = "1"
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["TQDM_DISABLE"] = "1"
+# Inductor puts its cache directory into os.environ the first time a test compiles in this
+# process: set here to the directory it would choose (torch's default_cache_dir), the session's
+# environment has it from the start and a later command's does not differ from the server's.
+os.environ.setdefault(
+    "TORCHINDUCTOR_CACHE_DIR",
+    os.path.join(tempfile.gettempdir(), "torchinductor_" + getpass.getuser().replace("\\", "_")),
+)
 # The environment the fork server starts in (forked_python): the session's, not that of the
 # test that happens to start it; one started under a test's monkeypatched TQDM_DISABLE or
 # OMP_* would run every later command, whose environment differs, as a process of its own.
