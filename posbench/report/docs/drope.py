@@ -11,7 +11,7 @@ from posbench.report.cells import Cell, Stat, cell
 from posbench.report.docs.source import Source, provenance_line
 from posbench.report.read import Run
 from posbench.report.text import best_shown, stat_text
-from posbench.runs.results import positions_mode, scaling_name
+from posbench.runs.results import one_per_measurement, positions_mode, scaling_name
 
 # (row, conf/drope_method/ option, its records' eval-time extension: runs.results.scaling_name)
 ROWS = (
@@ -39,7 +39,7 @@ def row_cells(source: Source, option: str, scaling: str, lengths: list[int]) -> 
             [
                 (run, r)
                 for run in runs
-                for r in run.results["eval"]
+                for r in one_per_measurement(run.results["eval"])
                 if r["length"] == length
                 and r["stride"] is None
                 and scaling_name(r) == scaling
