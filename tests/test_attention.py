@@ -8,6 +8,7 @@ test_model's.
 
 from __future__ import annotations
 
+import gc
 import math
 
 import pytest
@@ -539,6 +540,26 @@ def test_the_kept_biases_are_written_into_storage_that_the_next_forward_pass_reu
     assert torch.equal(first, second)
     assert len(pointers) == 14 and None not in pointers  # 7 blocks each pass, all kept
     assert len(set(pointers)) == 1 and pointers[:7] == pointers[7:]  # one storage, reused
+
+
+def test_storage_kept_under_inference_mode_is_not_written_outside_it(monkeypatch):
+    """Evaluation runs under torch.inference_mode, diagnose under no_grad: storage one leased
+    (an inference tensor) cannot be written in place by the other, in either order."""
+    monkeypatch.setattr(posbench.model.attention.blocks, "QUERY_BLOCK", 16)
+    model, tokens = small_model("fire"), torch.randint(0, 256, (1, 40))
+    monkeypatch.setattr(type(model.encoding), "consecutive_bias", lambda self, positions: None)
+    with torch.no_grad():
+        expected = model(tokens)
+    for first, then in [
+        (torch.inference_mode, torch.no_grad),
+        (torch.no_grad, torch.inference_mode),
+    ]:
+        monkeypatch.setattr(posbench.model.attention.biases, "SPARE_STORAGE", [])
+        with first():
+            model(tokens)
+        gc.collect()  # the pass's storage back in the pool
+        with then():
+            assert torch.equal(model(tokens), expected)
 
 
 def block_masks(mask: torch.Tensor, starts: list[int]) -> list[torch.Tensor]:

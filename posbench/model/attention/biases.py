@@ -32,9 +32,17 @@ def leased_storage(
     owner: object, elements: int, dtype: torch.dtype, device: torch.device
 ) -> torch.Tensor:
     """A tensor of at least ``elements`` values (1-D, uninitialised) from SPARE_STORAGE or new,
-    given back there when ``owner`` is collected."""
+    given back there when ``owner`` is collected. One made under torch.inference_mode (an
+    inference tensor) is written in place only under it, so it serves only passes under it,
+    and one made outside serves only passes outside."""
+    inference = torch.is_inference_mode_enabled()
     for index, spare in enumerate(SPARE_STORAGE):
-        if spare.dtype == dtype and spare.device == device and spare.numel() >= elements:
+        if (
+            spare.dtype == dtype
+            and spare.device == device
+            and spare.numel() >= elements
+            and spare.is_inference() == inference
+        ):
             storage = SPARE_STORAGE.pop(index)
             break
     else:
