@@ -32,7 +32,14 @@ os.environ.setdefault(
 # The environment the fork server starts in (forked_python): the session's, not that of the
 # test that happens to start it; one started under a test's monkeypatched TQDM_DISABLE or
 # OMP_* would run every later command, whose environment differs, as a process of its own.
-SESSION_ENV = dict(os.environ)
+# Taken once the tests are collected: what their modules import sets variables too (OpenMP's
+# KMP_INIT_AT_FORK), and a server without them ran every command as a process of its own.
+SESSION_ENV: dict[str, str] = {}
+
+
+def pytest_collection_finish(session) -> None:
+    SESSION_ENV.update(os.environ)
+
 
 # The module of posbench.train, the training function: tests that replace what it calls
 # (train_steps, registered_threads) take it from here.
