@@ -120,7 +120,7 @@ def length_points(records: Sequence[Mapping[str, Any]]) -> list[Point]:
     the model's own answer), ``eval/sequence_accuracy`` and ``eval/teacher_forced_accuracy`` (an
     algorithmic task's at x = problem length)."""
     points = []
-    chosen = [id(r) for r in one_per_measurement(records)]
+    chosen = {id(r) for r in one_per_measurement(records)}
     for record in records:
         if record["status"] != "ok":
             continue
