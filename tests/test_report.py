@@ -468,6 +468,27 @@ def test_encodings_with_different_options_are_separate_rows(tmp_path):
     assert sorted(row.label for row in group.rows) == ["rope (base=10000)", "rope (base=500)"]
 
 
+def test_attention_variants_are_rows_beside_their_encoding_in_one_group(tmp_path):
+    """A variant away from its default is a row of its own, named by the variant; sigmoid
+    attention's length only where it is not the training length (its default)."""
+    make_run(tmp_path / "plain")  # a run from before the variants: their defaults
+    make_run(tmp_path / "softmax", seed=1, model__qk_norm=False, model__attention="softmax")
+    make_run(tmp_path / "qk", model__qk_norm=True)
+    make_run(tmp_path / "gate", model__attn_gate="headwise", model__attn_sinks=True)
+    make_run(tmp_path / "sig", model__attention="sigmoid", model__sigmoid_length=16)
+    make_run(tmp_path / "sig64", model__attention="sigmoid", model__sigmoid_length=64)
+    make_run(tmp_path / "sb", encoding="none", model__attention="stick_breaking")
+    (group,) = build_report(tmp_path).groups
+    assert sorted((row.label, len(row.runs)) for row in group.rows) == [
+        ("none", 1),  # the only none: nothing to tell it from
+        ("rope", 2),
+        ("rope (attention=sigmoid)", 1),
+        ("rope (attention=sigmoid, sigmoid_length=64)", 1),
+        ("rope (attn_gate=headwise, attn_sinks=True)", 1),
+        ("rope (qk_norm=True)", 1),
+    ]
+
+
 def test_rerunning_the_report_ignores_its_own_output(tmp_path):
     make_run(tmp_path / "a")
     write_report(build_report(tmp_path, tmp_path / "report"), tmp_path / "report")

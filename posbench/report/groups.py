@@ -36,6 +36,7 @@ from posbench.report.read import (
     find_runs,
 )
 from posbench.report.settings import (
+    ATTENTION_VARIANTS,
     chosen_metric,
     group_setting,
     group_title,
@@ -179,9 +180,10 @@ def encoding_labels(runs: Sequence[Run]) -> dict[Path, str]:
 
 
 def label_options(run: Run) -> dict[str, Any]:
-    """What can tell a run's row from others of its encoding: the encoding's options, and
+    """What can tell a run's row from others of its encoding: the encoding's options,
     train.random_positions where it is set, train.positions (and a target length set) where it
-    is pose."""
+    is pose, and the attention variants away from their defaults (sigmoid attention's length
+    where it is not the training length, its default)."""
     options = {k: v for k, v in run.config.items() if k.startswith("encoding.")}
     if run.config.get("train.random_positions") is not None:
         options["train.random_positions"] = run.config["train.random_positions"]
@@ -189,6 +191,15 @@ def label_options(run: Run) -> dict[str, Any]:
         options["train.positions"] = run.config["train.positions"]
         if run.config.get("train.pose_length") is not None:  # null: 16 x train.seq_len
             options["train.pose_length"] = run.config["train.pose_length"]
+    for key, default in ATTENTION_VARIANTS.items():
+        if run.config.get(key, default) != default:
+            options[key] = run.config[key]
+    sigmoid_length = run.config.get("model.sigmoid_length")
+    if (
+        options.get("model.attention") == "sigmoid"
+        and sigmoid_length != run.config["train.seq_len"]
+    ):
+        options["model.sigmoid_length"] = sigmoid_length
     return options
 
 

@@ -12,6 +12,15 @@ from typing import Any
 
 from posbench.report.read import BOOKKEEPING, Run, is_under, schema_defaults
 
+# The attention variants (docs/attention.md) and their defaults: a run away from its default
+# gets a row of its own, labelled with the variant (groups.label_options).
+ATTENTION_VARIANTS = {
+    "model.qk_norm": False,
+    "model.attn_gate": "none",
+    "model.attn_sinks": False,
+    "model.attention": "softmax",
+}
+
 # Keys that do not change the trained model, so runs differing only in them are averaged.
 # Seed is what is averaged over; encoding makes the rows; eval records are per length anyway.
 NOT_A_SETTING = (
@@ -24,17 +33,14 @@ NOT_A_SETTING = (
     "data.tokenizer",
     "data.vocab_size",
     # Randomized positions make rows too: Ruoss et al.'s method beside the encodings; so do
-    # PoSE's skip-wise positions.
+    # PoSE's skip-wise positions, and the attention variants papers ablate beside an encoding
+    # (ATTENTION_VARIANTS: "rope (qk_norm=True)" beside "rope").
     "train.random_positions",
     "train.positions",
     "train.pose_length",
+    *ATTENTION_VARIANTS,
+    "model.sigmoid_length",  # sigmoid attention's (label_options)
 )
-
-# Keys that change the model only where another key has a value: model.sigmoid_length is
-# train.seq_len in every conf/model/ file, read by sigmoid attention alone. Softmax runs from
-# before the key existed (their config.yaml has it at its null default) train the model that
-# softmax runs with it do.
-ONLY_WHERE = {"model.sigmoid_length": ("model.attention", "sigmoid")}
 
 # Evaluation keys that make groups: runs that scored other text at each length (more or fewer
 # tokens) are never averaged. A record's stride and positions make rows of their own.
@@ -64,16 +70,8 @@ def training_setting(run: Run) -> tuple[tuple[str, str], ...]:
     return tuple(
         (key, json.dumps(value))
         for key, value in sorted(config.items())
-        if not is_under(key, NOT_A_SETTING) and applies(key, config)
+        if not is_under(key, NOT_A_SETTING)
     )
-
-
-def applies(key: str, config: dict[str, Any]) -> bool:
-    """Whether ``key`` changes the model ``config`` trains (ONLY_WHERE)."""
-    if key not in ONLY_WHERE:
-        return True
-    other, value = ONLY_WHERE[key]
-    return config.get(other) == value
 
 
 def tokenizer_text(run: Run) -> str:
