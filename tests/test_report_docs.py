@@ -229,3 +229,44 @@ def test_a_real_sweep_written_into_a_fabricated_summary_joins_its_main_table(req
     assert sorted(row.split(" |")[0] for row in rows) == ["| alibi", "| none", "| rope"]
     later = provenance_line(source).split("; then ")[1]
     assert later.startswith("4 runs of `posbench train -m encoding=none,rope seed=0,1")
+
+
+def test_the_long_context_table_puts_longppl_beside_ppl_and_the_effective_length(tmp_path):
+    """Two encodings x two seeds, each with LongPPL records at 32 and 64 from one evaluator
+    (key tokens: 7 and 9 at 32, 12 at 64); none's LongPPL is 2x its ppl, rope's 3x."""
+    from posbench.report.docs.corpus import long_context_table
+
+    runs = {
+        f"{i}_{e}_seed{s}": {"encoding": e, "seed": s}
+        for i, (e, s) in enumerate((e, s) for e in ("none", "rope") for s in (0, 1))
+    }
+    sweep_dir = fabricated_sweep(tmp_path / "sweep", "encoding=none,rope seed=0,1", runs, "a" * 40)
+    for name, options in runs.items():
+        path = sweep_dir / name
+        results = json.loads((path / "results.json").read_text())
+        factor = 2.0 if options["encoding"] == "none" else 3.0
+        results["eval"] += [
+            {**record, "longppl": record["ppl"] * factor + options["seed"],
+             "key_tokens": {32: 7 + 2 * options["seed"], 64: 12}[record["length"]],
+             "longppl_evaluator": str(sweep_dir / "2_rope_seed0"),
+             "longppl_alpha": 2.0, "longppl_beta": -2.0}
+            for record in results["eval"] if record["length"] > 16
+        ]  # fmt: skip
+        (path / "results.json").write_text(json.dumps(results))
+    summary = tmp_path / "results" / "x" / "text.json"
+    summary.parent.mkdir(parents=True)
+    write_summary(summary, find_runs([sweep_dir])[0], [sweep_dir])
+    lines = long_context_table(load(tmp_path, "results/x/text.json")).splitlines()
+    assert lines[0] == (
+        "| encoding | runs | effective length (× 16) | ppl at 32 | LongPPL at 32 | ppl at 64 "
+        "| LongPPL at 64 |"
+    )
+    assert lines[2:4] == [
+        "| none | 2 | 64 ± 0 (4.0×) | 4.50 ± 0.00 | **9.50** ± 0.71 | 4.80 ± 0.00 "
+        "| **10.10** ± 0.71 |",
+        "| rope | 2 | 64 ± 0 (4.0×) | 4.50 ± 0.00 | 14.00 ± 0.71 | 4.80 ± 0.00 | 14.90 ± 0.71 |",
+    ]
+    assert lines[-1].endswith(
+        "evaluator run `2_rope_seed0` selected (alpha 2, beta -2): 7 to 9 at 32, 12 at 64 "
+        "tokens were key."
+    )

@@ -27,6 +27,7 @@ from posbench.report.docs.corpus import (
     corpus_details,
     corpus_provenance,
     effective_lengths,
+    long_context_table,
     main_group_figure,
     main_position_figure,
     ratio_table,
@@ -59,6 +60,7 @@ EXTRAPOLATION = "results/extrapolation/synthetic.json"
 RUOSS2023_CPU = "results/ruoss2023_cpu/sweep.json"
 ALIBI_WT103_H200 = "results/alibi_wt103/h200.json"
 DROPE = "results/drope/synthetic.json"
+WIKITEXT2 = "results/extrapolation/wikitext2.json"
 # block name -> (summary or published table, what it shows)
 BLOCKS: dict[str, tuple[str, Callable[[Any], str]]] = {
     "extrapolation/table": (EXTRAPOLATION, ratio_table),
@@ -71,6 +73,9 @@ BLOCKS: dict[str, tuple[str, Callable[[Any], str]]] = {
     "alibi_wt103/h200/provenance": (ALIBI_WT103_H200, published_provenance),
     "alibi_wt103/h200/table": (ALIBI_WT103_H200, published_ratio_table),
     "drope/table": (DROPE, drope_results),
+    "wikitext2/table": (WIKITEXT2, ratio_table),
+    "wikitext2/long_context": (WIKITEXT2, long_context_table),
+    "wikitext2/details": (WIKITEXT2, corpus_details),
 }
 # figure path -> (summary or published table, what it draws)
 FIGURES: dict[str, tuple[str, Callable]] = {
@@ -79,6 +84,7 @@ FIGURES: dict[str, tuple[str, Callable]] = {
     "docs/figures/loss_by_position_synthetic.png": (EXTRAPOLATION, main_position_figure),
     "docs/figures/ruoss2023_cpu.png": (RUOSS2023_CPU, accuracy_panels),
     "docs/figures/alibi_protocol_wikitext2_h200.png": (ALIBI_WT103_H200, published_ratio_figure),
+    "docs/figures/extrapolation_wikitext2.png": (WIKITEXT2, main_group_figure),
 }
 
 

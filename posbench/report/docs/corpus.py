@@ -4,14 +4,17 @@ per-family figure of the experiment's own runs, and docs/results.md's tables of 
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import replace
+from pathlib import Path
 
+from posbench.report.cells import Stat
 from posbench.report.docs.source import Source, provenance_line
 from posbench.report.figures import position_figure, value_figure
-from posbench.report.groups import Row
-from posbench.report.long_context import effective_table
+from posbench.report.groups import Row, report_of
+from posbench.report.long_context import effective_table, tokens_text
 from posbench.report.tables import markdown_table, position_table, row_name
-from posbench.report.text import best_shown
+from posbench.report.text import best_shown, stat_text
 
 
 def row_labels(rows: list[Row]) -> dict[int, str]:
@@ -125,3 +128,73 @@ def rope_variants_figure(source: Source):  # -> matplotlib Figure
     beside NoPE's, as the report draws them."""
     group = source.main_group()
     return value_figure(replace(group, rows=[r for r in group.rows if r.name in ("none", "rope")]))
+
+
+def long_context_table(source: Source) -> str:
+    """The experiment's own rows: each one's effective context length (at the report's
+    threshold), then its perplexity and its LongPPL at each length where an evaluator run
+    selected key tokens (mean ± std over seeds, the lowest of a column in bold); under the
+    table, the evaluator and how many tokens it selected at each length."""
+    group = source.main_group()
+    rows = source.main_rows(group)
+    labels = row_labels(rows)
+    S, t = group.train_seq_len, source.report.effective_threshold
+    keyed = [r for run in source.runs for r in run.results["eval"] if r.get("key_tokens")]
+    lengths = sorted({r["length"] for r in keyed})
+    # the same runs grouped alike, LongPPL as the cells' value (report --metric longppl)
+    by_longppl = report_of(source.runs, [], [source.path], metric="longppl")
+    longppl_rows = {
+        tuple(row.runs): row for g in by_longppl.groups for row in g.rows if row.as_trained
+    }
+
+    def values(row: Row, length: int) -> tuple[Stat | None, Stat | None]:
+        i = group.lengths.index(length)
+        other = longppl_rows.get(tuple(row.runs))
+        return row.cells[i].value, None if other is None else other.cells[i].value
+
+    columns = [(n, k) for n in lengths for k in (0, 1)]
+    best = {
+        (n, k): best_shown((values(row, n)[k].mean for row in rows if values(row, n)[k]), min)
+        for n, k in columns
+    }
+    lines = [
+        f"| encoding | runs | effective length (× {S}) | "
+        + " | ".join(f"{'LongPPL' if k else 'ppl'} at {n}" for n, k in columns)
+        + " |",
+        "| --- | --- | --- |" + " --- |" * len(columns),
+    ]
+    for row in sorted(rows, key=lambda row: labels[id(row)]):
+        stat = row.effective
+        effective = "–" if stat.mean is None else f"{tokens_text(stat)} ({stat.mean / S:.1f}×)"
+        cells = []
+        for n, k in columns:
+            value = values(row, n)[k]
+            cells.append(
+                "–" if value is None or value.mean is None else stat_text(value, best[(n, k)])
+            )
+        lines.append(
+            f"| {labels[id(row)]} | {len(row.runs)} | {effective} | " + " | ".join(cells) + " |"
+        )
+    if not keyed:
+        return "\n".join(
+            [*lines, "", "No LongPPL record: posbench eval --metric longppl --evaluator RUN."]
+        )
+    evaluators = sorted({Path(r["longppl_evaluator"]).name for r in keyed})
+    counts = ", ".join(
+        f"{count_text(r['key_tokens'] for r in keyed if r['length'] == n)} at {n}" for n in lengths
+    )
+    lines += [
+        "",
+        f"Effective length at threshold {t:g}: the longest evaluated length up to which the "
+        f"perplexity stays within 1 / {t:g} of its value at {S}, mean ± std over seeds. "
+        f"LongPPL: the perplexity over the key tokens the evaluator run "
+        f"{', '.join(f'`{e}`' for e in evaluators)} selected (alpha {keyed[0]['longppl_alpha']:g}, "
+        f"beta {keyed[0]['longppl_beta']:g}): {counts} tokens were key.",
+    ]
+    return "\n".join(lines)
+
+
+def count_text(counts: Iterable[int]) -> str:
+    """A count that may vary by run: "12", or "7 to 9"."""
+    low, high = min(counts := list(counts)), max(counts)
+    return f"{low:,}" if low == high else f"{low:,} to {high:,}"
