@@ -1046,6 +1046,52 @@ def test_a_summary_keeps_a_key_absent_where_a_record_lacked_it_and_curves_exact(
     assert group.position_length == 40
 
 
+def test_a_summary_stores_results_equal_in_every_run_once_and_curves_at_the_longest_length(
+    tmp_path,
+):
+    """Issue 54: a summary in tens of KB. What every run's results.json holds alike (its data,
+    code versions, ...) is stored once; a curve below the longest length, which no report
+    reads, is left out; the report of the summary is the report of the runs."""
+    from posbench.report.read import find_runs
+    from posbench.report.summary import read_summary, write_summary
+
+    data = {"name": "synthetic", "tokenizer": "bytes", "vocab_size": 256}
+    for seed in (0, 1):
+        train = {"steps": 10, "wall_s": 1.0 + seed}
+        run = make_run(tmp_path / "s" / f"r{seed}", seed=seed, ppls={16: 5.0, 40: 6.0},
+                       results={"data": data, "train": train})  # fmt: skip
+        add_loss_by_position(run, 16, {(0, 8): 9.0, (8, 16): 9.0})
+        add_loss_by_position(run, 40, dict(zip(BUCKETS, [2.0, 1.0, 3.0, 4.0 + seed], strict=True)))
+    runs, _ = find_runs([tmp_path / "s"])
+    write_summary(tmp_path / "sweep.json", runs, [tmp_path / "s"])
+    content = json.loads((tmp_path / "sweep.json").read_text())
+    assert content["results"]["data"] == data and content["results"]["train"] == {"steps": 10}
+    assert all("data" not in run["results"] for run in content["runs"])
+    back = {run.path.name: run.results for run in read_summary(tmp_path / "sweep.json")}
+    assert back["r1"]["train"] == {"steps": 10, "wall_s": 2.0}
+    assert [("loss_by_position" in r) for r in back["r0"]["eval"]] == [False, True]
+    of_runs, of_summary = build_report(tmp_path / "s"), build_report(tmp_path / "sweep.json")
+    assert markdown(of_summary).splitlines()[1:] == markdown(of_runs).splitlines()[1:]
+
+
+def test_a_summary_of_the_first_format_is_still_read(tmp_path):
+    """posbench-summary/1 (before results shared by every run were stored once) reads as it
+    did: its runs' results whole, curves as columns."""
+    from posbench.report.summary import read_summary
+
+    curve = {"table": {"start": [0], "end": [16], "nll": [2.0], "tokens": [16]}}
+    records = {"records": 1, "constant": {"length": 16, "ppl": 5.0, "loss_by_position": curve},
+               "columns": {}}  # fmt: skip
+    run = {"name": "r0", "config": {"seed": 0}, "results": {"seed": 0, "eval": records}}
+    (tmp_path / "old.json").write_text(json.dumps({
+        "format": "posbench-summary/1", "provenance": {}, "config": {"train.seq_len": 16},
+        "runs": [run]}))  # fmt: skip
+    (back,) = read_summary(tmp_path / "old.json")
+    assert back.config == {"train.seq_len": 16, "seed": 0}
+    assert back.results == {"seed": 0, "eval": [{"length": 16, "ppl": 5.0, "loss_by_position": [
+        {"start": 0, "end": 16, "nll": 2.0, "tokens": 16}]}]}  # fmt: skip
+
+
 def test_a_file_that_is_no_summary_is_a_one_line_error(tmp_path):
     (tmp_path / "other.json").write_text('{"eval": []}')
     with pytest.raises(PosbenchError, match="not a posbench summary") as err:
