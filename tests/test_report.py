@@ -1092,6 +1092,31 @@ def test_a_summary_of_the_first_format_is_still_read(tmp_path):
         {"start": 0, "end": 16, "nll": 2.0, "tokens": 16}]}]}  # fmt: skip
 
 
+def test_a_summarys_provenance_is_its_runs_commands_machines_days_and_commits(tmp_path):
+    """Not the summary writer's machine and day, nor one sweep's command for a directory that
+    held two: each run's results.json ``ran``, and that of each ``posbench eval`` record."""
+    from posbench.report.read import find_runs
+    from posbench.report.summary import summary_content
+
+    def ran(command, machine, day):
+        return {"command": command, "machine": machine, "date": f"2026-01-0{day}"}
+
+    for seed, sweep in ((0, "a"), (1, "b")):
+        results = {"ran": ran(f"posbench train -m {sweep}", "M1", 2 + seed),
+                   "versions": {"git_commit": sweep * 40}}  # fmt: skip
+        make_run(tmp_path / "s" / f"r{seed}", seed=seed, results=results)
+    results = json.loads((tmp_path / "s" / "r1" / "results.json").read_text())
+    evaluated = ran("posbench eval --run r1", "M2", 6)
+    results["eval"][1].update({"versions": {"git_commit": "c" * 40}, "ran": evaluated})
+    (tmp_path / "s" / "r1" / "results.json").write_text(json.dumps(results))
+    runs, _ = find_runs([tmp_path / "s"])
+    provenance = summary_content(runs, [tmp_path / "s"])["provenance"]
+    assert provenance["commands"] == [
+        "posbench train -m a", "posbench train -m b", "posbench eval --run r1"]  # fmt: skip
+    assert (provenance["machine"], provenance["date"]) == ("M1; M2", "2026-01-02 to 2026-01-06")
+    assert provenance["posbench_commits"] == ["a" * 40, "b" * 40, "c" * 40]
+
+
 def test_a_file_that_is_no_summary_is_a_one_line_error(tmp_path):
     (tmp_path / "other.json").write_text('{"eval": []}')
     with pytest.raises(PosbenchError, match="not a posbench summary") as err:

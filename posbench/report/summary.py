@@ -5,8 +5,9 @@ as data (``results/<experiment>/<name>.json``) after the run directories are gon
     posbench report results/ruoss2023_cpu/sweep.json                   # read it as the runs
 
 A summary holds, per finished run, its flattened config.yaml and its results.json without the
-weights, checkpoints and TensorBoard files; and, once, where the runs came from (the sweep's
-command, machine, date, wall time, posbench's commit). Tens of KB for a sweep of tens of runs:
+weights, checkpoints and TensorBoard files; and, once, where the runs came from as they
+recorded it (every command that made them, the machines, days and commits; the sweep's wall
+time: provenance). Tens of KB for a sweep of tens of runs:
 config keys and results.json entries equal in every run are stored once (``config``,
 ``results``: common_part), the evaluation records as columns (a value equal in every record
 that has it once), a loss-by-position curve only at the longest length the run has one (the
@@ -28,7 +29,6 @@ from __future__ import annotations
 
 import json
 import os
-import platform
 import shlex
 from collections import Counter
 from collections.abc import Sequence
@@ -36,7 +36,6 @@ from datetime import date
 from pathlib import Path
 from typing import Any
 
-import torch
 from omegaconf import OmegaConf
 
 from posbench.errors import PosbenchError
@@ -44,7 +43,6 @@ from posbench.report.published import is_published_table
 from posbench.report.run import Run
 from posbench.runs.directory import RESULTS_FILE
 from posbench.system.atomic import atomic_write
-from posbench.system.precision import bf16_hardware
 
 SUMMARY_FORMAT = "posbench-summary/2"
 # /1 stored every results.json entry in each run: read as /2 with no results shared
@@ -314,21 +312,39 @@ def rounded(value: Any) -> Any:
 
 
 def provenance(runs: Sequence[Run], sweeps: Sequence[Path]) -> dict[str, Any]:
-    """The sweeps' commands (from Hydra's multirun.yaml) and directory names, the commits that
-    trained the runs, this machine, today's date and the sweeps' wall time: the first job's
-    start (its directory's .hydra/) to the last results.json."""
+    """Where the runs came from, as they recorded it (results.json's ``ran`` and ``versions``,
+    and those of each record ``posbench eval`` added): every command that made them, each
+    once (the training's, then the re-evaluations'; a run that predates ``ran``: its sweep's,
+    from Hydra's multirun.yaml), the sweeps' directory names, the commits, the machines, the
+    days (first to last; a run that predates ``ran``: its results.json's) and the sweeps' wall
+    time: the first job's start (its directory's .hydra/) to the last results.json."""
     started = [
         os.stat(run.path / ".hydra").st_mtime for run in runs if (run.path / ".hydra").is_dir()
     ]
     ended = [os.stat(run.path / RESULTS_FILE).st_mtime for run in runs]
-    commits = sorted({str(run.results.get("versions", {}).get("git_commit")) for run in runs})
+    evaluations = [r for run in runs for r in run.results["eval"] if "ran" in r]
+    trained = [run.results.get("ran") or {} for run in runs]
+    by_sweep = {sweep.resolve(): sweep_command(sweep) for sweep in sweeps}
+    commands = [
+        ran.get("command")
+        or next((c for s, c in by_sweep.items() if run.path.resolve().is_relative_to(s)), None)
+        for run, ran in zip(runs, trained, strict=True)
+    ] + [r["ran"]["command"] for r in evaluations]
+    commits = [run.results.get("versions", {}).get("git_commit") for run in runs]
+    commits += [r.get("versions", {}).get("git_commit") for r in evaluations]
+    machines = [ran.get("machine") for ran in [*trained, *(r["ran"] for r in evaluations)]]
+    days = [
+        ran.get("date") or date.fromtimestamp(end).isoformat()
+        for ran, end in zip(trained, ended, strict=True)
+    ] + [r["ran"]["date"] for r in evaluations]
+    first, last = min(days), max(days)
     return {
-        "commands": [sweep_command(sweep) for sweep in sweeps],
+        "commands": [command for command in dict.fromkeys(commands) if command],
         "sweeps": [sweep.resolve().name for sweep in sweeps],  # run names start with these
         "runs": len(runs),
-        "posbench_commits": commits,
-        "machine": machine_description(),
-        "date": date.today().isoformat(),
+        "posbench_commits": sorted({str(commit) for commit in commits}),
+        "machine": "; ".join(m for m in dict.fromkeys(machines) if m) or None,  # None: unrecorded
+        "date": first if first == last else f"{first} to {last}",
         "wall_s": round(max(ended) - min(started)) if started else None,
     }
 
@@ -342,22 +358,3 @@ def sweep_command(sweep: Path) -> str | None:
     overrides = OmegaConf.load(path).hydra.overrides
     launcher = [o for o in overrides.hydra if o != "hydra.mode=MULTIRUN"]
     return shlex.join(["posbench", "train", "-m", *overrides.task, *launcher])
-
-
-def machine_description() -> str:
-    """``AMD EPYC family 25 model 17 (x86_64, 2 cores, bf16: avx512_bf16), torch 2.13.0+cpu``:
-    what timings and bf16 results depend on."""
-    model = platform.processor() or platform.machine()
-    cpuinfo = Path("/proc/cpuinfo")
-    if cpuinfo.is_file():  # Linux: the first processor's name, family and model
-        fields = dict(
-            (key.strip(), value.strip())
-            for key, _, value in (line.partition(":") for line in cpuinfo.read_text().splitlines())
-            if value
-        )
-        model = fields.get("model name", model)
-        if "cpu family" in fields and "model" in fields:
-            model += f" family {fields['cpu family']} model {fields['model']}"
-    bf16 = bf16_hardware(torch.device("cpu")) or "none"
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return f"{model} ({platform.machine()}, {cores} cores, bf16: {bf16}), torch {torch.__version__}"

@@ -95,5 +95,6 @@ def drope_table(source: Source) -> str:
 def drope_results(source: Source) -> str:
     """drope_table, and under it provenance_line naming the commands by the block above it:
     the experiment's two sweeps share one directory, whose multirun.yaml the second rewrites,
-    so the summary records the second's command alone."""
+    and the committed summary's runs predate results.json's ``ran`` (each run's own command),
+    so its provenance records the second sweep's command alone."""
     return f"{drope_table(source)}\n\n{provenance_line(source, 'the commands above')}"
