@@ -1117,6 +1117,31 @@ def test_a_summarys_provenance_is_its_runs_commands_machines_days_and_commits(tm
     assert provenance["posbench_commits"] == ["a" * 40, "b" * 40, "c" * 40]
 
 
+def test_fine_tunes_of_each_seeds_parent_are_one_row_over_seeds_and_parent_settings_apart(
+    tmp_path,
+):
+    """DroPE's recalibrations: each seed's fine-tune names its own parent's path, yet the
+    parents differ in seed alone, so the fine-tunes are seeds of one row; a fine-tune of a
+    parent of another setting (alibi) is a group apart, and so is one whose parent is gone."""
+    for encoding, seeds in (("rope", (0, 1)), ("alibi", (0,))):
+        for seed in seeds:
+            parent = make_run(tmp_path / f"{encoding}_seed{seed}", encoding, seed)
+            make_run(tmp_path / f"{encoding}_tune_seed{seed}", "none", seed, train__steps=3,
+                     train__init_from=str(parent), results={"init_from": str(parent)})  # fmt: skip
+    make_run(tmp_path / "orphan_seed0", "none", 0, train__steps=3, train__init_from="gone")
+    rows = {
+        g.title: [(row.label, [p.name for p in row.runs]) for row in g.rows]
+        for g in build_report(tmp_path).groups
+    }
+    assert rows == {
+        "train.steps=10": [("alibi", ["alibi_seed0"]), ("rope", ["rope_seed0", "rope_seed1"])],
+        "train.steps=3, train.init_from=alibi runs": [("none", ["alibi_tune_seed0"])],
+        "train.steps=3, train.init_from=rope runs": [
+            ("none", ["rope_tune_seed0", "rope_tune_seed1"])],
+        "train.steps=3, train.init_from=gone": [("none", ["orphan_seed0"])],
+    }  # fmt: skip
+
+
 def test_a_file_that_is_no_summary_is_a_one_line_error(tmp_path):
     (tmp_path / "other.json").write_text('{"eval": []}')
     with pytest.raises(PosbenchError, match="not a posbench summary") as err:

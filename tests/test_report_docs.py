@@ -160,7 +160,15 @@ def drope_sweep(path: Path) -> Path:
             ]  # fmt: skip
             if name == "nope" and seed == 0:  # a LongPPL record beside the plain one: no row's
                 records.append({**records[1], "longppl": 3.0, "longppl_evaluator": "E"})
-            make_run(path / f"{name}_seed{seed}", encoding, seed, results={"eval": records})
+            # DroPE's phases: fewer steps, the recalibration from its seed's RoPE phase
+            parent = str(path.absolute() / f"drope_rope_seed{seed}")
+            phase = {"drope_rope": {"train__steps": 7},
+                     "drope": {"train__steps": 3, "train__init_from": parent}}  # fmt: skip
+            init = {"init_from": parent} if name == "drope" else {}
+            results = {"eval": records, **init}
+            make_run(
+                path / f"{name}_seed{seed}", encoding, seed, results=results, **phase.get(name, {})
+            )
     return path
 
 

@@ -37,7 +37,7 @@ from posbench.report.read import (
 )
 from posbench.report.settings import (
     chosen_metric,
-    group_setting,
+    group_settings,
     group_title,
     group_titles,
     tokenizer_text,
@@ -462,8 +462,9 @@ def report_of(
     tokenizers = sorted({tokenizer_text(run) for run in runs})
     metric, metric_note = chosen_metric(metric, tokenizers)
     by_setting: dict[tuple, list[Run]] = defaultdict(list)
-    for run in runs:
-        by_setting[group_setting(run, metric == "ppl" and len(tokenizers) > 1)].append(run)
+    by_tokenizer = metric == "ppl" and len(tokenizers) > 1
+    for run, setting in zip(runs, group_settings(runs, by_tokenizer), strict=True):
+        by_setting[setting].append(run)
     settings = sorted(by_setting)
     differing = {k for s in settings for k, v in s if any((k, v) not in t for t in settings)}
     distinct = [{k: json.loads(v) for k, v in s if k in differing} for s in settings]

@@ -6,7 +6,7 @@ name only the settings telling the groups apart."""
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -54,18 +54,58 @@ TITLE_ORDER = (
 )
 
 TITLE_NAMES = {"data.name": "data"}  # as a title writes them
+# A fine-tune's parent's encoding and setting (training_setting); after train.init_from in a
+# title's order, which names the parent's encoding first.
+PARENT = "train.init_from.setting"
 
 
-def training_setting(run: Run) -> tuple[tuple[str, str], ...]:
+def training_setting(
+    run: Run, parents: Mapping[Path, Run] | None = None
+) -> tuple[tuple[str, str], ...]:
     """What the trained model depends on besides encoding and seed, hashable. A model or train
     key the run's config.yaml lacks (written before posbench had it) takes its default, which
-    the run trained with: so it groups with newer runs that left the key at that default."""
+    the run trained with: so it groups with newer runs that left the key at that default. A
+    fine-tune whose parent is among ``parents`` (fine_tune_parents) has the parent's encoding
+    and training setting for its train.init_from, not the parent's path: fine-tunes of one
+    seed each of a parent setting are seeds of one setting (DroPE's recalibrations)."""
     config = {**schema_defaults(), **run.config}
-    return tuple(
-        (key, json.dumps(value))
-        for key, value in sorted(config.items())
+    setting = {
+        key: json.dumps(value)
+        for key, value in config.items()
         if not is_under(key, NOT_A_SETTING) and applies(key, config)
-    )
+    }
+    if (parent := (parents or {}).get(run.path)) is not None:
+        encoding = {k: v for k, v in parent.config.items() if is_under(k, ("encoding",))}
+        setting["train.init_from"] = json.dumps(f"{parent.config['encoding.name']} runs")
+        setting[PARENT] = json.dumps([encoding, training_setting(parent, parents)])
+    return tuple(sorted(setting.items()))
+
+
+def fine_tune_parents(runs: Sequence[Run]) -> dict[Path, Run]:
+    """Each fine-tune's parent among ``runs`` (its train.init_from, as results.json records it
+    absolute): the run whose path ends in the most of its parts, where one does; a summary's
+    runs keep their sweep's and run's names. A parent not found, or two found alike, leaves
+    the fine-tune grouped by the path it names."""
+    parents = {}
+    for run in runs:
+        named = run.results.get("init_from") or run.config.get("train.init_from")
+        if named is None:
+            continue
+        parts = Path(named).parts
+        matched = {other.path: common_suffix(parts, other.path.parts) for other in runs}
+        longest = max(matched.values())
+        found = [other for other in runs if longest and matched[other.path] == longest]
+        if len(found) == 1 and found[0] is not run:
+            parents[run.path] = found[0]
+    return parents
+
+
+def common_suffix(a: Sequence[str], b: Sequence[str]) -> int:
+    """How many of the last parts of ``a`` and ``b`` are equal."""
+    n = 0
+    while n < min(len(a), len(b)) and a[-1 - n] == b[-1 - n]:
+        n += 1
+    return n
 
 
 def applies(key: str, config: dict[str, Any]) -> bool:
@@ -137,14 +177,23 @@ def shortened(title: str) -> str:
     return title if len(title) <= TITLE_CHARACTERS else title[: TITLE_CHARACTERS - 1] + "…"
 
 
-def group_setting(run: Run, by_tokenizer: bool) -> tuple[tuple[str, str], ...]:
-    """What a run's group is, hashable: its training setting, the tokens it scored
-    (MEASUREMENT), and, ``by_tokenizer``, its tokenizer."""
+def group_setting(
+    run: Run, by_tokenizer: bool, parents: Mapping[Path, Run] | None = None
+) -> tuple[tuple[str, str], ...]:
+    """What a run's group is, hashable: its training setting (``parents``: training_setting),
+    the tokens it scored (MEASUREMENT), and, ``by_tokenizer``, its tokenizer."""
     config = {**schema_defaults(), **run.config}
-    setting = training_setting(run) + tuple((k, json.dumps(config.get(k))) for k in MEASUREMENT)
+    setting = training_setting(run, parents)
+    setting += tuple((k, json.dumps(config.get(k))) for k in MEASUREMENT)
     if by_tokenizer:
         setting += (("data.tokenizer", json.dumps(tokenizer_text(run))),)
     return setting
+
+
+def group_settings(runs: Sequence[Run], by_tokenizer: bool) -> list[tuple[tuple[str, str], ...]]:
+    """Each run's group_setting, a fine-tune's by its parent among ``runs``."""
+    parents = fine_tune_parents(runs)
+    return [group_setting(run, by_tokenizer, parents) for run in runs]
 
 
 def chosen_metric(metric: str | None, tokenizers: Sequence[str]) -> tuple[str, str | None]:
