@@ -994,6 +994,9 @@ def test_a_summary_reports_as_the_sweep_it_summarizes(sweep_copy, tmp_path, monk
     summary = tmp_path / "results" / "tiny" / "sweep.json"
     main(["report", str(sweep_copy), "--out", "a", "--summary", str(summary)])
     assert summary.stat().st_size < 6_000 * 4  # 4 runs
+    # each job recorded its sweep's command as it started (results.json's ran)
+    ran = json.loads(next(sweep_copy.glob("*/results.json")).read_text())["ran"]
+    assert ran["command"].startswith("posbench train -m encoding=none,rope seed=0,1")
     shutil.rmtree(sweep_copy)  # the runs are gone; their summary stays
     main(["report", str(summary), "--out", "b"])
     first, *tables = (tmp_path / "a" / "report.md").read_text().splitlines()
@@ -1140,6 +1143,23 @@ def test_fine_tunes_of_each_seeds_parent_are_one_row_over_seeds_and_parent_setti
             ("none", ["rope_tune_seed0", "rope_tune_seed1"])],
         "train.steps=3, train.init_from=gone": [("none", ["orphan_seed0"])],
     }  # fmt: skip
+
+
+def test_a_summary_whose_provenance_predates_sweep_names_is_written_back(tmp_path):
+    """results/ruoss2023_cpu/sweep.json's provenance names no sweeps (written before it did):
+    writing it back into itself (a format's migration) keeps its runs' names."""
+    from posbench.report.read import find_runs
+    from posbench.report.summary import read_summary, write_summary
+
+    make_run(tmp_path / "s" / "r0")
+    runs, _ = find_runs([tmp_path / "s"])
+    write_summary(tmp_path / "old.json", runs, [tmp_path / "s"])
+    content = json.loads((tmp_path / "old.json").read_text())
+    del content["provenance"]["sweeps"]
+    (tmp_path / "old.json").write_text(json.dumps(content))
+    runs, _ = find_runs([tmp_path / "old.json"])
+    write_summary(tmp_path / "old.json", runs, [tmp_path / "old.json"])
+    assert [run.path.name for run in read_summary(tmp_path / "old.json")] == ["r0"]
 
 
 def test_a_file_that_is_no_summary_is_a_one_line_error(tmp_path):
