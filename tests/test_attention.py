@@ -562,6 +562,44 @@ def test_storage_kept_under_inference_mode_is_not_written_outside_it(monkeypatch
             assert torch.equal(model(tokens), expected)
 
 
+def test_two_threads_leasing_at_once_never_take_one_spare_storage(monkeypatch):
+    """SPARE_STORAGE is shared by models in threads (DataParallel's replicas): one spare, two
+    passes leasing at once, each taking its time at the pop, get two storages, not one twice
+    (nor an error popping a spare the other took)."""
+    import threading
+    import time
+
+    class SlowPop(list):
+        def pop(self, index):
+            time.sleep(0.05)  # the other thread runs meanwhile
+            return super().pop(index)
+
+    class Pass:  # a forward pass's QueryBlockBiases: the storage's owner
+        pass
+
+    biases = posbench.model.attention.biases
+    spare = torch.empty(8)
+    monkeypatch.setattr(biases, "SPARE_STORAGE", SlowPop([spare]))
+    owners, leased, errors = [Pass() for _ in range(2)], [], []
+    start = threading.Barrier(2)
+
+    def lease(owner):
+        start.wait()
+        try:
+            leased.append(biases.leased_storage(owner, 8, torch.float32, torch.device("cpu")))
+        except Exception as err:  # the failure this test guards against
+            errors.append(err)
+
+    threads = [threading.Thread(target=lease, args=(owner,)) for owner in owners]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == [] and len(leased) == 2
+    assert leased[0].data_ptr() != leased[1].data_ptr()
+    assert spare.data_ptr() in {t.data_ptr() for t in leased}
+
+
 def block_masks(mask: torch.Tensor, starts: list[int]) -> list[torch.Tensor]:
     """The masks of the blocks of queries from each of ``starts`` (the first 0) of a whole
     (.., T, T) ``mask``: queries [s, e), keys [0, e)."""

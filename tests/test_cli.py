@@ -4,6 +4,7 @@ trained run), posbench's main runs in this process."""
 
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -106,6 +107,8 @@ def test_train_writes_a_complete_run_directory(trained):
     assert any(n.startswith("events.out.tfevents") for n in names)
     assert [r["length"] for r in results_of(run_dir)["eval"]] == [16, 32, 64]
     assert "ratio" in result and "64" in result  # the summary table
+    command = shlex.join(["posbench", "train", "encoding=rope", *TINY])
+    assert results_of(run_dir)["ran"]["command"] == command
 
 
 def test_eval_appends_new_lengths_to_the_newest_run(trained):
@@ -122,6 +125,7 @@ def test_eval_appends_new_lengths_to_the_newest_run(trained):
     # The re-evaluation names its code; the training's records take results.json's versions.
     assert new["versions"] == results_of(run_dir)["versions"]
     assert not any("versions" in r for r in before)
+    assert new["ran"]["command"] == "posbench eval --length 48"
 
 
 def test_eval_keeps_tensorboard_in_step_with_results_json(trained, monkeypatch, capsys):

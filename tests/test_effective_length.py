@@ -126,6 +126,19 @@ def test_a_re_evaluation_updates_the_hparams_metric_with_the_scalar(tmp_path):
     assert scalar == [64] and metric[-1] == 64
 
 
+def test_a_re_evaluation_updates_every_hparams_metric_read_from_the_records(tmp_path):
+    """Not only the effective length: `posbench eval --max-tokens` re-measuring 32 replaces
+    ppl_at_32 in the HParams tab too; a YaRN record beside it leaves it the plain one's; the
+    training's own summary (val_ppl) stays."""
+    with SummaryWriter(log_dir=str(tmp_path)) as writer:  # as the run trained
+        log_hparams(writer, {"encoding": "rope"}, {"val_ppl": 5.0, "ppl_at_32": 5.2})
+    records = [ppl_record(16, 5.0), ppl_record(32, 6.0), ppl_record(32, 4.0, scaling="yarn")]
+    write_eval_events(tmp_path, records, TrainedLengths.tokens(S))
+    events = EventAccumulator(str(tmp_path)).Reload()
+    assert [e.value for e in events.Scalars("hparam/ppl_at_32")][-1] == 6.0
+    assert [e.value for e in events.Scalars("hparam/val_ppl")] == [5.0]
+
+
 def test_the_effective_length_table_says_how_many_runs_a_row_is_over(tmp_path):
     make_run(tmp_path / "s0", 0, {16: 5.0, 32: 5.2})
     make_run(tmp_path / "s1", 1, {32: 5.2})  # not measured at the training length

@@ -96,8 +96,9 @@ def test_a_missing_parent_is_a_one_line_error(cache_dir, tmp_path):
 )
 def test_an_incompatible_parent_is_a_one_line_error(parent, cache_dir, tmp_path, override, message):
     with pytest.raises(PosbenchError, match=message) as info:
-        train(compose_config(child_overrides(parent, cache_dir, override)), tmp_path)
+        train(compose_config(child_overrides(parent, cache_dir, override)), tmp_path / "child")
     assert "\n" not in str(info.value)
+    assert not (tmp_path / "child").exists()  # refused before the run writes anything
 
 
 def test_an_encoding_option_newer_than_the_parent_takes_its_default(cache_dir, tmp_path):

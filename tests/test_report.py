@@ -1015,6 +1015,9 @@ def test_a_summary_reports_as_the_sweep_it_summarizes(sweep_copy, tmp_path, monk
     summary = tmp_path / "results" / "tiny" / "sweep.json"
     main(["report", str(sweep_copy), "--out", "a", "--summary", str(summary)])
     assert summary.stat().st_size < 6_000 * 4  # 4 runs
+    # each job recorded its sweep's command as it started (results.json's ran)
+    ran = json.loads(next(sweep_copy.glob("*/results.json")).read_text())["ran"]
+    assert ran["command"].startswith("posbench train -m encoding=none,rope seed=0,1")
     shutil.rmtree(sweep_copy)  # the runs are gone; their summary stays
     main(["report", str(summary), "--out", "b"])
     first, *tables = (tmp_path / "a" / "report.md").read_text().splitlines()
@@ -1065,6 +1068,119 @@ def test_a_summary_keeps_a_key_absent_where_a_record_lacked_it_and_curves_exact(
     assert "loss_by_position" not in back["r0"]["eval"][0]
     (group,) = build_report(tmp_path / "sweep.json").groups
     assert group.position_length == 40
+
+
+def test_a_summary_stores_results_equal_in_every_run_once_and_curves_at_the_longest_length(
+    tmp_path,
+):
+    """Issue 54: a summary in tens of KB. What every run's results.json holds alike (its data,
+    code versions, ...) is stored once; a curve below the longest length, which no report
+    reads, is left out; the report of the summary is the report of the runs."""
+    from posbench.report.read import find_runs
+    from posbench.report.summary import read_summary, write_summary
+
+    data = {"name": "synthetic", "tokenizer": "bytes", "vocab_size": 256}
+    for seed in (0, 1):
+        train = {"steps": 10, "wall_s": 1.0 + seed}
+        run = make_run(tmp_path / "s" / f"r{seed}", seed=seed, ppls={16: 5.0, 40: 6.0},
+                       results={"data": data, "train": train})  # fmt: skip
+        add_loss_by_position(run, 16, {(0, 8): 9.0, (8, 16): 9.0})
+        add_loss_by_position(run, 40, dict(zip(BUCKETS, [2.0, 1.0, 3.0, 4.0 + seed], strict=True)))
+    runs, _ = find_runs([tmp_path / "s"])
+    write_summary(tmp_path / "sweep.json", runs, [tmp_path / "s"])
+    content = json.loads((tmp_path / "sweep.json").read_text())
+    assert content["results"]["data"] == data and content["results"]["train"] == {"steps": 10}
+    assert all("data" not in run["results"] for run in content["runs"])
+    back = {run.path.name: run.results for run in read_summary(tmp_path / "sweep.json")}
+    assert back["r1"]["train"] == {"steps": 10, "wall_s": 2.0}
+    assert [("loss_by_position" in r) for r in back["r0"]["eval"]] == [False, True]
+    of_runs, of_summary = build_report(tmp_path / "s"), build_report(tmp_path / "sweep.json")
+    assert markdown(of_summary).splitlines()[1:] == markdown(of_runs).splitlines()[1:]
+
+
+def test_a_summary_of_the_first_format_is_still_read(tmp_path):
+    """posbench-summary/1 (before results shared by every run were stored once) reads as it
+    did: its runs' results whole, curves as columns."""
+    from posbench.report.summary import read_summary
+
+    curve = {"table": {"start": [0], "end": [16], "nll": [2.0], "tokens": [16]}}
+    records = {"records": 1, "constant": {"length": 16, "ppl": 5.0, "loss_by_position": curve},
+               "columns": {}}  # fmt: skip
+    run = {"name": "r0", "config": {"seed": 0}, "results": {"seed": 0, "eval": records}}
+    (tmp_path / "old.json").write_text(json.dumps({
+        "format": "posbench-summary/1", "provenance": {}, "config": {"train.seq_len": 16},
+        "runs": [run]}))  # fmt: skip
+    (back,) = read_summary(tmp_path / "old.json")
+    assert back.config == {"train.seq_len": 16, "seed": 0}
+    assert back.results == {"seed": 0, "eval": [{"length": 16, "ppl": 5.0, "loss_by_position": [
+        {"start": 0, "end": 16, "nll": 2.0, "tokens": 16}]}]}  # fmt: skip
+
+
+def test_a_summarys_provenance_is_its_runs_commands_machines_days_and_commits(tmp_path):
+    """Not the summary writer's machine and day, nor one sweep's command for a directory that
+    held two: each run's results.json ``ran``, and that of each ``posbench eval`` record."""
+    from posbench.report.read import find_runs
+    from posbench.report.summary import summary_content
+
+    def ran(command, machine, day):
+        return {"command": command, "machine": machine, "date": f"2026-01-0{day}"}
+
+    for seed, sweep in ((0, "a"), (1, "b")):
+        results = {"ran": ran(f"posbench train -m {sweep}", "M1", 2 + seed),
+                   "versions": {"git_commit": sweep * 40}}  # fmt: skip
+        make_run(tmp_path / "s" / f"r{seed}", seed=seed, results=results)
+    results = json.loads((tmp_path / "s" / "r1" / "results.json").read_text())
+    evaluated = ran("posbench eval --run r1", "M2", 6)
+    results["eval"][1].update({"versions": {"git_commit": "c" * 40}, "ran": evaluated})
+    (tmp_path / "s" / "r1" / "results.json").write_text(json.dumps(results))
+    runs, _ = find_runs([tmp_path / "s"])
+    provenance = summary_content(runs, [tmp_path / "s"])["provenance"]
+    assert provenance["commands"] == [
+        "posbench train -m a", "posbench train -m b", "posbench eval --run r1"]  # fmt: skip
+    assert (provenance["machine"], provenance["date"]) == ("M1; M2", "2026-01-02 to 2026-01-06")
+    assert provenance["posbench_commits"] == ["a" * 40, "b" * 40, "c" * 40]
+
+
+def test_fine_tunes_of_each_seeds_parent_are_one_row_over_seeds_and_parent_settings_apart(
+    tmp_path,
+):
+    """DroPE's recalibrations: each seed's fine-tune names its own parent's path, yet the
+    parents differ in seed alone, so the fine-tunes are seeds of one row; a fine-tune of a
+    parent of another setting (alibi) is a group apart, and so is one whose parent is gone."""
+    for encoding, seeds in (("rope", (0, 1)), ("alibi", (0,))):
+        for seed in seeds:
+            parent = make_run(tmp_path / f"{encoding}_seed{seed}", encoding, seed)
+            make_run(tmp_path / f"{encoding}_tune_seed{seed}", "none", seed, train__steps=3,
+                     train__init_from=str(parent), results={"init_from": str(parent)})  # fmt: skip
+    make_run(tmp_path / "orphan_seed0", "none", 0, train__steps=3, train__init_from="gone")
+    rows = {
+        g.title: [(row.label, [p.name for p in row.runs]) for row in g.rows]
+        for g in build_report(tmp_path).groups
+    }
+    assert rows == {
+        "train.steps=10": [("alibi", ["alibi_seed0"]), ("rope", ["rope_seed0", "rope_seed1"])],
+        "train.steps=3, train.init_from=alibi runs": [("none", ["alibi_tune_seed0"])],
+        "train.steps=3, train.init_from=rope runs": [
+            ("none", ["rope_tune_seed0", "rope_tune_seed1"])],
+        "train.steps=3, train.init_from=gone": [("none", ["orphan_seed0"])],
+    }  # fmt: skip
+
+
+def test_a_summary_whose_provenance_predates_sweep_names_is_written_back(tmp_path):
+    """results/ruoss2023_cpu/sweep.json's provenance names no sweeps (written before it did):
+    writing it back into itself (a format's migration) keeps its runs' names."""
+    from posbench.report.read import find_runs
+    from posbench.report.summary import read_summary, write_summary
+
+    make_run(tmp_path / "s" / "r0")
+    runs, _ = find_runs([tmp_path / "s"])
+    write_summary(tmp_path / "old.json", runs, [tmp_path / "s"])
+    content = json.loads((tmp_path / "old.json").read_text())
+    del content["provenance"]["sweeps"]
+    (tmp_path / "old.json").write_text(json.dumps(content))
+    runs, _ = find_runs([tmp_path / "old.json"])
+    write_summary(tmp_path / "old.json", runs, [tmp_path / "old.json"])
+    assert [run.path.name for run in read_summary(tmp_path / "old.json")] == ["r0"]
 
 
 def test_a_file_that_is_no_summary_is_a_one_line_error(tmp_path):

@@ -23,8 +23,9 @@ def fabricated_sweep(path: Path, overrides: str, runs: dict[str, dict], commit: 
     multirun.yaml and one run per entry of ``runs`` (its name: make_run's keywords), trained
     at ``commit``."""
     for name, options in runs.items():
-        versions = {"versions": {"git_commit": commit}}
-        make_run(path / name, ppls=PPLS, results=versions, **options)
+        ran = {"command": None, "machine": "M", "date": "2026-12-06"}  # None: its sweep's
+        results = {"versions": {"git_commit": commit}, "ran": ran}
+        make_run(path / name, ppls=PPLS, results=results, **options)
     overrides_node = {"task": overrides.split(), "hydra": ["hydra.mode=MULTIRUN"]}
     OmegaConf.save({"hydra": {"overrides": overrides_node}}, path / "multirun.yaml")
     return path
@@ -101,7 +102,7 @@ def test_the_provenance_line_names_each_sweep_its_command_commit_and_date(grown)
     line = provenance_line(load(grown.parents[2], "results/x/synthetic.json"))
     first, later = line.split("; then ")
     assert first.startswith("4 runs of `posbench train -m encoding=none,rope seed=0,1` at aaaaaaa")
-    assert later.startswith("3 runs of `posbench train -m encoding=pope seed=0,1` at bbbbbbb on ")
+    assert later.startswith("3 runs of `posbench train -m encoding=pope seed=0,1` at bbbbbbb on M")
     assert later.endswith("; summary: `results/x/synthetic.json`.")
 
 
@@ -159,7 +160,15 @@ def drope_sweep(path: Path) -> Path:
             ]  # fmt: skip
             if name == "nope" and seed == 0:  # a LongPPL record beside the plain one: no row's
                 records.append({**records[1], "longppl": 3.0, "longppl_evaluator": "E"})
-            make_run(path / f"{name}_seed{seed}", encoding, seed, results={"eval": records})
+            # DroPE's phases: fewer steps, the recalibration from its seed's RoPE phase
+            parent = str(path.absolute() / f"drope_rope_seed{seed}")
+            phase = {"drope_rope": {"train__steps": 7},
+                     "drope": {"train__steps": 3, "train__init_from": parent}}  # fmt: skip
+            init = {"init_from": parent} if name == "drope" else {}
+            results = {"eval": records, **init}
+            make_run(
+                path / f"{name}_seed{seed}", encoding, seed, results=results, **phase.get(name, {})
+            )
     return path
 
 
@@ -194,7 +203,7 @@ def test_the_drope_block_awaits_its_summary_and_renders_it_once_committed(tmp_pa
     assert render(tmp_path, check=True) == ["docs/results.md: drope/table"]
     table, provenance = drope_results(load(tmp_path, DROPE)).split("\n\n")
     assert table.startswith("| method | runs | ppl at 16 | 32 (2×) |")
-    assert provenance.startswith("10 runs of the commands above on ")
+    assert provenance.startswith("10 runs of the commands above, ")  # no machine: none recorded
     assert provenance.endswith("; summary: `results/drope/synthetic.json`.")
 
 

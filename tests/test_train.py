@@ -17,6 +17,7 @@ from posbench.data import Corpus
 from posbench.encodings import encoding_names
 from posbench.evaluation.perplexity import position_buckets
 from posbench.model import build_model
+from posbench.system.machine import ran
 from posbench.system.versions import SOURCE_ROOT, code_versions, git_state
 from posbench.training.train import fused_adamw, make_optimizer, train
 from posbench.training.train_loop import lr_at, validation_batches
@@ -110,6 +111,7 @@ def test_results_name_the_code_that_ran(rope_run):
     _, results = rope_run
     versions = results["versions"]
     assert versions == code_versions()
+    assert results["ran"] == ran(None)  # and where and when: the Python API names no command
     assert versions["posbench"] == metadata.version("posbench")
     assert versions["torch"] == torch.__version__
     head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=SOURCE_ROOT, capture_output=True)

@@ -4,6 +4,7 @@ optionally with eval-time RoPE scaling; the records go to its results.json and i
 from __future__ import annotations
 
 import argparse
+import shlex
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -202,7 +203,8 @@ def run_eval(args: Sequence[str]) -> None:
         beta=options.beta,
         position_remap=options.position_remap,
     )
-    results = record_eval(run_dir, cfg, records, trained_lengths(cfg))
+    command = shlex.join(["posbench", "eval", *args])
+    results = record_eval(run_dir, cfg, records, trained_lengths(cfg), command)
     print(f"{cfg.encoding.name} trained at {trained_at(cfg)} ({run_dir})")
     if options.rope_scaling not in (None, "none"):
         print(scaling_factors(options.rope_scaling, records))

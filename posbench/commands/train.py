@@ -31,6 +31,7 @@ from posbench.commands.overrides import (
 from posbench.config import config_dir
 from posbench.errors import PosbenchError
 from posbench.report.run_table import data_baselines, run_table, trained_at
+from posbench.report.summary import sweep_command
 from posbench.runs.directory import CHECKPOINT_FILE, CONFIG_FILE, saved_config
 from posbench.runs.sweep_summary import record_failed_job
 from posbench.system import distributed
@@ -62,6 +63,18 @@ LENGTHS_IN_TOKENS = (
 )
 
 
+def job_command() -> str:
+    """What started this job: its sweep's ``posbench train -m ...`` (Hydra's multirun.yaml,
+    read as the job starts: a later sweep into the same directory rewrites it), or the run's
+    ``posbench train <overrides>``."""
+    hydra_config = HydraConfig.get()
+    if hydra_config.mode == RunMode.MULTIRUN:
+        command = sweep_command(Path(hydra_config.sweep.dir))
+        if command is not None:
+            return command
+    return shlex.join(["posbench", "train", *hydra_config.overrides.task])
+
+
 def train_job(cfg: DictConfig, own_config: bool = False) -> float | None:
     """Hydra's task function: one training run in Hydra's output directory (``own_config``:
     ``--resume DIR``, which continues DIR's run from its own config)."""
@@ -70,7 +83,7 @@ def train_job(cfg: DictConfig, own_config: bool = False) -> float | None:
     try:
         if cfg.train.resume:
             cfg = resumed_config(cfg, run_dir, own_config)
-        results = train(cfg, run_dir)
+        results = train(cfg, run_dir, job_command())
     except TrainingInterrupted as err:
         stop(f"interrupted: {err}; {resume_hint}", err.exit_code)
     except KeyboardInterrupt as err:  # outside the training loop: loading data, evaluating

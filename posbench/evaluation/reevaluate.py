@@ -16,6 +16,7 @@ from posbench.runs.directory import WEIGHTS_FILE, latest_run, sweep_of
 from posbench.runs.loggers import open_logger
 from posbench.runs.results import append_eval_results
 from posbench.runs.tensorboard_log import TrainedLengths
+from posbench.system.machine import ran
 from posbench.system.versions import code_versions
 
 
@@ -47,18 +48,22 @@ def check_rope_run(cfg: DictConfig, run_dir: Path, root: Path = Path("outputs"))
 
 
 def record_eval(
-    run_dir: Path, cfg: DictConfig, records: Sequence[dict[str, Any]], trained: TrainedLengths
+    run_dir: Path,
+    cfg: DictConfig,
+    records: Sequence[dict[str, Any]],
+    trained: TrainedLengths,
+    command: str | None = None,
 ) -> dict[str, Any]:
     """Add ``records`` to the run's results.json (replacing those of the same length, stride
     and scaling method; an algorithmic task's summary past its ``trained`` lengths, see
     append_eval_results) and log all the records it now holds to the logger of the run's
     ``cfg`` (posbench/runs/loggers/: TensorBoard redraws the run's evaluation, W&B starts an
     ``eval`` run). Each record names the code that computed it (``versions``, as results.json
-    names the training's): a re-evaluation may run other code than the training did. Returns
-    the new results."""
+    names the training's), and the ``command``, machine and day (``ran``): a re-evaluation
+    may run other code, elsewhere, later than the training did. Returns the new results."""
     longest_trained = trained.hi if trained.problem_lengths else None
-    versions = code_versions()
-    stamped = [{**record, "versions": versions} for record in records]
+    stamp = {"versions": code_versions(), "ran": ran(command)}
+    stamped = [{**record, **stamp} for record in records]
     results = append_eval_results(run_dir, stamped, longest_trained)
     with open_logger(cfg, run_dir, job_type="eval") as logger:
         logger.log_evaluation(results["eval"], trained)

@@ -36,9 +36,9 @@ from posbench.report.read import (
     find_runs,
 )
 from posbench.report.settings import (
-    ATTENTION_VARIANTS,
     chosen_metric,
-    group_setting,
+    encoding_labels,
+    group_settings,
     group_title,
     group_titles,
     tokenizer_text,
@@ -155,52 +155,6 @@ class Report:
     duplicates: list[Duplicate] = field(default_factory=list)
     # why the metric is what it is, when the runs' tokenizers chose it (chosen_metric)
     metric_note: str | None = None
-
-
-def encoding_labels(runs: Sequence[Run]) -> dict[Path, str]:
-    """Each run's encoding name, plus the encoding options and randomized positions that
-    differ between runs of that name (so rope with two bases makes two rows instead of one
-    average; "rope (random_positions=2048)" beside "rope"), plus its tokenizer when the runs
-    differ in theirs ("rope [bpe 8192]")."""
-    tokenizers = {run.path: tokenizer_text(run) for run in runs}
-    several = len(set(tokenizers.values())) > 1
-    options = {run.path: label_options(run) for run in runs}
-    labels = {}
-    for run in runs:
-        name = run.config["encoding.name"]
-        same_name = [options[r.path] for r in runs if r.config["encoding.name"] == name]
-        differing = sorted(
-            k for k in options[run.path] if len({json.dumps(o.get(k)) for o in same_name}) > 1
-        )
-        details = ", ".join(f"{k.split('.', 1)[1]}={options[run.path][k]}" for k in differing)
-        labels[run.path] = f"{name} ({details})" if details else name
-        if several:
-            labels[run.path] += f" [{tokenizers[run.path]}]"
-    return labels
-
-
-def label_options(run: Run) -> dict[str, Any]:
-    """What can tell a run's row from others of its encoding: the encoding's options,
-    train.random_positions where it is set, train.positions (and a target length set) where it
-    is pose, and the attention variants away from their defaults (sigmoid attention's length
-    where it is not the training length, its default)."""
-    options = {k: v for k, v in run.config.items() if k.startswith("encoding.")}
-    if run.config.get("train.random_positions") is not None:
-        options["train.random_positions"] = run.config["train.random_positions"]
-    if run.config.get("train.positions", "consecutive") != "consecutive":
-        options["train.positions"] = run.config["train.positions"]
-        if run.config.get("train.pose_length") is not None:  # null: 16 x train.seq_len
-            options["train.pose_length"] = run.config["train.pose_length"]
-    for key, default in ATTENTION_VARIANTS.items():
-        if run.config.get(key, default) != default:
-            options[key] = run.config[key]
-    sigmoid_length = run.config.get("model.sigmoid_length")
-    if (
-        options.get("model.attention") == "sigmoid"
-        and sigmoid_length != run.config["train.seq_len"]
-    ):
-        options["model.sigmoid_length"] = sigmoid_length
-    return options
 
 
 def row_label(encoding: str, scaling: str, stride: int | None, positions: str | None) -> str:
@@ -473,8 +427,9 @@ def report_of(
     tokenizers = sorted({tokenizer_text(run) for run in runs})
     metric, metric_note = chosen_metric(metric, tokenizers)
     by_setting: dict[tuple, list[Run]] = defaultdict(list)
-    for run in runs:
-        by_setting[group_setting(run, metric == "ppl" and len(tokenizers) > 1)].append(run)
+    by_tokenizer = metric == "ppl" and len(tokenizers) > 1
+    for run, setting in zip(runs, group_settings(runs, by_tokenizer), strict=True):
+        by_setting[setting].append(run)
     settings = sorted(by_setting)
     differing = {k for s in settings for k, v in s if any((k, v) not in t for t in settings)}
     distinct = [{k: json.loads(v) for k, v in s if k in differing} for s in settings]

@@ -1,19 +1,20 @@
-"""What splits a report's runs into groups and what a group is called: the training setting
-(every key that changes the trained model, besides encoding and seed), the tokens scored, the
-tokenizer where perplexity is compared; the metric chosen when tokenizers differ; titles that
-name only the settings telling the groups apart."""
+"""What splits a report's runs into groups and rows, and what they are called: the training
+setting (every key that changes the trained model, besides encoding and seed), the tokens
+scored, the tokenizer where perplexity is compared; the metric chosen when tokenizers differ;
+titles that name only the settings telling the groups apart; each run's row label (its
+encoding, and the options, positions and attention variants telling it from others)."""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from posbench.report.read import BOOKKEEPING, Run, is_under, schema_defaults
 
 # The attention variants (docs/attention.md) and their defaults: a run away from its default
-# gets a row of its own, labelled with the variant (groups.label_options).
+# gets a row of its own, labelled with the variant (label_options).
 ATTENTION_VARIANTS = {
     "model.qk_norm": False,
     "model.attn_gate": "none",
@@ -60,18 +61,56 @@ TITLE_ORDER = (
 )
 
 TITLE_NAMES = {"data.name": "data"}  # as a title writes them
+# A fine-tune's parent's encoding and setting (training_setting); after train.init_from in a
+# title's order, which names the parent's encoding first.
+PARENT = "train.init_from.setting"
 
 
-def training_setting(run: Run) -> tuple[tuple[str, str], ...]:
+def training_setting(
+    run: Run, parents: Mapping[Path, Run] | None = None
+) -> tuple[tuple[str, str], ...]:
     """What the trained model depends on besides encoding and seed, hashable. A model or train
     key the run's config.yaml lacks (written before posbench had it) takes its default, which
-    the run trained with: so it groups with newer runs that left the key at that default."""
+    the run trained with: so it groups with newer runs that left the key at that default. A
+    fine-tune whose parent is among ``parents`` (fine_tune_parents) has the parent's encoding
+    and training setting for its train.init_from, not the parent's path: fine-tunes of one
+    seed each of a parent setting are seeds of one setting (DroPE's recalibrations)."""
     config = {**schema_defaults(), **run.config}
-    return tuple(
-        (key, json.dumps(value))
-        for key, value in sorted(config.items())
-        if not is_under(key, NOT_A_SETTING)
-    )
+    setting = {
+        key: json.dumps(value) for key, value in config.items() if not is_under(key, NOT_A_SETTING)
+    }
+    if (parent := (parents or {}).get(run.path)) is not None:
+        encoding = {k: v for k, v in parent.config.items() if is_under(k, ("encoding",))}
+        setting["train.init_from"] = json.dumps(f"{parent.config['encoding.name']} runs")
+        setting[PARENT] = json.dumps([encoding, training_setting(parent, parents)])
+    return tuple(sorted(setting.items()))
+
+
+def fine_tune_parents(runs: Sequence[Run]) -> dict[Path, Run]:
+    """Each fine-tune's parent among ``runs`` (its train.init_from, as results.json records it
+    absolute): the run whose path ends in the most of its parts, where one does; a summary's
+    runs keep their sweep's and run's names. A parent not found, or two found alike, leaves
+    the fine-tune grouped by the path it names."""
+    parents = {}
+    for run in runs:
+        named = run.results.get("init_from") or run.config.get("train.init_from")
+        if named is None:
+            continue
+        parts = Path(named).parts
+        matched = {other.path: common_suffix(parts, other.path.parts) for other in runs}
+        longest = max(matched.values())
+        found = [other for other in runs if longest and matched[other.path] == longest]
+        if len(found) == 1 and found[0] is not run:
+            parents[run.path] = found[0]
+    return parents
+
+
+def common_suffix(a: Sequence[str], b: Sequence[str]) -> int:
+    """How many of the last parts of ``a`` and ``b`` are equal."""
+    n = 0
+    while n < min(len(a), len(b)) and a[-1 - n] == b[-1 - n]:
+        n += 1
+    return n
 
 
 def tokenizer_text(run: Run) -> str:
@@ -135,14 +174,23 @@ def shortened(title: str) -> str:
     return title if len(title) <= TITLE_CHARACTERS else title[: TITLE_CHARACTERS - 1] + "…"
 
 
-def group_setting(run: Run, by_tokenizer: bool) -> tuple[tuple[str, str], ...]:
-    """What a run's group is, hashable: its training setting, the tokens it scored
-    (MEASUREMENT), and, ``by_tokenizer``, its tokenizer."""
+def group_setting(
+    run: Run, by_tokenizer: bool, parents: Mapping[Path, Run] | None = None
+) -> tuple[tuple[str, str], ...]:
+    """What a run's group is, hashable: its training setting (``parents``: training_setting),
+    the tokens it scored (MEASUREMENT), and, ``by_tokenizer``, its tokenizer."""
     config = {**schema_defaults(), **run.config}
-    setting = training_setting(run) + tuple((k, json.dumps(config.get(k))) for k in MEASUREMENT)
+    setting = training_setting(run, parents)
+    setting += tuple((k, json.dumps(config.get(k))) for k in MEASUREMENT)
     if by_tokenizer:
         setting += (("data.tokenizer", json.dumps(tokenizer_text(run))),)
     return setting
+
+
+def group_settings(runs: Sequence[Run], by_tokenizer: bool) -> list[tuple[tuple[str, str], ...]]:
+    """Each run's group_setting, a fine-tune's by its parent among ``runs``."""
+    parents = fine_tune_parents(runs)
+    return [group_setting(run, by_tokenizer, parents) for run in runs]
 
 
 def chosen_metric(metric: str | None, tokenizers: Sequence[str]) -> tuple[str, str | None]:
@@ -162,3 +210,49 @@ def chosen_metric(metric: str | None, tokenizers: Sequence[str]) -> tuple[str, s
             f"({which}), so each is a group of its own (`--metric bits_per_byte` compares them)."
         )
     return metric, None
+
+
+def encoding_labels(runs: Sequence[Run]) -> dict[Path, str]:
+    """Each run's encoding name, plus the encoding options and randomized positions that
+    differ between runs of that name (so rope with two bases makes two rows instead of one
+    average; "rope (random_positions=2048)" beside "rope"), plus its tokenizer when the runs
+    differ in theirs ("rope [bpe 8192]")."""
+    tokenizers = {run.path: tokenizer_text(run) for run in runs}
+    several = len(set(tokenizers.values())) > 1
+    options = {run.path: label_options(run) for run in runs}
+    labels = {}
+    for run in runs:
+        name = run.config["encoding.name"]
+        same_name = [options[r.path] for r in runs if r.config["encoding.name"] == name]
+        differing = sorted(
+            k for k in options[run.path] if len({json.dumps(o.get(k)) for o in same_name}) > 1
+        )
+        details = ", ".join(f"{k.split('.', 1)[1]}={options[run.path][k]}" for k in differing)
+        labels[run.path] = f"{name} ({details})" if details else name
+        if several:
+            labels[run.path] += f" [{tokenizers[run.path]}]"
+    return labels
+
+
+def label_options(run: Run) -> dict[str, Any]:
+    """What can tell a run's row from others of its encoding: the encoding's options,
+    train.random_positions where it is set, train.positions (and a target length set) where it
+    is pose, and the attention variants away from their defaults (sigmoid attention's length
+    where it is not the training length, its default)."""
+    options = {k: v for k, v in run.config.items() if k.startswith("encoding.")}
+    if run.config.get("train.random_positions") is not None:
+        options["train.random_positions"] = run.config["train.random_positions"]
+    if run.config.get("train.positions", "consecutive") != "consecutive":
+        options["train.positions"] = run.config["train.positions"]
+        if run.config.get("train.pose_length") is not None:  # null: 16 x train.seq_len
+            options["train.pose_length"] = run.config["train.pose_length"]
+    for key, default in ATTENTION_VARIANTS.items():
+        if run.config.get(key, default) != default:
+            options[key] = run.config[key]
+    sigmoid_length = run.config.get("model.sigmoid_length")
+    if (
+        options.get("model.attention") == "sigmoid"
+        and sigmoid_length != run.config["train.seq_len"]
+    ):
+        options["model.sigmoid_length"] = sigmoid_length
+    return options

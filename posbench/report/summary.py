@@ -5,13 +5,16 @@ as data (``results/<experiment>/<name>.json``) after the run directories are gon
     posbench report results/ruoss2023_cpu/sweep.json                   # read it as the runs
 
 A summary holds, per finished run, its flattened config.yaml and its results.json without the
-weights, checkpoints and TensorBoard files; and, once, where the runs came from (the sweep's
-command, machine, date, wall time, posbench's commit). Tens of KB for a sweep of tens of runs:
-config keys equal in every run are stored once, the evaluation records as columns (a value
-equal in every record once), floats to SIGNIFICANT_DIGITS significant digits. Reading it gives
-back the runs' config and results as dicts, rounding aside, so a report of the summary is the
-report of the runs. Re-measuring a result means replacing its summary (docs are rendered from
-it: posbench/report/docs/).
+weights, checkpoints and TensorBoard files; and, once, where the runs came from as they
+recorded it (every command that made them, the machines, days and commits; the sweep's wall
+time: provenance). Tens of KB for a sweep of tens of runs:
+config keys and results.json entries equal in every run are stored once (``config``,
+``results``: common_part), the evaluation records as columns (a value equal in every record
+that has it once), a loss-by-position curve only at the longest length the run has one (the
+report draws a group's curves there: only_longest_curve), floats to SIGNIFICANT_DIGITS
+significant digits. Reading it gives back the runs' config and results as dicts, rounding and
+the shorter curves aside, so a report of the summary is the report of the runs. Re-measuring a
+result means replacing its summary (docs are rendered from it: posbench/report/docs/).
 
 A sweep run later adds its runs to a summary, written back as one:
 
@@ -26,7 +29,6 @@ from __future__ import annotations
 
 import json
 import os
-import platform
 import shlex
 from collections import Counter
 from collections.abc import Sequence
@@ -34,7 +36,6 @@ from datetime import date
 from pathlib import Path
 from typing import Any
 
-import torch
 from omegaconf import OmegaConf
 
 from posbench.errors import PosbenchError
@@ -42,11 +43,13 @@ from posbench.report.published import is_published_table
 from posbench.report.run import Run
 from posbench.runs.directory import RESULTS_FILE
 from posbench.system.atomic import atomic_write
-from posbench.system.precision import bf16_hardware
 
-SUMMARY_FORMAT = "posbench-summary/1"
+SUMMARY_FORMAT = "posbench-summary/2"
+# /1 stored every results.json entry in each run: read as /2 with no results shared
+READABLE_FORMATS = ("posbench-summary/1", SUMMARY_FORMAT)
 SIGNIFICANT_DIGITS = 6  # far below what a table shows; keeps a sweep's summary small
 MULTIRUN_FILE = "multirun.yaml"  # Hydra's record of a sweep's overrides, in its directory
+NOTHING = object()  # common_part of values that share nothing (None is a value they may share)
 
 
 def is_summary(path: Path) -> bool:
@@ -70,7 +73,7 @@ def summary_content(runs: Sequence[Run], sources: Sequence[Path]) -> dict[str, A
             parts += provenance_parts(summaries[source]["provenance"])
         elif source == sweeps[0] and swept:
             parts.append(provenance(swept, sweeps))
-    several = len([sweep for part in parts for sweep in part["sweeps"]]) > 1
+    several = len(summary_sweeps({**parts[0], "added": parts[1:]})) > 1
     names = [run_name(run, sweeps, summaries, several) for run in runs]
     if repeated := sorted(name for name, n in Counter(names).items() if n > 1):
         raise PosbenchError(
@@ -84,17 +87,23 @@ def summary_content(runs: Sequence[Run], sources: Sequence[Path]) -> dict[str, A
         if all(key in c and json.dumps(c[key]) == json.dumps(value) for c in configs)
     }
     first, *added = parts
+    results = [compact_results(run.results) for run in runs]
+    shared_results = common_part(results)
+    shared_results = {} if shared_results is NOTHING else shared_results
     return {
         "format": SUMMARY_FORMAT,
         "provenance": {**first, "added": added} if added else first,
         "config": shared,
+        "results": shared_results,
         "runs": [
             {
                 "name": name,
                 "config": {k: v for k, v in run.config.items() if k not in shared},
-                "results": compact_results(run.results),
+                "results": difference(own, shared_results),
             }
-            for name, run in sorted(zip(names, runs, strict=True), key=lambda item: item[0])
+            for name, run, own in sorted(
+                zip(names, runs, results, strict=True), key=lambda item: item[0]
+            )
         ],
     }
 
@@ -132,7 +141,7 @@ def check_summary(path: Path, content: Any) -> None:
             f"{path} is a published table, not a summary: it holds no per-run records to "
             "report (python -m posbench.report.docs renders it)"
         )
-    if not isinstance(content, dict) or content.get("format") != SUMMARY_FORMAT:
+    if not isinstance(content, dict) or content.get("format") not in READABLE_FORMATS:
         raise PosbenchError(
             f'{path} is not a posbench summary (no "format": "{SUMMARY_FORMAT}"); pass a '
             "run directory, or a file written by `posbench report DIR --summary FILE`"
@@ -145,7 +154,7 @@ def summary_runs(path: Path, content: dict[str, Any]) -> list[Run]:
         Run(
             path / run["name"],
             {**content["config"], **run["config"]},
-            expanded_results(run["results"]),
+            expanded_results(merged(content.get("results", {}), run["results"])),
         )
         for run in content["runs"]
     ]
@@ -162,7 +171,8 @@ def provenance_parts(provenance: dict[str, Any]) -> list[dict[str, Any]]:
 
 def summary_sweeps(provenance: dict[str, Any]) -> list[str]:
     """Every sweep a summary's runs came from, in the order they were written into it."""
-    return [sweep for part in provenance_parts(provenance) for sweep in part["sweeps"]]
+    # a summary written before provenance named its sweeps: none known
+    return [sweep for part in provenance_parts(provenance) for sweep in part.get("sweeps", [])]
 
 
 def run_name(
@@ -185,19 +195,70 @@ def run_name(
     return run.path.name
 
 
+def common_part(values: Sequence[Any]) -> Any:
+    """What ``values`` share: the value itself where all are equal, else for dicts the entries
+    they share, key by key; NOTHING where they share nothing."""
+    if all(json.dumps(v) == json.dumps(values[0]) for v in values):
+        return values[0]
+    if not all(isinstance(v, dict) for v in values):
+        return NOTHING
+    keys = [key for key in values[0] if all(key in v for v in values)]
+    common = {key: common_part([v[key] for v in values]) for key in keys}
+    return {key: part for key, part in common.items() if part is not NOTHING} or NOTHING
+
+
+def difference(value: dict[str, Any], shared: dict[str, Any]) -> dict[str, Any]:
+    """``value``'s entries that ``shared`` (a common_part it has a share in) does not hold:
+    ``merged(shared, difference(value, shared)) == value``."""
+    own = {}
+    for key, item in value.items():
+        if key not in shared:
+            own[key] = item
+        elif json.dumps(item) != json.dumps(shared[key]):
+            own[key] = difference(item, shared[key])  # dicts: common_part shares no other
+    return own
+
+
+def merged(shared: dict[str, Any], own: dict[str, Any]) -> dict[str, Any]:
+    """``difference`` undone: ``shared``'s entries with ``own``'s over them, dicts merged."""
+    both = {**shared, **own}
+    return {
+        key: merged(shared[key], own[key])
+        if isinstance(shared.get(key), dict) and isinstance(own.get(key), dict)
+        else value
+        for key, value in both.items()
+    }
+
+
+def only_longest_curve(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The evaluation records with loss_by_position kept at the longest length that has one
+    only: the report draws each group's curves at the longest length any of its runs has one
+    (groups.build_group), which is one of its runs' longest; the shorter curves are most of a
+    sweep's records and no report reads them."""
+    lengths = [r["length"] for r in records if "loss_by_position" in r]
+    return [
+        r
+        if not lengths or r["length"] == max(lengths)
+        else {k: v for k, v in r.items() if k != "loss_by_position"}
+        for r in records
+    ]
+
+
 def compact_results(results: dict[str, Any]) -> dict[str, Any]:
     """results.json with its evaluation records as columns: ``{"constant": {key: value},
     "columns": {key: [value per record]}, "absent": {key: [index of a record without it]}}``
-    (a key some records lack, e.g. loss_by_position, stays absent from them when read back)."""
-    records = results.get("eval", [])
+    (a key some records lack, e.g. loss_by_position, stays absent from them when read back; a
+    value equal in every record that has it is a constant), curves only at the longest length
+    (only_longest_curve)."""
+    records = only_longest_curve(results["eval"])
     keys = list(dict.fromkeys(key for record in records for key in record))
     constant, columns, absent = {}, {}, {}
     for key in keys:
-        values = [as_table(record.get(key)) for record in records]
-        if all(json.dumps(v) == json.dumps(values[0]) for v in values):
-            constant[key] = values[0]
+        present = [as_table(record[key]) for record in records if key in record]
+        if all(json.dumps(v) == json.dumps(present[0]) for v in present):
+            constant[key] = present[0]
         else:
-            columns[key] = values
+            columns[key] = [as_table(record.get(key)) for record in records]
         if lacking := [i for i, record in enumerate(records) if key not in record]:
             absent[key] = lacking
     table = {"records": len(records), "constant": constant, "columns": columns}
@@ -251,21 +312,39 @@ def rounded(value: Any) -> Any:
 
 
 def provenance(runs: Sequence[Run], sweeps: Sequence[Path]) -> dict[str, Any]:
-    """The sweeps' commands (from Hydra's multirun.yaml) and directory names, the commits that
-    trained the runs, this machine, today's date and the sweeps' wall time: the first job's
-    start (its directory's .hydra/) to the last results.json."""
+    """Where the runs came from, as they recorded it (results.json's ``ran`` and ``versions``,
+    and those of each record ``posbench eval`` added): every command that made them, each
+    once (the training's, then the re-evaluations'; a run that predates ``ran``: its sweep's,
+    from Hydra's multirun.yaml), the sweeps' directory names, the commits, the machines, the
+    days (first to last; a run that predates ``ran``: its results.json's) and the sweeps' wall
+    time: the first job's start (its directory's .hydra/) to the last results.json."""
     started = [
         os.stat(run.path / ".hydra").st_mtime for run in runs if (run.path / ".hydra").is_dir()
     ]
     ended = [os.stat(run.path / RESULTS_FILE).st_mtime for run in runs]
-    commits = sorted({str(run.results.get("versions", {}).get("git_commit")) for run in runs})
+    evaluations = [r for run in runs for r in run.results["eval"] if "ran" in r]
+    trained = [run.results.get("ran") or {} for run in runs]
+    by_sweep = {sweep.resolve(): sweep_command(sweep) for sweep in sweeps}
+    commands = [
+        ran.get("command")
+        or next((c for s, c in by_sweep.items() if run.path.resolve().is_relative_to(s)), None)
+        for run, ran in zip(runs, trained, strict=True)
+    ] + [r["ran"]["command"] for r in evaluations]
+    commits = [run.results.get("versions", {}).get("git_commit") for run in runs]
+    commits += [r.get("versions", {}).get("git_commit") for r in evaluations]
+    machines = [ran.get("machine") for ran in [*trained, *(r["ran"] for r in evaluations)]]
+    days = [
+        ran.get("date") or date.fromtimestamp(end).isoformat()
+        for ran, end in zip(trained, ended, strict=True)
+    ] + [r["ran"]["date"] for r in evaluations]
+    first, last = min(days), max(days)
     return {
-        "commands": [sweep_command(sweep) for sweep in sweeps],
+        "commands": [command for command in dict.fromkeys(commands) if command],
         "sweeps": [sweep.resolve().name for sweep in sweeps],  # run names start with these
         "runs": len(runs),
-        "posbench_commits": commits,
-        "machine": machine_description(),
-        "date": date.today().isoformat(),
+        "posbench_commits": sorted({str(commit) for commit in commits}),
+        "machine": "; ".join(m for m in dict.fromkeys(machines) if m) or None,  # None: unrecorded
+        "date": first if first == last else f"{first} to {last}",
         "wall_s": round(max(ended) - min(started)) if started else None,
     }
 
@@ -279,22 +358,3 @@ def sweep_command(sweep: Path) -> str | None:
     overrides = OmegaConf.load(path).hydra.overrides
     launcher = [o for o in overrides.hydra if o != "hydra.mode=MULTIRUN"]
     return shlex.join(["posbench", "train", "-m", *overrides.task, *launcher])
-
-
-def machine_description() -> str:
-    """``AMD EPYC family 25 model 17 (x86_64, 2 cores, bf16: avx512_bf16), torch 2.13.0+cpu``:
-    what timings and bf16 results depend on."""
-    model = platform.processor() or platform.machine()
-    cpuinfo = Path("/proc/cpuinfo")
-    if cpuinfo.is_file():  # Linux: the first processor's name, family and model
-        fields = dict(
-            (key.strip(), value.strip())
-            for key, _, value in (line.partition(":") for line in cpuinfo.read_text().splitlines())
-            if value
-        )
-        model = fields.get("model name", model)
-        if "cpu family" in fields and "model" in fields:
-            model += f" family {fields['cpu family']} model {fields['model']}"
-    bf16 = bf16_hardware(torch.device("cpu")) or "none"
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return f"{model} ({platform.machine()}, {cores} cores, bf16: {bf16}), torch {torch.__version__}"

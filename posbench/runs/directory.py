@@ -69,25 +69,38 @@ def load_weights(
     """Rebuild a model from a weights file written by ``save_weights``, its encoding config
     updated by ``encoding_overrides`` (nested keys merge, e.g. ``{"scaling": {...}}``)."""
     path = Path(path)
-    if not path.is_file():
-        raise PosbenchError(f"no weights at {path}; train a run with `posbench train` first")
+    description = weights_description(path)
     try:
-        with safe_open(str(path), framework="pt") as f:
-            metadata = f.metadata() or {}
-        description = json.loads(metadata[METADATA_KEY])
         encoding = OmegaConf.merge(description["encoding"], encoding_overrides or {})
         model = build_model(description["model"], encoding)
-    except (SafetensorError, KeyError, ValueError, TypeError) as err:
-        raise PosbenchError(
-            f"{path} is not a posbench weights file (truncated or foreign: {err}); "
-            "retrain the run or point at another one"
-        ) from None
+    except (KeyError, ValueError, TypeError) as err:
+        raise foreign_weights(path, err) from None
     try:
         load_model(model, str(path), strict=True, device=str(device))
     except (SafetensorError, RuntimeError) as err:
         first_line = str(err).strip().splitlines()[0]
         raise PosbenchError(f"{path} does not match its model description: {first_line}") from None
     return model.to(device)
+
+
+def weights_description(path: Path) -> dict[str, Any]:
+    """What a weights file written by ``save_weights`` says it holds (``{"model": ModelArgs as
+    a dict, "encoding": its config}``), its tensors left unread."""
+    if not path.is_file():
+        raise PosbenchError(f"no weights at {path}; train a run with `posbench train` first")
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            metadata = f.metadata() or {}
+        return json.loads(metadata[METADATA_KEY])
+    except (SafetensorError, KeyError, ValueError) as err:
+        raise foreign_weights(path, err) from None
+
+
+def foreign_weights(path: Path, err: Exception) -> PosbenchError:
+    return PosbenchError(
+        f"{path} is not a posbench weights file (truncated or foreign: {err}); "
+        "retrain the run or point at another one"
+    )
 
 
 def save_config(run_dir: Path, cfg: DictConfig) -> None:

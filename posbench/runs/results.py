@@ -20,6 +20,7 @@ from posbench.model import Transformer
 from posbench.runs.directory import RESULTS_FILE
 from posbench.system import distributed
 from posbench.system.atomic import write_json
+from posbench.system.machine import ran
 from posbench.system.versions import code_versions
 
 
@@ -43,14 +44,20 @@ def write_results(run_dir: Path, results: dict[str, Any]) -> None:
 
 
 def run_description(
-    cfg: DictConfig, model: Transformer, data: Corpus | Task, precision: str, threads: int
+    cfg: DictConfig,
+    model: Transformer,
+    data: Corpus | Task,
+    precision: str,
+    threads: int,
+    command: str | None = None,
 ) -> dict[str, Any]:
     """What results.json says about a run besides its numbers: status "ok" until something
     says otherwise, the encoding and its own settings (e.g. t5's num_buckets, rope's scaling),
     training length and seed, the ``threads`` and ranks it ran on, its size, the precision it
     trained in (what ``auto`` resolved to), its data (with its tokenizer and vocabulary) and
     the run it started from
-    (``train.init_from``, as an absolute path), and the code that ran it (system/versions.py)."""
+    (``train.init_from``, as an absolute path), the code that ran it (system/versions.py), and
+    the ``command`` that started it, on which machine, which day (system/machine.py)."""
     options = OmegaConf.to_container(cfg.encoding, resolve=True, enum_to_str=True)
     options.pop("name")
     init_from = cfg.train.init_from
@@ -75,6 +82,7 @@ def run_description(
         },
         "init_from": None if init_from is None else str(Path(init_from).resolve()),
         "versions": code_versions(),
+        "ran": ran(command),
     }
 
 

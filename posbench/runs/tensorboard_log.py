@@ -26,7 +26,10 @@ Loss by position is one series per evaluated length, ``eval/loss_by_position/L<l
 The evaluation results live in one event file of their own, ``EVAL_EVENTS_FILE``, rewritten
 from all of results.json's records whenever they change (after training, after each
 ``posbench eval``): a re-evaluated length replaces its point instead of adding a second one,
-and the ``eval/ppl_vs_length`` figure always shows every record.
+and the ``eval/ppl_vs_length`` figure always shows every record. The HParams metrics read from
+the records (``ppl_at_<length>``, ``accuracy_at_<length>``, the effective context length, an
+algorithmic task's length_generalization summaries: record_metrics) are written there too, so
+none is left at the training's value after a re-evaluation.
 """
 
 from __future__ import annotations
@@ -48,6 +51,7 @@ from posbench.runs.results import (
     one_per_measurement,
     scaling_method,
     scaling_setting,
+    with_length_generalization,
 )
 from posbench.system.atomic import atomic_path
 
@@ -189,12 +193,13 @@ def log_eval_records(
         writer.add_scalar(point.tag, point.value, global_step=point.x)
     for tag, length in effective_length_scalars(records, trained).items():
         writer.add_scalar(tag, length, global_step=0)
-    if not trained.problem_lengths:
-        # The HParams metric too: this file sorts after the one log_hparams wrote as the run
-        # trained, so a re-evaluation's value is the one TensorBoard reads.
-        effective = trained_effective_length(effective_context_lengths(records, trained.lo))
-        if effective is not None:
-            writer.add_scalar(HPARAM_PREFIX + "effective_context_length", effective, 0)
+    # The HParams metrics read from the records too: this file sorts after the one log_hparams
+    # wrote as the run trained, so a re-evaluation's values are the ones TensorBoard reads (the
+    # training's summary, final_loss and val_ppl, stays as it was). A length first measured by
+    # `posbench eval` has its eval/ scalars but no HParams column: the tab's columns are those
+    # the training declared.
+    for name, value in record_metrics(records, trained).items():
+        writer.add_scalar(HPARAM_PREFIX + name, value, 0)
     figure = eval_figure(records, trained)
     if figure is not None:
         writer.add_figure(*figure)
@@ -324,12 +329,39 @@ def headline_metrics(results: Mapping[str, Any]) -> dict[str, float]:
     effective = trained_effective_length(results.get("effective_context_length", []))
     if effective is not None:
         metrics["effective_context_length"] = effective
-    for record in results["eval"]:
-        if record["status"] == "ok":
-            metrics[f"ppl_at_{record['length']}"] = record["ppl"]
-        if record.get("accuracy") is not None:  # a task's
-            metrics[f"accuracy_at_{record['length']}"] = record["accuracy"]
-    for summary in ("length_generalization", "length_generalization_accuracy"):
+    metrics.update(length_metrics(results["eval"]))
+    for summary in GENERALIZATION:
         if results.get(summary) is not None:  # an algorithmic task's
             metrics[summary] = results[summary]
+    return metrics
+
+
+GENERALIZATION = ("length_generalization", "length_generalization_accuracy")
+
+
+def length_metrics(records: Sequence[Mapping[str, Any]]) -> dict[str, float]:
+    """``ppl_at_<length>`` and a task's ``accuracy_at_<length>``, each of the first record of
+    its length (results.json's order: the plain one before a re-evaluation's scaling or
+    stride)."""
+    metrics: dict[str, float] = {}
+    for record in records:
+        if record["status"] == "ok":
+            metrics.setdefault(f"ppl_at_{record['length']}", record["ppl"])
+        if record.get("accuracy") is not None:  # a task's
+            metrics.setdefault(f"accuracy_at_{record['length']}", record["accuracy"])
+    return metrics
+
+
+def record_metrics(
+    records: Sequence[Mapping[str, Any]], trained: TrainedLengths
+) -> dict[str, float]:
+    """headline_metrics but the training's summary, read from ``records`` alone."""
+    metrics = length_metrics(records)
+    if trained.problem_lengths:
+        summaries = with_length_generalization({"eval": list(records)}, trained.hi)
+        metrics.update({k: summaries[k] for k in GENERALIZATION if summaries[k] is not None})
+    else:
+        effective = trained_effective_length(effective_context_lengths(records, trained.lo))
+        if effective is not None:
+            metrics["effective_context_length"] = effective
     return metrics

@@ -11,7 +11,9 @@ no well-defined start and is refused in one line (``check_droppable``); the swit
 QK-norm (``model.qk_norm``), as the reference does. Encoding options
 the child did not set explicitly but derived from its own config (``original_length:
 ${train.seq_len}``, FIRE's initial threshold, ...) take the parent's values, so that a child
-trained at a longer length still extends from the parent's training length.
+trained at a longer length still extends from the parent's training length. Every refusal
+but a vocabulary that differs (known once the data loads) comes before the run writes anything
+(``fine_tune_config``).
 """
 
 from __future__ import annotations
@@ -25,8 +27,13 @@ from omegaconf import DictConfig, OmegaConf
 
 from posbench.encodings import build_encoding, encoding_config
 from posbench.errors import PosbenchError
-from posbench.model import Transformer
-from posbench.runs.directory import WEIGHTS_FILE, load_weights, saved_config
+from posbench.model import ModelArgs, Transformer
+from posbench.runs.directory import (
+    WEIGHTS_FILE,
+    load_weights,
+    saved_config,
+    weights_description,
+)
 
 SCALING = "scaling"  # the encoding options a fine-tune may change
 NO_ENCODING = "none"  # the encoding a fine-tune may switch to (DroPE)
@@ -62,6 +69,7 @@ def fine_tune_config(cfg: DictConfig) -> DictConfig:
                 f"(encoding={NO_ENCODING}, DroPE)"
             )
         check_droppable(parent_cfg, parent)
+        check_parent_model(cfg, parent)
         return cfg
     cfg = copy.deepcopy(cfg)
     inherit_derived_options(cfg.encoding, parent_cfg.encoding)
@@ -74,7 +82,38 @@ def fine_tune_config(cfg: DictConfig) -> DictConfig:
                 f"train.init_from={parent} was trained with encoding.{key}={theirs.get(key)}, "
                 f"not {ours.get(key)}; a fine-tune may change only encoding.{SCALING}.*"
             )
+    check_parent_model(cfg, parent)
     return cfg
+
+
+def check_parent_model(cfg: DictConfig, parent: Path) -> None:
+    """The parent's model shape against ``cfg``'s, from its weights file's description (no
+    tensor read), so that a refusal comes before the run writes anything. The vocabulary,
+    known once the data is loaded, is checked as the weights load (load_parent_weights)."""
+    description = weights_description(parent / WEIGHTS_FILE)
+    theirs = ModelArgs(**description["model"]).to_dict()  # a key newer than it: its default
+    ours = {k: v for k, v in ModelArgs(**cfg.model).to_dict().items() if k != "vocab_size"}
+    drops = cfg.encoding.name == NO_ENCODING != description["encoding"]["name"]
+    same_shape(parent, theirs, ours, drops)
+
+
+def same_shape(parent: Path, theirs: dict[str, Any], ours: dict[str, Any], drops: bool) -> bool:
+    """A one-line error where the model args ``ours`` differ from the parent's ``theirs``;
+    whether the child adds QK-norm, as DroPE's switch to no encoding (``drops``) may: the
+    reference does to models pretrained without it (SakanaAI/DroPE's qk_norm_nope)."""
+    adds_qk_norm = drops and ours["qk_norm"] and not theirs["qk_norm"]
+    for key in ours:
+        if key == "sigmoid_length" and ours["attention"] != "sigmoid":
+            continue  # train.seq_len's, unused: a fine-tune at another length keeps the model
+        if key == "qk_norm" and adds_qk_norm:
+            continue
+        if theirs[key] != ours[key]:
+            raise PosbenchError(
+                f"train.init_from={parent} holds a model with model.{key}={theirs[key]}, not "
+                f"{ours[key]}; a fine-tune keeps the parent's model shape (DroPE's switch to "
+                f"encoding={NO_ENCODING} may add model.qk_norm)"
+            )
+    return adds_qk_norm
 
 
 def check_droppable(parent_cfg: DictConfig, parent: Path) -> None:
@@ -125,22 +164,9 @@ def load_parent_weights(model: Transformer, cfg: DictConfig) -> None:
     parent = parent_dir(cfg)
     assert parent is not None, "load_parent_weights needs train.init_from"
     source = load_weights(parent / WEIGHTS_FILE)
-    theirs, ours = source.args.to_dict(), model.args.to_dict()
-    # DroPE's switch may add QK-norm, as the reference does to models pretrained without it
-    # (SakanaAI/DroPE's qk_norm_nope): the new gains start at 1, every other weight loads.
     drops = model.encoding.config.name == NO_ENCODING != source.encoding.config.name
-    adds_qk_norm = drops and ours["qk_norm"] and not theirs["qk_norm"]
-    for key in ours:
-        if key == "sigmoid_length" and ours["attention"] != "sigmoid":
-            continue  # train.seq_len's, unused: a fine-tune at another length keeps the model
-        if key == "qk_norm" and adds_qk_norm:
-            continue
-        if theirs[key] != ours[key]:
-            raise PosbenchError(
-                f"train.init_from={parent} holds a model with model.{key}={theirs[key]}, not "
-                f"{ours[key]}; a fine-tune keeps the parent's model shape (DroPE's switch to "
-                f"encoding={NO_ENCODING} may add model.qk_norm)"
-            )
+    # the new QK-norm gains start at 1, every other weight loads
+    adds_qk_norm = same_shape(parent, source.args.to_dict(), model.args.to_dict(), drops)
     added = {key for key in model.state_dict() if ".qk_norm." in key} if adds_qk_norm else set()
     loaded = model.load_state_dict(source.state_dict(), strict=not added)
     assert set(loaded.missing_keys) == added and not loaded.unexpected_keys, loaded

@@ -58,8 +58,9 @@ from posbench.training.train_loop import Diverged, LoopSettings, train_steps
 log = logging.getLogger(__name__)
 
 
-def train(cfg: DictConfig, run_dir: str | Path) -> dict[str, Any]:
-    """Train the configured model, evaluate it at every eval length, and write the run.
+def train(cfg: DictConfig, run_dir: str | Path, command: str | None = None) -> dict[str, Any]:
+    """Train the configured model, evaluate it at every eval length, and write the run
+    (``command``: what started it, for results.json's ``ran``).
 
     With ``train.resume`` it continues from ``run_dir``'s checkpoint when there is one
     (resume.py). Returns the content of ``run_dir/results.json``; raises
@@ -76,11 +77,15 @@ def train(cfg: DictConfig, run_dir: str | Path) -> dict[str, Any]:
     threads = use_threads(cfg.threads)  # before any work; the run's first log line
     warn_if_oversubscribed(threads)
     with registered_threads(threads) as controller:  # other posbench jobs count its threads
-        return train_with_threads(cfg, run_dir, threads, controller)
+        return train_with_threads(cfg, run_dir, threads, controller, command)
 
 
 def train_with_threads(
-    cfg: DictConfig, run_dir: str | Path, threads: Threads, controller: ThreadController | None
+    cfg: DictConfig,
+    run_dir: str | Path,
+    threads: Threads,
+    controller: ThreadController | None,
+    command: str | None = None,
 ) -> dict[str, Any]:
     """``train`` once its threads are set: ``controller`` adapts an ``auto`` count (None: a
     count the user set)."""
@@ -145,7 +150,7 @@ def train_with_threads(
         precision,
         distributed.world_size(),
     )
-    results = run_description(cfg, model, data, precision, threads.threads)
+    results = run_description(cfg, model, data, precision, threads.threads, command)
     # Events past the checkpoint (written before a crash) are dropped, so no step repeats; a
     # resumed run without a checkpoint starts again at step 1, past anything logged before.
     purge_step = progress.step + 1 if cfg.train.resume else None

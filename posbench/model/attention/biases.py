@@ -7,6 +7,7 @@ at one draw of positions; and a bias of the distance alone at randomized distanc
 from __future__ import annotations
 
 import math
+import threading
 import weakref
 from collections.abc import Callable
 from typing import Any
@@ -26,6 +27,11 @@ SHARED_BIAS_ELEMENTS = 2**24
 # operating system, which zeroed their pages again at the next forward pass (a block's FIRE bias
 # of 4 x 256 x 2,048 written in 0.3 ms into reused memory, 12 ms into fresh; AMD EPYC Zen 4).
 SPARE_STORAGE: list[torch.Tensor] = []
+# Models run in threads of one process (torch.nn.DataParallel's replicas, a server's requests)
+# share SPARE_STORAGE: a spare is found and taken under this lock, or two of them could take
+# one storage (and write each other's biases) or take the one the other took. Reentrant: a
+# collection inside the search may give a pass's storage back (give_back) in the same thread.
+SPARE_LOCK = threading.RLock()
 
 
 def leased_storage(
@@ -36,19 +42,28 @@ def leased_storage(
     inference tensor) is written in place only under it, so it serves only passes under it,
     and one made outside serves only passes outside."""
     inference = torch.is_inference_mode_enabled()
-    for index, spare in enumerate(SPARE_STORAGE):
-        if (
-            spare.dtype == dtype
-            and spare.device == device
-            and spare.numel() >= elements
-            and spare.is_inference() == inference
-        ):
-            storage = SPARE_STORAGE.pop(index)
-            break
-    else:
+    with SPARE_LOCK:
+        storage = next(
+            (
+                SPARE_STORAGE.pop(index)
+                for index, spare in enumerate(SPARE_STORAGE)
+                if spare.dtype == dtype
+                and spare.device == device
+                and spare.numel() >= elements
+                and spare.is_inference() == inference
+            ),
+            None,
+        )
+    if storage is None:
         storage = torch.empty(elements, dtype=dtype, device=device)
-    weakref.finalize(owner, SPARE_STORAGE.append, storage)
+    weakref.finalize(owner, give_back, storage)
     return storage
+
+
+def give_back(storage: torch.Tensor) -> None:
+    """``storage`` to SPARE_STORAGE, for the next leased_storage."""
+    with SPARE_LOCK:
+        SPARE_STORAGE.append(storage)
 
 
 def computes_in(encoding: PositionalEncoding) -> torch.dtype:

@@ -1,19 +1,19 @@
 """+experiment=drope's block (docs/results.md, "DroPE"): DroPE beside the baselines of its
-comparison in one table. ``posbench report`` cannot give it: a recalibration trains 72 steps
-from a parent of its own seed (train.steps, train.init_from), a training setting apart from
-the baselines', so each run is a group of its own there. Here each row is the sweep's runs of
-one method, read by their job directories (``<method>_seed<seed>``, conf/experiment/drope.yaml,
-which DroPE's train.init_from relies on too), at the eval-time extension the row is of."""
+comparison in one table. ``posbench report`` gives its rows in three groups: the baselines
+train 600 steps, DroPE's RoPE phase 528 and its recalibration 72 from that phase's run of its
+seed (train.steps, train.init_from). Here each line is the report's row of one method's runs,
+found by their job directories (``<method>_seed<seed>``, conf/experiment/drope.yaml), at the
+eval-time extension the line is of."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from posbench.report.cells import Cell, Stat, cell
 from posbench.report.docs.source import Source, provenance_line
-from posbench.report.read import Run
 from posbench.report.text import best_shown, stat_text
-from posbench.runs.results import one_per_measurement, positions_mode, scaling_name
 
-# (row, conf/drope_method/ option, its records' eval-time extension: runs.results.scaling_name)
+# (line, conf/drope_method/ option, its records' eval-time extension: runs.results.scaling_name)
 ROWS = (
     ("NoPE", "nope", "none"),
     ("RoPE", "rope", "none"),
@@ -23,31 +23,22 @@ ROWS = (
 )
 
 
-def method(run: Run) -> str:
+def method(run: Path) -> str:
     """The conf/drope_method/ option a run of the sweep trained with: its job directory's
     ``<method>_seed<seed>``."""
-    return run.path.name.rsplit("_seed", 1)[0]
+    return run.name.rsplit("_seed", 1)[0]
 
 
 def row_cells(source: Source, option: str, scaling: str, lengths: list[int]) -> list[Cell]:
-    """The cells of the runs of ``option`` at each of ``lengths``, over their records of
-    ``scaling`` (whole windows at consecutive positions: as the sweep evaluates them)."""
-    runs = [run for run in source.runs if method(run) == option]
-    return [
-        cell(
-            length,
-            [
-                (run, r)
-                for run in runs
-                for r in one_per_measurement(run.results["eval"])
-                if r["length"] == length
-                and r["stride"] is None
-                and scaling_name(r) == scaling
-                and positions_mode(r) == "consecutive"
-            ],
-        )
-        for length in lengths
-    ]
+    """The cells at ``lengths`` of the report's row of the runs of ``option`` at ``scaling``
+    (whole windows at consecutive positions: as the sweep evaluates them); empty without it."""
+    for group in source.report.groups:
+        for row in group.rows:
+            same = {method(path) for path in row.runs} == {option}
+            if same and row.scaling == scaling and row.stride is None and row.positions is None:
+                by_length = dict(zip(group.lengths, row.cells, strict=True))
+                return [by_length.get(n) or cell(n, []) for n in lengths]
+    return [cell(n, []) for n in lengths]
 
 
 def fitted_c(source: Source) -> Stat:
@@ -57,7 +48,7 @@ def fitted_c(source: Source) -> Stat:
         [
             next(r["temperature_c"] for r in run.results["eval"] if "temperature_c" in r)
             for run in source.runs
-            if method(run) == "drope"
+            if method(run.path) == "drope"
         ]
     )
 
@@ -95,5 +86,6 @@ def drope_table(source: Source) -> str:
 def drope_results(source: Source) -> str:
     """drope_table, and under it provenance_line naming the commands by the block above it:
     the experiment's two sweeps share one directory, whose multirun.yaml the second rewrites,
-    so the summary records the second's command alone."""
+    and the committed summary's runs predate results.json's ``ran`` (each run's own command),
+    so its provenance records the second sweep's command alone."""
     return f"{drope_table(source)}\n\n{provenance_line(source, 'the commands above')}"

@@ -131,4 +131,5 @@ def part_text(part: dict[str, Any], commands: str | None = None) -> str:
         if part["wall_s"]
         else ""
     )
-    return f"{part['runs']} runs of {commands}{at} on {part['machine']}, {part['date']}{minutes}"
+    machine = f" on {part['machine']}" if part["machine"] else ""  # None: the runs did not say
+    return f"{part['runs']} runs of {commands}{at}{machine}, {part['date']}{minutes}"
