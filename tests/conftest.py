@@ -227,6 +227,26 @@ def forked_python() -> list[str]:
     return [sys.executable, "-I", "-S", str(FORKSERVER), "--socket", name, "--"]
 
 
+def command_pid(client: subprocess.Popen, cwd: Path) -> int | None:
+    """The pid of the process that runs the command ``client`` (started with forked_python's
+    command in ``cwd``) stands for: the fork server's child in ``cwd``, or ``client`` itself
+    once it runs the command as a process of its own; None until it is one or the other
+    (Linux: read from /proc)."""
+    if _forkserver is not None:
+        for stat in Path("/proc").glob("[0-9]*/stat"):
+            try:
+                parent = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+                if parent == _forkserver.pid and (stat.parent / "cwd").resolve() == cwd.resolve():
+                    return int(stat.parent.name)
+            except (OSError, IndexError, ValueError):
+                continue  # exited meanwhile
+    try:
+        own = b"--socket" not in Path(f"/proc/{client.pid}/cmdline").read_bytes()
+    except OSError:
+        return None
+    return client.pid if own else None
+
+
 def posbench(
     *args, cwd, check: bool = True, env: dict | None = None, executable: str | None = None
 ) -> subprocess.CompletedProcess:

@@ -6,7 +6,6 @@ import logging
 import math
 import re
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -15,7 +14,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
-from conftest import terabyte_split
+from conftest import command_pid, forked_posbench, terabyte_split
 
 from posbench import data
 from posbench.data import (
@@ -1228,21 +1227,25 @@ def rss_anon(pid: int) -> int | None:
 
 def peak_anon_of_trains(runs, built_entries: int = 0) -> list[tuple[int, int, str]]:
     """Run ``posbench train <args>`` in ``workdir`` for each ``(args, workdir)`` of ``runs``,
-    side by side, one child process each. For each child: its peak anonymous memory (RssAnon,
-    read every 5 ms; unlike ru_maxrss it leaves out the memory-mapped cache's pages, which the
-    kernel keeps or drops as it likes) until ``built_entries`` entries of ``workdir/cache``
-    are built (their meta.json written), its peak over the whole run, and its output."""
+    side by side, one child process each (forked from the worker's warm interpreter: each
+    starts with the same memory, its imports'). For each child: its peak anonymous memory
+    (RssAnon, read every 5 ms; unlike ru_maxrss it leaves out the memory-mapped cache's pages,
+    which the kernel keeps or drops as it likes) until ``built_entries`` entries of
+    ``workdir/cache`` are built (their meta.json written), its peak over the whole run, and
+    its output."""
     children = []
     for args, workdir in runs:
         with open(workdir / "posbench.log", "w") as out:
-            command = [sys.executable, "-m", "posbench.cli", "train", *args]
+            command = [*forked_posbench(), "train", *args]
             children.append(
                 subprocess.Popen(command, cwd=workdir, stdout=out, stderr=subprocess.STDOUT)
             )
+    pids: list[int | None] = [None] * len(runs)
     building, whole = [0] * len(runs), [0] * len(runs)
     while any(child.poll() is None for child in children):
         for i, (child, (_, workdir)) in enumerate(zip(children, runs, strict=True)):
-            anon = rss_anon(child.pid) or 0
+            pids[i] = pids[i] or command_pid(child, workdir)
+            anon = (rss_anon(pids[i]) if pids[i] else None) or 0
             whole[i] = max(whole[i], anon)
             if len(list(workdir.glob("cache/*/meta.json"))) < built_entries:
                 building[i] = max(building[i], anon)
@@ -1267,9 +1270,11 @@ def test_peak_memory_of_building_and_training_does_not_grow_with_the_corpus(tmp_
     later, and would hide it (and what the allocator keeps of the encoder's batches raises
     the rest of that run). Measured on a Zen 4 VM (2026-12-06): the 16 MiB corpus's peaks
     were 0.01 MB (bytes) and 3.5 MB (bpe) over the 4 MiB one's while building, 0.2 MB while
-    training; reading the file whole raised the build's by 20 MB, holding BPE's texts at once
-    by 18 MB. Over 20 s with bpe (about 35 s of CPU): training the BPE and encoding the 16 MiB
-    corpus is most of it, four posbench processes the rest."""
+    training; reading the file whole raised the build's by 20 MB (12.6 MB with the commands
+    forked, 2026-12-06), holding BPE's texts at once by 18 MB. Over 20 s with bpe (30 s of CPU
+    on a 2-core VM at load 8, 2026-12-06; bytes 14 s): training the BPE and encoding the 16 MiB
+    corpus is most of it, four posbench commands (forked, not processes that import torch:
+    44 and 25 s before) the rest."""
     runs = []
     for lines, one_line in ((4, 0), (8, 8)):
         workdir = tmp_path / f"{lines + one_line}MiB"

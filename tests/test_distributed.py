@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import TINY, TINY_REVERSE_STRING, TINY_RUN, TINY_SYNTHETIC
+from conftest import TINY, TINY_REVERSE_STRING, TINY_RUN, TINY_SYNTHETIC, built_once
 from safetensors.torch import load_file
 
 import posbench.training.checkpoint
@@ -232,9 +232,9 @@ def torchrun(
     )
 
 
-def finished(process: subprocess.Popen) -> tuple[int, str]:
-    """Exit code and stderr, the run given at most two minutes."""
-    _, stderr = process.communicate(timeout=120)
+def finished(process: subprocess.Popen, timeout: float = 120) -> tuple[int, str]:
+    """Exit code and stderr, the run given at most ``timeout`` seconds (two minutes)."""
+    _, stderr = process.communicate(timeout=timeout)
     return process.returncode, stderr
 
 
@@ -261,27 +261,56 @@ def assert_same_weights(a: Path, b: Path) -> None:
 # An algorithmic task's rows run in width slices, each rank its own number of them, at
 # randomized positions drawn for the global batch.
 TASK_AT_RANDOM_POSITIONS = [*TINY_REVERSE_STRING, "train.steps=20", "train.random_positions=64"]
+# Long enough that SIGTERM, sent once the first checkpoint exists, arrives mid-run.
+CHECKPOINTED = [*SHORT, "train.steps=120", "train.checkpoint_every=5", "train.val_every=100"]
+# The two-rank runs that the tests compare with, trained through to the end: rope (the
+# default); fox: a bias from each layer's content, with a gate per layer; hybrid: each layer's
+# own encoding; a task; the run the SIGTERM test stops and resumes.
+TWO_RANK_RUNS = {
+    "rope": [*SHORT, "encoding=rope"],
+    "fox": [*SHORT, "encoding=fox"],
+    "hybrid": [*SHORT, "encoding=hybrid"],
+    "reverse_string": TASK_AT_RANDOM_POSITIONS,
+    "checkpointed": CHECKPOINTED,
+}
+# `posbench train <args>` for each of TWO_RANK_RUNS (given as JSON) in turn, each in a directory
+# of its own that it names the run in (Hydra's default, claimed by rank 0). Each rank runs it.
+TRAIN_EACH = """
+import json, os, sys
+
+from posbench.cli import main
+
+for name, args in json.loads(sys.argv[1]).items():
+    os.makedirs(name, exist_ok=True)
+    os.chdir(name)
+    main(["train", *args])
+    os.chdir("..")
+"""
+
+
+@pytest.fixture
+def two_rank_runs(tmp_path_factory, cache_dir) -> Path:
+    """TWO_RANK_RUNS, trained by two ranks in one torchrun launch for the whole session (a
+    launch starts three processes that each import torch, about 4 s of CPU each; a run in them
+    takes about a second): ``<dir>/<name>/`` holds each run's directory."""
+
+    def launch(root: Path) -> None:
+        (root / "train_each.py").write_text(TRAIN_EACH)
+        runs = json.dumps(TWO_RANK_RUNS)
+        process = torchrun(2, runs, cwd=root, program=["train_each.py"])
+        code, stderr = finished(process, timeout=600)
+        assert code == 0, stderr
+
+    return built_once(tmp_path_factory, "two-rank-runs", launch)
 
 
 @pytest.mark.slow
-# rope (the default); fox: a bias from each layer's content, with a gate per layer; hybrid:
-# each layer's own encoding; a task.
-@pytest.mark.parametrize(
-    "run",
-    [
-        [*SHORT, "encoding=rope"],
-        [*SHORT, "encoding=fox"],
-        [*SHORT, "encoding=hybrid"],
-        TASK_AT_RANDOM_POSITIONS,
-    ],
-    ids=["rope", "fox", "hybrid", "reverse_string"],
-)
+@pytest.mark.parametrize("name", ["rope", "fox", "hybrid", "reverse_string"])
 def test_two_ranks_and_two_micro_batches_on_one_process_reach_the_same_weights(
-    tmp_path, cache_dir, run
+    tmp_path, cache_dir, two_rank_runs, name
 ):
-    code, stderr = finished(torchrun(2, "train", *run, cwd=tmp_path))
-    assert code == 0, stderr
-    two = only_run(tmp_path)
+    run = TWO_RANK_RUNS[name]
+    two = only_run(two_rank_runs / name)
     one = tmp_path / "one"
     train(compose_config([*run, "train.grad_accum=2"]), one)
     assert_same_weights(two, one)
@@ -320,19 +349,18 @@ finally:
 
 @pytest.mark.slow
 def test_a_two_rank_run_stopped_by_sigterm_exits_after_its_checkpoint_and_resumes_alike(
-    tmp_path, cache_dir
+    tmp_path, cache_dir, two_rank_runs
 ):
-    """About 40 s: three torchrun launches of two ranks (nine processes, each importing
-    torch): the run straight through, the run stopped, its resumption. The stopped run must
-    still be training when its first checkpoint is on disk, which needs its 120 steps."""
-    # Long enough that SIGTERM, sent once the first checkpoint exists, arrives mid-run.
-    long = [*SHORT, "train.steps=120", "train.checkpoint_every=5", "train.val_every=100"]
-    code, stderr = finished(torchrun(2, "train", *long, "hydra.run.dir=straight", cwd=tmp_path))
-    assert code == 0, stderr
+    """Over 20 s: two torchrun launches of two ranks (six processes, each importing torch):
+    the run stopped, its resumption; the run straight through is one of the session's
+    ``two_rank_runs``. The stopped run must still be training when its first checkpoint is on
+    disk: its 120 steps, each checkpoint two seconds on its slow disk."""
     checkpoint = tmp_path / "stopped" / CHECKPOINT_FILE
     (tmp_path / "slow_disk.py").write_text(SLOW_CHECKPOINT_DISK)
     program = ["slow_disk.py", str(checkpoint)]
-    stopped = torchrun(2, "train", *long, "hydra.run.dir=stopped", cwd=tmp_path, program=program)
+    stopped = torchrun(
+        2, "train", *CHECKPOINTED, "hydra.run.dir=stopped", cwd=tmp_path, program=program
+    )
     deadline = time.monotonic() + 120
     while not checkpoint.is_file():
         assert stopped.poll() is None and time.monotonic() < deadline, stopped.stderr.read()
@@ -351,7 +379,7 @@ def test_a_two_rank_run_stopped_by_sigterm_exits_after_its_checkpoint_and_resume
     resumed = torchrun(2, "train", "--resume", "stopped", cwd=tmp_path)
     code, stderr = finished(resumed)
     assert code == 0, stderr
-    assert_same_weights(tmp_path / "stopped", tmp_path / "straight")
+    assert_same_weights(tmp_path / "stopped", only_run(two_rank_runs / "checkpointed"))
 
 
 @pytest.mark.slow

@@ -22,7 +22,13 @@ from posbench.model import build_model
 from posbench.model.attention import unbiased_causal_attention
 from posbench.model.random_positions import PositionDraw, PositionSampler, randomizes_distances
 from posbench.runs.directory import CHECKPOINT_FILE
-from posbench.system.precision import BF16_MIN_D_MODEL, autocast, bf16_hardware, resolve_precision
+from posbench.system.precision import (
+    BF16_MIN_D_MODEL,
+    autocast,
+    bf16_hardware,
+    compile_for_training,
+    resolve_precision,
+)
 from posbench.training.checkpoint import load_checkpoint
 from posbench.training.train import train
 from posbench.training.train_loop import train_step
@@ -295,6 +301,25 @@ def test_a_compiled_run_trains_like_the_eager_one_and_reports_its_compile_time(t
     assert eager["train"]["compile_s"] == 0.0 < compiled["train"]["compile_s"]
     assert compiled["train"]["final_loss"] == pytest.approx(eager["train"]["final_loss"], rel=1e-4)
     assert compiled["eval"][0]["ppl"] == pytest.approx(eager["eval"][0]["ppl"], rel=1e-4)
+
+
+def test_the_training_steps_run_the_graph_the_warm_up_compiled(monkeypatch):
+    """compile_for_training compiles before the timed steps what they run: its warm-up once
+    passed its tokens as their own targets, dynamo guarded on that aliasing, and the first
+    step compiled the model again (in the steps' time, not in compile_s)."""
+    import torch._dynamo.testing
+
+    counter = torch._dynamo.testing.CompileCounter()
+    compile_model = torch.compile
+    monkeypatch.setattr(torch, "compile", lambda model: compile_model(model, backend=counter))
+    torch._dynamo.reset()
+    cfg = compose_config(TINY)
+    model = build_model(cfg.model, cfg.encoding)
+    stepper, _ = compile_for_training(model, torch.zeros(4, 16, dtype=torch.long), "fp32")
+    assert counter.frame_count == 1
+    x, y = torch.randint(0, 64, (2, 4, 16))
+    stepper(x, None, targets=y, distances=None).backward()  # as train_step calls it
+    assert counter.frame_count == 1
 
 
 @pytest.mark.slow

@@ -14,6 +14,7 @@ from conftest import train_module
 from fake_machine import FakeMachine
 
 import posbench.system.threads
+import posbench.training.train_loop
 from posbench.config import compose_config, validate
 from posbench.data import Corpus
 from posbench.errors import PosbenchError
@@ -415,8 +416,13 @@ def test_training_records_the_controllers_changes(tiny, tmp_path, scripted_contr
     assert changes == [{"step": 2 * CHECK_MIN_STEPS, "threads": 1, "why": changes[0]["why"]}]
 
 
-def test_a_compiled_run_keeps_its_threads(tiny, tmp_path, scripted_controller):
-    # A new thread count would compile the model again (dynamo guards on it).
+def test_a_compiled_run_keeps_its_threads(tiny, tmp_path, scripted_controller, monkeypatch):
+    # A new thread count would compile the model again (dynamo guards on it). What keeps the
+    # count is train.compile, not the compiled model: the model runs uncompiled here, sparing
+    # inductor's seconds (tests/test_precision.py compiles runs).
+    monkeypatch.setattr(
+        posbench.training.train_loop, "compile_for_training", lambda model, *_: (model, 0.0)
+    )
     overrides = [*tiny, "threads=auto", "eval.lengths=[16]", "train.compile=true"]
     results = train(compose_config(overrides), tmp_path)
     assert results["train"]["thread_changes"] == []

@@ -94,7 +94,9 @@ def compile_for_training(
     started = time.perf_counter()
     with torch.random.fork_rng(devices=[tokens.device] if tokens.is_cuda else []):
         with autocast(precision, tokens.device):
-            loss = compiled(tokens, targets=tokens)  # any targets of the training batch's shape
+            # Targets of the training batch's shape, and not ``tokens`` itself: dynamo guards on
+            # that aliasing, and the steps' targets (never their inputs) would compile it again.
+            loss = compiled(tokens, targets=torch.zeros_like(tokens))
         loss.backward()
     model.zero_grad(set_to_none=True)
     return compiled, time.perf_counter() - started
