@@ -38,6 +38,7 @@ from posbench.report.docs.published import (
     published_ratio_figure,
     published_ratio_table,
 )
+from posbench.report.docs.ruler import ruler_details, ruler_table
 from posbench.report.docs.source import Source, provenance_line
 from posbench.report.figures import FIGURE_DPI
 from posbench.report.published import (
@@ -59,6 +60,7 @@ EXTRAPOLATION = "results/extrapolation/synthetic.json"
 RUOSS2023_CPU = "results/ruoss2023_cpu/sweep.json"
 ALIBI_WT103_H200 = "results/alibi_wt103/h200.json"
 DROPE = "results/drope/synthetic.json"
+RULER = "results/ruler/cpu.json"
 # block name -> (summary or published table, what it shows)
 BLOCKS: dict[str, tuple[str, Callable[[Any], str]]] = {
     "extrapolation/table": (EXTRAPOLATION, ratio_table),
@@ -71,6 +73,8 @@ BLOCKS: dict[str, tuple[str, Callable[[Any], str]]] = {
     "alibi_wt103/h200/provenance": (ALIBI_WT103_H200, published_provenance),
     "alibi_wt103/h200/table": (ALIBI_WT103_H200, published_ratio_table),
     "drope/table": (DROPE, drope_results),
+    "ruler/table": (RULER, ruler_table),
+    "ruler/details": (RULER, ruler_details),
 }
 # figure path -> (summary or published table, what it draws)
 FIGURES: dict[str, tuple[str, Callable]] = {
