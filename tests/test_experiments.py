@@ -233,14 +233,22 @@ def test_ruoss2023_cpu_sweeps_each_row_of_their_table_once_on_some_of_their_task
     }
 
 
-def test_the_ruler_experiment_sweeps_every_encoding_over_each_ruler_config_and_flip_flop():
+def test_the_ruler_experiment_sweeps_its_encodings_over_ruler_tasks_as_its_docs_count():
+    """A representative set of registered encodings over RULER-style tasks that fit the
+    training window; the job count its config comment and docs state is the sweep's."""
+    from posbench.report.docs import ROOT
+
     cfg = compose_config(["+experiment=ruler"], with_hydra=True)
-    assert sorted(swept_values(cfg, "encoding")) == encoding_names()
-    tasks = swept_values(cfg, "data")
-    sources = {compose_config([f"data={task}"]).data.source for task in tasks}
-    assert sources == {*RULER_TASKS, "flip_flop"} and len(tasks) == 7
+    encodings, tasks, seeds = (swept_values(cfg, key) for key in ("encoding", "data", "seed"))
+    assert set(encodings) <= set(encoding_names()) and len(set(encodings)) == len(encodings)
+    assert {compose_config([f"data={task}"]).data.source for task in tasks} <= set(RULER_TASKS)
     for task in tasks:  # every prompt fits the training window
         validate(compose_config(["+experiment=ruler", f"data={task}"]))
+    count = f"{len(encodings)} encodings x {len(tasks)} tasks x {len(seeds)} seeds = "
+    count += f"{len(encodings) * len(tasks) * len(seeds)} jobs"
+    assert count in (ROOT / "conf" / "experiment" / "ruler.yaml").read_text()
+    for page in ("ruler.md", "experiments.md"):
+        assert count.replace(" x ", " × ") in (ROOT / "docs" / page).read_text(), page
 
 
 def test_drope_sweeps_its_baselines_and_rope_phase_and_recalibrates_for_the_papers_share():

@@ -188,16 +188,22 @@ def test_drope_sits_in_one_table_with_its_baselines_mean_and_std_over_seeds(tmp_
     ]
 
 
+def repository_copy(tmp_path: Path) -> Path:
+    """``tmp_path`` holding a copy of what rendering reads and writes: results/, docs/ (its
+    figures left out) and README.md."""
+    shutil.copytree(ROOT / "results", tmp_path / "results")
+    shutil.copytree(ROOT / "docs", tmp_path / "docs", ignore=shutil.ignore_patterns("*.png"))
+    shutil.copy(ROOT / "README.md", tmp_path)
+    return tmp_path
+
+
 def test_the_drope_block_awaits_its_summary_and_renders_it_once_committed(tmp_path):
     """docs/results.md's DroPE block holds no number while results/drope/synthetic.json is
     not committed; once it is, rendering fills in its table and provenance."""
     from posbench.report.docs import DROPE, render
     from posbench.report.docs.drope import drope_results
 
-    shutil.copytree(ROOT / "results", tmp_path / "results")
-    shutil.copytree(ROOT / "docs", tmp_path / "docs", ignore=shutil.ignore_patterns("*.png"))
-    shutil.copy(ROOT / "README.md", tmp_path)
-    assert render(tmp_path, check=True) == []
+    assert render(repository_copy(tmp_path), check=True) == []
     runs, _ = find_runs([drope_sweep(tmp_path / "S")])
     write_summary(tmp_path / DROPE, runs, [tmp_path / "S"])
     assert render(tmp_path, check=True) == ["docs/results.md: drope/table"]
@@ -279,3 +285,66 @@ def test_the_long_context_table_puts_longppl_beside_ppl_and_the_effective_length
         "evaluator run `2_rope_seed0` selected (alpha 2, beta -2): 7 to 9 at 32, 12 at 64 "
         "tokens were key."
     )
+
+
+def ruler_sweep(path: Path) -> Path:
+    """+experiment=ruler's sweep directory for two tasks, none and rope, seeds 0 and 1: each
+    run's accuracy of its own answers at 16, 32 and 64 tokens, seed 1's 0.1 below seed 0's."""
+    accuracies = {  # (task, encoding): accuracy by length at seed 0
+        ("niah_single", "rope"): (0.9, 0.5, 0.2),
+        ("niah_single", "none"): (0.6, 0.6, 0.6),
+        ("flip_flop", "rope"): (1.0, 0.9, 0.8),
+        ("flip_flop", "none"): (0.7, 0.7, 0.7),
+    }
+    baselines = {"niah_single": (0.1, 0.2), "flip_flop": (0.5, 0.5)}  # chance, constant answer
+    for (task, encoding), by_length in accuracies.items():
+        chance, constant = baselines[task]
+        for seed in (0, 1):
+            records = [
+                {"length": n, "stride": None, "ppl": 2.0, "status": "ok", "reason": None,
+                 "answer_mode": "autoregressive", "decode": "greedy",
+                 "accuracy": a - 0.1 * seed, "sequence_accuracy": 0.0,
+                 "teacher_forced_accuracy": a, "chance_accuracy": chance,
+                 "constant_answer_accuracy": constant}
+                for n, a in zip((16, 32, 64), by_length, strict=True)
+            ]  # fmt: skip
+            name = f"{task}_{encoding}_seed{seed}"
+            make_run(path / name, encoding, seed, data__name=task, results={"eval": records})
+    return path
+
+
+def test_the_ruler_table_averages_each_encodings_tasks_by_length_beside_the_baselines(tmp_path):
+    """rope: (0.85 + 0.95) / 2 at 16, then 0.65 at 32 (below 0.9 × 0.90: effective to 1×);
+    none: 0.60 at every length (effective to 4×); chance (0.1 + 0.5) / 2, the constant answer
+    (0.2 + 0.5) / 2. docs/results.md's two blocks await the summary, then render it."""
+    from posbench.report.docs import RULER, render
+    from posbench.report.docs.ruler import ruler_details, ruler_table
+
+    assert render(repository_copy(tmp_path), check=True) == []
+    runs, _ = find_runs([ruler_sweep(tmp_path / "S")])
+    write_summary(tmp_path / RULER, runs, [tmp_path / "S"])
+    assert render(tmp_path, check=True) == [
+        "docs/results.md: ruler/table",
+        "docs/results.md: ruler/details",
+    ]
+    table = ruler_table(load(tmp_path, RULER)).splitlines()
+    assert table[:6] == [
+        "| encoding | 16 (1×) | 32 (2×) | 64 (4×) | effective length (× 16, threshold 0.9) |",
+        "| --- | --- | --- | --- | --- |",
+        "| none | 0.60 | 0.60 | **0.60** | 4 |",
+        "| rope | **0.90** | **0.65** | 0.45 | 1 |",
+        "| *chance* | 0.30 | 0.30 | 0.30 | – |",
+        "| *constant answer* | 0.35 | 0.35 | 0.35 | – |",
+    ]
+    assert table[7].startswith("Averaged over 2 tasks: `flip_flop`, `niah_single`. 8 runs of")
+    details = ruler_details(load(tmp_path, RULER)).splitlines()
+    assert details[:8] == [
+        "`flip_flop`:",
+        "",
+        "| encoding | 16 (1×) | 32 (2×) | 64 (4×) | runs |",
+        "| --- | --- | --- | --- | --- |",
+        "| none | 0.65 ± 0.07 | 0.65 ± 0.07 | 0.65 ± 0.07 | 2 |",
+        "| rope | **0.95** ± 0.07 | **0.85** ± 0.07 | **0.75** ± 0.07 | 2 |",
+        "| *chance* | 0.50 | 0.50 | 0.50 | – |",
+        "| *constant answer* | 0.50 | 0.50 | 0.50 | – |",
+    ]

@@ -22,6 +22,7 @@ from posbench.runs.results import headline_accuracy
 from posbench.training.train import train
 
 NIAH = {
+    "niah_single": {"keys": 1, "values": 1, "queries": 1},
     "niah_multikey": {"keys": 4, "values": 1, "queries": 1},
     "niah_multivalue": {"keys": 1, "values": 4, "queries": 1},
     "niah_multiquery": {"keys": 4, "values": 1, "queries": 4},
@@ -30,6 +31,7 @@ NIAH = {
 TASKS = {
     **{name: ({"source": "niah", **counts}, 1 / 10) for name, counts in NIAH.items()},
     "variable_tracking": ({"source": "variable_tracking"}, 1 / 26),
+    "variable_tracking_1hop": ({"source": "variable_tracking", "hops": 1}, 1 / 26),
     "common_words": ({"source": "common_words"}, 1 / 26),
     "freq_words": ({"source": "freq_words"}, 1 / 26),
     "flip_flop": ({"source": "flip_flop"}, 1 / 2),
@@ -87,6 +89,8 @@ def oracle(name: str, prompt: str, sequence: str) -> str:
         return niah_oracle(prompt)
     if name == "flip_flop":
         return flip_flop_oracle(sequence)
+    if name.startswith("variable_tracking"):
+        return variable_tracking_oracle(prompt)
     return globals()[f"{name}_oracle"](prompt)
 
 

@@ -1,6 +1,6 @@
-"""``data=niah_multikey``, ``niah_multivalue``, ``niah_multiquery``: RULER's needles in a noise
-haystack (Hsieh et al. 2024, https://arxiv.org/abs/2404.06654; NVIDIA/RULER's
-scripts/data/synthetic/niah.py), one generator with three configs as RULER's.
+"""``data=niah_single``, ``niah_multikey``, ``niah_multivalue``, ``niah_multiquery``: RULER's
+needles in a noise haystack (Hsieh et al. 2024, https://arxiv.org/abs/2404.06654; NVIDIA/RULER's
+scripts/data/synthetic/niah.py), one generator with four configs as RULER's.
 
 ``data.keys`` random keys each get ``data.values`` needles "A number for KEY is VALUE. " in
 the repeated "The grass is green. ..." filler, at random depths; the prompt then asks for
@@ -9,9 +9,10 @@ the repeated "The grass is green. ..." filler, at random depths; the prompt then
     The grass is green. The sA number for qzk is 4071. ky is blue. ...A number for bim is
     8812. ...There and back again. \nWhat are the numbers for qzk? 4071
 
-multikey: 4 keys, 1 value, 1 query (three distractor needles); multivalue: 1 key, 4 values;
-multiquery: 4 keys, 1 value, 4 queries. The values are listed query by query, each key's in
-the order its needles stand; only their digits are scored (the spaces between them are
+single: 1 key, 1 value, 1 query (RULER's niah_single_1: the only digits in the haystack are
+the answer's); multikey: 4 keys, 1 value, 1 query (three distractor needles); multivalue: 1
+key, 4 values; multiquery: 4 keys, 1 value, 4 queries. The values are listed query by query,
+each key's in the order its needles stand; only their digits are scored (the spaces between them are
 given). Evaluation puts the first needle of the first key asked for at depths 0, 25, 50, 75
 and 100 % of the filler in turn (``accuracy_by_depth``), the others at random.
 
