@@ -303,10 +303,12 @@ def test_a_compiled_run_trains_like_the_eager_one_and_reports_its_compile_time(t
     assert compiled["eval"][0]["ppl"] == pytest.approx(eager["eval"][0]["ppl"], rel=1e-4)
 
 
-def test_the_training_steps_run_the_graph_the_warm_up_compiled(monkeypatch):
+@pytest.mark.parametrize("varying_shape", [False, True])
+def test_the_training_steps_run_the_graph_the_warm_up_compiled(monkeypatch, varying_shape):
     """compile_for_training compiles before the timed steps what they run: its warm-up once
     passed its tokens as their own targets, dynamo guarded on that aliasing, and the first
-    step compiled the model again (in the steps' time, not in compile_s)."""
+    step compiled the model again (in the steps' time, not in compile_s); a task's steps, in
+    width slices of many shapes, compiled a dynamic graph beside the warm-up's static one."""
     import torch._dynamo.testing
 
     counter = torch._dynamo.testing.CompileCounter()
@@ -315,18 +317,21 @@ def test_the_training_steps_run_the_graph_the_warm_up_compiled(monkeypatch):
     torch._dynamo.reset()
     cfg = compose_config(TINY)
     model = build_model(cfg.model, cfg.encoding)
-    stepper, _ = compile_for_training(model, torch.zeros(4, 16, dtype=torch.long), "fp32")
+    tokens = torch.zeros(4, 16, dtype=torch.long)
+    stepper, _ = compile_for_training(model, tokens, "fp32", varying_shape=varying_shape)
     assert counter.frame_count == 1
-    x, y = torch.randint(0, 64, (2, 4, 16))
-    stepper(x, None, targets=y, distances=None).backward()  # as train_step calls it
+    shapes = [(4, 16), (3, 9), (2, 12)] if varying_shape else [(4, 16)]
+    for shape in shapes:
+        x, y = torch.randint(0, 64, (2, *shape))
+        stepper(x, None, targets=y, distances=None).backward()  # as train_step calls it
     assert counter.frame_count == 1
 
 
 @pytest.mark.slow
 def test_a_compiled_run_on_a_task_trains_like_the_eager_one(tmp_path):
-    """A task's batches run in width slices of many widths: the compiled step recompiles for
-    them (dynamic shapes) and must still compute what the eager one does. About 35 s: those
-    compilations are the point, and each costs seconds of inductor."""
+    """A task's batches run in width slices of many shapes: the compiled step, one graph of
+    symbolic shape (compile_for_training's varying_shape), must compute what the eager one
+    does at each. About 20 s: inductor compiles that graph, forward and backward."""
     short = [*TINY_REVERSE_STRING, "train.steps=3"]
     eager = train(compose_config(short), tmp_path / "eager")
     compiled = train(compose_config([*short, "train.compile=true"]), tmp_path / "compiled")

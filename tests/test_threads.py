@@ -421,7 +421,7 @@ def test_a_compiled_run_keeps_its_threads(tiny, tmp_path, scripted_controller, m
     # count is train.compile, not the compiled model: the model runs uncompiled here, sparing
     # inductor's seconds (tests/test_precision.py compiles runs).
     monkeypatch.setattr(
-        posbench.training.train_loop, "compile_for_training", lambda model, *_: (model, 0.0)
+        posbench.training.train_loop, "compile_for_training", lambda model, *_, **__: (model, 0.0)
     )
     overrides = [*tiny, "threads=auto", "eval.lengths=[16]", "train.compile=true"]
     results = train(compose_config(overrides), tmp_path)

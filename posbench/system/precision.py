@@ -13,6 +13,7 @@ call, kept out of the loop itself.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import time
 from collections.abc import Callable
@@ -79,10 +80,11 @@ def autocast(precision: str, device: torch.device) -> AbstractContextManager:
 
 
 def compile_for_training(
-    model: nn.Module, tokens: torch.Tensor, precision: str
+    model: nn.Module, tokens: torch.Tensor, precision: str, varying_shape: bool = False
 ) -> tuple[Callable[[torch.Tensor], torch.Tensor], float]:
     """``torch.compile(model)`` and the seconds it took to compile, for training batches shaped
-    like ``tokens`` (B, T).
+    like ``tokens`` (B, T), or of any (rows, width) with ``varying_shape`` (a task's batches
+    run in width slices of many shapes: width_slices).
 
     Compilation is lazy (it happens at the first call), so one forward and backward pass on
     ``tokens``, with the loss as training computes it, triggers it here, apart from the timed
@@ -91,12 +93,18 @@ def compile_for_training(
     itself: its changing lengths and eval mode would each compile anew.
     """
     compiled = torch.compile(model)
+    # Targets of the training batch's shape, and not ``tokens`` itself: dynamo guards on that
+    # aliasing, and the steps' targets (never their inputs) would compile it again.
+    targets = torch.zeros_like(tokens)
+    if varying_shape:
+        # Both dimensions symbolic from the warm-up on: else it compiles a graph for its own
+        # shape, and the first step of another shape compiles a dynamic one besides.
+        for tensor, dim in itertools.product((tokens, targets), (0, 1)):
+            torch._dynamo.maybe_mark_dynamic(tensor, dim)
     started = time.perf_counter()
     with torch.random.fork_rng(devices=[tokens.device] if tokens.is_cuda else []):
         with autocast(precision, tokens.device):
-            # Targets of the training batch's shape, and not ``tokens`` itself: dynamo guards on
-            # that aliasing, and the steps' targets (never their inputs) would compile it again.
-            loss = compiled(tokens, targets=torch.zeros_like(tokens))
+            loss = compiled(tokens, targets=targets)
         loss.backward()
     model.zero_grad(set_to_none=True)
     return compiled, time.perf_counter() - started

@@ -99,7 +99,8 @@ def train_steps(
     if tcfg.compile and progress.step < tcfg.steps:
         _, micro_batch = distributed.rows_of_rank(tcfg.batch_size, tcfg.grad_accum)
         batch = torch.zeros(micro_batch, tcfg.seq_len, dtype=torch.long, device=device)
-        stepper, seconds = compile_for_training(model, batch, precision)
+        task = isinstance(data, Task)  # its batches run in slices of many shapes
+        stepper, seconds = compile_for_training(model, batch, precision, varying_shape=task)
         progress.compile_time += seconds
         log.info("torch.compile: %.1f s (not counted in tokens/s)", seconds)
     stepper = distributed.data_parallel(stepper, device)
