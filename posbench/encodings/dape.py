@@ -24,7 +24,10 @@ layer too, as the reference's per-layer ``ParallelKerpleLog_DAPE`` and ``FIRE_DA
 The logits f reads are those before ``model.attention_scaling``, the ones a bias from the
 content reads (posbench/model/model.py). f runs as matrix products with a hand-written backward
 (posbench/encodings/dape_network.py), every block attention asks for in one autograd node
-(``content_biases``), in pieces of rows of queries at long lengths.
+(``content_biases``), in pieces of rows of queries at long lengths. Where the bias of
+positions is one of the distance alone (consecutive positions; FIRE within its threshold) it
+is computed once per layer, as a table of distances (``consecutive_bias``), and looked up per
+piece (``distance_grid``), as attention looks up its own.
 """
 
 from __future__ import annotations
