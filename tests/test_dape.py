@@ -84,14 +84,21 @@ def reference_attention(encoding, q, k, v) -> torch.Tensor:
     return plain_attention(q, k, v, causal_bias(logits - z))
 
 
-@pytest.mark.parametrize(("name", "kernel"), [("alibi", 1), ("kerple", 3), ("fire", 5)])
+@pytest.mark.parametrize(
+    ("name", "kernel", "options"),
+    [
+        ("alibi", 1, {}),
+        ("kerple", 3, {}),  # a bias of the distance alone: laid out from its table
+        ("fire", 5, {"threshold": 16.0}),  # 37 tokens: past FIRE's L, its score_bias
+        ("fire", 3, {"threshold": 64.0}),  # within L: a bias of the distance, from its table
+    ],
+)
 def test_attention_in_training_gives_the_repositorys_output_and_gradients(
-    name, kernel, monkeypatch
+    name, kernel, options, monkeypatch
 ):
     use_query_blocks(8, monkeypatch)
     # Each block's rows at once, the network one sequence at a time (a chunk of each).
     monkeypatch.setattr(posbench.encodings.dape_network, "CHUNK_PAIRS", 8 * 39)
-    options = {"threshold": 16.0} if name == "fire" else {}  # 37 tokens: past FIRE's L
     encoding = dape(name, kernel, **options)
     q, k, v = (torch.randn(B, H, T, HS, dtype=F64, requires_grad=True) for _ in "qkv")
     leaves = [q, k, v, *encoding.parameters()]

@@ -25,6 +25,7 @@ from posbench.encodings import (
     registry,
     sinusoidal_table,
 )
+from posbench.encodings.base import distance_grid
 from posbench.encodings.registry import register
 from posbench.encodings.rope import rotate_by
 from posbench.errors import PosbenchError
@@ -322,6 +323,21 @@ def test_score_bias_of_a_relative_bias_is_its_value_at_each_pairs_distance(name)
         for b, j in enumerate(keys.tolist()):
             expected = encoding.relative_bias(torch.tensor([i - j]))[:, 0]  # (H,)
             torch.testing.assert_close(bias[:, a, b], expected, rtol=0, atol=0)
+
+
+def test_distance_grid_is_the_table_at_each_pairs_distance_and_its_gradient_sums_per_distance():
+    # KERPLE's table at distances 0..11, laid out for queries 6..9 over keys 2..10 (future: 0).
+    encoding = build_encoding({"name": "kerple"}, d_model=16, n_head=2).double()
+    queries, keys = torch.arange(6, 10), torch.arange(2, 11)
+    grad = torch.randn(2, 4, 9, dtype=torch.float64)
+    grid = distance_grid(encoding.consecutive_bias(torch.arange(12)), queries, keys)
+    got = torch.autograd.grad(grid, list(encoding.parameters()), grad)
+    distance = (queries[:, None] - keys[None, :]).clamp(min=0)  # (4, 9)
+    expected = encoding.relative_bias(distance.flatten()).view(2, 4, 9)
+    torch.testing.assert_close(grid, expected, rtol=0, atol=0)
+    wanted = torch.autograd.grad(expected, list(encoding.parameters()), grad)
+    for a, b in zip(got, wanted, strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-12)
 
 
 # --- registry ---------------------------------------------------------------------------------

@@ -99,6 +99,19 @@ def remedy_verb(trained: bool) -> str:
     return "retrain with" if trained else "set"
 
 
+def distance_grid(
+    table: torch.Tensor, query_positions: torch.Tensor, key_positions: torch.Tensor
+) -> torch.Tensor:
+    """A bias of the distance alone, ``table`` (H, D) at distances 0..D-1 (consecutive_bias's),
+    at every pair of ``query_positions`` (n,) and ``key_positions`` (m,) -> (H, n, m); a key
+    after its query reads distance 0 (every caller masks it). Where the same table serves many
+    blocks (a learned bias, in training) this spares evaluating the bias's formula, forward
+    and backward, per block: the lookup's backward sums each pair's gradient into its distance."""
+    # int32, which index_select takes: half of int64's traffic
+    distance = (query_positions.int()[:, None] - key_positions.int()[None, :]).clamp_(min=0)
+    return table.index_select(1, distance.flatten()).view(len(table), *distance.shape)
+
+
 @dataclass
 class EncodingConfig:
     """Fields shared by every encoding's config; subclasses add their own parameters."""

@@ -24,7 +24,10 @@ layer too, as the reference's per-layer ``ParallelKerpleLog_DAPE`` and ``FIRE_DA
 The logits f reads are those before ``model.attention_scaling``, the ones a bias from the
 content reads (posbench/model/model.py). f runs as matrix products with a hand-written backward
 (posbench/encodings/dape_network.py), every block attention asks for in one autograd node
-(``content_biases``), in pieces of rows of queries at long lengths.
+(``content_biases``), in pieces of rows of queries at long lengths. Where the bias of
+positions is one of the distance alone (consecutive positions; FIRE within its threshold) it
+is computed once per layer, as a table of distances (``consecutive_bias``), and looked up per
+piece (``distance_grid``), as attention looks up its own.
 """
 
 from __future__ import annotations
@@ -37,7 +40,7 @@ import torch
 
 # dape_network.CHUNK_PAIRS as an attribute: set in one place for both modules
 from posbench.encodings import dape_network
-from posbench.encodings.base import EncodingConfig, PositionalEncoding
+from posbench.encodings.base import EncodingConfig, PositionalEncoding, distance_grid
 from posbench.encodings.dape_network import DapeNetwork, Piece
 from posbench.errors import PosbenchError
 
@@ -53,8 +56,9 @@ class DapeOptions(EncodingConfig):
 
 class DapeEncoding(PositionalEncoding):
     """A bias of positions that takes DAPE as an option (``config.dape``): f([z; b]) is this
-    encoding's bias from the content (content_state: the layer's q, k and positions;
-    content_bias: f of a block), added by attention to z + b as any content bias is."""
+    encoding's bias from the content (content_state: the layer's q, k, positions and, at
+    consecutive positions, the bias's table of distances; content_bias: f of a block), added
+    by attention to z + b as any content bias is."""
 
     def __init__(self, config: DapeOptions, d_model: int, n_head: int) -> None:
         super().__init__(config, d_model, n_head)
@@ -82,18 +86,26 @@ class DapeEncoding(PositionalEncoding):
 
     def content_state(
         self, x: torch.Tensor, q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
-        return None if self.dape is None else (q, k, positions)
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None] | None:
+        if self.dape is None:
+            return None
+        # A bias of the distance alone there (consecutive positions shared by the batch; FIRE
+        # within its threshold): its (H, T) table once, laid out per piece (distance_grid),
+        # where score_bias ran the bias's formula, forward and backward, for every piece.
+        table = None
+        if positions.dim() == 1 and bool((positions.diff() == 1).all()):
+            table = self.consecutive_bias(positions)
+        return q, k, positions, table
 
     def content_bias(self, state: Any, queries: slice, keys: slice) -> torch.Tensor:
         return self.content_biases(state, [(queries, keys)])[0]
 
     def content_biases(self, state: Any, blocks: list[tuple[slice, slice]]) -> list[torch.Tensor]:
         assert self.dape is not None, "content_bias without DAPE: content_state gave None"
-        q, k, positions = state
+        q, k, positions, table = state
         pieces, biases, counts = [], [], []
         for queries, keys in blocks:
-            block = list(self.pieces(positions, queries, keys, k.shape[2]))
+            block = list(self.pieces(positions, table, queries, keys, k.shape[2]))
             pieces += [piece for piece, _ in block]
             biases += [bias for _, bias in block]
             counts.append(len(block))
@@ -105,11 +117,16 @@ class DapeEncoding(PositionalEncoding):
         return joined
 
     def pieces(
-        self, positions: torch.Tensor, queries: slice, keys: slice, length: int
+        self,
+        positions: torch.Tensor,
+        table: torch.Tensor | None,
+        queries: slice,
+        keys: slice,
+        length: int,
     ) -> Iterator[tuple[Piece, torch.Tensor]]:
         """The pieces of a block of ``queries`` over ``keys`` (of a sequence of ``length``
         tokens at ``positions``), rows of queries, and the bias of positions each reads,
-        ([B|1], H, r, M)."""
+        ([B|1], H, r, M): from its ``table`` of distances (H, length) if not None."""
         assert self.dape is not None
         # f's output at a key reads the hidden layer `half` keys away, which reads the features
         # `half` keys further: the block's keys are widened by `half` on each side, those past
@@ -123,7 +140,11 @@ class DapeEncoding(PositionalEncoding):
         rows = max(1, dape_network.CHUNK_PAIRS // (keys.stop - keys.start + 2 * half))
         for start in range(queries.start, queries.stop, rows):
             chunk = slice(start, min(start + rows, queries.stop))
-            bias = self.score_bias(positions[..., chunk], positions[..., wide])  # ([B,] H, r, M)
+            if table is not None:
+                bias = distance_grid(table, positions[chunk], positions[wide])
+            else:
+                bias = self.score_bias(positions[..., chunk], positions[..., wide])
+            # ([B,] H, r, M)
             if bias.dim() == 3:
                 bias = bias.unsqueeze(0)  # (1, H, r, M)
             hidden = unseen(chunk, wide, self.window, positions.device)  # (r, M)

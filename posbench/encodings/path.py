@@ -212,6 +212,8 @@ def path_logits(
     width = queries.stop - first
     rows = []
     for chunk in chunk_logits(q, k, w, beta, keys.start, queries.stop):
+        if chunk.end <= queries.start:  # no query here: the chunk only carries the keys on
+            continue
         past = chunk.queries @ chunk.keys.transpose(-1, -2)  # (B, H, n, start - first)
         row = torch.cat([past, chunk.local], dim=-1)  # keys [first, end)
         row = F.pad(row, (0, max(width - row.shape[-1], 0)))  # keys [first, queries.stop)

@@ -52,8 +52,9 @@ gigabytes at evaluation lengths: 4 GiB for 4 heads at 16,384 tokens):
   reversed keys and values, the blocks' outputs and a padded (H, T + n) row.
 * blocked_bias_attention: the encoding's score_bias (and content_bias) per block of queries,
   the causal mask (and the window's) folded in; in evaluation the layers share the blocks'
-  biases of positions (QueryBlockBiases). One block's bias and scores (at most
-  MAX_SCORE_ELEMENTS) and the shared biases (SHARED_BIAS_ELEMENTS);
+  biases of positions (QueryBlockBiases); with gradients a bias of the distance alone at
+  consecutive positions is looked up per block from its table (distance_grid). One block's
+  bias and scores (at most MAX_SCORE_ELEMENTS) and the shared biases (SHARED_BIAS_ELEMENTS);
   past_and_diagonal_attention spares the masked copy (the kernel masks the diagonal). With a
   window of w tokens a block of n queries sees at most n + w - 1 keys: time and memory linear
   in T.

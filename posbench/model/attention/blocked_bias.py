@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 
 from posbench.encodings import PositionalEncoding
+from posbench.encodings.base import distance_grid
 
 # blocks.QUERY_BLOCK as an attribute: set in one place for every path (the package's docstring)
 from posbench.model.attention import blocks
@@ -73,6 +74,12 @@ def blocked_bias_attention(
         (start, min(start + block, T), 0 if window is None else max(0, start - window + 1))
         for start in reversed(range(0, T, block))
     ]
+    # With gradients, a bias of the distance alone at consecutive positions shared by the batch
+    # is laid out per block from its table (H, T), computed once (distance_grid), not by the
+    # encoding's score_bias per block, forward and backward.
+    table = None
+    if explicit and encoding.has_score_bias and positions.dim() == 1:
+        table = biases.consecutive_bias(positions)
     # With gradients every block's bias from the content is kept for the backward: asked at once.
     from_content = None
     if explicit and content is not None:
@@ -85,7 +92,9 @@ def blocked_bias_attention(
         # Only an encoding with a bias of positions is asked for one: the default score_bias reads
         # the positions' range (a device sync, and a graph break under torch.compile) for None.
         bias = None
-        if encoding.has_score_bias:
+        if table is not None:
+            bias = distance_grid(table, query_positions, key_positions).to(dtype)[None]
+        elif encoding.has_score_bias:
             bias = biases.bias(start, query_positions, key_positions, dtype, H * block * T)
         if content is not None:  # (B, H, n, m)
             extra = (
