@@ -299,6 +299,19 @@ def test_a_swept_key_of_a_swept_group_is_prechecked_with_each_of_the_groups_opti
     ]
 
 
+def test_a_fixed_key_of_a_swept_group_is_prechecked_with_its_options_beside_other_swept_keys():
+    """``encoding.dape`` is a key of alibi, kerple and fire, not of the default rope: the
+    experiment's swept seeds are checked with one of the swept encodings, not with rope."""
+    overrides = ["+experiment=extrapolation", "encoding=alibi,kerple,fire", "encoding.dape=true"]
+    candidates = expand_sweeps(sweep_overrides(overrides))
+    assert {c for candidate in candidates for c in candidate if c.startswith("encoding=")} == {
+        "encoding=alibi",
+        "encoding=kerple",
+        "encoding=fire",
+    }
+    assert all(compose_config(candidate).encoding.dape for candidate in candidates)
+
+
 def test_hydra_runs_each_job_of_a_swept_group_with_a_key_the_default_option_lacks(
     tmp_path, monkeypatch
 ):

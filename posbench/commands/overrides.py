@@ -210,19 +210,24 @@ def parse_overrides(overrides: Sequence[str]) -> list[Override]:
 
 def expand_sweeps(overrides: Sequence[str]) -> list[list[str]]:
     """Override lists to check before a sweep starts: the fixed overrides plus, for each swept
-    key, each of its values (linear in the number of values, not their product). A swept key of
-    a swept group (``data=a,b data.x=1,2``) is checked with each of the group's options: its
-    jobs meet those, not the group's default."""
+    key, each of its values (linear in the number of values, not their product). A swept
+    group's other options are checked with every fixed key, and every other list takes the
+    group's first option: a key of the group (``data=a,b data.x=1`` or ``data.x=1,2``), fixed
+    or swept, is one its jobs meet with those options, never with the group's default."""
     parsed = parse_overrides(overrides)
     fixed = [o.input_line for o in parsed if not o.is_sweep_override()]
     swept = [o for o in parsed if o.is_sweep_override()]
     options = {o.key_or_group: settings(o) for o in swept if chooses_an_option(o)}
     variants = []
     for override in swept:
-        group = None if chooses_an_option(override) else override.key_or_group.partition(".")[0]
+        key = override.key_or_group
+        group = key if chooses_an_option(override) else key.partition(".")[0]
+        others = [choices[0] for g, choices in options.items() if g != group]
         for setting in settings(override):
-            choices = options.get(group, [])
-            variants += [[*fixed, c, setting] for c in choices] or [[*fixed, setting]]
+            choices = [] if chooses_an_option(override) else options.get(group, [])
+            variants += [[*fixed, *others, c, setting] for c in choices] or [
+                [*fixed, *others, setting]
+            ]
     return variants or [fixed]
 
 
