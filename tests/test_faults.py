@@ -217,7 +217,7 @@ def test_config_mistakes_are_one_error_line_before_anything_is_created(
 
 
 def test_a_file_system_error_while_training_is_one_error_line(tmp_path, monkeypatch, capsys):
-    def full_disk(cfg, run_dir):
+    def full_disk(cfg, run_dir, *_):
         raise OSError(28, "No space left on device", str(run_dir))
 
     monkeypatch.chdir(tmp_path)

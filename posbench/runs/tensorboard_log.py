@@ -340,15 +340,17 @@ GENERALIZATION = ("length_generalization", "length_generalization_accuracy")
 
 
 def length_metrics(records: Sequence[Mapping[str, Any]]) -> dict[str, float]:
-    """``ppl_at_<length>`` and a task's ``accuracy_at_<length>``, each of the first record of
+    """``ppl_at_<length>`` and a task's ``accuracy_at_<length>`` (of its own answers, as
+    ``eval/accuracy``: none for a record scored under teacher forcing), each of the first record of
     its length (results.json's order: the plain one before a re-evaluation's scaling or
     stride)."""
     metrics: dict[str, float] = {}
     for record in records:
         if record["status"] == "ok":
             metrics.setdefault(f"ppl_at_{record['length']}", record["ppl"])
-        if record.get("accuracy") is not None:  # a task's
-            metrics.setdefault(f"accuracy_at_{record['length']}", record["accuracy"])
+        accuracy = headline_accuracy(record)  # a task's own answers, as eval/accuracy
+        if accuracy is not None:
+            metrics.setdefault(f"accuracy_at_{record['length']}", accuracy)
     return metrics
 
 
