@@ -6,7 +6,6 @@ both."""
 
 from __future__ import annotations
 
-import statistics
 from collections.abc import Sequence
 
 from posbench.report.aggregate import baselines_over
@@ -15,8 +14,9 @@ from posbench.report.docs.corpus import mean_text
 from posbench.report.docs.source import Source, provenance_line
 from posbench.report.groups import Group, Row
 from posbench.report.styles import ENCODING_STYLES
+from posbench.report.tables import length_headers
 from posbench.report.text import best_shown, stat_text
-from posbench.runs.results import DEFAULT_EFFECTIVE_THRESHOLD, effective_length
+from posbench.runs.results import DEFAULT_EFFECTIVE_THRESHOLD, effective_length, mean_of
 
 BASELINES = {"chance": "chance_accuracy", "constant answer": "constant_answer_accuracy"}
 
@@ -51,18 +51,10 @@ def baseline_at(source: Source, group: Group, name: str, length: int) -> float |
     return baselines_over(records, [length])[name]
 
 
-def mean_of(values: Sequence[float | None]) -> float | None:
-    """The mean over tasks; None where a task is missing: a mean over fewer would not compare."""
-    known = [value for value in values if value is not None]
-    return statistics.fmean(known) if known and len(known) == len(values) else None
-
-
-def lengths_header(
-    first: str, lengths: Sequence[int], train: int, last: Sequence[str]
-) -> list[str]:
-    """A Markdown table's two header lines: ``first``, each length (× the training length),
-    then ``last``."""
-    names = [first, *(f"{n} ({n / train:g}×)" for n in lengths), *last]
+def table_header(group: Group, last: Sequence[str]) -> list[str]:
+    """A Markdown table's two header lines: encoding, each of the group's lengths (× the
+    training length, tables.length_headers), then ``last``."""
+    names = ["encoding", *length_headers(group), *last]
     return ["| " + " | ".join(names) + " |", "|" + " --- |" * len(names)]
 
 
@@ -92,7 +84,7 @@ def ruler_table(source: Source) -> str:
     }
     best = [best_shown(means[name][i] for name in names) for i in range(len(lengths))]
     effective = f"effective length (× {train}, threshold {DEFAULT_EFFECTIVE_THRESHOLD:g})"
-    lines = lengths_header("encoding", lengths, train, [effective])
+    lines = table_header(first, [effective])
     for name in names:
         scores = dict(zip(lengths, means[name], strict=True))
         reach = effective_length(scores, train, DEFAULT_EFFECTIVE_THRESHOLD, "accuracy")
@@ -120,7 +112,7 @@ def ruler_details(source: Source) -> str:
         rows = sorted(encoding_rows(group).values(), key=lambda row: order.index(row.name))
         best = [best_shown(accuracy_at(row, n) for row in rows) for n in group.lengths]
         lines += ["", f"`{task}`:", ""]
-        lines += lengths_header("encoding", group.lengths, group.train_seq_len, ["runs"])
+        lines += table_header(group, ["runs"])
         for row in rows:
             texts = [
                 "unsupported" if c.unsupported else cell_text(c.accuracy, shown)
