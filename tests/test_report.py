@@ -7,6 +7,8 @@ import shutil
 import numpy as np
 import pytest
 from conftest import TINY, built_once, posbench
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from matplotlib import image
 from omegaconf import OmegaConf
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -1114,6 +1116,84 @@ def test_a_summary_of_the_first_format_is_still_read(tmp_path):
     assert back.config == {"train.seq_len": 16, "seed": 0}
     assert back.results == {"seed": 0, "eval": [{"length": 16, "ppl": 5.0, "loss_by_position": [
         {"start": 0, "end": 16, "nll": 2.0, "tokens": 16}]}]}  # fmt: skip
+
+
+def test_a_summary_of_the_second_format_is_still_read(tmp_path):
+    """posbench-summary/2 (before the pool, effective_context_length as its list) reads as it
+    did."""
+    from posbench.report.summary import read_summary
+
+    records = {"records": 1, "constant": {"length": 16, "ppl": 5.0}, "columns": {}}
+    entry = {"metric": "ppl", "length": 16}
+    run = {"name": "r0", "config": {"seed": 0},
+           "results": {"eval": records, "effective_context_length": [entry]}}  # fmt: skip
+    (tmp_path / "old.json").write_text(json.dumps({
+        "format": "posbench-summary/2", "provenance": {}, "config": {"train.seq_len": 16},
+        "results": {"seed": 0}, "runs": [run]}))  # fmt: skip
+    (back,) = read_summary(tmp_path / "old.json")
+    assert back.results == {"seed": 0, "eval": [{"length": 16, "ppl": 5.0}],
+                            "effective_context_length": [entry]}  # fmt: skip
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers(-3, 3) | st.sampled_from(["a", "b"]),
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.sampled_from("abcd"), inner, max_size=4)
+    ),
+    max_leaves=12,
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.dictionaries(st.sampled_from("abcde"), json_values, max_size=5), min_size=1,
+                max_size=5))  # fmt: skip
+def test_what_runs_share_stored_once_and_their_differences_give_each_back(values):
+    """Whatever the runs' dicts hold (keys some lack, values a few share, dicts beside
+    scalars), the shared part and each run's difference, its parts pooled, give the run back."""
+    from posbench.report.summary import (
+        NOTHING,
+        common_part,
+        difference,
+        merged,
+        pooled,
+        unpooled,
+    )  # fmt: skip
+
+    shared = common_part(values)
+    shared = {} if shared is NOTHING else shared
+    pool, own = pooled([difference(value, shared) for value in values])
+    assert [merged(shared, unpooled(o, pool)) for o in own] == values
+
+
+def test_a_summary_stores_what_most_runs_hold_once_and_a_part_two_share_in_its_pool(tmp_path):
+    """Issue 54's tens of KB: a value most runs hold is stored once and a run without it says
+    it lacks it; the curves' bucket bounds, equal in the runs at one length, are in the file
+    once per length: the most common in the shared results, the others in the pool."""
+    from posbench.report.read import find_runs
+    from posbench.report.summary import read_summary, write_summary
+
+    for seed, length in enumerate([40, 40, 72, 72]):
+        buckets = [*BUCKETS, (40, 48), (48, 56), (56, 64), (64, 72)] if length == 72 else BUCKETS
+        run = make_run(tmp_path / "s" / f"r{seed}", seed=seed, ppls={16: 5.0, length: 6.0 + seed},
+                       encoding__base=20.0 if seed == 3 else 10.0)  # fmt: skip
+        add_loss_by_position(run, length, {b: 1.0 + seed + i for i, b in enumerate(buckets)})
+    results = json.loads((tmp_path / "s" / "r3" / "results.json").read_text())
+    del results["eval"][0]["status"]  # the others have it: shared, and r3 lacks it
+    (tmp_path / "s" / "r3" / "results.json").write_text(json.dumps(results))
+    runs, _ = find_runs([tmp_path / "s"])
+    write_summary(tmp_path / "sweep.json", runs, [tmp_path / "s"])
+    text = (tmp_path / "sweep.json").read_text()
+    content = json.loads(text)
+    assert content["config"]["encoding.base"] == 10.0
+    assert [run["config"].get("encoding.base") for run in content["runs"]] == [None] * 3 + [20.0]
+    assert content["results"]["eval"]["constant"]["loss_by_position"]["table"]["start"] == [
+        0, 8, 16, 24]  # fmt: skip
+    assert text.count("[0,8,16,24,40,48,56,64]") == 1  # a line of the pool
+    back = {
+        run.path.name: (run.config, run.results) for run in read_summary(tmp_path / "sweep.json")
+    }
+    assert back == {run.path.name: (run.config, run.results) for run in runs}
+    assert "status" not in back["r3"][1]["eval"][0]
 
 
 def test_a_summarys_provenance_is_its_runs_commands_machines_days_and_commits(tmp_path):

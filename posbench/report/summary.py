@@ -7,14 +7,15 @@ as data (``results/<experiment>/<name>.json``) after the run directories are gon
 A summary holds, per finished run, its flattened config.yaml and its results.json without the
 weights, checkpoints and TensorBoard files; and, once, where the runs came from as they
 recorded it (every command that made them, the machines, days and commits; the sweep's wall
-time: provenance). Tens of KB for a sweep of tens of runs:
-config keys and results.json entries equal in every run are stored once (``config``,
-``results``: common_part), the evaluation records as columns (a value equal in every record
-that has it once), a loss-by-position curve only at the longest length the run has one (the
-report draws a group's curves there: only_longest_curve), floats to SIGNIFICANT_DIGITS
-significant digits. Reading it gives back the runs' config and results as dicts, rounding and
-the shorter curves aside, so a report of the summary is the report of the runs. Re-measuring a
-result means replacing its summary (docs are rendered from it: posbench/report/docs/).
+time: provenance). Tens of KB for a sweep of tens of runs (about 1.6 KB a run, the curve most of
+it): what most runs hold alike is stored once (``config``, ``results``: common_part, each run
+keeping how it differs), lists of records as columns (as_columns: a value equal in every record
+that has it once), a part two runs hold alike but most do not once in a ``pool`` the runs refer
+to (pooled), a loss-by-position curve only at the longest length the run has one (the report
+draws a group's curves there: only_longest_curve), floats to SIGNIFICANT_DIGITS significant
+digits. Reading it gives back the runs' config and results as dicts, rounding and the shorter
+curves aside, so a report of the summary is the report of the runs. Re-measuring a result means
+replacing its summary (docs are rendered from it: posbench/report/docs/).
 
 A sweep run later adds its runs to a summary, written back as one:
 
@@ -27,6 +28,7 @@ first writing's with each later one's under ``added`` (provenance_parts).
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import shlex
@@ -44,10 +46,16 @@ from posbench.report.run import Run
 from posbench.runs.directory import RESULTS_FILE
 from posbench.system.atomic import atomic_write
 
-SUMMARY_FORMAT = "posbench-summary/2"
-# /1 stored every results.json entry in each run: read as /2 with no results shared
-READABLE_FORMATS = ("posbench-summary/1", SUMMARY_FORMAT)
+SUMMARY_FORMAT = "posbench-summary/3"
+# /1 stored every results.json entry in each run, /2 shared what all runs hold alike, /3 adds the
+# pool and effective_context_length as columns: each earlier one reads as /3 without those
+READABLE_FORMATS = ("posbench-summary/1", "posbench-summary/2", SUMMARY_FORMAT)
 SIGNIFICANT_DIGITS = 6  # far below what a table shows; keeps a sweep's summary small
+RECORD_LISTS = ("eval", "effective_context_length")  # results.json's lists stored as columns
+POOLED_SIZE = 24  # a part of a run this long in JSON, found in two runs or more, is stored once
+# no results.json or config key starts with "@": the summary's own markers do
+POOL_REF = "@"  # {"@": i} in a run stands for the pool's entry i
+ABSENT = "@absent"  # [key, ...] in a run's dict: keys of the shared dict the run's lacks
 MULTIRUN_FILE = "multirun.yaml"  # Hydra's record of a sweep's overrides, in its directory
 NOTHING = object()  # common_part of values that share nothing (None is a value they may share)
 
@@ -80,42 +88,45 @@ def summary_content(runs: Sequence[Run], sources: Sequence[Path]) -> dict[str, A
             f"two runs are named {repeated[0]} (a sweep summarized twice, or two sweeps of one "
             "name); summarize each sweep once"
         )
-    configs = [run.config for run in runs]
-    shared = {
-        key: value
-        for key, value in configs[0].items()
-        if all(key in c and json.dumps(c[key]) == json.dumps(value) for c in configs)
-    }
+    configs = [rounded(run.config) for run in runs]
+    shared = common_part(configs)
+    shared = {} if shared is NOTHING else shared
     first, *added = parts
-    results = [compact_results(run.results) for run in runs]
+    results = [compact_results(rounded(run.results)) for run in runs]
     shared_results = common_part(results)
     shared_results = {} if shared_results is NOTHING else shared_results
+    own = [
+        {
+            "name": name,
+            "config": difference(config, shared),
+            "results": difference(result, shared_results),
+        }
+        for name, config, result in sorted(
+            zip(names, configs, results, strict=True), key=lambda item: item[0]
+        )
+    ]
+    pool, own = pooled(own)
     return {
         "format": SUMMARY_FORMAT,
         "provenance": {**first, "added": added} if added else first,
         "config": shared,
         "results": shared_results,
-        "runs": [
-            {
-                "name": name,
-                "config": {k: v for k, v in run.config.items() if k not in shared},
-                "results": difference(own, shared_results),
-            }
-            for name, run, own in sorted(
-                zip(names, runs, results, strict=True), key=lambda item: item[0]
-            )
-        ],
+        "pool": pool,
+        "runs": own,
     }
 
 
 def write_summary(path: Path, runs: Sequence[Run], sources: Sequence[Path]) -> None:
     """Write the summary of ``runs`` (found below ``sources``: summary_content) to ``path``
-    atomically, one line per run, for diffs; ``path`` may be one of ``sources``."""
-    content = rounded(summary_content(runs, sources))
-    head = {k: v for k, v in content.items() if k != "runs"}
-    lines = [json.dumps(run, separators=(",", ":")) for run in content["runs"]]
-    text = json.dumps(head, indent=1)[:-2] + ',\n "runs": [\n' + ",\n".join(lines) + "\n ]\n}\n"
-    atomic_write(path, text.encode())
+    atomically, one line per pool entry and per run, for diffs; ``path`` may be one of
+    ``sources``."""
+    content = summary_content(runs, sources)
+    lines = {key: content.pop(key) for key in ("pool", "runs")}
+    text = json.dumps(content, indent=1)[:-2]
+    for key, items in lines.items():
+        rows = ",\n".join(json.dumps(item, separators=(",", ":")) for item in items)
+        text += f',\n "{key}": [\n{rows}\n ]'
+    atomic_write(path, (text + "\n}\n").encode())
 
 
 def read_summary(path: Path) -> list[Run]:
@@ -150,11 +161,12 @@ def check_summary(path: Path, content: Any) -> None:
 
 def summary_runs(path: Path, content: dict[str, Any]) -> list[Run]:
     """The runs of the summary ``content`` read from ``path`` (read_summary)."""
+    pool = content.get("pool", [])
     return [
         Run(
             path / run["name"],
-            {**content["config"], **run["config"]},
-            expanded_results(merged(content.get("results", {}), run["results"])),
+            merged(content["config"], unpooled(run["config"], pool)),
+            expanded_results(merged(content.get("results", {}), unpooled(run["results"], pool))),
         )
         for run in content["runs"]
     ]
@@ -196,37 +208,51 @@ def run_name(
 
 
 def common_part(values: Sequence[Any]) -> Any:
-    """What ``values`` share: the value itself where all are equal, else for dicts the entries
-    they share, key by key; NOTHING where they share nothing."""
-    if all(json.dumps(v) == json.dumps(values[0]) for v in values):
+    """What ``values`` share, stored once in a summary (each value keeps the rest: difference):
+    the value itself where all are equal; for dicts, key by key, the common part of each key
+    more than half of them have; else the value most of them hold; NOTHING where no two share
+    anything."""
+    texts = [json.dumps(v) for v in values]
+    if all(text == texts[0] for text in texts):
         return values[0]
     if not all(isinstance(v, dict) for v in values):
-        return NOTHING
-    keys = [key for key in values[0] if all(key in v for v in values)]
-    common = {key: common_part([v[key] for v in values]) for key in keys}
+        text, count = Counter(texts).most_common(1)[0]
+        return values[texts.index(text)] if count > 1 else NOTHING
+    keys = dict.fromkeys(key for v in values for key in v)
+    common = {
+        key: common_part([v[key] for v in values if key in v])
+        for key in keys
+        if 2 * sum(key in v for v in values) > len(values)
+    }
     return {key: part for key, part in common.items() if part is not NOTHING} or NOTHING
 
 
 def difference(value: dict[str, Any], shared: dict[str, Any]) -> dict[str, Any]:
-    """``value``'s entries that ``shared`` (a common_part it has a share in) does not hold:
-    ``merged(shared, difference(value, shared)) == value``."""
+    """``value``'s entries that ``shared`` (a common_part it has a share in) does not hold, and
+    under ABSENT the keys of ``shared`` it lacks: ``merged(shared, difference(value, shared))
+    == value``."""
     own = {}
     for key, item in value.items():
         if key not in shared:
             own[key] = item
         elif json.dumps(item) != json.dumps(shared[key]):
-            own[key] = difference(item, shared[key])  # dicts: common_part shares no other
+            both = isinstance(item, dict) and isinstance(shared[key], dict)
+            own[key] = difference(item, shared[key]) if both else item
+    if lacking := [key for key in shared if key not in value]:
+        own[ABSENT] = lacking
     return own
 
 
 def merged(shared: dict[str, Any], own: dict[str, Any]) -> dict[str, Any]:
-    """``difference`` undone: ``shared``'s entries with ``own``'s over them, dicts merged."""
-    both = {**shared, **own}
+    """``difference`` undone: ``shared``'s entries with ``own``'s over them, dicts merged, the
+    keys own lists under ABSENT left out."""
+    lacking = {ABSENT, *own.get(ABSENT, [])}
     return {
         key: merged(shared[key], own[key])
         if isinstance(shared.get(key), dict) and isinstance(own.get(key), dict)
         else value
-        for key, value in both.items()
+        for key, value in {**shared, **own}.items()
+        if key not in lacking
     }
 
 
@@ -245,12 +271,29 @@ def only_longest_curve(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]
 
 
 def compact_results(results: dict[str, Any]) -> dict[str, Any]:
-    """results.json with its evaluation records as columns: ``{"constant": {key: value},
-    "columns": {key: [value per record]}, "absent": {key: [index of a record without it]}}``
-    (a key some records lack, e.g. loss_by_position, stays absent from them when read back; a
-    value equal in every record that has it is a constant), curves only at the longest length
-    (only_longest_curve)."""
-    records = only_longest_curve(results["eval"])
+    """results.json with each of its lists of records (RECORD_LISTS: the evaluation records,
+    the effective context lengths) as columns (as_columns), the curves only at the longest
+    length (only_longest_curve)."""
+    compact = {**results, "eval": only_longest_curve(results["eval"])}
+    return {
+        key: as_columns(value) if key in RECORD_LISTS else value for key, value in compact.items()
+    }
+
+
+def expanded_results(results: dict[str, Any]) -> dict[str, Any]:
+    """``compact_results`` undone: the lists of records as lists of dicts again (a summary
+    of format /2 holds effective_context_length as the list it is)."""
+    return {
+        key: as_records(value) if key in RECORD_LISTS and isinstance(value, dict) else value
+        for key, value in results.items()
+    }
+
+
+def as_columns(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """A list of records as ``{"records": n, "constant": {key: value}, "columns": {key: [value
+    per record]}, "absent": {key: [index of a record without it]}}``: a key some records lack
+    (e.g. loss_by_position) stays absent from them when read back; a value equal in every
+    record that has it is a constant, which common_part then shares across runs."""
     keys = list(dict.fromkeys(key for record in records for key in record))
     constant, columns, absent = {}, {}, {}
     for key in keys:
@@ -262,12 +305,11 @@ def compact_results(results: dict[str, Any]) -> dict[str, Any]:
         if lacking := [i for i, record in enumerate(records) if key not in record]:
             absent[key] = lacking
     table = {"records": len(records), "constant": constant, "columns": columns}
-    return {**results, "eval": {**table, **({"absent": absent} if absent else {})}}
+    return {**table, **({"absent": absent} if absent else {})}
 
 
-def expanded_results(results: dict[str, Any]) -> dict[str, Any]:
-    """``compact_results`` undone: the evaluation records as a list of dicts again."""
-    table = results["eval"]
+def as_records(table: dict[str, Any]) -> list[dict[str, Any]]:
+    """``as_columns`` undone."""
     records = [dict(table["constant"]) for _ in range(table["records"])]
     for key, values in table["columns"].items():
         for record, value in zip(records, values, strict=True):
@@ -277,7 +319,55 @@ def expanded_results(results: dict[str, Any]) -> dict[str, Any]:
     for key, lacking in table.get("absent", {}).items():
         for i in lacking:
             del records[i][key]
-    return {**results, "eval": records}
+    return records
+
+
+def pooled(runs: list[dict[str, Any]]) -> tuple[list[Any], list[dict[str, Any]]]:
+    """The parts of ``runs`` (dicts and lists of POOLED_SIZE characters of JSON or more) that
+    two runs or more hold alike, each once in a pool, and ``runs`` with ``{"@": i}`` in their
+    place: the bucket bounds of every curve at one length, a sweep's command and machine, the
+    options of an encoding several runs share."""
+    counts = Counter(text for run in runs for text in part_texts(run))
+    pool: list[Any] = []
+    index: dict[str, int] = {}
+
+    def replaced(value: Any) -> Any:
+        if not isinstance(value, dict | list):
+            return value
+        text = json.dumps(value)
+        if len(text) >= POOLED_SIZE and counts[text] > 1:
+            if text not in index:
+                index[text] = len(pool)
+                pool.append(value)
+            return {POOL_REF: index[text]}
+        if isinstance(value, list):
+            return [replaced(item) for item in value]
+        return {key: replaced(item) for key, item in value.items()}
+
+    return pool, [replaced(run) for run in runs]
+
+
+def part_texts(value: Any) -> list[str]:
+    """The JSON of ``value`` and of every dict and list inside it."""
+    if isinstance(value, dict):
+        inner = [text for item in value.values() for text in part_texts(item)]
+    elif isinstance(value, list):
+        inner = [text for item in value for text in part_texts(item)]
+    else:
+        return []
+    return [json.dumps(value), *inner]
+
+
+def unpooled(value: Any, pool: Sequence[Any]) -> Any:
+    """``pooled`` undone for one run's part: each ``{"@": i}`` replaced by a copy of the pool's
+    entry i (an entry holds no reference)."""
+    if isinstance(value, dict):
+        if list(value) == [POOL_REF]:
+            return copy.deepcopy(pool[value[POOL_REF]])
+        return {key: unpooled(item, pool) for key, item in value.items()}
+    if isinstance(value, list):
+        return [unpooled(item, pool) for item in value]
+    return value
 
 
 def as_table(value: Any) -> Any:
