@@ -187,6 +187,12 @@ def test_eval_records_longppl_beside_ppl_with_how_its_key_tokens_were_selected(
         4,
     )
     assert f"LongPPL, key tokens selected by {run_dir}:" in out
+    # again: the evaluator's selection read back from the cache gives the same record
+    evaluated(workdir, *args, "--evaluator", str(run_dir), monkeypatch=monkeypatch, capsys=capsys)
+    (again,) = [
+        r for r in results_of(run_dir)["eval"] if r["length"] == 64 and r.get("longppl_evaluator")
+    ]
+    assert {**again, "ran": None} == {**record, "ran": None}
 
 
 def test_eval_of_the_training_length_reproduces_the_training_run_number(

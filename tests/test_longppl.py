@@ -12,11 +12,12 @@ from longppl.longppl import find_key_token
 from omegaconf import OmegaConf
 
 from posbench.errors import PosbenchError
-from posbench.evaluation.longppl import KeyTokens, check_evaluator
+from posbench.evaluation.longppl import KeyTokens, check_evaluator, key_token_cache
 from posbench.evaluation.perplexity import evaluate_length, windows
 from posbench.model import build_model
 from posbench.report import build_report
 from posbench.report.tables import markdown
+from posbench.runs.directory import WEIGHTS_FILE
 from posbench.runs.results import append_eval_results
 
 S, W, L = 16, 4, 64  # training length, short-context stride, window
@@ -116,6 +117,52 @@ def test_longppl_is_the_perplexity_over_the_selected_targets_that_are_scored(eve
     else:
         assert record["longppl"] == pytest.approx(math.exp(sum(key_nll) / len(key_nll)))
     assert record["ppl"] == evaluate_length(model, tokens, 32)["ppl"]
+
+
+def test_a_cached_selection_is_read_back_for_the_same_batch_and_settings_only(tmp_path):
+    """The evaluator's passes are most of LongPPL's time and a sweep scores every run on the
+    same windows: a batch's selection is kept and read back, with no evaluator pass, for the
+    same tokens and settings; other settings or tokens select again."""
+    model = tiny_model()
+    passes = []
+    model.register_forward_hook(lambda *_: passes.append(1))
+    rows = torch.randint(0, 256, (2, L + 1))
+
+    def selection(alpha, rows, cache=None):
+        return KeyTokens(model, S, alpha, beta=-1e9, short_stride=W, cache=cache)(rows)
+
+    fresh = selection(0.0, rows)
+    assert 0 < fresh.sum() < fresh.numel()
+    assert torch.equal(selection(0.0, rows, tmp_path), fresh)  # selected, then kept
+    passes.clear()
+    assert torch.equal(selection(0.0, rows, tmp_path), fresh) and not passes
+    assert torch.equal(selection(0.5, rows, tmp_path), selection(0.5, rows)) and passes
+    other = rows.clone()
+    other[0, -1] = (other[0, -1] + 1) % 256
+    assert torch.equal(selection(0.0, other, tmp_path), selection(0.0, other))
+    assert len(list(tmp_path.iterdir())) == 3
+
+
+def test_an_unreadable_cached_selection_is_selected_again_and_replaced(tmp_path):
+    model = tiny_model()
+    rows = torch.randint(0, 256, (1, L + 1))
+    selection = KeyTokens(model, S, alpha=0.0, beta=-1e9, short_stride=W, cache=tmp_path)
+    fresh = selection(rows)
+    (path,) = tmp_path.iterdir()
+    path.write_bytes(b"not a safetensors file")
+    assert torch.equal(selection(rows), fresh)
+    passes = []
+    model.register_forward_hook(lambda *_: passes.append(1))
+    assert torch.equal(selection(rows), fresh) and not passes  # the file was written again
+
+
+def test_the_cache_of_an_evaluator_is_its_weights_own(tmp_path):
+    """A run trained again (other weights) never reads the selections of the one before."""
+    for name, weights in [("a", b"one"), ("b", b"two"), ("c", b"one")]:
+        (tmp_path / name).mkdir()
+        (tmp_path / name / WEIGHTS_FILE).write_bytes(weights)
+    a, b, c = (key_token_cache(tmp_path / name, str(tmp_path / "cache")) for name in "abc")
+    assert a != b and a == c and a.parent == tmp_path / "cache" / "longppl"
 
 
 def test_an_evaluator_of_other_data_is_a_one_line_error():

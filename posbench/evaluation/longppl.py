@@ -25,15 +25,25 @@ What differs from the paper: the evaluator shares the run's tokenizer (the paper
 between tokenizers by their text offsets); its "short" context is S tokens of the run being
 evaluated, not a fixed 4096; and both contexts sit inside posbench's evaluation windows of L
 tokens, so "long" is at most L tokens, not a whole book.
+
+The evaluator's two passes cost about five times the evaluated run's own, and a sweep scores
+every run with one evaluator on the same windows: each batch's selection is kept under the
+cache root (``data.cache_dir``, ``$POSBENCH_CACHE`` or ``~/.cache/posbench``:
+``longppl/<evaluator weights' SHA-256>/``), named by the batch's tokens, the autocast dtype
+and the selection's settings, and read back when another run is scored on the same batch
+(key_token_cache): exactly what the evaluator would compute again.
 """
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 from typing import Any
 
 import torch
 from omegaconf import DictConfig, OmegaConf
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save
 
 from posbench.errors import PosbenchError
 from posbench.evaluation.memory import inference_memory_bytes
@@ -44,16 +54,23 @@ from posbench.evaluation.perplexity import (
     windows,
 )
 from posbench.model import Transformer
+from posbench.runs.directory import WEIGHTS_FILE
+from posbench.system.atomic import atomic_write
+from posbench.system.cache_root import cache_root
 
 LONGPPL_ALPHA = 2.0  # the paper's thresholds, in nats
 LONGPPL_BETA = -2.0
 SHORT_STRIDE_DIVISOR = 4  # W = S / 4, as the paper's sliding window of 1024 to its 4096
+CACHE_VERSION = 1  # in every cached selection's name: raise it when the selection's arithmetic
+# changes, and selections cached before are no longer read
 
 
 class KeyTokens:
     """LongPPL's key-token selection with an ``evaluator`` model: ``key_tokens(rows)``, rows
     (B, T + 1) of windows' inputs and their next tokens -> (B, T) bool, whether each target is a
-    key token (short contexts of ``short_length`` tokens advancing by ``short_stride``)."""
+    key token (short contexts of ``short_length`` tokens advancing by ``short_stride``); with a
+    ``cache`` directory (key_token_cache: one per evaluator's weights), each batch's selection
+    is kept there and read back for the same batch."""
 
     def __init__(
         self,
@@ -62,11 +79,13 @@ class KeyTokens:
         alpha: float = LONGPPL_ALPHA,
         beta: float = LONGPPL_BETA,
         short_stride: int | None = None,
+        cache: Path | None = None,
     ) -> None:
         self.evaluator = evaluator.eval()
         self.short_length = short_length
         self.short_stride = short_stride or max(1, short_length // SHORT_STRIDE_DIVISOR)
         self.alpha, self.beta = alpha, beta
+        self.cache = cache
 
     def log_probs(self, rows: torch.Tensor) -> torch.Tensor:
         """The evaluator's log-probability of each target of ``rows`` (B, n + 1) -> (B, n)."""
@@ -106,8 +125,25 @@ class KeyTokens:
     def __call__(self, rows: torch.Tensor) -> torch.Tensor:
         if rows.shape[1] - 1 <= self.short_length:  # the whole window is short context
             return torch.zeros_like(rows[:, 1:], dtype=torch.bool)
+        path = None if self.cache is None else self.cache / f"{self.batch_key(rows)}.safetensors"
+        if path is not None and (cached := read_selection(path, rows)) is not None:
+            return cached
         long = self.log_probs(rows)  # (B, T)
-        return (long - self.short_log_probs(rows) > self.alpha) & (long > self.beta)
+        is_key = (long - self.short_log_probs(rows) > self.alpha) & (long > self.beta)
+        if path is not None:
+            atomic_write(path, save({"is_key": is_key.cpu()}))
+        return is_key
+
+    def batch_key(self, rows: torch.Tensor) -> str:
+        """What names a batch's cached selection: its tokens and everything else the selection
+        depends on beside the evaluator's weights (the cache directory is theirs)."""
+        device = rows.device.type
+        dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else None
+        settings = (CACHE_VERSION, tuple(rows.shape), str(rows.dtype), str(dtype), device)
+        settings += (self.alpha, self.beta, self.short_length, self.short_stride)
+        digest = hashlib.sha256(repr(settings).encode())
+        digest.update(rows.cpu().numpy().tobytes())
+        return digest.hexdigest()
 
     def record(self, evaluator_dir: Path) -> dict[str, Any]:
         """How the key tokens were selected, for each LongPPL record."""
@@ -118,6 +154,26 @@ class KeyTokens:
             "longppl_short_length": self.short_length,
             "longppl_short_stride": self.short_stride,
         }
+
+
+def key_token_cache(evaluator_dir: Path, cache_dir: str | None) -> Path:
+    """The directory of the selections made with the evaluator run in ``evaluator_dir``, below
+    the cache root of ``cache_dir`` (the evaluated run's data.cache_dir): named by its weights'
+    SHA-256, so a run trained again, or another run, never reads them."""
+    digest = hashlib.sha256((evaluator_dir / WEIGHTS_FILE).read_bytes()).hexdigest()
+    return cache_root(cache_dir) / "longppl" / digest
+
+
+def read_selection(path: Path, rows: torch.Tensor) -> torch.Tensor | None:
+    """The selection cached at ``path`` for ``rows`` (B, T + 1) on their device; None where
+    there is none, or what is there is not one (the caller selects again and overwrites it)."""
+    try:
+        is_key = load_file(path)["is_key"]
+    except (OSError, SafetensorError, KeyError):
+        return None
+    if is_key.dtype != torch.bool or is_key.shape != (rows.shape[0], rows.shape[1] - 1):
+        return None
+    return is_key.to(rows.device)
 
 
 def check_evaluator(

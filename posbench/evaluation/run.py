@@ -17,7 +17,13 @@ from omegaconf import DictConfig, OmegaConf
 from posbench.config import choice, resolve_device
 from posbench.data import Corpus, Task, load_data
 from posbench.errors import PosbenchError
-from posbench.evaluation.longppl import LONGPPL_ALPHA, LONGPPL_BETA, KeyTokens, check_evaluator
+from posbench.evaluation.longppl import (
+    LONGPPL_ALPHA,
+    LONGPPL_BETA,
+    KeyTokens,
+    check_evaluator,
+    key_token_cache,
+)
 from posbench.evaluation.perplexity import KeySelection, evaluate
 from posbench.evaluation.positions import RandomPositions, eval_positions, eval_remap
 from posbench.evaluation.task_accuracy import evaluate_task
@@ -150,7 +156,8 @@ def evaluate_run(
     if evaluator is not None:
         judge, judge_cfg = load_run(evaluator, resolve_device(device))
         check_evaluator(cfg, judge, judge_cfg, list(lengths))
-        key_tokens = KeyTokens(judge, cfg.train.seq_len, alpha, beta)
+        cache = key_token_cache(Path(evaluator), OmegaConf.select(cfg, "data.cache_dir"))
+        key_tokens = KeyTokens(judge, cfg.train.seq_len, alpha, beta, cache=cache)
     data = load_data(cfg.data)
     if max_tokens is None:
         max_tokens = cfg.eval.max_tokens
