@@ -10,7 +10,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -227,18 +227,28 @@ def forked_python() -> list[str]:
     return [sys.executable, "-I", "-S", str(FORKSERVER), "--socket", name, "--"]
 
 
+def child_processes(parent: int) -> Iterator[Path]:
+    """The /proc directories of the processes whose parent is ``parent`` (Linux); one that
+    exits while they are read is left out."""
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            if int(stat.read_text().rsplit(")", 1)[1].split()[1]) == parent:
+                yield stat.parent
+        except (OSError, IndexError, ValueError):
+            continue  # exited meanwhile
+
+
 def command_pid(client: subprocess.Popen, cwd: Path) -> int | None:
     """The pid of the process that runs the command ``client`` (started with forked_python's
     command in ``cwd``) stands for: the fork server's child in ``cwd``, or ``client`` itself
     once it runs the command as a process of its own; None until it is one or the other
     (Linux: read from /proc)."""
     if _forkserver is not None:
-        for stat in Path("/proc").glob("[0-9]*/stat"):
+        for child in child_processes(_forkserver.pid):
             try:
-                parent = int(stat.read_text().rsplit(")", 1)[1].split()[1])
-                if parent == _forkserver.pid and (stat.parent / "cwd").resolve() == cwd.resolve():
-                    return int(stat.parent.name)
-            except (OSError, IndexError, ValueError):
+                if (child / "cwd").resolve(strict=True) == cwd.resolve():
+                    return int(child.name)
+            except OSError:
                 continue  # exited meanwhile
     try:
         own = b"--socket" not in Path(f"/proc/{client.pid}/cmdline").read_bytes()

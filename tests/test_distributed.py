@@ -12,7 +12,14 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import TINY, TINY_REVERSE_STRING, TINY_RUN, TINY_SYNTHETIC, built_once
+from conftest import (
+    TINY,
+    TINY_REVERSE_STRING,
+    TINY_RUN,
+    TINY_SYNTHETIC,
+    built_once,
+    child_processes,
+)
 from safetensors.torch import load_file
 
 import posbench.training.checkpoint
@@ -406,14 +413,13 @@ def test_a_failure_on_rank_0_after_the_ranks_met_stops_them_all_with_one_error_l
 
 def rank_process(torchrun_pid: int, rank: int) -> int:
     """The pid of the worker torchrun started as ``rank`` (Linux: read from /proc)."""
-    for stat in Path("/proc").glob("[0-9]*/stat"):
+    for child in child_processes(torchrun_pid):
         try:
-            parent = int(stat.read_text().rsplit(")", 1)[1].split()[1])
-            environ = (stat.parent / "environ").read_bytes().split(b"\0")
-        except (OSError, IndexError, ValueError):
+            environ = (child / "environ").read_bytes().split(b"\0")
+        except OSError:
             continue  # exited meanwhile
-        if parent == torchrun_pid and f"RANK={rank}".encode() in environ:
-            return int(stat.parent.name)
+        if f"RANK={rank}".encode() in environ:
+            return int(child.name)
     raise AssertionError(f"no rank {rank} under torchrun {torchrun_pid}")
 
 
