@@ -161,6 +161,24 @@ def test_every_layer_has_its_own_network_and_each_gets_a_gradient():
         assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in encoding.parameters())
 
 
+@pytest.mark.parametrize("name", ["kerple", "fire"])
+def test_a_training_forward_computes_each_layers_table_of_distances_once(name, monkeypatch):
+    # The network's pieces and attention's blocks read one table per layer: the content state's
+    # (its MLP's forward and backward, for FIRE, once, not once for each).
+    model = build_model({"n_layer": 2, "n_head": 2, "d_model": 16}, {"name": name, "dape": True})
+    encoding_type = type(model.encoding)
+    calls = []
+    consecutive_bias = encoding_type.consecutive_bias
+
+    def counted(self, positions):
+        calls.append(id(self))
+        return consecutive_bias(self, positions)
+
+    monkeypatch.setattr(encoding_type, "consecutive_bias", counted)
+    model.train()(torch.randint(256, (2, 12))).square().mean().backward()
+    assert sorted(calls) == sorted(id(e) for e in model.layer_encodings)
+
+
 def test_without_dape_the_encodings_weights_and_paths_are_as_before():
     for name in ("alibi", "kerple", "fire"):
         encoding = build_encoding({"name": name}, 16, 2)

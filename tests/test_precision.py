@@ -362,6 +362,9 @@ COMPILED_OPTIONS = [
         for factor in (4.0, None)
     ),
     {"name": "kerple", "kernel": "power"},
+    # DAPE's network (an autograd Function over pieces) and the table of distances it shares
+    # with attention (content_table), at consecutive positions and at randomized ones
+    {"name": "fire", "dape": True},
 ]
 
 

@@ -1,7 +1,7 @@
 """posbench report's figures read well: each row in the colour and marker of its encoding, the
 same in every figure, the rows of one encoding told apart by line style; one panel per family
 past PANEL_CURVES curves, NoPE in each; the legend outside the data, on a canvas widened to hold
-it; titles that name no null setting."""
+it; titles that name no null setting, and a file corpus by its path."""
 
 import pytest
 from matplotlib.colors import to_rgba
@@ -19,7 +19,7 @@ from posbench.report.figures import (
     value_figure,
 )
 from posbench.report.groups import Row
-from posbench.report.settings import group_titles
+from posbench.report.settings import data_name, group_titles
 from posbench.report.styles import (
     ENCODING_FAMILIES,
     ENCODING_STYLES,
@@ -221,3 +221,39 @@ def test_figure_titles_never_name_a_null_setting_nor_randomized_positions(tmp_pa
         assert not any(word in group.title for word in ("None", "null", "random_positions"))
     titles = {len(group.rows): group.title for group in report.groups}
     assert titles == {2: "no train.init_from", 1: "train.init_from=base.pt"}
+
+
+@pytest.mark.parametrize(
+    ("path", "name"),
+    [
+        ("wikitext-2/test.txt", "wikitext-2"),  # the folder, not the split's file name
+        ("/data/books/pg19/train.txt", "pg19"),
+        ("corpus.txt", "corpus"),  # no folder: the file's stem
+        ("corpora/enwik8", "enwik8"),  # a directory
+        ("shards/*.txt", "shards"),  # a glob: the folder it reads
+    ],
+)
+def test_a_file_corpus_is_named_by_its_path_not_as_text(path, name):
+    assert data_name({"data.name": "text", "data.path": path}) == name
+    assert data_name({"data.name": "wikitext2"}) == "wikitext2"
+
+
+def test_every_figure_of_a_file_corpus_names_the_corpus(tmp_path):
+    for i, encoding in enumerate(FEW):
+        run = make_run(
+            tmp_path / encoding,
+            encoding=encoding,
+            ppls={16: 5.0 + i, 40: 6.0 + i},
+            data__name="text",
+            data__path="wikitext-2/test.txt",
+        )
+        add_loss_by_position(run, 40, dict(zip(BUCKETS, [2.0, 1.0, 3.0, 4.0], strict=True)))
+        add_accuracy(run, {16: (1.0, 1.0), 40: (0.9, 0.25)})
+    (group,) = build_report(tmp_path).groups
+    assert group.title == "wikitext-2 data, model 1×32, trained at 16 tokens for 10 steps"
+    for draw in (value_figure, position_figure, accuracy_figure):
+        (axes,) = draw(group).axes
+        assert axes.get_title() == group.title
+    make_run(tmp_path / "synthetic", ppls={16: 5.0, 40: 6.0})
+    titles = {group.title for group in build_report(tmp_path).groups}
+    assert titles == {"data=synthetic", "data=wikitext-2"}

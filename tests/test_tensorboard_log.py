@@ -1,14 +1,19 @@
-"""TensorBoard tags and the extrapolation figure: one series per way of evaluating."""
+"""TensorBoard tags and the extrapolation figure: one series per way of evaluating; the HParams
+columns of every evaluated length."""
 
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from tensorboard.plugins.hparams.plugin_data_pb2 import HParamsPluginData
 
 from posbench.config import compose_config
 from posbench.report.run_table import eval_table
+from posbench.runs.loggers.tensorboard import TensorBoardLogger
 from posbench.runs.tensorboard_log import (
+    HPARAM_PREFIX,
     TrainedLengths,
     eval_tag,
     extrapolation_figure,
+    headline_metrics,
     hparams,
     log_eval_records,
     loss_by_position_tag,
@@ -17,6 +22,7 @@ from posbench.runs.tensorboard_log import (
 )
 
 AT_16 = TrainedLengths.tokens(16)  # a run trained at 16 tokens
+TRAINING = {"final_loss": 0.7, "val_ppl": 2.0}  # results.json's "train" summary
 
 
 def record(length, ppl=2.0, stride=None, **scaling):
@@ -252,3 +258,26 @@ def test_hparams_write_an_encodings_list_options_as_text_that_tensorboard_takes(
     assert params["encoding.layers"] == "[rope, rope, none]"
     assert params["encoding.window"] == "null"
     assert all(isinstance(value, int | float | str | bool) for value in params.values())
+
+
+def test_after_posbench_eval_adds_a_length_the_hparams_tab_declares_a_column_for_it(tmp_path):
+    # TensorBoard's HParams tab shows the metrics its experiment summary declares (the first one
+    # it reads in the run's directory), whatever other hparam/ scalars the run has.
+    cfg = compose_config(["train.seq_len=16"])
+    trained = [record(16, 2.0), record(32, 2.5)]
+    training = TensorBoardLogger(cfg, tmp_path, "train", None)
+    training.log_evaluation(trained, AT_16)
+    training.log_summary(headline_metrics({"train": TRAINING, "eval": trained}))
+    training.close()
+    evaluation = TensorBoardLogger(cfg, tmp_path, "eval", None)  # posbench eval --length 64
+    evaluation.log_evaluation([*trained, record(64, 3.0)], AT_16)
+    evaluation.close()
+    events = EventAccumulator(str(tmp_path)).Reload()
+    content = events.SummaryMetadata("_hparams_/experiment").plugin_data.content
+    experiment = HParamsPluginData.FromString(content).experiment
+    declared = {info.name.tag for info in experiment.metric_infos}
+    expected = {"final_loss", "val_ppl", "ppl_at_16", "ppl_at_32", "ppl_at_64"}
+    expected.add("effective_context_length")  # read from the records, as the others are
+    assert declared == {HPARAM_PREFIX + name for name in expected}
+    assert {info.name for info in experiment.hparam_infos} >= {"encoding", "seq_len"}
+    assert events.Scalars(HPARAM_PREFIX + "ppl_at_64")[-1].value == 3.0

@@ -27,6 +27,10 @@ hook                   gets                                    returns; who over
                                                                the backward: one computation
                                                                may serve them (CoPE); by
                                                                default content_bias of each
+``content_table``      that state                              ``consecutive_bias`` where the
+                                                               state holds it (DAPE's, which
+                                                               reads it too): attention takes
+                                                               it, not a second computation
 ``key_bias``           that state                              (B, H, T) when the content bias
                                                                is a_i + b_j (a_i cancels): b,
                                                                which attention folds into its
@@ -286,6 +290,14 @@ class PositionalEncoding(nn.Module):
         per block gives each block's gradient of the state as a zero-filled tensor of the
         state's size, all then added up. The default asks ``content_bias`` for each."""
         return [self.content_bias(state, queries, keys) for queries, keys in blocks]
+
+    def content_table(self, state: Any) -> torch.Tensor | None:
+        """``consecutive_bias`` (H, T) at the layer's positions where ``content_state`` computed
+        it into ``state`` already (DAPE's network reads the bias of positions too), for
+        attention to take instead of computing it again: one computation, and one backward
+        through it, per layer. ``None`` (the default): the state holds none, attention asks
+        ``consecutive_bias`` itself."""
+        return None
 
     @property
     def has_key_bias(self) -> bool:

@@ -27,14 +27,15 @@ content reads (posbench/model/model.py). f runs as matrix products with a hand-w
 (``content_biases``), in pieces of rows of queries at long lengths. Where the bias of
 positions is one of the distance alone (consecutive positions; FIRE within its threshold) it
 is computed once per layer, as a table of distances (``consecutive_bias``), and looked up per
-piece (``distance_grid``), as attention looks up its own.
+piece (``distance_grid``); attention, in training, looks its blocks' bias up in the same table
+(``content_table``), not in one of its own.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import NamedTuple
 
 import torch
 
@@ -54,11 +55,21 @@ class DapeOptions(EncodingConfig):
     dape_kernel: int = 3  # f's kernel along the keys: 1 (DAPE V1's MLP) or 3 (V2's 1x3) or more
 
 
+class DapeState(NamedTuple):
+    """DapeEncoding's content state of one layer's forward pass."""
+
+    q: torch.Tensor  # (B, H, T, hs), after queries_and_keys
+    k: torch.Tensor  # (B, H, T, hs)
+    positions: torch.Tensor  # (T,) or (B, T)
+    # consecutive_bias (H, T) at consecutive positions shared by the batch, else None: the
+    # network's pieces and attention's blocks both lay out their bias from it (content_table).
+    table: torch.Tensor | None
+
+
 class DapeEncoding(PositionalEncoding):
     """A bias of positions that takes DAPE as an option (``config.dape``): f([z; b]) is this
-    encoding's bias from the content (content_state: the layer's q, k, positions and, at
-    consecutive positions, the bias's table of distances; content_bias: f of a block), added
-    by attention to z + b as any content bias is."""
+    encoding's bias from the content (content_state: a DapeState; content_bias: f of a block),
+    added by attention to z + b as any content bias is."""
 
     def __init__(self, config: DapeOptions, d_model: int, n_head: int) -> None:
         super().__init__(config, d_model, n_head)
@@ -86,7 +97,7 @@ class DapeEncoding(PositionalEncoding):
 
     def content_state(
         self, x: torch.Tensor, q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None] | None:
+    ) -> DapeState | None:
         if self.dape is None:
             return None
         # A bias of the distance alone there (consecutive positions shared by the batch; FIRE
@@ -95,12 +106,17 @@ class DapeEncoding(PositionalEncoding):
         table = None
         if positions.dim() == 1 and bool((positions.diff() == 1).all()):
             table = self.consecutive_bias(positions)
-        return q, k, positions, table
+        return DapeState(q, k, positions, table)
 
-    def content_bias(self, state: Any, queries: slice, keys: slice) -> torch.Tensor:
+    def content_table(self, state: DapeState) -> torch.Tensor | None:
+        return state.table
+
+    def content_bias(self, state: DapeState, queries: slice, keys: slice) -> torch.Tensor:
         return self.content_biases(state, [(queries, keys)])[0]
 
-    def content_biases(self, state: Any, blocks: list[tuple[slice, slice]]) -> list[torch.Tensor]:
+    def content_biases(
+        self, state: DapeState, blocks: list[tuple[slice, slice]]
+    ) -> list[torch.Tensor]:
         assert self.dape is not None, "content_bias without DAPE: content_state gave None"
         q, k, positions, table = state
         pieces, biases, counts = [], [], []

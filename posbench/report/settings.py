@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from pathlib import Path
+from pathlib import Path, PurePath
 from typing import Any
 
 from posbench.report.read import BOOKKEEPING, Run, is_under, schema_defaults
@@ -127,9 +127,29 @@ def group_title(config: dict[str, Any]) -> str:
     if (lengths := config.get("data.train_lengths")) is not None:
         trained = f"problem lengths {lengths[0]}–{lengths[1]}"
     return shortened(
-        f"{config.get('data.name', '?')} data, model {config['model.n_layer']}×"
+        f"{data_name(config)} data, model {config['model.n_layer']}×"
         f"{config['model.d_model']}, trained at {trained} for {config['train.steps']} steps"
     )
+
+
+def data_name(config: Mapping[str, Any]) -> str:
+    """What a run trained on, as a title names it: a file corpus (``data=text``, every one of
+    which is "text") by its ``data.path``, the folder that holds the file ("wikitext-2" for
+    wikitext-2/test.txt: the file's own name is often a split's), or the file's stem where the
+    path names no folder, or the folder a directory or a glob names; other data by its
+    ``data.name`` ("?" where the config has none)."""
+    path = config.get("data.path")
+    if not isinstance(path, str):
+        return str(config.get("data.name", "?"))
+    parts = PurePath(path).parts
+    while parts and any(c in parts[-1] for c in "*?["):  # a glob's pattern names no corpus
+        parts = parts[:-1]
+    if not parts:
+        return path
+    named = PurePath(*parts)
+    if not named.suffix:  # a directory
+        return named.name
+    return named.parent.name or named.stem
 
 
 def group_titles(settings: Sequence[dict[str, Any]]) -> list[str]:
@@ -162,9 +182,12 @@ def title_of(setting: dict[str, Any], named: Sequence[str]) -> str:
 
 
 def setting_text(setting: dict[str, Any], key: str) -> str:
-    """A setting's value as an override writes it: wikitext2, 256, [16, 2048]."""
+    """A setting's value as an override writes it: wikitext2, 256, [16, 2048]; the data as
+    data_name calls it (a file corpus by its folder, not "text")."""
     if key not in setting:
         return "–"
+    if key == "data.name":
+        return data_name(setting)
     value = setting[key]
     return value if isinstance(value, str) else json.dumps(value)
 

@@ -29,19 +29,22 @@ from all of results.json's records whenever they change (after training, after e
 and the ``eval/ppl_vs_length`` figure always shows every record. The HParams metrics read from
 the records (``ppl_at_<length>``, ``accuracy_at_<length>``, the effective context length, an
 algorithmic task's length_generalization summaries: record_metrics) are written there too, so
-none is left at the training's value after a re-evaluation.
+none is left at the training's value after a re-evaluation; and the HParams tab's declaration
+of the run's columns, every one of those metrics, is rewritten with them in a file of its own,
+``HPARAMS_EVENTS_FILE``, so a length first measured by ``posbench eval`` gets its column.
 """
 
 from __future__ import annotations
 
 import shutil
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from omegaconf import DictConfig, OmegaConf
 from torch.utils.tensorboard import SummaryWriter
+from torch.utils.tensorboard.summary import hparams as hparams_summaries
 
 from posbench.config import flat_config
 from posbench.runs.results import (
@@ -86,6 +89,12 @@ def trained_lengths(cfg: DictConfig) -> TrainedLengths:
 # timestamped ones SummaryWriter makes (digits < letters), so a resumed run's purge of later
 # training steps (a SessionLog START) never drops evaluation points, whose step is a length.
 EVAL_EVENTS_FILE = "events.out.tfevents.eval"
+# The HParams tab's columns are the metrics of the first experiment summary TensorBoard reads in
+# a run's directory (it keeps a tag's first metadata): this name sorts before the timestamped
+# files, so the declaration rewritten after every evaluation is read, not the training's, which
+# declared only the lengths evaluated then. A TensorBoard already watching the run reads a file
+# that appears before the ones it has read when restarted.
+HPARAMS_EVENTS_FILE = "events.out.tfevents.0.hparams"
 HPARAM_PREFIX = "hparam/"  # the HParams tab's metrics, as scalars of these tags
 
 
@@ -195,9 +204,8 @@ def log_eval_records(
         writer.add_scalar(tag, length, global_step=0)
     # The HParams metrics read from the records too: this file sorts after the one log_hparams
     # wrote as the run trained, so a re-evaluation's values are the ones TensorBoard reads (the
-    # training's summary, final_loss and val_ppl, stays as it was). A length first measured by
-    # `posbench eval` has its eval/ scalars but no HParams column: the tab's columns are those
-    # the training declared.
+    # training's summary, final_loss and val_ppl, stays as it was). Their columns are declared
+    # in HPARAMS_EVENTS_FILE (write_hparams_events).
     for name, value in record_metrics(records, trained).items():
         writer.add_scalar(HPARAM_PREFIX + name, value, 0)
     figure = eval_figure(records, trained)
@@ -212,9 +220,35 @@ def write_eval_events(
     """(Re)write ``run_dir/EVAL_EVENTS_FILE`` from ``records``, all of the run's eval records,
     atomically: TensorBoard then shows exactly what results.json holds."""
     path = Path(run_dir) / EVAL_EVENTS_FILE
+    return rewrite_events(path, lambda writer: log_eval_records(writer, records, trained))
+
+
+def write_hparams_events(
+    run_dir: Path,
+    hparams: Mapping[str, Any],
+    records: Sequence[Mapping[str, Any]],
+    trained: TrainedLengths,
+) -> Path:
+    """(Re)write ``run_dir/HPARAMS_EVENTS_FILE``, atomically: the HParams tab's declaration of
+    the run's ``hparams`` and of every metric it has, the training's summary and those of
+    ``records``, all of the run's eval records (record_metrics); their values are the hparam/
+    scalars of the other event files."""
+    names = [*TRAINING_SUMMARY, *record_metrics(records, trained)]
+    # The declaration reads the metrics' names alone: their values are not written here.
+    summaries = hparams_summaries(dict(hparams), dict.fromkeys(HPARAM_PREFIX + n for n in names))
+
+    def declare(writer: SummaryWriter) -> None:
+        for summary in summaries:  # the experiment, the session's start and its end
+            writer.file_writer.add_summary(summary)
+
+    return rewrite_events(Path(run_dir) / HPARAMS_EVENTS_FILE, declare)
+
+
+def rewrite_events(path: Path, write: Callable[[SummaryWriter], None]) -> Path:
+    """Replace the event file ``path``, atomically, by the one ``write`` fills."""
     with tempfile.TemporaryDirectory() as scratch:  # SummaryWriter names its own file
         with SummaryWriter(log_dir=scratch) as writer:
-            log_eval_records(writer, records, trained)
+            write(writer)
         (written,) = Path(scratch).iterdir()
         with atomic_path(path) as tmp:
             shutil.copyfile(written, tmp)
@@ -325,7 +359,7 @@ def headline_metrics(results: Mapping[str, Any]) -> dict[str, float]:
     """The numbers the HParams tab shows beside a run's knobs: its training summary's, and its
     perplexity (a task's accuracy, too) at each evaluated length; an algorithmic task's
     length_generalization summaries; the effective context length measured as it trained."""
-    metrics = {"final_loss": results["train"]["final_loss"], "val_ppl": results["train"]["val_ppl"]}
+    metrics = {name: results["train"][name] for name in TRAINING_SUMMARY}
     effective = trained_effective_length(results.get("effective_context_length", []))
     if effective is not None:
         metrics["effective_context_length"] = effective
@@ -337,6 +371,7 @@ def headline_metrics(results: Mapping[str, Any]) -> dict[str, float]:
 
 
 GENERALIZATION = ("length_generalization", "length_generalization_accuracy")
+TRAINING_SUMMARY = ("final_loss", "val_ppl")  # results.json's "train" metrics in the HParams tab
 
 
 def length_metrics(records: Sequence[Mapping[str, Any]]) -> dict[str, float]:

@@ -76,10 +76,12 @@ def blocked_bias_attention(
     ]
     # With gradients, a bias of the distance alone at consecutive positions shared by the batch
     # is laid out per block from its table (H, T), computed once (distance_grid), not by the
-    # encoding's score_bias per block, forward and backward.
+    # encoding's score_bias per block, forward and backward; the one the content state holds
+    # (DAPE's) where it has one, not computed (and backpropagated through) a second time.
     table = None
     if explicit and encoding.has_score_bias and positions.dim() == 1:
-        table = biases.consecutive_bias(positions)
+        held = None if content is None else encoding.content_table(content)
+        table = held if held is not None else biases.consecutive_bias(positions)
     # With gradients every block's bias from the content is kept for the backward: asked at once.
     from_content = None
     if explicit and content is not None:

@@ -11,12 +11,19 @@ from typing import Any
 from omegaconf import DictConfig
 from torch.utils.tensorboard import SummaryWriter
 
-from posbench.runs.tensorboard_log import TrainedLengths, hparams, log_hparams, write_eval_events
+from posbench.runs.tensorboard_log import (
+    TrainedLengths,
+    hparams,
+    log_hparams,
+    write_eval_events,
+    write_hparams_events,
+)
 
 
 class TensorBoardLogger:
     """Training's scalars and the HParams row in the run's SummaryWriter; the evaluation in an
-    event file of its own, rewritten from all the records each time (write_eval_events)."""
+    event file of its own, rewritten from all the records each time (write_eval_events), and
+    with it the HParams tab's columns, every evaluated length's (write_hparams_events)."""
 
     def __init__(
         self, cfg: DictConfig, run_dir: Path, job_type: str, purge_step: int | None
@@ -35,6 +42,7 @@ class TensorBoardLogger:
 
     def log_evaluation(self, records: Sequence[Mapping[str, Any]], trained: TrainedLengths) -> None:
         write_eval_events(self.run_dir, records, trained)
+        write_hparams_events(self.run_dir, hparams(self.cfg), records, trained)
 
     def log_summary(self, metrics: Mapping[str, float]) -> None:
         log_hparams(self.writer, hparams(self.cfg), metrics)
