@@ -356,3 +356,20 @@ def test_every_committed_summary_is_tens_of_kb():
     for path in (ROOT / "results").rglob("*.json"):
         runs = json.loads(path.read_text()).get("runs", [])
         assert path.stat().st_size <= 10_000 + 2_000 * len(runs), path
+
+
+def test_ropes_figure_draws_its_extensions_and_its_attention_variants_apart():
+    """Issue 54's figures: past PANEL_CURVES curves RoPE's rows split in two panels, its
+    eval-time extensions and positions, then the attention variants; NoPE and plain RoPE in
+    both as the reference."""
+    from posbench.report.docs.corpus import rope_variants_figure
+
+    figure = rope_variants_figure(load(ROOT, EXTRAPOLATION))
+    panels = [axes for axes in figure.axes if axes.get_visible() and axes.get_title()]
+    labels = [{line.get_label() for line in axes.get_lines()} for axes in panels]
+    assert [axes.get_title() for axes in panels] == [
+        "RoPE's extensions and positions",
+        "attention variants",
+    ]
+    assert {"none", "rope", "rope + yarn"} <= labels[0] and "rope (qk_norm=True)" not in labels[0]
+    assert {"none", "rope", "rope (qk_norm=True)"} <= labels[1] and "rope + yarn" not in labels[1]

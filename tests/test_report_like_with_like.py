@@ -122,6 +122,23 @@ def test_runs_with_the_same_config_and_seed_are_one_run_the_newest_kept(tmp_path
     assert content["groups"][0]["rows"] == {"rope": ["sweep/0", "sweep/1"]}
 
 
+def test_a_run_trained_again_keeps_the_records_only_the_older_one_measured(tmp_path):
+    """RoPE trained again (the same config and seed: the same weights) to be measured with a
+    remap: the older run's eval-time extension stays a row beside the remap's; where both
+    measured one length one way, the newest's record counts."""
+    older = make_run(tmp_path / "older", ppls={16: 5.0, 32: 7.0})
+    add_records(older, {"length": 32, "ppl": 5.5, "scaling": "yarn"})
+    newer = make_run(tmp_path / "newer", ppls={16: 5.1, 32: 7.1})
+    add_records(newer, {"length": 32, "ppl": 5.2, "scaling": "string"})
+    written_at(older, 1_000_000)
+    written_at(newer, 2_000_000)
+    report = build_report(tmp_path)
+    (group,) = report.groups
+    rows = {row.label: [c.ppl.mean for c in row.cells] for row in group.rows}
+    assert rows == {"rope": [5.1, 7.1], "rope + string": [None, 5.2], "rope + yarn": [None, 5.5]}
+    assert [(d.path.name, d.of.name) for d in report.duplicates] == [("older", "newer")]
+
+
 def test_runs_that_differ_only_in_where_and_how_they_ran_are_duplicates(tmp_path):
     first = make_run(tmp_path / "a", threads=4, device="cpu", eval__batch_size=8)
     second = make_run(tmp_path / "b", threads=1, device="cuda", train__log_every=1)
@@ -136,6 +153,16 @@ def test_a_key_written_before_posbench_had_it_equals_its_default_for_duplicates(
     make_run(tmp_path / "old")
     make_run(tmp_path / "new", model__attention_scaling="none", eval__max_tokens=262144)
     assert len(build_report(tmp_path).duplicates) == 1
+
+
+def test_a_key_whose_default_is_another_keys_value_equals_it_for_duplicates(tmp_path):
+    """model.sigmoid_length defaults to ${train.seq_len} in conf/model/: a run from before it
+    existed lacks it, one after holds the training length; they are one run, one that sets
+    another length is not."""
+    make_run(tmp_path / "old")
+    make_run(tmp_path / "new", model__sigmoid_length=16)  # train.seq_len 16
+    make_run(tmp_path / "other", model__sigmoid_length=64)
+    assert [(d.path.name, d.of.name) for d in build_report(tmp_path).duplicates] == [("old", "new")]
 
 
 def test_runs_of_a_summary_file_keep_the_last_found_of_a_config_and_seed():

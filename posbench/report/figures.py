@@ -131,17 +131,27 @@ class Drawn:
         return next(held, self.axes[0])
 
 
+Panels = Callable[[list[Row]], list[tuple[str, list[Row]]]]  # rows -> (title, rows) per panel
+
+
 def rows_figure(
-    group: Group, points: Callable[[Row], Points | None], more: int = 0, marker_size: float = 6.0
+    group: Group,
+    points: Callable[[Row], Points | None],
+    more: int = 0,
+    marker_size: float = 6.0,
+    panels_of: Panels | None = None,
 ) -> Drawn:
     """One curve per row that has ``points``, ± one std shaded, in the row's style (row_styles
     over the group's rows: the same in each of the group's figures), rows in family_order:
     one axes on FIGURE_INCHES, or past PANEL_CURVES curves (``more``: those the caller adds)
-    one panel per family (family_rows), axes shared; titled by the group."""
+    one panel per family (family_rows), or per ``panels_of``'s split, axes shared; titled by
+    the group."""
     curves = {id(row): p for row in group.rows if (p := points(row)) is not None}
     rows = family_order([row for row in group.rows if id(row) in curves])
     styles = dict(zip(map(id, group.rows), row_styles(group.rows), strict=True))
     panels = family_rows(rows) if len(rows) + more > PANEL_CURVES else [("", rows)]
+    if panels_of is not None and len(rows) + more > PANEL_CURVES:
+        panels = panels_of(rows)
     figure, grid = canvas(len(panels))
     for axes, (family, members) in zip(grid, panels, strict=True):
         for row in members:
@@ -258,11 +268,12 @@ def cell_points(name: str) -> Callable[[Row], Points | None]:
     return points
 
 
-def value_figure(group: Group, metric: str = "ppl") -> Figure:
+def value_figure(group: Group, metric: str = "ppl", panels_of: Panels | None = None) -> Figure:
     """The cells' mean ``metric`` (perplexity by default) against evaluation length (log x),
-    ± one std shaded, one line per row; the y axis linear or log (LOG_SCALE_RATIO), its
-    labelled ticks covering every curve and its shading."""
-    drawn = rows_figure(group, cell_points("value"))
+    ± one std shaded, one line per row (in panels as rows_figure splits them); the y axis
+    linear or log (LOG_SCALE_RATIO), its labelled ticks covering every curve and its
+    shading."""
+    drawn = rows_figure(group, cell_points("value"), panels_of=panels_of)
     stats = [c.value for row in group.rows for c in row.cells if c.value.n]
     cover_values(drawn.axes[0], [value for stat in stats for value in shaded(stat)])
     return finish(drawn, length_axis(group, drawn.axes), METRIC_AXES[metric] + spread(stats))

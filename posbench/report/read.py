@@ -8,21 +8,22 @@ import functools
 import json
 import math
 import os
+import re
 from collections import defaultdict
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from omegaconf import OmegaConf
 
-from posbench.config import EvalConfig, TrainConfig, flat_config
+from posbench.config import EvalConfig, TrainConfig, config_dir, flat_config
 from posbench.errors import PosbenchError
 from posbench.model.config import ModelConfig
 from posbench.report.run import Run
 from posbench.report.summary import is_summary, read_summary
 from posbench.runs.directory import CONFIG_FILE, RESULTS_FILE
-from posbench.runs.results import read_results
+from posbench.runs.results import merge_eval_records, read_results, record_key
 
 MISSING_RESULTS = "no results.json (failed, interrupted or still running)"
 # Keys that change neither the trained model nor any record's number (where it runs, what it
@@ -119,10 +120,29 @@ def schema_defaults() -> dict[str, Any]:
     }
 
 
+@functools.cache
+def defaults_from_other_keys() -> dict[str, str]:
+    """The model, train and eval keys whose default in a config group's files is another key's
+    value, and that key (every conf/model/*.yaml: ``sigmoid_length: ${train.seq_len}``, so
+    {"model.sigmoid_length": "train.seq_len"}): the schema gives them None."""
+    found = {}
+    for section in ("model", "train", "eval"):
+        for path in sorted((config_dir() / section).glob("*.yaml")):
+            for key, value in OmegaConf.to_container(OmegaConf.load(path)).items():
+                if isinstance(value, str) and (other := re.fullmatch(r"\$\{([\w.]+)\}", value)):
+                    found[f"{section}.{key}"] = other[1]
+    return found
+
+
 def identity_config(run: Run) -> dict[str, Any]:
     """What makes a run the run it is: its whole config, seed included, keys it lacks at their
-    defaults, BOOKKEEPING aside."""
-    config = {**schema_defaults(), **run.config}
+    defaults (one whose default is another key's value, equal to it, is at its default: a run
+    from before it existed lacks it), BOOKKEEPING aside."""
+    defaults = schema_defaults()
+    config = {**defaults, **run.config}
+    for key, other in defaults_from_other_keys().items():
+        if key in config and other in config and config[key] == config[other]:
+            config[key] = defaults.get(key)
     return {key: value for key, value in config.items() if not is_under(key, BOOKKEEPING)}
 
 
@@ -143,13 +163,25 @@ def modified(run: Run) -> float:
 def drop_duplicates(runs: Sequence[Run]) -> tuple[list[Run], list[Duplicate]]:
     """``runs`` with one run per ``identity_config`` (a run repeated is one seed, not several): the
     newest (results.json's time; among equal times, or runs of a summary file, the last found),
-    in the order found; and the others, each with the run kept."""
+    in the order found, with the records only an older one measured added to its own (a run
+    trained again to be measured another way: its eval-time extensions stay beside the other's
+    remaps); and the others, each with the run kept."""
     same: dict[str, list[int]] = defaultdict(list)
     for index, run in enumerate(runs):
         same[json.dumps(identity_config(run), sort_keys=True)].append(index)
-    kept, duplicates = set(), []
+    kept, duplicates = {}, []
     for indices in same.values():
-        newest = max(indices, key=lambda i: (modified(runs[i]), i))
-        kept.add(newest)
+        oldest_first = sorted(indices, key=lambda i: (modified(runs[i]), i))
+        newest = oldest_first[-1]
+        results = runs[newest].results
+        for i in oldest_first[-2::-1]:  # the newest's records first, then each older one's
+            older = [r for r in runs[i].results["eval"] if record_key(r) not in keys(results)]
+            results = merge_eval_records(results, older)
+        kept[newest] = replace(runs[newest], results=results)
         duplicates += [Duplicate(runs[i].path, runs[newest].path) for i in indices if i != newest]
-    return [run for i, run in enumerate(runs) if i in kept], duplicates
+    return [kept[i] for i in range(len(runs)) if i in kept], duplicates
+
+
+def keys(results: dict[str, Any]) -> set[tuple]:
+    """The record keys (length, protocol) of ``results``' eval records."""
+    return {record_key(r) for r in results["eval"]}

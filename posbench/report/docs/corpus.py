@@ -13,6 +13,7 @@ from posbench.report.docs.source import Source, provenance_line
 from posbench.report.figures import position_figure, value_figure
 from posbench.report.groups import Row, report_of
 from posbench.report.long_context import effective_table, tokens_text
+from posbench.report.settings import ATTENTION_VARIANTS
 from posbench.report.tables import markdown_table, position_table, row_name
 from posbench.report.text import best_shown, stat_text
 
@@ -124,10 +125,29 @@ def main_group_figure(source: Source):  # -> matplotlib Figure
 
 
 def rope_variants_figure(source: Source):  # -> matplotlib Figure
-    """RoPE's rows of the group holding the experiment's runs (options, eval-time scaling)
-    beside NoPE's, as the report draws them."""
+    """RoPE's rows of the group holding the experiment's runs beside NoPE's, as the report
+    draws them: past PANEL_CURVES curves, one panel of RoPE's eval-time extensions and
+    positions, one of the attention variants (ATTENTION_VARIANTS), plain RoPE and NoPE in
+    both."""
     group = source.main_group()
-    return value_figure(replace(group, rows=[r for r in group.rows if r.name in ("none", "rope")]))
+    config = {run.path: run.config for run in source.runs}
+
+    def is_variant(row: Row) -> bool:
+        return any(
+            config[path].get(key, default) != default
+            for path in row.runs
+            for key, default in ATTENTION_VARIANTS.items()
+        )
+
+    def panels(rows: list[Row]) -> list[tuple[str, list[Row]]]:
+        plain = [r for r in rows if r.label in ("none", "rope")]
+        return [
+            ("RoPE's extensions and positions", [r for r in rows if not is_variant(r)]),
+            ("attention variants", plain + [r for r in rows if is_variant(r)]),
+        ]
+
+    rows = [r for r in group.rows if r.name in ("none", "rope")]
+    return value_figure(replace(group, rows=rows), panels_of=panels)
 
 
 def long_context_table(source: Source) -> str:
