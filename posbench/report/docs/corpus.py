@@ -14,6 +14,7 @@ from posbench.report.figures import position_figure, value_figure
 from posbench.report.groups import Row, report_of
 from posbench.report.long_context import effective_table, tokens_text
 from posbench.report.settings import ATTENTION_VARIANTS
+from posbench.report.summary import provenance_parts
 from posbench.report.tables import markdown_table, position_table, row_name
 from posbench.report.text import best_shown, stat_text
 
@@ -68,12 +69,22 @@ def mean_text(mean: float | None, best: str | None) -> str:
 
 
 def corpus_provenance(source: Source) -> str:
-    """provenance_line, then the data's best possible perplexity (its entropy floor, in the
-    runs' records), which the ratios are read against."""
+    """How the summary's runs were made in one sentence (README's: its first sweep's command,
+    how many were added later, the commits, machines and days; docs/results.md's provenance
+    line spells out each), then the data's best possible perplexity (its entropy floor, in
+    the runs' records), which the ratios are read against."""
+    first, *added = provenance_parts(source.provenance)
+    commands = " and ".join(f"`{command}`" for command in first["commands"])
+    commits = sorted({c[:7] for part in (first, *added) for c in part["posbench_commits"]})
+    machines = "; ".join(dict.fromkeys(p["machine"] for p in (first, *added) if p["machine"]))
+    days = ", ".join(dict.fromkeys(part["date"] for part in (first, *added)))
+    later = f", then {sum(part['runs'] for part in added)} more from later sweeps" * bool(added)
     (bits,) = {run.results["data"]["entropy_floor_bits_per_byte"] for run in source.runs}
     return (
-        f"{provenance_line(source)} The data's best possible perplexity, its entropy floor "
-        f"with the whole past as context: {2**bits:.2f}."
+        f"{first['runs']} runs of {commands}{later} ([Results](docs/results.md) lists every "
+        f"command), at {', '.join(commits)} on {machines}, {days}; summary: `{source.name}`. "
+        f"The data's best possible perplexity, its entropy floor with the whole past as "
+        f"context: {2**bits:.2f}."
     )
 
 
