@@ -239,6 +239,29 @@ def torchrun(
     )
 
 
+def wait_for_file(path: Path, process: subprocess.Popen, timeout: float = 300) -> None:
+    """Until ``path`` exists while ``process`` (a torchrun) runs. It failing to exit, or
+    ``timeout`` seconds passing (five minutes: torchrun's start took over two on a 2-core
+    machine running a sweep beside the suite), fails the test with its stderr, the run stopped
+    first: stderr is read to its end, which an endless run never reaches."""
+    deadline = time.monotonic() + timeout
+    while not path.is_file():
+        if process.poll() is not None or time.monotonic() > deadline:
+            process.terminate()  # torchrun passes SIGTERM on to its ranks
+            pytest.fail(f"no {path} while the run ran: {finished(process)[1]}")
+        time.sleep(0.01)
+
+
+def test_waiting_for_a_file_an_endless_run_never_writes_fails_and_stops_it(tmp_path):
+    """A run that never writes the file fails the test in ``timeout`` seconds, not by a wait on
+    its stderr for ever (which hung CI's suite past its limit when torchrun started slowly)."""
+    endless = [sys.executable, "-c", "import time; time.sleep(600)"]
+    process = subprocess.Popen(endless, stderr=subprocess.PIPE, text=True)
+    with pytest.raises(pytest.fail.Exception, match="while the run ran"):
+        wait_for_file(tmp_path / "never", process, timeout=0.5)
+    assert process.poll() is not None
+
+
 def finished(process: subprocess.Popen, timeout: float = 120) -> tuple[int, str]:
     """Exit code and stderr, the run given at most ``timeout`` seconds (two minutes)."""
     _, stderr = process.communicate(timeout=timeout)
@@ -368,10 +391,7 @@ def test_a_two_rank_run_stopped_by_sigterm_exits_after_its_checkpoint_and_resume
     stopped = torchrun(
         2, "train", *CHECKPOINTED, "hydra.run.dir=stopped", cwd=tmp_path, program=program
     )
-    deadline = time.monotonic() + 120
-    while not checkpoint.is_file():
-        assert stopped.poll() is None and time.monotonic() < deadline, stopped.stderr.read()
-        time.sleep(0.01)
+    wait_for_file(checkpoint, stopped)
     stopped.send_signal(signal.SIGTERM)  # torchrun passes it on to every rank
     code, stderr = finished(stopped)
     assert code != 0
@@ -432,10 +452,7 @@ def test_a_rank_killed_mid_training_stops_the_others_with_one_error_line(tmp_pat
     # gone, and rank 0 would stop as "terminated". What is tested is rank 0 finding it out.
     run = torchrun(2, "train", *endless, cwd=tmp_path, options=["--monitor-interval=5"])
     checkpoint = tmp_path / "run" / CHECKPOINT_FILE
-    deadline = time.monotonic() + 120
-    while not checkpoint.is_file():
-        assert run.poll() is None and time.monotonic() < deadline, run.stderr.read()
-        time.sleep(0.01)
+    wait_for_file(checkpoint, run)
     os.kill(rank_process(run.pid, 1), signal.SIGKILL)
     code, stderr = finished(run)
     assert code != 0
