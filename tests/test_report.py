@@ -211,6 +211,23 @@ def add_records(run, *records):
     (run / "results.json").write_text(json.dumps(results))
 
 
+def test_dape_runs_are_rows_beside_their_bias_without_it(tmp_path):
+    """DAPE's settings label a row only where it is on, its width and kernel only away from
+    their defaults: "alibi" beside "alibi (dape=True)", not "alibi (dape=False)"."""
+    dape = {"encoding__dape_width": 32, "encoding__dape_kernel": 3}
+    make_run(tmp_path / "a", encoding="alibi", encoding__dape=False, **dape)
+    make_run(tmp_path / "b", encoding="alibi", encoding__dape=True, **dape)
+    make_run(
+        tmp_path / "c",
+        encoding="alibi",
+        encoding__dape=True,
+        **{**dape, "encoding__dape_width": 16},
+    )
+    (group,) = build_report(tmp_path).groups
+    labels = sorted(row.label for row in group.rows)
+    assert labels == ["alibi", "alibi (dape=True)", "alibi (dape=True, dape_width=16)"]
+
+
 def test_scaled_evaluations_are_rows_of_their_own(tmp_path):
     run = make_run(tmp_path / "r", ppls={16: 5.0, 32: 7.0})
     add_records(run, {"length": 32, "ppl": 5.5, "scaling": "yarn"})

@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
+from dataclasses import fields
 from pathlib import Path, PurePath
 from typing import Any
 
+from posbench.encodings.dape import DapeOptions
 from posbench.report.read import BOOKKEEPING, Run, is_under, schema_defaults
 
 # The attention variants (docs/attention.md) and their defaults: a run away from its default
@@ -260,9 +262,18 @@ def encoding_labels(runs: Sequence[Run]) -> dict[Path, str]:
 def label_options(run: Run) -> dict[str, Any]:
     """What can tell a run's row from others of its encoding: the encoding's options,
     train.random_positions where it is set, train.positions (and a target length set) where it
-    is pose, and the attention variants away from their defaults (sigmoid attention's length
-    where it is not the training length, its default)."""
+    is pose, DAPE where it is on, and the attention variants away from their defaults
+    (sigmoid attention's length where it is not the training length, its default)."""
     options = {k: v for k, v in run.config.items() if k.startswith("encoding.")}
+    dape = bool(options.get("encoding.dape"))
+    for field in [f for f in fields(DapeOptions) if f.name.startswith("dape")]:
+        # DAPE's settings as the attention variants ("alibi (dape=True)" beside "alibi"): where
+        # it is on, its width and kernel where they are not their defaults
+        shown = dape and (
+            field.name == "dape" or options.get(f"encoding.{field.name}") != field.default
+        )
+        if not shown:
+            options.pop(f"encoding.{field.name}", None)
     if run.config.get("train.random_positions") is not None:
         options["train.random_positions"] = run.config["train.random_positions"]
     if run.config.get("train.positions", "consecutive") != "consecutive":
