@@ -23,7 +23,7 @@ from posbench.model.config import ModelConfig
 from posbench.report.run import Run
 from posbench.report.summary import is_summary, read_summary
 from posbench.runs.directory import CONFIG_FILE, RESULTS_FILE
-from posbench.runs.results import merge_eval_records, read_results, record_key
+from posbench.runs.results import merge_eval_records, read_results
 
 MISSING_RESULTS = "no results.json (failed, interrupted or still running)"
 # Keys that change neither the trained model nor any record's number (where it runs, what it
@@ -174,14 +174,11 @@ def drop_duplicates(runs: Sequence[Run]) -> tuple[list[Run], list[Duplicate]]:
         oldest_first = sorted(indices, key=lambda i: (modified(runs[i]), i))
         newest = oldest_first[-1]
         results = runs[newest].results
-        for i in oldest_first[-2::-1]:  # the newest's records first, then each older one's
-            older = [r for r in runs[i].results["eval"] if record_key(r) not in keys(results)]
-            results = merge_eval_records(results, older)
+        if len(indices) > 1:  # each newer run's records replace an older one's of their key
+            merged: dict[str, Any] = {"eval": []}
+            for i in oldest_first:
+                merged = merge_eval_records(merged, runs[i].results["eval"])
+            results = {**results, "eval": merged["eval"]}
         kept[newest] = replace(runs[newest], results=results)
         duplicates += [Duplicate(runs[i].path, runs[newest].path) for i in indices if i != newest]
     return [kept[i] for i in range(len(runs)) if i in kept], duplicates
-
-
-def keys(results: dict[str, Any]) -> set[tuple]:
-    """The record keys (length, protocol) of ``results``' eval records."""
-    return {record_key(r) for r in results["eval"]}
