@@ -401,6 +401,28 @@ def test_every_row_of_an_encoding_that_is_not_comparable_shares_its_mark(tmp_pat
     assert "| rope | 1 |" in ratios
 
 
+def test_a_row_trained_at_another_precision_than_the_tables_others_is_footnoted(tmp_path):
+    """precision=auto resolves per machine: a sweep added from a CPU without bf16 trains in
+    fp32 under the same config, and its row says so."""
+    for seed in (0, 1):
+        make_run(tmp_path / f"rope{seed}", seed=seed, results={"precision": "bf16"})
+    make_run(tmp_path / "alibi0", encoding="alibi", results={"precision": "bf16"})
+    make_run(tmp_path / "alibi1", encoding="alibi", seed=1, results={"precision": "fp32"})
+    make_run(tmp_path / "old", encoding="t5")  # before results.json recorded it: neither
+    text = markdown(build_report(tmp_path))
+    ratios = text.split("each run against its own:")[1]
+    assert "| alibi [1] | 2 |" in ratios
+    assert "| rope | 2 |" in ratios and "| t5 | 1 |" in ratios
+    assert (
+        "- [1] alibi: 1 of its 2 runs trained in fp32, the table's others in bf16 "
+        "(train.precision=auto resolves per machine: results.json's precision)"
+    ) in text
+    for run in ("rope0", "rope1", "alibi0"):
+        shutil.rmtree(tmp_path / run)
+    (group,) = build_report(tmp_path).groups  # one precision recorded: nothing to mark
+    assert [row.other_precision for row in group.rows] == [None, None]
+
+
 def test_comparability_is_judged_on_the_records_measured_as_trained(tmp_path):
     """Sliding windows score each token with more context: a stride row's lower perplexity at
     the training length is no better learning."""

@@ -84,6 +84,8 @@ class Row:
     by_position: PositionCurve | None = None  # none for sliding windows
     by_depth: dict[int, Stat] | None = None  # passkey: accuracy per needle depth (percent)
     not_comparable: str | None = None  # why its ratios say little (mark_not_comparable)
+    # how its runs' precision differs from most of the table's (mark_other_precision)
+    other_precision: str | None = None
     # an algorithmic task's: its runs' length_generalization(_accuracy) (runs/results.py)
     generalization: Stat = NOT_MEASURED
     generalization_accuracy: Stat = NOT_MEASURED
@@ -241,6 +243,7 @@ def build_group(
     group = Group(name, title, setting, train_seq_len, lengths, rows)
     group.tokenizers = sorted(set(tokenizers.values()))
     group.problem_lengths = problem_lengths(runs[0])
+    mark_other_precision(group, runs)
     if group.problem_lengths is None:
         mark_not_comparable(group)
     else:
@@ -353,6 +356,27 @@ def mark_not_comparable(group: Group) -> None:
                 f"did not learn comparably at the training length (ppl {mean:.2f} at "
                 f"{group.train_seq_len}, more than {COMPARABLE_PPL:g}× the best encoding's, "
                 f"{best}: {best_mean:.2f}): its ratios say little about extrapolation"
+            )
+
+
+def mark_other_precision(group: Group, runs: Sequence[Run]) -> None:
+    """Mark every row with a run trained at another precision than most of the group's runs.
+    ``train.precision=auto`` resolves per machine (bf16 where the CPU has a bf16 unit, fp32 on
+    one without: docs/scaling.md), so sweeps added from another machine can differ under one
+    config; their rows compare with the rest only up to what the precision changes. A run from
+    before results.json recorded its precision counts as neither."""
+    precision = {run.path: run.results.get("precision") for run in runs}
+    counts = Counter(p for p in precision.values() if p is not None)
+    if len(counts) < 2:
+        return
+    most = min(counts, key=lambda p: (-counts[p], p))  # a tie: the first by name
+    for row in group.rows:
+        other = [precision[p] for p in row.runs if precision[p] not in (most, None)]
+        if other:
+            row.other_precision = (
+                f"{len(other)} of its {len(row.runs)} runs trained in "
+                f"{' and '.join(sorted(set(other)))}, the table's others in {most} "
+                "(train.precision=auto resolves per machine: results.json's precision)"
             )
 
 

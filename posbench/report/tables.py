@@ -127,11 +127,15 @@ def footnote(footnotes: dict[str, int], subject: str, why: str) -> int:
 
 
 def row_name(row: Row, footnotes: dict[str, int]) -> str:
-    """A row's label in a table, pointing to the footnote that says why when it is not
-    comparable (one footnote for all rows of an encoding)."""
-    if row.not_comparable is None:
-        return row.label
-    return f"{row.label} [{footnote(footnotes, row.encoding, row.not_comparable)}]"
+    """A row's label in a table, pointing to the footnotes that say why when it is not
+    comparable (one footnote for all rows of an encoding) and when its runs trained at another
+    precision than the table's others."""
+    numbers = []
+    if row.not_comparable is not None:
+        numbers.append(footnote(footnotes, row.encoding, row.not_comparable))
+    if row.other_precision is not None:
+        numbers.append(footnote(footnotes, row.label, row.other_precision))
+    return f"{row.label} [{', '.join(map(str, numbers))}]" if numbers else row.label
 
 
 def position_table(group: Group, footnotes: dict[str, int]) -> list[str]:
