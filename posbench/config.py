@@ -13,7 +13,7 @@ import importlib.util
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
-from pathlib import Path
+from pathlib import Path, PurePath
 from typing import Any
 
 import torch
@@ -466,6 +466,26 @@ def flat_config(cfg: DictConfig, resolve: bool = True) -> dict[str, Any]:
 
     visit(OmegaConf.to_container(cfg, resolve=resolve, enum_to_str=True), "")
     return flat
+
+
+def data_name(config: Mapping[str, Any]) -> str:
+    """What a run trained on, as a title names it: a file corpus (``data=text``, every one of
+    which is "text") by its ``data.path``, the folder that holds the file ("wikitext-2" for
+    wikitext-2/test.txt: the file's own name is often a split's), or the file's stem where the
+    path names no folder, or the folder a directory or a glob names; other data by its
+    ``data.name`` ("?" where the config has none)."""
+    path = config.get("data.path")
+    if not isinstance(path, str):
+        return str(config.get("data.name", "?"))
+    parts = PurePath(path).parts
+    while parts and any(c in parts[-1] for c in "*?["):  # a glob's pattern names no corpus
+        parts = parts[:-1]
+    if not parts:
+        return path
+    named = PurePath(*parts)
+    if not named.suffix:  # a directory
+        return named.name
+    return named.parent.name or named.stem
 
 
 def choice(value: Enum | str) -> str:

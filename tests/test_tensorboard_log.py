@@ -260,6 +260,13 @@ def test_hparams_write_an_encodings_list_options_as_text_that_tensorboard_takes(
     assert all(isinstance(value, int | float | str | bool) for value in params.values())
 
 
+def test_hparams_name_a_file_corpus_by_its_folder_as_report_titles_do():
+    assert hparams(compose_config(["data=text", "data.path=wikitext-2/test.txt"]))["data"] == (
+        "wikitext-2"
+    )
+    assert hparams(compose_config([]))["data"] == "synthetic"
+
+
 def test_after_posbench_eval_adds_a_length_the_hparams_tab_declares_a_column_for_it(tmp_path):
     # TensorBoard's HParams tab shows the metrics its experiment summary declares (the first one
     # it reads in the run's directory), whatever other hparam/ scalars the run has.

@@ -9,9 +9,10 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import fields
-from pathlib import Path, PurePath
+from pathlib import Path
 from typing import Any
 
+from posbench.config import data_name
 from posbench.encodings.dape import DapeOptions
 from posbench.report.read import BOOKKEEPING, Run, is_under, schema_defaults
 
@@ -132,26 +133,6 @@ def group_title(config: dict[str, Any]) -> str:
         f"{data_name(config)} data, model {config['model.n_layer']}×"
         f"{config['model.d_model']}, trained at {trained} for {config['train.steps']} steps"
     )
-
-
-def data_name(config: Mapping[str, Any]) -> str:
-    """What a run trained on, as a title names it: a file corpus (``data=text``, every one of
-    which is "text") by its ``data.path``, the folder that holds the file ("wikitext-2" for
-    wikitext-2/test.txt: the file's own name is often a split's), or the file's stem where the
-    path names no folder, or the folder a directory or a glob names; other data by its
-    ``data.name`` ("?" where the config has none)."""
-    path = config.get("data.path")
-    if not isinstance(path, str):
-        return str(config.get("data.name", "?"))
-    parts = PurePath(path).parts
-    while parts and any(c in parts[-1] for c in "*?["):  # a glob's pattern names no corpus
-        parts = parts[:-1]
-    if not parts:
-        return path
-    named = PurePath(*parts)
-    if not named.suffix:  # a directory
-        return named.name
-    return named.parent.name or named.stem
 
 
 def group_titles(settings: Sequence[dict[str, Any]]) -> list[str]:

@@ -46,7 +46,7 @@ from omegaconf import DictConfig, OmegaConf
 from torch.utils.tensorboard import SummaryWriter
 from torch.utils.tensorboard.summary import hparams as hparams_summaries
 
-from posbench.config import flat_config
+from posbench.config import data_name, flat_config
 from posbench.runs.results import (
     as_trained,
     effective_context_lengths,
@@ -331,7 +331,8 @@ def hparams(cfg: DictConfig) -> dict[str, Any]:
         "encoding": cfg.encoding.name,
         **options,
         "model": f"{cfg.model.n_layer}x{cfg.model.d_model}",
-        "data": cfg.data.name,
+        # a file corpus by its folder ("wikitext-2"), not by data=text's name "text"
+        "data": data_name({"data.name": cfg.data.name, "data.path": cfg.data.get("path")}),
         "seq_len": cfg.train.seq_len,
         "steps": cfg.train.steps,
         "lr": cfg.train.lr,
