@@ -2,6 +2,7 @@
 that grow by a later sweep, the rows each table takes, each summary read once."""
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -373,3 +374,21 @@ def test_ropes_figure_draws_its_extensions_and_its_attention_variants_apart():
     ]
     assert {"none", "rope", "rope + yarn"} <= labels[0] and "rope (qk_norm=True)" not in labels[0]
     assert {"none", "rope", "rope (qk_norm=True)"} <= labels[1] and "rope + yarn" not in labels[1]
+
+
+@pytest.mark.parametrize("page", ["README.md", "docs/results.md"])
+def test_every_result_number_a_reading_states_is_in_a_rendered_block_of_its_section(page):
+    """Results are rendered from summaries, never typed: a decimal the prose around the
+    rendered blocks states (a reading) must be one of the numbers its section renders, so that
+    re-rendering from a new summary cannot leave a stale number in the text. Config values are
+    written as code (`model.dropout=0.3`) and commands are code blocks: neither counts."""
+    text = (ROOT / page).read_text()
+    rendered_block = re.compile(r"<!-- rendered: [^>]*-->(.*?)<!-- /rendered -->", re.S)
+    typed = []
+    for section in re.split(r"\n(?=## )", text):
+        rendered = " ".join(rendered_block.findall(section))
+        prose = re.sub(r"```.*?```|`[^`\n]*`", "", rendered_block.sub("", section), flags=re.S)
+        for number in re.findall(r"(?<![\w.])\d+\.\d+(?![\w.])", prose):
+            if not re.search(rf"(?<![\w.]){re.escape(number)}(?![\w])", rendered):
+                typed.append(f"{section.splitlines()[0][:60]}: {number}")
+    assert not typed, f"numbers typed in {page}'s readings, not rendered beside them: {typed}"
