@@ -505,6 +505,17 @@ def test_compiled_evaluation_compiles_once_per_length_whatever_dynamos_recompile
     assert torch._dynamo.config.recompile_limit == 1  # raised for the evaluation only
 
 
+@pytest.mark.parametrize(("train_compile", "eval_compile"), [(False, True), (True, False)])
+def test_eval_compile_alone_decides_whether_a_runs_evaluation_compiles(
+    monkeypatch, tiny, tmp_path, train_compile, eval_compile
+):
+    compiled_with(monkeypatch, "eager")  # dynamo's tracing without a compiler: seconds
+    overrides = [*tiny, "train.steps=2", "eval.lengths=[16]", "train.precision=fp32"]
+    overrides += [f"train.compile={train_compile}", f"eval.compile={eval_compile}"]
+    (record,) = train(compose_config(overrides), tmp_path)["eval"]
+    assert (record["compile_s"] is not None) == eval_compile
+
+
 def test_compiled_evaluation_of_a_task_is_refused_before_training():
     cfg = compose_config([*TINY_REVERSE_STRING, "eval.compile=true"])
     with pytest.raises(PosbenchError, match=r"is a task: eval\.compile compiles a corpus's"):
