@@ -144,6 +144,9 @@ class EvalConfig:
     temperature: str = "none"  # none | fit: checked by posbench/evaluation/temperature.py
     # none | self_extend | string: far keys at remapped positions (posbench/model/position_remap.py)
     position_remap: str = "none"
+    # torch.compile a corpus's forward passes, once per length (posbench/evaluation/compiled.py);
+    # train.compile leaves it as set: the numbers are eager's either way
+    compile: bool = False
     self_extend: SelfExtendSettings = field(default_factory=SelfExtendSettings)
     string: StringSettings = field(default_factory=StringSettings)
 
@@ -378,6 +381,11 @@ def validate(cfg: DictConfig) -> None:
             raise PosbenchError(
                 f"data={cfg.data.source} scores whole prompts: eval.stride applies to corpora "
                 "only; drop eval.stride"
+            )
+        if cfg.eval.compile:
+            raise PosbenchError(
+                f"data={cfg.data.source} is a task: eval.compile compiles a corpus's windows (a "
+                "task's examples and decoding change shape); drop eval.compile"
             )
     if cfg.eval.stride is not None and cfg.eval.stride > min(lengths):
         raise PosbenchError(

@@ -207,6 +207,21 @@ def test_eval_of_the_training_length_reproduces_the_training_run_number(
     assert again["ppl"] == pytest.approx(trained_ppl, rel=1e-6)
 
 
+def test_eval_compile_reproduces_the_eager_number_and_records_its_compile_time(
+    trained, monkeypatch, capsys
+):
+    """Inductor's code itself (test_precision traces with eager kernels), at a length whose last
+    batch is partial: 256 windows of 16 tokens in batches of 100, 100 and 56."""
+    workdir, run_dir, _ = trained
+    (eager,) = [r for r in results_of(run_dir)["eval"] if r["length"] == 16]
+    args = ["--run", str(run_dir), "--length", "16", "--batch-size", "100", "--compile"]
+    evaluated(workdir, *args, monkeypatch=monkeypatch, capsys=capsys)
+    (compiled,) = [r for r in results_of(run_dir)["eval"] if r["length"] == 16]
+    assert eager["compile_s"] is None and compiled["compile_s"] > 0
+    assert compiled["tokens"] == eager["tokens"]
+    assert compiled["ppl"] == pytest.approx(eager["ppl"], rel=1e-5)
+
+
 def test_eval_with_rope_scaling_records_the_method_beside_the_plain_records(
     trained, monkeypatch, capsys
 ):

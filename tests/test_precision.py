@@ -1,5 +1,6 @@
-"""train.precision, eval.precision and train.compile: what auto picks on which hardware, that
-bf16 computes what fp32 does within bf16's accuracy, and what results and resumes record."""
+"""train.precision, eval.precision, train.compile and eval.compile: what auto picks on which
+hardware, that bf16 computes what fp32 does within bf16's accuracy, that compiled computes what
+eager does, and what results and resumes record."""
 
 import json
 
@@ -10,12 +11,13 @@ from conftest import TINY, TINY_REVERSE_STRING, chunked_calls
 
 import posbench.model.loss
 from posbench.cli import main
-from posbench.config import compose_config, position_sampler
+from posbench.config import compose_config, position_sampler, validate
 from posbench.data import Corpus, load_data
 from posbench.encodings import ENCODINGS
 from posbench.encodings.rope import SCALING_METHODS
 from posbench.errors import PosbenchError
-from posbench.evaluation.perplexity import evaluate_length
+from posbench.evaluation.perplexity import evaluate, evaluate_length
+from posbench.evaluation.positions import RandomPositions
 from posbench.evaluation.run import evaluate_run
 from posbench.evaluation.task_accuracy import evaluate_task_length
 from posbench.model import build_model
@@ -444,3 +446,85 @@ def test_the_training_forward_is_one_graph_for_torch_compile(precision, encoding
     with autocast(precision, CPU):
         explained = torch._dynamo.explain(model)(torch.zeros(2, 16, dtype=torch.long))
     assert explained.graph_break_count == 0, explained.break_reasons
+
+
+# --- eval.compile -----------------------------------------------------------------------------
+
+# 112 targets: at 16 tokens 7 windows, in batches of 3, 3 and 1; at 24 tokens 5, in 3 and 2.
+PARTIAL_BATCHES = {"lengths": [16, 24], "batch_size": 3}
+EVAL_TOKENS = torch.randint(256, (113,), generator=torch.Generator().manual_seed(3))
+
+
+def compiled_with(monkeypatch, backend) -> None:
+    """torch.compile, as evaluation calls it, with ``backend`` instead of inductor."""
+    compile_model = torch.compile
+    monkeypatch.setattr(
+        torch, "compile", lambda model, **options: compile_model(model, backend=backend, **options)
+    )
+
+
+@pytest.mark.parametrize(
+    ("encoding", "mode"),
+    [("rope", None), ("alibi", None), ("rope", "positions"), ("alibi", "distances")],
+)
+def test_compiled_evaluation_computes_eagers_perplexity_where_the_last_batch_is_partial(
+    monkeypatch, encoding, mode
+):
+    # aot_eager traces what inductor compiles, with eager kernels: a difference would be the
+    # tracing's or the padding's, not a code generator's rounding (test_cli runs inductor).
+    compiled_with(monkeypatch, "aot_eager")
+    torch.manual_seed(0)
+    model = build_model({"n_layer": 2, "n_head": 2, "d_model": 16}, {"name": encoding})
+    positions = None if mode is None else RandomPositions(PositionSampler(64, 2, mode=mode), 0)
+    eager = evaluate(model, EVAL_TOKENS, **PARTIAL_BATCHES, positions=positions)
+    compiled = evaluate(model, EVAL_TOKENS, **PARTIAL_BATCHES, positions=positions, compiled=True)
+    for got, expected in zip(compiled, eager, strict=True):
+        assert expected["compile_s"] is None and got["compile_s"] > 0
+        assert got["tokens"] == expected["tokens"] == 112
+        assert got["ppl"] == pytest.approx(expected["ppl"], rel=1e-6)
+        by_position = [b["nll"] for b in expected["loss_by_position"]]
+        assert [b["nll"] for b in got["loss_by_position"]] == pytest.approx(by_position, rel=1e-6)
+
+
+def test_compiled_evaluation_compiles_once_per_length_whatever_dynamos_recompile_limit(
+    monkeypatch,
+):
+    """The last batch of each length, fewer windows, runs at the full batch's shape: a graph
+    per length, not per batch shape; and the limit dynamo keeps per function (1 here) is raised
+    while evaluation compiles, never reached by the lengths (past it dynamo runs eagerly)."""
+    import torch._dynamo.testing
+
+    counter = torch._dynamo.testing.CompileCounter()
+    compiled_with(monkeypatch, counter)
+    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 1)
+    torch._dynamo.reset()
+    model = build_model({"n_layer": 2, "n_head": 2, "d_model": 16}, {"name": "rope"})
+    records = evaluate(model, EVAL_TOKENS, **PARTIAL_BATCHES, compiled=True)
+    assert counter.frame_count == len(PARTIAL_BATCHES["lengths"])  # rope's forward: one graph
+    assert all(r["compile_s"] > 0 for r in records)
+    assert torch._dynamo.config.recompile_limit == 1  # raised for the evaluation only
+
+
+@pytest.mark.parametrize(("train_compile", "eval_compile"), [(False, True), (True, False)])
+def test_eval_compile_alone_decides_whether_a_runs_evaluation_compiles(
+    monkeypatch, tiny, tmp_path, train_compile, eval_compile
+):
+    compiled_with(monkeypatch, "eager")  # dynamo's tracing without a compiler: seconds
+    overrides = [*tiny, "train.steps=2", "eval.lengths=[16]", "train.precision=fp32"]
+    overrides += [f"train.compile={train_compile}", f"eval.compile={eval_compile}"]
+    (record,) = train(compose_config(overrides), tmp_path)["eval"]
+    assert (record["compile_s"] is not None) == eval_compile
+
+
+def test_compiled_evaluation_of_a_task_is_refused_before_training():
+    cfg = compose_config([*TINY_REVERSE_STRING, "eval.compile=true"])
+    with pytest.raises(PosbenchError, match=r"is a task: eval\.compile compiles a corpus's"):
+        validate(cfg)
+
+
+def test_posbench_eval_help_lists_the_compile_flag_and_its_default(capsys):
+    with pytest.raises(SystemExit):
+        main(["eval", "--help"])
+    help_text = " ".join(capsys.readouterr().out.split())
+    assert "--compile, --no-compile torch.compile the forward passes" in help_text
+    assert "(default: the run's eval.compile, whatever its train.compile)" in help_text

@@ -140,7 +140,9 @@ def test_a_run_trained_again_keeps_the_records_only_the_older_one_measured(tmp_p
 
 
 def test_runs_that_differ_only_in_where_and_how_they_ran_are_duplicates(tmp_path):
-    first = make_run(tmp_path / "a", threads=4, device="cpu", eval__batch_size=8)
+    first = make_run(
+        tmp_path / "a", threads=4, device="cpu", eval__batch_size=8, eval__compile=True
+    )
     second = make_run(tmp_path / "b", threads=1, device="cuda", train__log_every=1)
     written_at(first, 2_000_000)
     written_at(second, 1_000_000)

@@ -76,6 +76,13 @@ def eval_parser() -> argparse.ArgumentParser:
         "(default: the run's eval.precision)",
     )
     parser.add_argument(
+        "--compile",
+        action=argparse.BooleanOptionalAction,
+        help="torch.compile the forward passes over a corpus's windows, once per length: the "
+        "same numbers, its time recorded apart as compile_s; pays for long evaluations "
+        "(default: the run's eval.compile, whatever its train.compile)",
+    )
+    parser.add_argument(
         "--positions",
         choices=[p.value for p in EvalPositions],
         help="where each window sits: consecutive (0..L-1), random (a sorted random subset of "
@@ -202,6 +209,7 @@ def run_eval(args: Sequence[str]) -> None:
         alpha=options.alpha,
         beta=options.beta,
         position_remap=options.position_remap,
+        compiled=options.compile,
     )
     command = shlex.join(["posbench", "eval", *args])
     results = record_eval(run_dir, cfg, records, trained_lengths(cfg), command)

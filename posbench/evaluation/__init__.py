@@ -11,6 +11,7 @@ reports is made here one way, so reading these modules is reading the protocol:
                         eval-time RoPE extensions it can be measured with
     decode.py         greedy decoding of a task's autoregressive answers, with the KV cache
     memory.py         the memory a forward pass needs, and whether a length fits
+    compiled.py       eval.compile: the windows' forward passes compiled once per length
     reevaluate.py     ``posbench eval``: which run, and where its new records go
     diagnose.py       attention statistics by position (``diagnose_run``)
 """

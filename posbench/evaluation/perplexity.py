@@ -43,13 +43,16 @@ from __future__ import annotations
 import math
 import sys
 from collections.abc import Iterator, Sequence
+from contextlib import nullcontext
 from itertools import islice, pairwise
 from typing import Any, Protocol
 
 import torch
+from torch import nn
 from tqdm.auto import tqdm
 
 from posbench.data import Bytes, Offsets, byte_is_whitespace, gather_windows
+from posbench.evaluation.compiled import WindowPasses, compiled_for_evaluation
 from posbench.evaluation.memory import fitting_batch_size
 from posbench.evaluation.positions import RandomPositions, positions_record
 from posbench.model import Transformer
@@ -181,6 +184,7 @@ def unsupported(
         "words": 0,
         "status": "unsupported",
         "reason": reason,
+        "compile_s": None,
         **scaling,
         **positions_record(positions, 0),
     }
@@ -216,6 +220,7 @@ def evaluate_length(
     word_starts: Bytes | None = None,
     has_words: bool = True,
     key_tokens: KeySelection | None = None,
+    compiled_model: nn.Module | None = None,
 ) -> dict[str, Any]:
     """One results.json eval record: the model's perplexity on ``tokens`` at ``length``, the
     eval-time extension (``scaling``) its encoding applied there and, for non-overlapping
@@ -229,8 +234,11 @@ def evaluate_length(
     ``val_word_starts``; None: ``tokens`` are bytes, which count themselves). Without
     ``has_words`` (bytes that are not text: the synthetic corpus) ``word_ppl`` and ``words``
     are None: whitespace bytes there delimit no words. ``key_tokens``: LongPPL's selection of
-    each batch's targets (None: no LongPPL). ``tokens`` (a
-    tensor or a numpy array, maybe a memory map) is read one batch of windows at a time."""
+    each batch's targets (None: no LongPPL). ``compiled_model``: ``model`` compiled
+    (compiled_for_evaluation), which then runs the windows, every batch at one shape
+    (WindowPasses), and the record's ``compile_s`` is its compile's (None: ``model`` runs them).
+    ``tokens`` (a tensor or a numpy array, maybe a memory map) is read one batch of windows at a
+    time."""
     assert stride is None or 0 < stride <= length, "stride must be in (0, length]"
     model.eval()  # no dropout; eval-time extensions (RoPE scaling) apply
     scaling = model.encoding.scaling_record(length)
@@ -261,21 +269,24 @@ def evaluate_length(
     text = torch.zeros(2, dtype=torch.long, device=device)  # bytes and words scored
     key = torch.zeros(2, dtype=torch.float64, device=device)  # key tokens' NLL and count
     spans = document_windows(long_documents, length, stride)
+    passes = WindowPasses(model, compiled_model, batch_size)
     with tqdm(total=n_spans, desc=f"eval length {length}", unit="window", leave=False) as bar:
         while batch := list(islice(spans, batch_size)):
             starts = [s for s, _ in batch]
-            rows = gather_windows(tokens, starts, length + 1).to(device)  # (B, T+1)
-            at = PositionDraw() if positions is None else positions.of_windows(length, starts)
+            run = passes.rows(starts)  # compiled: padded to the full batch
+            rows = gather_windows(tokens, run, length + 1).to(device)  # (B, T+1)
+            at = PositionDraw() if positions is None else positions.of_windows(length, run)
             at = at.to(device)
             with autocast(precision, device):
                 # (B, T) float32, without the (B, T, vocab) logits where they are large
-                nll = model(
+                nll = passes(
                     rows[:, :-1],
                     at.positions,
                     targets=rows[:, 1:],
                     reduction="none",
                     distances=at.distances,
                 )
+            rows, nll = rows[: len(batch)], nll[: len(batch)]  # the padding's losses dropped
             first = torch.tensor([f for _, f in batch], device=device)  # (B,)
             is_scored = torch.arange(length, device=device) >= first[:, None]  # (B, T)
             position_nll += nll.double().masked_fill(~is_scored, 0.0).sum(0)  # (T,)
@@ -312,6 +323,7 @@ def evaluate_length(
         "status": "ok",
         "reason": None,
         "precision": precision,
+        "compile_s": passes.compile_s,
         **scaling,
         **positions_record(positions, n_spans),
         **extra,
@@ -371,6 +383,7 @@ def evaluate(
     word_starts: Bytes | None = None,
     has_words: bool = True,
     key_tokens: KeySelection | None = None,
+    compiled: bool = False,
 ) -> list[dict[str, Any]]:
     """Evaluate ``model`` on ``tokens`` (a tensor or a numpy array: bytes, or a tokenizer's
     ids with each one's ``token_bytes`` and ``word_starts``) at each length, in ``precision``,
@@ -381,11 +394,12 @@ def evaluate(
     so perplexities at different lengths are measured on the same text. With ``documents``
     (where each document of ``tokens`` starts) windows stay inside a document, ``max_tokens``
     cuts the document it falls in (its head stays a document), and a length skips the
-    documents shorter than ``length + 1`` tokens.
+    documents shorter than ``length + 1`` tokens. ``compiled``: the forward passes run
+    through torch.compile, compiled once per length (posbench/evaluation/compiled.py).
     Returns results.json eval records: length, stride, ppl, bits_per_byte, word_ppl, tokens,
     bytes, words, documents,
-    status, reason, precision (of measured records), scaling, scaling_factor, positions,
-    random_positions, position_draws and
+    status, reason, precision (of measured records), compile_s (null when not compiled),
+    scaling, scaling_factor, positions, random_positions, position_draws and
     (non-overlapping windows) loss_by_position, bucketed around ``train_seq_len``; with
     ``key_tokens``, longppl and key_tokens.
     """
@@ -395,21 +409,23 @@ def evaluate(
             token_bytes, word_starts = token_bytes[: len(tokens)], word_starts[: len(tokens)]
         if documents is not None:
             documents = documents[documents < len(tokens)]
-    return [
-        evaluate_length(
-            model,
-            tokens,
-            n,
-            stride,
-            batch_size,
-            train_seq_len,
-            precision,
-            documents,
-            positions,
-            token_bytes,
-            word_starts,
-            has_words,
-            key_tokens,
-        )
-        for n in lengths
-    ]
+    with compiled_for_evaluation(model) if compiled else nullcontext() as compiled_model:
+        return [
+            evaluate_length(
+                model,
+                tokens,
+                n,
+                stride,
+                batch_size,
+                train_seq_len,
+                precision,
+                documents,
+                positions,
+                token_bytes,
+                word_starts,
+                has_words,
+                key_tokens,
+                compiled_model,
+            )
+            for n in lengths
+        ]

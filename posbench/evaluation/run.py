@@ -47,9 +47,11 @@ def evaluate_data(
     temperature: str = "none",
     key_tokens: KeySelection | None = None,
     remap: PositionRemap | None = None,
+    compiled: bool = False,
 ) -> list[dict[str, Any]]:
     """``evaluate`` on a corpus's validation split (with LongPPL over ``key_tokens``' selection,
-    if given), ``evaluate_task`` on a task (its answers scored as ``decode`` says), at
+    if given; ``compiled``: its forward passes through torch.compile, once per length),
+    ``evaluate_task`` on a task (its answers scored as ``decode`` says), at
     ``positions`` (None: 0..L-1), under a position ``remap`` (None: as trained; every record
     names it: ``position_remap`` and its settings); ``temperature="fit"``: a corpus's records
     under the logit temperature fitted on its training split (posbench/evaluation/temperature.py;
@@ -73,6 +75,7 @@ def evaluate_data(
                     data.val_word_starts,
                     data.has_words,
                     key_tokens,
+                    compiled,
                 )
 
             records = (
@@ -93,6 +96,12 @@ def evaluate_data(
                 raise PosbenchError(
                     f"data={data.config.source} scores whole prompts: a stride applies to "
                     "corpora only; drop --stride / eval.stride"
+                )
+            if compiled:
+                raise PosbenchError(
+                    f"data={data.config.source} is a task: compiled evaluation compiles a "
+                    "corpus's windows (a task's examples and decoding change shape); drop "
+                    "--compile / eval.compile"
                 )
             records = evaluate_task(model, data, lengths, batch_size, precision, positions, decode)
     return [{**record, **remap_record(remap)} for record in records]
@@ -137,17 +146,19 @@ def evaluate_run(
     alpha: float = LONGPPL_ALPHA,
     beta: float = LONGPPL_BETA,
     position_remap: str | None = None,
+    compiled: bool | None = None,
 ) -> list[dict[str, Any]]:
     """Evaluate a trained run on its own validation split; returns results.json eval records.
     With an ``evaluator`` run (posbench/evaluation/longppl.py), each record also holds LongPPL
     over the key tokens it selects at ``alpha`` and ``beta``, and how they were selected.
 
     ``max_tokens``, ``precision``, ``positions`` (auto | consecutive | random), ``decode``
-    (greedy | teacher_forced), ``temperature`` (none | fit: fitted again at ``lengths``) and
-    ``position_remap`` (none | self_extend | string) default to the run's ``eval.max_tokens``,
-    ``eval.precision``, ``eval.positions``, ``eval.decode`` (greedy for runs from before it:
-    their records are re-scored the new way), ``eval.temperature`` and ``eval.position_remap``,
-    so the numbers are comparable with the ones measured at the end of training.
+    (greedy | teacher_forced), ``temperature`` (none | fit: fitted again at ``lengths``),
+    ``position_remap`` (none | self_extend | string) and ``compiled`` default to the run's
+    ``eval.max_tokens``, ``eval.precision``, ``eval.positions``, ``eval.decode`` (greedy for
+    runs from before it: their records are re-scored the new way), ``eval.temperature``,
+    ``eval.position_remap`` and ``eval.compile``, so the numbers are comparable with the ones
+    measured at the end of training.
     ``encoding_overrides`` are merged over the run's encoding config before its weights are
     loaded (e.g. ``rope_scaling_overrides``).
     """
@@ -168,6 +179,8 @@ def evaluate_run(
     if temperature is None:
         temperature = OmegaConf.select(cfg, "eval.temperature", default="none")
     check_temperature(temperature, cfg, lengths)
+    if compiled is None:  # runs from before eval.compile existed evaluated eagerly
+        compiled = OmegaConf.select(cfg, "eval.compile", default=False)
     records = evaluate_data(
         model,
         data,
@@ -182,6 +195,7 @@ def evaluate_run(
         temperature,
         key_tokens,
         eval_remap(cfg, position_remap),
+        compiled,
     )
     if key_tokens is None:
         return records

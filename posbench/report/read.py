@@ -27,8 +27,9 @@ from posbench.runs.results import merge_eval_records, read_results
 
 MISSING_RESULTS = "no results.json (failed, interrupted or still running)"
 # Keys that change neither the trained model nor any record's number (where it runs, what it
-# logs, where its caches are, how many windows a forward pass holds, which lengths it scores:
-# a record is one length): runs that differ only in them are one run, not two seeds.
+# logs, where its caches are, how many windows a forward pass holds, whether it is compiled,
+# which lengths it scores: a record is one length): runs that differ only in them are one run,
+# not two seeds.
 BOOKKEEPING = (
     "device",
     "threads",
@@ -40,6 +41,7 @@ BOOKKEEPING = (
     "train.resume",
     "logger",  # where the metrics went
     "eval.batch_size",
+    "eval.compile",
     "eval.lengths",
     "eval.task_lengths",
 )

@@ -219,6 +219,7 @@ def evaluate_and_record(
         choice(cfg.eval.decode),
         temperature=cfg.eval.temperature,
         remap=eval_remap(cfg),
+        compiled=cfg.eval.compile,
     )
     results = {**results, "eval": records}
     trained = trained_lengths(cfg)
