@@ -245,6 +245,19 @@ def test_below_the_threshold_the_consecutive_bias_is_the_bias_at_each_distance()
     assert encoding.consecutive_bias(torch.arange(12, 42)) is None  # query 41 is past L
 
 
+def test_under_bf16_autocast_the_bias_is_computed_in_float32_on_either_path():
+    # As every other bias of positions is (T5's table, KERPLE's, ALiBi's): autocast's bf16
+    # matmuls rounded f_theta's table (consecutive_bias) and its segments (score_bias) to 8 bits.
+    encoding = fire(threshold=16.0).float()
+    at, past = torch.arange(16), torch.arange(40)  # within L (a table) and past it
+    expected = encoding.consecutive_bias(at), encoding.score_bias(past, past)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        got = encoding.consecutive_bias(at), encoding.score_bias(past, past)
+    for a, b in zip(got, expected, strict=True):
+        assert a.dtype == torch.float32
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
 def test_below_the_threshold_either_attention_path_gives_the_same_output_and_gradients(
     monkeypatch,
 ):

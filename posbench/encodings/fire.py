@@ -126,7 +126,8 @@ class FireRelativeBias(DapeEncoding):
         if int(positions.max()) > threshold.item():
             return None
         distance = torch.arange(positions.shape[-1], device=positions.device)
-        return self.mlp(self.normalised(distance, threshold)[:, None]).T  # (H, T)
+        with float32_bias(positions.device):
+            return self.mlp(self.normalised(distance, threshold)[:, None]).T  # (H, T)
 
     def segments(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """f_theta as the piecewise linear function it is: a ReLU MLP of one input is linear
@@ -146,8 +147,9 @@ class FireRelativeBias(DapeEncoding):
         # is on there when its point is among them, one with w_k < 0 when it is not.
         on = torch.where(w > 0, rank < segment, torch.where(w < 0, rank >= segment, b > 0))
         on = on.to(w.dtype)  # (width + 1, width)
-        slopes = (on * w) @ second.weight.T  # (width + 1, H)
-        intercepts = (on * b) @ second.weight.T + second.bias
+        with float32_bias(w.device):
+            slopes = (on * w) @ second.weight.T  # (width + 1, H)
+            intercepts = (on * b) @ second.weight.T + second.bias
         return switch[order], slopes, intercepts
 
     def score_bias(
@@ -189,6 +191,14 @@ class FireRelativeBias(DapeEncoding):
                 columns.addcmul_(slope_steps[s][:, None, None], past_inputs)
                 columns.addcmul_(intercept_steps[s][:, None, None], past.to(x.dtype))
         return bias  # ([B,] H, Tq, Tk)
+
+
+def float32_bias(device: torch.device) -> torch.autocast:
+    """Autocast off, for f_theta's matrix products: the bias in its parameters' dtype (float32),
+    as every other bias of positions is kept (T5's table, KERPLE's, ALiBi's slopes), where bf16
+    autocast rounded it to 8 bits, and differently on the two paths (its table and its
+    segments). A few thousand multiply-adds: its cost does not show."""
+    return torch.autocast(device.type, enabled=False)
 
 
 def load_threshold_as_scale(
