@@ -12,7 +12,8 @@ bf16 with SDPA's attention kernel, the baseline the bf16 attention path replaces
 "<precision>-compile" or "<precision>-fused" works the same, e.g. fp32-compile; fp32-mkldnn
 (fp32 with ``torch.backends.mkldnn.matmul.fp32_precision = "bf16"``, PyTorch >= 2.9: oneDNN
 may run fp32 matrix products in bf16, without autocast). MFU = achieved
-model FLOP/s / peak matmul FLOP/s of the same dtype, measured in this process (a 2048^2 matmul):
+model FLOP/s / peak matmul FLOP/s of the same dtype, measured in this process (a 2048^2 matmul;
+none for bf16 without bf16 hardware, whose products are emulated):
 model FLOPs per token = 6 N + 12 L d T (PaLM's count: N parameters, L layers, width d, context
 T; the causal half of attention is counted too). Also prints what train.precision=auto picks.
 
@@ -156,7 +157,8 @@ def speed(args: argparse.Namespace) -> None:
     used = {variant.split("-")[0] for variant in args.variants}
     size = 256 if args.quick else 2048
     peaks = {name: peak_matmul_flops(dtype, size) for name, dtype in DTYPES.items() if name in used}
-    print(f"threads={args.threads} bf16 hardware: {bf16_hardware(device)}")
+    hardware = bf16_hardware(device)
+    print(f"threads={args.threads} bf16 hardware: {hardware}")
     print(
         ", ".join(f"peak {name} matmul {flops / 1e9:,.1f} GFLOP/s" for name, flops in peaks.items())
     )
@@ -175,8 +177,10 @@ def speed(args: argparse.Namespace) -> None:
         for name, (_, compile_s, flops_per_token, precision) in variants.items():
             seconds = statistics.median(times[name])
             mfu = tokens * flops_per_token / seconds / peaks[precision]
+            # Without bf16 hardware a bf16 "peak" is an emulation's: no utilisation of a unit.
+            mfu_text = f"{mfu:>7.1%}" if precision == "fp32" or hardware else f"{'-':>7}"
             ratio = ratio_to(times, args.variants[0], name)
-            print(f"{name:<14}{tokens / seconds:>10,.0f}{ratio:>9.2f}{mfu:>7.1%}{compile_s:>11.1f}")
+            print(f"{name:<14}{tokens / seconds:>10,.0f}{ratio:>9.2f}{mfu_text}{compile_s:>11.1f}")
         if {"fp32", "bf16"} <= times.keys():
             faster = min(("fp32", "bf16"), key=lambda name: statistics.median(times[name]))
             print(f"auto ({auto}) / faster ({faster}): {ratio_to(times, faster, auto):.2f}")
