@@ -188,6 +188,35 @@ def test_attention_with_cope_gives_x_transformers_output_and_gradients_of_q_k_v_
     assert all(bool(g.abs().sum() > 0) for g in got[1:])
 
 
+def test_in_evaluation_the_far_keys_are_attended_unmasked_as_x_transformers_attends(monkeypatch):
+    """Without gradients a block's far keys, which all count to npos - 1, get no bias written:
+    content_bias_parts gives q . e[npos - 1] per query, added to their log-sum-exp
+    (past_and_diagonal_attention). The output equals attention with x-transformers' bias."""
+    use_query_blocks(8, monkeypatch)  # the block from query 32 has far keys (the test above)
+    encoding = cope(npos=6)
+    q, k = random_qk(40)
+    v = torch.randn_like(q)
+    positions = torch.arange(40)
+    fars = []
+    parts = encoding.content_bias_parts
+
+    def recorded(*args):
+        far, near = parts(*args)
+        fars.append(far)
+        return far, near
+
+    monkeypatch.setattr(encoding, "content_bias_parts", recorded)
+    with torch.no_grad():
+        content = encoding.content_state(None, q, k, positions)
+        got = posbench.model.attention.causal_attention(
+            q, k, v, positions, encoding, content=content
+        )
+        bias = x_transformers_bias(encoding, q, k)
+        expected = windowed_masked_attention(q, k, v, encoding, positions, 40, bias)
+    assert len(fars) == 5 and fars[0] is not None  # the last block, asked first
+    torch.testing.assert_close(got, expected, rtol=0, atol=1e-12)
+
+
 def test_every_blocks_bias_at_once_equals_each_blocks_alone_with_their_gradients():
     # One autograd node for all the blocks of a layer (training), against one per block.
     encoding = cope(npos=8)

@@ -22,6 +22,12 @@ hook                   gets                                    returns; who over
                        ``queries_and_keys``, positions         bias from content (FoX, CoPE)
 ``content_bias``       that state, a slice of queries and      (B, H, n, m) for those indices
                        one of keys (indices, not positions)
+``content_bias_parts`` the same, without gradients             (far (B, H, n) or None, near
+                                                               (B, H, n, c)): one bias per
+                                                               query at every key before the
+                                                               last c (CoPE's far keys), which
+                                                               attention takes unmasked; by
+                                                               default (None, content_bias)
 ``content_biases``     that state and every block's (queries,  each block's content_bias, asked
                        keys) slices, in training               at once where all are kept for
                                                                the backward: one computation
@@ -281,6 +287,17 @@ class PositionalEncoding(nn.Module):
         the causal mask; indices count tokens of the sequence from 0 (not positions). Called
         per block of queries; added to any bias of positions."""
         raise NotImplementedError(f"{type(self).__name__} has a content_state but no content_bias")
+
+    def content_bias_parts(
+        self, state: Any, queries: slice, keys: slice
+    ) -> tuple[torch.Tensor | None, torch.Tensor]:
+        """``content_bias`` as (far, near), asked by attention in evaluation: ``near``
+        (B, H, n, c) is the bias over the last c of the keys, ``far`` (B, H, n) the bias of
+        each query at every one of the keys before them, the same for all (``None``: c is all
+        of them). Attention over the far keys then needs no mask, and the far value enters only
+        their log-sum-exp (a constant added to a row's logits leaves its softmax as it is). The
+        default: (None, content_bias)."""
+        return None, self.content_bias(state, queries, keys)
 
     def content_biases(self, state: Any, blocks: list[tuple[slice, slice]]) -> list[torch.Tensor]:
         """``content_bias`` of each block of ``blocks``, (queries, keys) index slices, from

@@ -2,7 +2,7 @@
 model behind one entry point, ``causal_attention(q, k, v, positions, encoding, dropout,
 biases, content)``. It asks the encoding what bias it adds (``has_score_bias``,
 ``consecutive_bias``, ``score_bias``, ``has_key_bias``, ``key_bias``, ``content_bias``,
-``content_biases``, ``content_table``, ``has_transitions``, ``transitions``) and how far back
+``content_bias_parts``, ``content_biases``, ``content_table``, ``has_transitions``, ``transitions``) and how far back
 it attends (``window``), never its name. Each path is a module of this package (the list
 below the table).
 
@@ -55,7 +55,9 @@ gigabytes at evaluation lengths: 4 GiB for 4 heads at 16,384 tokens):
   biases of positions (QueryBlockBiases); with gradients a bias of the distance alone at
   consecutive positions is looked up per block from its table (distance_grid). One block's
   bias and scores (at most MAX_SCORE_ELEMENTS) and the shared biases (SHARED_BIAS_ELEMENTS);
-  past_and_diagonal_attention spares the masked copy (the kernel masks the diagonal). With a
+  past_and_diagonal_attention spares the masked copy (the kernel masks the diagonal) and, for a
+  content bias the same at every far key of a query (content_bias_parts: CoPE's), any mask for
+  those keys. With a
   window of w tokens a block of n queries sees at most n + w - 1 keys: time and memory linear
   in T.
 * explicit_attention: SDPA's fused CPU kernel gives no gradient for its mask; blocks of at most

@@ -26,6 +26,7 @@ from posbench.model.attention.fused import (
     fused_attention,
     mask_dtype,
     merge_by_log_sum_exp,
+    merged_with_log_sum_exp,
     merges_by_log_sum_exp,
     unbiased_causal_attention,
 )
@@ -98,12 +99,15 @@ def blocked_bias_attention(
             bias = distance_grid(table, query_positions, key_positions).to(dtype)[None]
         elif encoding.has_score_bias:
             bias = biases.bias(start, query_positions, key_positions, dtype, H * block * T)
-        if content is not None:  # (B, H, n, m)
-            extra = (
-                from_content[index]
-                if from_content is not None
-                else encoding.content_bias(content, slice(start, end), slice(first, end))
-            )
+        far = None  # the content's bias at the keys before its own, one per query
+        if content is not None:  # (B, H, n, m), or (B, H, n, c) of the last c keys and far
+            queries_slice, keys_slice = slice(start, end), slice(first, end)
+            if from_content is not None:
+                extra = from_content[index]
+            elif in_parts and bias is None:  # attended in parts: the far keys need no mask
+                far, extra = encoding.content_bias_parts(content, queries_slice, keys_slice)
+            else:
+                extra = encoding.content_bias(content, queries_slice, keys_slice)
             bias = extra.to(dtype) if bias is None else bias + extra.to(dtype)
         if bias is None and window is None:  # the encoding adds no bias at all: no mask
             return unbiased_causal_attention(q, k, v, dropout)
@@ -112,7 +116,8 @@ def blocked_bias_attention(
         q_in, k_in, v_in = attended
         queries, keys, values = q_in[:, :, start:end], k_in[:, :, first:end], v_in[:, :, first:end]
         if in_parts:  # only the diagonal square [s, e) needs the causal mask
-            outputs.append(past_and_diagonal_attention(queries, keys, values, bias))
+            far = None if far is None else far.to(dtype)
+            outputs.append(past_and_diagonal_attention(queries, keys, values, bias, far))
             continue
         mask = causal_bias(bias, start, first)
         if window is not None:  # keys w or more tokens before a query are out of view
@@ -128,25 +133,41 @@ def blocked_bias_attention(
 
 
 def past_and_diagonal_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    bias: torch.Tensor,
+    far: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Attention of a block of queries q (B, H, n, hs), the last n of keys k, v (B, H, Tk, hs),
-    with the score ``bias`` ([B|1], H, n, Tk) and the causal mask -> (B, H, n, hs), without
-    writing the masked bias.
+    with the score ``bias`` ([B|1], H, n, c) of the last c of the keys, c >= n, and the causal
+    mask -> (B, H, n, hs), without writing the masked bias. ``far`` ([B|1], H, n): the bias of
+    each query at every key before those c, the same for all (content_bias_parts); None when
+    c is all of them.
 
     The past keys (the bias read in place) and the diagonal square (SDPA's CPU flash kernel
     masks it itself, is_causal, and adds the bias's square read in place) are two calls whose
     outputs are merged exactly by their log-sum-exps (merge_by_log_sum_exp); the first block has
     no past keys. Folding the causal mask in with torch.where first took 1.4 ms per block of
     256 queries (4 heads) where the kernel's own mask takes 0.8 (AMD EPYC Zen 4, one thread).
+    The far keys are a third call without a mask, ``far`` added to its log-sum-exp (a constant
+    of a row's logits leaves its softmax as it is): no mask is written or read for them.
     CPU only (that kernel returns the log-sum-exp), without gradients; q, k, v in the bias's
     dtype.
     """
-    past = k.shape[2] - q.shape[2]
+    before = k.shape[2] - bias.shape[-1]  # the far keys
+    past = bias.shape[-1] - q.shape[2]
     flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+    near_k, near_v = k[:, :, before:], v[:, :, before:]
     diagonal = bias[..., past:]
-    y_diag, lse_diag = flash(q, k[:, :, past:], v[:, :, past:], is_causal=True, attn_mask=diagonal)
-    if not past:
-        return y_diag
-    y_past, lse_past = flash(q, k[:, :, :past], v[:, :, :past], attn_mask=bias[..., :past])
-    return merge_by_log_sum_exp(y_past, lse_past, y_diag, lse_diag)
+    y, lse = flash(q, near_k[:, :, past:], near_v[:, :, past:], is_causal=True, attn_mask=diagonal)
+    if past:
+        y_past, lse_past = flash(
+            q, near_k[:, :, :past], near_v[:, :, :past], attn_mask=bias[..., :past]
+        )
+        y, lse = merged_with_log_sum_exp(y_past, lse_past, y, lse)
+    if before:
+        assert far is not None, "a bias of the last keys only needs far's"
+        y_far, lse_far = flash(q, k[:, :, :before], v[:, :, :before])
+        y = merge_by_log_sum_exp(y_far, lse_far + far, y, lse)
+    return y

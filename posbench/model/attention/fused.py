@@ -106,8 +106,17 @@ def merge_by_log_sum_exp(
     """The attention output over two disjoint sets of keys from each one's output y (B, H, n,
     hs) and log-sum-exp of the scores lse (B, H, n) -> (B, H, n, hs), exactly (as
     flash-decoding merges its key splits)."""
-    lse = torch.logaddexp(lse_a, lse_b)[..., None]  # (B, H, n, 1)
-    return y_a * (lse_a[..., None] - lse).exp() + y_b * (lse_b[..., None] - lse).exp()
+    return merged_with_log_sum_exp(y_a, lse_a, y_b, lse_b)[0]
+
+
+def merged_with_log_sum_exp(
+    y_a: torch.Tensor, lse_a: torch.Tensor, y_b: torch.Tensor, lse_b: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """merge_by_log_sum_exp's output, and the log-sum-exp (B, H, n) of the two sets of keys
+    together: what a merge with a third set needs."""
+    lse = torch.logaddexp(lse_a, lse_b)
+    y = y_a * (lse_a - lse)[..., None].exp() + y_b * (lse_b - lse)[..., None].exp()
+    return y, lse
 
 
 def attention_with_sinks(
