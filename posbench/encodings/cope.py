@@ -110,18 +110,28 @@ def nearest_counts(
     prefix of a running sum is the running sum of the prefix: the counts are those of all
     keys). The block's keys after its first query come first and count 0 for it: the tries
     start past them (at 2,048 tokens, blocks of 256, a first try of 2 (last + 1) keys in all
-    failed at the first queries of nearly every block: a third of the gates' work). Summed in
-    place: a fresh tensor of tens of MB per query block has its pages zeroed by the operating
-    system again, which took longer than the sum."""
+    failed at the first queries of nearly every block: a third of the gates' work). A later
+    try computes only the gates of its new keys, their running sum continued from the last
+    count (random unit-normal q and k, 4 heads of 32, the last 256 queries of 2,048 tokens,
+    npos 129: 521 keys count to the last position where the first try takes 513, and the
+    second try's 771 keys took 9.7 ms recomputing the first try's gates, 5.2 ms not; AMD EPYC
+    Zen 3. The untrained `tiny` model's blocks at 2,048 tokens need no second try). Summed in
+    place: a fresh tensor of tens of MB per query block has its pages
+    zeroed by the operating system again, which took longer than the sum."""
     m = reversed_keys.shape[2]
     ahead = keys_ahead(first_query, first_key + m - 1, m)
-    span = min(m, ahead + 2 * (last + 1))
+    done, span = 0, min(m, ahead + 2 * (last + 1))
+    counts = None
     while True:
-        nearest = reversed_keys[:, :, :span]  # keys first_key + m - span .. first_key + m - 1
-        counts = reversed_gates(q, nearest, first_query, first_key + m - span).cumsum_(-1)
+        new = reversed_keys[:, :, done:span]  # keys first_key + m - span .. + m - 1 - done
+        added = reversed_gates(q, new, first_query, first_key + m - span)
+        if counts is not None:
+            added[..., 0] += counts[..., -1]
+        added = added.cumsum_(-1)
+        counts = added if counts is None else torch.cat([counts, added], dim=-1)
         if span == m or bool((counts[..., -1] >= last).all()):
             return counts
-        span = min(m, ahead + 2 * (span - ahead))
+        done, span = span, min(m, ahead + 2 * (span - ahead))
 
 
 def position_logits(
