@@ -2,9 +2,9 @@
 model behind one entry point, ``causal_attention(q, k, v, positions, encoding, dropout,
 biases, content)``. It asks the encoding what bias it adds (``has_score_bias``,
 ``consecutive_bias``, ``score_bias``, ``has_key_bias``, ``key_bias``, ``content_bias``,
-``content_bias_parts``, ``content_biases``, ``content_table``, ``has_transitions``, ``transitions``) and how far back
-it attends (``window``), never its name. Each path is a module of this package (the list
-below the table).
+``content_bias_parts``, ``content_biases``, ``content_table``, ``has_transitions``,
+``transitions``) and how far back it attends (``window``), never its name. Each path is a
+module of this package (the list below the table).
 
 Which path runs when (T tokens, H heads, blocks of n queries):
 
