@@ -319,17 +319,24 @@ def test_hydra_runs_each_job_of_a_swept_group_with_a_key_the_default_option_lack
     ``val_examples``; each job has it, set to the command line's value."""
     jobs = []
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(train_command, "train_job", jobs.append)
+    monkeypatch.delenv(train_command.FORCE_ADDED_ENV, raising=False)  # set by the sweep
+    monkeypatch.setattr(  # each job's config, and the command its run records
+        train_command, "train_job", lambda cfg: jobs.append((cfg, train_command.job_command()))
+    )
     before = list(logging.root.handlers)  # each job logs to its train.log: give them back
     monkeypatch.setattr(logging.root, "handlers", list(before))
     sweep = ["data=flip_flop,variable_tracking", "train.seq_len=256", "data.val_examples=50"]
     cli.main(["train", "-m", *sweep])
     for handler in set(logging.root.handlers) - set(before):
         handler.close()
-    assert [(cfg.data.source, cfg.data.val_examples) for cfg in jobs] == [
+    assert [(cfg.data.source, cfg.data.val_examples) for cfg, _ in jobs] == [
         ("flip_flop", 50),
         ("variable_tracking", 50),
     ]
+    typed = (
+        "posbench train -m data=flip_flop,variable_tracking train.seq_len=256 data.val_examples=50"
+    )
+    assert {command for _, command in jobs} == {typed}  # not Hydra's ++data.val_examples=50
 
 
 def test_a_key_of_a_group_an_experiment_sweeps_is_force_added_for_hydra():

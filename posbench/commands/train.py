@@ -3,7 +3,9 @@ runs posbench.training.train.train in its output directory and prints its evalua
 
 from __future__ import annotations
 
+import json
 import logging
+import os
 import shlex
 import shutil
 import sys
@@ -46,6 +48,9 @@ register_output_dir_resolvers()
 log = logging.getLogger(__name__)
 
 # The keys most runs set, named by `posbench --help` and `posbench train --help`.
+# The overrides posbench force-added for Hydra (force_added_in_sweeps), as JSON: a job records
+# its sweep's command as typed, without their "++".
+FORCE_ADDED_ENV = "POSBENCH_FORCE_ADDED"
 KEY_OPTIONS = (
     "seed, device (auto|cpu|cuda), threads (auto|N), model.n_layer, model.n_head, model.d_model, "
     "model.qk_norm, model.attn_gate (none|headwise|elementwise), model.attn_sinks, "
@@ -70,8 +75,11 @@ def job_command() -> str:
     hydra_config = HydraConfig.get()
     if hydra_config.mode == RunMode.MULTIRUN:
         command = sweep_command(Path(hydra_config.sweep.dir))
-        if command is not None:
-            return command
+        if command is not None:  # as typed: without the ++ posbench added for Hydra
+            forced = set(json.loads(os.environ.get(FORCE_ADDED_ENV, "[]")))
+            return shlex.join(
+                w.removeprefix("++") if w in forced else w for w in shlex.split(command)
+            )
     return shlex.join(["posbench", "train", *hydra_config.overrides.task])
 
 
@@ -254,6 +262,8 @@ def run_train(args: Sequence[str]) -> None:
         if parsed.multirun:
             forced = force_added_in_sweeps(parsed.overrides)
             args = [forced.get(arg, arg) for arg in args]
+            # for job_command, in this process or a launcher's (which inherit the environment)
+            os.environ[FORCE_ADDED_ENV] = json.dumps(sorted(forced.values()))
         if not parsed.multirun and not resuming:
             check_run_dir_holds_this_run(parsed.overrides)
         if distributed.launch() is not None:  # torchrun
