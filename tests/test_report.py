@@ -228,6 +228,17 @@ def test_dape_runs_are_rows_beside_their_bias_without_it(tmp_path):
     assert labels == ["alibi", "alibi (dape=True)", "alibi (dape=True, dape_width=16)"]
 
 
+def test_an_encoding_option_at_its_default_is_not_named_beside_one_away_from_it(tmp_path):
+    """p-RoPE's rows beside RoPE's: "rope (keep_frequencies=0.75)" and "rope", never
+    "rope (keep_frequencies=1.0)" on every RoPE row."""
+    make_run(tmp_path / "a", encoding="rope", encoding__keep_frequencies=1.0)
+    make_run(tmp_path / "b", encoding="rope", encoding__keep_frequencies=0.75)
+    make_run(tmp_path / "c", encoding="rope", encoding__keep_frequencies=1.0, encoding__base=500.0)
+    (group,) = build_report(tmp_path).groups
+    labels = sorted(row.label for row in group.rows)
+    assert labels == ["rope", "rope (base=500.0)", "rope (keep_frequencies=0.75)"]
+
+
 def test_scaled_evaluations_are_rows_of_their_own(tmp_path):
     run = make_run(tmp_path / "r", ppls={16: 5.0, 32: 7.0})
     add_records(run, {"length": 32, "ppl": 5.5, "scaling": "yarn"})
@@ -506,7 +517,7 @@ def test_encodings_with_different_options_are_separate_rows(tmp_path):
     make_run(tmp_path / "a", ppls={16: 5.0}, encoding__base=10000)
     make_run(tmp_path / "b", ppls={16: 7.0}, encoding__base=500)
     (group,) = build_report(tmp_path).groups
-    assert sorted(row.label for row in group.rows) == ["rope (base=10000)", "rope (base=500)"]
+    assert sorted(row.label for row in group.rows) == ["rope", "rope (base=500)"]  # 10000: default
 
 
 def test_attention_variants_are_rows_beside_their_encoding_in_one_group(tmp_path):

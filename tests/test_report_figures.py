@@ -93,11 +93,11 @@ def test_rows_of_one_encoding_keep_its_colour_and_differ_by_line_style_as_traine
     (group,) = build_report(tmp_path).groups
     lines = curves(value_figure(group))
     styles = {label: lines[label].get_linestyle() for label in lines if "rope" in label}
-    assert styles == {
-        "rope (keep_frequencies=0.75)": "-",
-        "rope (keep_frequencies=1.0)": "--",
-        "rope (keep_frequencies=1.0) + linear": "-.",
-        "rope (keep_frequencies=1.0) + yarn": ":",
+    assert styles == {  # 1.0 is keep_frequencies' default: its rows are plain RoPE's
+        "rope": "-",
+        "rope (keep_frequencies=0.75)": "--",
+        "rope + linear": "-.",
+        "rope + yarn": ":",
     }
     rope = to_rgba(ENCODING_STYLES["rope"][0])
     assert {to_rgba(lines[label].get_color()) for label in styles} == {rope}

@@ -6,13 +6,17 @@ encoding, and the options, positions and attention variants telling it from othe
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
-from posbench.config import data_name
+from omegaconf import OmegaConf
+
+from posbench.config import data_name, flat_config
+from posbench.encodings import ENCODINGS
 from posbench.encodings.dape import DapeOptions
 from posbench.report.read import BOOKKEEPING, Run, is_under, schema_defaults
 
@@ -230,14 +234,33 @@ def encoding_labels(runs: Sequence[Run]) -> dict[Path, str]:
     for run in runs:
         name = run.config["encoding.name"]
         same_name = [options[r.path] for r in runs if r.config["encoding.name"] == name]
+        defaults = encoding_defaults(name)
         differing = sorted(
-            k for k in options[run.path] if len({json.dumps(o.get(k)) for o in same_name}) > 1
+            k
+            for k, value in options[run.path].items()
+            if len({json.dumps(o.get(k)) for o in same_name}) > 1
+            # an option at its default is not named ("rope" beside "rope (base=500)")
+            and (k not in defaults or value != defaults[k])
         )
         details = ", ".join(f"{k.split('.', 1)[1]}={options[run.path][k]}" for k in differing)
         labels[run.path] = f"{name} ({details})" if details else name
         if several:
             labels[run.path] += f" [{tokenizers[run.path]}]"
     return labels
+
+
+@functools.cache
+def encoding_defaults(name: str) -> dict[str, Any]:
+    """The defaults of encoding ``name``'s options ({"encoding.base": 10000.0, ...}), from its
+    config's schema; none for an encoding no longer registered."""
+    if name not in ENCODINGS:
+        return {}
+    schema = OmegaConf.structured(ENCODINGS[name].Config)
+    return {
+        f"encoding.{key}": value
+        for key, value in flat_config(schema, resolve=False).items()
+        if value != "???"
+    }
 
 
 def label_options(run: Run) -> dict[str, Any]:
