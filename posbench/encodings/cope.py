@@ -116,8 +116,8 @@ def nearest_counts(
     npos 129: 521 keys count to the last position where the first try takes 513, and the
     second try's 771 keys took 9.7 ms recomputing the first try's gates, 5.2 ms not; AMD EPYC
     Zen 3. The untrained `tiny` model's blocks at 2,048 tokens need no second try). Summed in
-    place: a fresh tensor of tens of MB per query block has its pages
-    zeroed by the operating system again, which took longer than the sum."""
+    place: a fresh tensor of tens of MB per query block has its pages zeroed by the operating
+    system again, which took longer than the sum."""
     m = reversed_keys.shape[2]
     ahead = keys_ahead(first_query, first_key + m - 1, m)
     done, span = 0, min(m, ahead + 2 * (last + 1))
