@@ -13,7 +13,7 @@ import importlib.util
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
-from pathlib import Path, PurePath
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -144,8 +144,7 @@ class EvalConfig:
     temperature: str = "none"  # none | fit: checked by posbench/evaluation/temperature.py
     # none | self_extend | string: far keys at remapped positions (posbench/model/position_remap.py)
     position_remap: str = "none"
-    # torch.compile a corpus's forward passes, once per length (posbench/evaluation/compiled.py);
-    # train.compile leaves it as set: the numbers are eager's either way
+    # torch.compile a corpus's forward passes once per length (evaluation/compiled.py)
     compile: bool = False
     self_extend: SelfExtendSettings = field(default_factory=SelfExtendSettings)
     string: StringSettings = field(default_factory=StringSettings)
@@ -377,15 +376,10 @@ def validate(cfg: DictConfig) -> None:
         raise PosbenchError(f"{lengths_key} must be positive integers (got {lengths})")
     if cfg.data.source in TASKS:
         load_data(cfg.data).check_training(cfg.train.seq_len)
-        if cfg.eval.stride is not None:
-            raise PosbenchError(
-                f"data={cfg.data.source} scores whole prompts: eval.stride applies to corpora "
-                "only; drop eval.stride"
-            )
-        if cfg.eval.compile:
-            raise PosbenchError(
-                f"data={cfg.data.source} is a task: eval.compile compiles a corpus's windows (a "
-                "task's examples and decoding change shape); drop eval.compile"
+        if given := [k for k in ("stride", "compile") if cfg.eval[k] not in (None, False)]:
+            raise PosbenchError(  # a task's examples and decoding change shape: never compiled
+                f"data={cfg.data.source} scores whole prompts: eval.{given[0]} applies to "
+                f"corpora only; drop eval.{given[0]}"
             )
     if cfg.eval.stride is not None and cfg.eval.stride > min(lengths):
         raise PosbenchError(
@@ -474,26 +468,6 @@ def flat_config(cfg: DictConfig, resolve: bool = True) -> dict[str, Any]:
 
     visit(OmegaConf.to_container(cfg, resolve=resolve, enum_to_str=True), "")
     return flat
-
-
-def data_name(config: Mapping[str, Any]) -> str:
-    """What a run trained on, as a title names it: a file corpus (``data=text``, every one of
-    which is "text") by its ``data.path``, the folder that holds the file ("wikitext-2" for
-    wikitext-2/test.txt: the file's own name is often a split's), or the file's stem where the
-    path names no folder, or the folder a directory or a glob names; other data by its
-    ``data.name`` ("?" where the config has none)."""
-    path = config.get("data.path")
-    if not isinstance(path, str):
-        return str(config.get("data.name", "?"))
-    parts = PurePath(path).parts
-    while parts and any(c in parts[-1] for c in "*?["):  # a glob's pattern names no corpus
-        parts = parts[:-1]
-    if not parts:
-        return path
-    named = PurePath(*parts)
-    if not named.suffix:  # a directory
-        return named.name
-    return named.parent.name or named.stem
 
 
 def choice(value: Enum | str) -> str:

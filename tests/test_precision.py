@@ -496,13 +496,15 @@ def test_compiled_evaluation_compiles_once_per_length_whatever_dynamos_recompile
 
     counter = torch._dynamo.testing.CompileCounter()
     compiled_with(monkeypatch, counter)
-    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 1)
     torch._dynamo.reset()
     model = build_model({"n_layer": 2, "n_head": 2, "d_model": 16}, {"name": "rope"})
-    records = evaluate(model, EVAL_TOKENS, **PARTIAL_BATCHES, compiled=True)
+    # config.patch, not monkeypatch: monkeypatch's undo deletes a key a config module keeps
+    # outside its __dict__, which hides it from every later test in the process
+    with torch._dynamo.config.patch(recompile_limit=1):
+        records = evaluate(model, EVAL_TOKENS, **PARTIAL_BATCHES, compiled=True)
+        assert torch._dynamo.config.recompile_limit == 1  # raised for the evaluation only
     assert counter.frame_count == len(PARTIAL_BATCHES["lengths"])  # rope's forward: one graph
     assert all(r["compile_s"] > 0 for r in records)
-    assert torch._dynamo.config.recompile_limit == 1  # raised for the evaluation only
 
 
 @pytest.mark.parametrize(("train_compile", "eval_compile"), [(False, True), (True, False)])
@@ -518,7 +520,7 @@ def test_eval_compile_alone_decides_whether_a_runs_evaluation_compiles(
 
 def test_compiled_evaluation_of_a_task_is_refused_before_training():
     cfg = compose_config([*TINY_REVERSE_STRING, "eval.compile=true"])
-    with pytest.raises(PosbenchError, match=r"is a task: eval\.compile compiles a corpus's"):
+    with pytest.raises(PosbenchError, match=r"prompts: eval\.compile applies to corpora only"):
         validate(cfg)
 
 

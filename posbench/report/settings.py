@@ -15,10 +15,11 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from posbench.config import data_name, flat_config
+from posbench.config import flat_config
 from posbench.encodings import ENCODINGS
 from posbench.encodings.dape import DapeOptions
 from posbench.report.read import BOOKKEEPING, Run, is_under, schema_defaults
+from posbench.runs.directory import data_name
 
 # The attention variants (docs/attention.md) and their defaults: a run away from its default
 # gets a row of its own, labelled with the variant (label_options).

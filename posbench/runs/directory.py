@@ -19,7 +19,7 @@ import os
 import tempfile
 from collections.abc import Mapping
 from dataclasses import asdict
-from pathlib import Path
+from pathlib import Path, PurePath
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -274,3 +274,23 @@ def trained_with(run_dir: Path, values: Mapping[str, Any]) -> bool:
         return False
     saved = OmegaConf.load(config)
     return all(OmegaConf.select(saved, key) == value for key, value in values.items())
+
+
+def data_name(config: Mapping[str, Any]) -> str:
+    """What a run trained on, as a title names it: a file corpus (``data=text``, every one of
+    which is "text") by its ``data.path``, the folder that holds the file ("wikitext-2" for
+    wikitext-2/test.txt: the file's own name is often a split's), or the file's stem where the
+    path names no folder, or the folder a directory or a glob names; other data by its
+    ``data.name`` ("?" where the config has none)."""
+    path = config.get("data.path")
+    if not isinstance(path, str):
+        return str(config.get("data.name", "?"))
+    parts = PurePath(path).parts
+    while parts and any(c in parts[-1] for c in "*?["):  # a glob's pattern names no corpus
+        parts = parts[:-1]
+    if not parts:
+        return path
+    named = PurePath(*parts)
+    if not named.suffix:  # a directory
+        return named.name
+    return named.parent.name or named.stem

@@ -46,7 +46,8 @@ from omegaconf import DictConfig, OmegaConf
 from torch.utils.tensorboard import SummaryWriter
 from torch.utils.tensorboard.summary import hparams as hparams_summaries
 
-from posbench.config import data_name, flat_config
+from posbench.config import flat_config
+from posbench.runs.directory import data_name
 from posbench.runs.results import (
     as_trained,
     effective_context_lengths,
