@@ -47,10 +47,10 @@ from posbench.training.train_loop import TrainingInterrupted
 register_output_dir_resolvers()
 log = logging.getLogger(__name__)
 
-# The keys most runs set, named by `posbench --help` and `posbench train --help`.
 # The overrides posbench force-added for Hydra (force_added_in_sweeps), as JSON: a job records
 # its sweep's command as typed, without their "++".
 FORCE_ADDED_ENV = "POSBENCH_FORCE_ADDED"
+# The keys most runs set, named by `posbench --help` and `posbench train --help`.
 KEY_OPTIONS = (
     "seed, device (auto|cpu|cuda), threads (auto|N), model.n_layer, model.n_head, model.d_model, "
     "model.qk_norm, model.attn_gate (none|headwise|elementwise), model.attn_sinks, "

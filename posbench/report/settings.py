@@ -270,14 +270,10 @@ def label_options(run: Run) -> dict[str, Any]:
     is pose, DAPE where it is on, and the attention variants away from their defaults
     (sigmoid attention's length where it is not the training length, its default)."""
     options = {k: v for k, v in run.config.items() if k.startswith("encoding.")}
-    dape = bool(options.get("encoding.dape"))
-    for field in [f for f in fields(DapeOptions) if f.name.startswith("dape")]:
-        # DAPE's settings as the attention variants ("alibi (dape=True)" beside "alibi"): where
-        # it is on, its width and kernel where they are not their defaults
-        shown = dape and (
-            field.name == "dape" or options.get(f"encoding.{field.name}") != field.default
-        )
-        if not shown:
+    if not options.get("encoding.dape"):
+        # DAPE's settings only where it is on ("alibi (dape=True)" beside "alibi"); its width
+        # and kernel at their defaults go unnamed, as every option does (encoding_labels)
+        for field in [f for f in fields(DapeOptions) if f.name.startswith("dape")]:
             options.pop(f"encoding.{field.name}", None)
     if run.config.get("train.random_positions") is not None:
         options["train.random_positions"] = run.config["train.random_positions"]
