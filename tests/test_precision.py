@@ -3,6 +3,7 @@ hardware, that bf16 computes what fp32 does within bf16's accuracy, that compile
 eager does, and what results and resumes record."""
 
 import json
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -24,6 +25,7 @@ from posbench.model import build_model
 from posbench.model.attention import unbiased_causal_attention
 from posbench.model.random_positions import PositionDraw, PositionSampler, randomizes_distances
 from posbench.runs.directory import CHECKPOINT_FILE
+from posbench.system.dynamo import raised_recompile_limits
 from posbench.system.precision import (
     BF16_MIN_D_MODEL,
     autocast,
@@ -505,6 +507,19 @@ def test_compiled_evaluation_compiles_once_per_length_whatever_dynamos_recompile
         assert torch._dynamo.config.recompile_limit == 1  # raised for the evaluation only
     assert counter.frame_count == len(PARTIAL_BATCHES["lengths"])  # rope's forward: one graph
     assert all(r["compile_s"] > 0 for r in records)
+
+
+def test_raised_recompile_limits_raise_each_of_dynamos_limits_and_lower_none(monkeypatch):
+    with torch._dynamo.config.patch(recompile_limit=3, accumulated_recompile_limit=5000):
+        limits = raised_recompile_limits(100)
+    assert limits == {"recompile_limit": 100, "accumulated_recompile_limit": 5000}
+    # torch before 2.7 named them so (the module attribute replaced, not a config key)
+    old = SimpleNamespace(cache_size_limit=8, accumulated_cache_size_limit=256)
+    monkeypatch.setattr(torch._dynamo, "config", old)
+    assert raised_recompile_limits(100) == {
+        "cache_size_limit": 100,
+        "accumulated_cache_size_limit": 256,
+    }
 
 
 @pytest.mark.parametrize(("train_compile", "eval_compile"), [(False, True), (True, False)])

@@ -25,6 +25,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from posbench.system.dynamo import raised_recompile_limits
+
 log = logging.getLogger(__name__)
 
 # dynamo's recompile limits (per function, and per function over all objects) while evaluation
@@ -33,7 +35,6 @@ log = logging.getLogger(__name__)
 # (ALiBi's and T5's check of consecutive positions, FIRE's blocks of queries) compiles a frame
 # per block of queries too: up to 64 at 16,384 tokens, times the lengths evaluated.
 EVAL_RECOMPILE_LIMIT = 1024
-LIMITS_BEFORE_2_7 = ("cache_size_limit", "accumulated_cache_size_limit")
 
 
 @contextmanager
@@ -41,12 +42,7 @@ def compiled_for_evaluation(model: nn.Module) -> Iterator[nn.Module]:
     """``torch.compile(model)`` with static shapes (a graph per input shape, never one for any
     length), and dynamo's recompile limits raised to at least EVAL_RECOMPILE_LIMIT until the
     block ends (they are process-wide settings)."""
-    config = torch._dynamo.config
-    # Named so since torch 2.7; cache_size_limit and accumulated_cache_size_limit before it.
-    new = hasattr(config, "recompile_limit")
-    keys = ("recompile_limit", "accumulated_recompile_limit") if new else LIMITS_BEFORE_2_7
-    limits = {key: max(getattr(config, key), EVAL_RECOMPILE_LIMIT) for key in keys}
-    with config.patch(limits):
+    with torch._dynamo.config.patch(raised_recompile_limits(EVAL_RECOMPILE_LIMIT)):
         yield torch.compile(model, dynamic=False)
 
 

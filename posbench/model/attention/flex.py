@@ -11,6 +11,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from posbench.system.dynamo import raised_recompile_limits
+
 if TYPE_CHECKING:  # importing flex_attention imports torch._dynamo: seconds per process start
     from torch.nn.attention.flex_attention import BlockMask
 
@@ -94,10 +96,8 @@ def compiled_flex_attention() -> Callable[..., torch.Tensor]:
     static one took seconds. Raises dynamo's recompile limit to FLEX_RECOMPILE_LIMIT."""
     from torch.nn.attention.flex_attention import flex_attention
 
-    config = torch._dynamo.config
-    # recompile_limit since torch 2.7; cache_size_limit before it (an alias of it since).
-    limit = "recompile_limit" if hasattr(config, "recompile_limit") else "cache_size_limit"
-    setattr(config, limit, max(getattr(config, limit), FLEX_RECOMPILE_LIMIT))
+    for name, limit in raised_recompile_limits(FLEX_RECOMPILE_LIMIT).items():
+        setattr(torch._dynamo.config, name, limit)
     return torch.compile(flex_attention, dynamic=False)
 
 
