@@ -106,8 +106,11 @@ def client(name: str, argv: list[str]) -> None:
 
 
 def warm_up() -> None:
-    """Import what the commands import on their way, so that no child imports it again."""
+    """Import what the commands import on their way, so that no child imports it again.
+    torch._dynamo among them: a run's optimizer imports it (torch.optim's add_param_group), 860
+    modules with sympy, 1.2 of the 2.6 CPU-s a child spent on a 40-step tiny run before."""
     import matplotlib.pyplot  # noqa: F401
+    import torch._dynamo
     import torch.utils.tensorboard  # noqa: F401
 
     import posbench.cli

@@ -252,12 +252,15 @@ def force_added_in_sweeps(overrides: Sequence[str]) -> dict[str, str]:
     }
 
 
-def check_overrides(overrides: Sequence[str], multirun: bool) -> None:
+def check_overrides(overrides: Sequence[str], multirun: bool) -> list[DictConfig]:
     """Compose (and validate) the config for ``overrides`` before Hydra starts any job, so a
-    typo is one line here instead of a multi-line report or a failure deep in a sweep."""
+    typo is one line here instead of a multi-line report or a failure deep in a sweep.
+    Returns each job's composed config (with its hydra node), in the sweep's order."""
     candidates = expand_sweeps(sweep_overrides(overrides)) if multirun else [list(overrides)]
+    composed = []
     for num, candidate in enumerate(candidates):
         cfg = compose_or_fail(candidate, with_hydra=True)
+        composed.append(cfg)
         if not multirun:
             check_not_a_sweep(cfg, overrides)
         with as_a_job(cfg, multirun, num):
@@ -271,6 +274,7 @@ def check_overrides(overrides: Sequence[str], multirun: bool) -> None:
                 check_can_create(Path(cfg.hydra.sweep.dir if multirun else cfg.hydra.run.dir))
             except InterpolationResolutionError as err:
                 fail(unresolved_line(cfg, err, multirun))
+    return composed
 
 
 @contextmanager
