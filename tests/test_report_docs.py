@@ -319,7 +319,7 @@ def test_the_ruler_table_averages_each_encodings_tasks_by_length_beside_the_base
     none: 0.60 at every length (effective to 4×); chance (0.1 + 0.5) / 2, the constant answer
     (0.2 + 0.5) / 2. docs/results.md's two blocks await the summary, then render it."""
     from posbench.report.docs import RULER, render
-    from posbench.report.docs.ruler import ruler_details, ruler_table
+    from posbench.report.docs.ruler import ruler_table, task_details
 
     assert render(repository_copy(tmp_path), check=True) == []
     runs, _ = find_runs([ruler_sweep(tmp_path / "S")])
@@ -338,7 +338,7 @@ def test_the_ruler_table_averages_each_encodings_tasks_by_length_beside_the_base
         "| *constant answer* | 0.35 | 0.35 | 0.35 | – |",
     ]
     assert table[7].startswith("Averaged over 2 tasks: `flip_flop`, `niah_single`. 8 runs of")
-    details = ruler_details(load(tmp_path, RULER)).splitlines()
+    details = task_details(load(tmp_path, RULER)).splitlines()
     assert details[:8] == [
         "`flip_flop`:",
         "",

@@ -39,7 +39,7 @@ from posbench.report.docs.published import (
     published_ratio_figure,
     published_ratio_table,
 )
-from posbench.report.docs.ruler import ruler_details, ruler_table
+from posbench.report.docs.ruler import ruler_table, task_details
 from posbench.report.docs.source import Source, provenance_line
 from posbench.report.figures import FIGURE_DPI
 from posbench.report.published import (
@@ -63,6 +63,7 @@ ALIBI_WT103_H200 = "results/alibi_wt103/h200.json"
 DROPE = "results/drope/synthetic.json"
 WIKITEXT2 = "results/extrapolation/wikitext2.json"
 RULER = "results/ruler/cpu.json"
+RETRIEVAL = "results/retrieval/cpu.json"
 # block name -> (summary or published table, what it shows)
 BLOCKS: dict[str, tuple[str, Callable[[Any], str]]] = {
     "extrapolation/table": (EXTRAPOLATION, ratio_table),
@@ -79,7 +80,9 @@ BLOCKS: dict[str, tuple[str, Callable[[Any], str]]] = {
     "wikitext2/long_context": (WIKITEXT2, long_context_table),
     "wikitext2/details": (WIKITEXT2, corpus_details),
     "ruler/table": (RULER, ruler_table),
-    "ruler/details": (RULER, ruler_details),
+    "ruler/details": (RULER, task_details),
+    "retrieval/provenance": (RETRIEVAL, provenance_line),
+    "retrieval/details": (RETRIEVAL, task_details),
 }
 # figure path -> (summary or published table, what it draws)
 FIGURES: dict[str, tuple[str, Callable]] = {

@@ -1,8 +1,9 @@
-"""The RULER-style experiment's blocks (``+experiment=ruler``, docs/ruler.md): docs/results.md's
-table of each encoding's accuracy by length averaged over the tasks, as RULER's main table
-averages its 13, with the effective length read from that average; then each task's accuracy
-by length. Chance and the constant answer stand beside them: a score means something only above
-both."""
+"""The blocks of a sweep over retrieval tasks scored by the model's own answers: the RULER-style
+experiment's (``+experiment=ruler``, docs/ruler.md) table of each encoding's accuracy by length
+averaged over the tasks, as RULER's main table averages its 13, with the effective length read
+from that average; and, for it and for ``+experiment=retrieval`` (passkey, copy), each task's
+accuracy by length. Chance and the constant answer stand beside them: a score means something
+only above both."""
 
 from __future__ import annotations
 
@@ -103,7 +104,7 @@ def ruler_table(source: Source) -> str:
     )
 
 
-def ruler_details(source: Source) -> str:
+def task_details(source: Source) -> str:
     """Per task, each encoding's accuracy of its own answers by length (mean ± std over seeds,
     the best of a column in bold), then chance and the constant answer there."""
     order = list(ENCODING_STYLES)
