@@ -330,6 +330,7 @@ def test_flex_attention_bias_gives_the_gradients_of_the_masked_computation(name,
 def test_compiled_flex_attention_bias_on_a_cpu_equals_the_masked_computation_at_every_length(
     name,
 ):
+    """About 20 s for some encodings: flex_attention compiled for each of two lengths."""
     # The kernels torch.compile generates for a CPU (forward only there), one per length: the
     # dynamic-shape kernel it built at a second length failed to compile (torch 2.13). With
     # dynamo's limit at one kernel a function, the lengths after the first pass only because

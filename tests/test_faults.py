@@ -98,6 +98,8 @@ def test_a_stop_signal_checkpoints_says_how_to_resume_and_exits_128_plus_its_num
 
 
 def test_kill_9_at_random_moments_leaves_a_checkpoint_that_loads_and_resumes(tmp_path, cache_dir):
+    """About 20 s: training processes of their own (a SIGKILL cannot pass through the fork
+    server's client), killed three times, then resumed."""
     run_dir, path = tmp_path / "run", tmp_path / "run" / CHECKPOINT_FILE
     moments = random.Random(0)
     steps = []
