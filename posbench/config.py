@@ -376,7 +376,8 @@ def validate(cfg: DictConfig) -> None:
         raise PosbenchError(f"{lengths_key} must be positive integers (got {lengths})")
     if cfg.data.source in TASKS:
         load_data(cfg.data).check_training(cfg.train.seq_len)
-        if given := [k for k in ("stride", "compile") if cfg.eval[k] not in (None, False)]:
+        corpus_only = {"stride": cfg.eval.stride is not None, "compile": cfg.eval.compile}
+        if given := [key for key, is_set in corpus_only.items() if is_set]:
             raise PosbenchError(  # a task's examples and decoding change shape: never compiled
                 f"data={cfg.data.source} scores whole prompts: eval.{given[0]} applies to "
                 f"corpora only; drop eval.{given[0]}"
