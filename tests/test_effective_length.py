@@ -33,9 +33,10 @@ def ppl_record(length, ppl, **fields):
     return {"length": length, "stride": None, "ppl": ppl, "status": status, **fields}
 
 
-def task_record(length, accuracy):
+def task_record(length, accuracy, chance=None, constant=None):
     scores = {"accuracy": accuracy, "sequence_accuracy": accuracy, "decode": "greedy"}
-    return {**ppl_record(length, 2.0), **scores}
+    baselines = {"chance_accuracy": chance, "constant_answer_accuracy": constant}
+    return {**ppl_record(length, 2.0), **scores, **baselines}
 
 
 def test_a_perplexity_length_is_effective_while_ppl_stays_below_its_training_value_over_t():
@@ -48,6 +49,19 @@ def test_a_perplexity_length_is_effective_while_ppl_stays_below_its_training_val
 def test_an_accuracy_length_is_effective_while_accuracy_keeps_t_of_its_training_value():
     scores = {16: 0.8, 32: 0.73, 64: 0.71}  # 0.9 x 0.8 = 0.72
     assert effective_length(scores, S, 0.9, "accuracy") == 32
+
+
+def test_an_accuracy_no_better_than_its_prompt_blind_baseline_at_the_training_length_has_none():
+    """A model at chance keeps its score at every length: that says nothing of its context."""
+    scores = {16: 0.1, 32: 0.1, 64: 0.1}
+    assert effective_length(scores, S, 0.9, "accuracy", floor=0.1) is None
+    assert effective_length(scores, S, 0.9, "accuracy", floor=0.09) == 64
+    at_chance = [task_record(16, 0.04, 0.04, 0.09), task_record(32, 0.04, 0.04, 0.09)]
+    above = [task_record(16, 0.5, 0.04, 0.09), task_record(32, 0.5, 0.04, 0.09)]
+    assert effective_context_lengths(at_chance, S)[0]["length"] is None
+    assert effective_context_lengths(above, S)[0]["length"] == 32
+    # the baselines at the training length count, not those at the longer lengths
+    assert effective_context_lengths([above[0], task_record(32, 0.5, 0.6, 0.6)], S)[0]["length"]
 
 
 def test_an_unmeasured_length_ends_the_run_and_an_unmeasured_training_length_gives_none():
@@ -137,6 +151,13 @@ def test_a_re_evaluation_updates_every_hparams_metric_read_from_the_records(tmp_
     events = EventAccumulator(str(tmp_path)).Reload()
     assert [e.value for e in events.Scalars("hparam/ppl_at_32")][-1] == 6.0
     assert [e.value for e in events.Scalars("hparam/val_ppl")] == [5.0]
+
+
+def test_the_report_leaves_out_a_task_run_at_chance_at_the_training_length(tmp_path):
+    for seed, accuracy in enumerate([0.04, 0.5]):
+        records = [task_record(n, accuracy, 0.04, 0.09) for n in (16, 32)]
+        finished_run(tmp_path / f"s{seed}", "rope", {"seed": seed, "eval": records}, seed)
+    assert "| rope | 2 | accuracy | 32 (n=1) | 2.00 (n=1) |" in markdown(build_report(tmp_path))
 
 
 def test_the_effective_length_table_says_how_many_runs_a_row_is_over(tmp_path):

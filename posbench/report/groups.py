@@ -47,6 +47,7 @@ from posbench.report.summary import is_summary
 from posbench.runs.directory import saved_config
 from posbench.runs.results import (
     DEFAULT_EFFECTIVE_THRESHOLD,
+    baseline_accuracy,
     decode_mode,
     effective_length,
     one_per_measurement,
@@ -182,11 +183,17 @@ def effective_lengths(
     """A row's effective context lengths over its runs, from its records ``by_length``, and
     the score they are read from (a task's accuracy, else ``metric``)."""
     scores: dict[Path, dict[int, float | None]] = defaultdict(dict)
+    floors: dict[Path, float | None] = {}
     name = metric
     for length, measured in by_length.items():
         for run, record in measured:
             name, scores[run.path][length] = record_score(record, metric)
-    lengths = [effective_length(s, train_seq_len, threshold, name) for s in scores.values()]
+            if length == train_seq_len:
+                floors[run.path] = baseline_accuracy(record)
+    lengths = [
+        effective_length(s, train_seq_len, threshold, name, floors.get(path))
+        for path, s in scores.items()
+    ]
     return Stat.of([n for n in lengths if n is not None]), name
 
 

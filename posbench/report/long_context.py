@@ -30,7 +30,8 @@ def effective_table(report: Report, group: Group, row_name: Callable[[Row], str]
         f"Effective context length at threshold {t:g}: the longest evaluated length L such that "
         f"every evaluated length from {S} to L keeps its score within {t:g} of the score at "
         f"{S} (perplexity-like scores <= score at {S} / {t:g}, accuracy >= {t:g} × accuracy at "
-        f"{S}), per run; – where {S} itself was not measured that way:",
+        f"{S}), per run; – where {S} itself was not measured that way, or where a task's "
+        f"accuracy there is no better than chance or the constant answer:",
         "",
         "| encoding | runs | score | effective length | × training length |",
         "| --- | --- | --- | --- | --- |",

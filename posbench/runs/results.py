@@ -256,8 +256,11 @@ def mean_of(values: list[float | None]) -> float | None:
 #
 # and the effective length is the longest evaluated L such that every evaluated length from S to
 # L is within it (a length that could not be measured, ``unsupported``, ends the run of lengths).
-# None when S itself was not measured the same way. Lengths below S are not read: fewer tokens of
-# context raise perplexity even for a model that extrapolates perfectly.
+# None when S itself was not measured the same way, and for a task whose accuracy at S is no
+# better than its best prompt-blind baseline there (chance, the constant answer:
+# baseline_accuracy): a model at chance stays within any threshold at every length, which says
+# nothing of its context. Lengths below S are not read: fewer tokens of context raise
+# perplexity even for a model that extrapolates perfectly.
 #
 # Each protocol (stride, eval-time scaling, positions: results.eval_protocol) is its own series.
 # results.json holds them as ``effective_context_length`` at DEFAULT_EFFECTIVE_THRESHOLD;
@@ -268,13 +271,25 @@ PROTOCOL_FIELDS = ("stride", "scaling", "scaling_factor_setting", "positions")  
 HIGHER_IS_BETTER = {"accuracy"}  # every other score is a perplexity or bits
 
 
+def baseline_accuracy(record: Mapping[str, Any]) -> float | None:
+    """The best of a task's eval record's prompt-blind baselines at its length (chance, the
+    constant answer); None for a corpus's record, or where none was drawn."""
+    values = [record.get(key) for key in ("chance_accuracy", "constant_answer_accuracy")]
+    return max((v for v in values if v is not None), default=None)
+
+
 def effective_length(
-    scores: Mapping[int, float | None], train_length: int, threshold: float, metric: str
+    scores: Mapping[int, float | None],
+    train_length: int,
+    threshold: float,
+    metric: str,
+    floor: float | None = None,
 ) -> int | None:
     """The effective length of ``scores`` (length -> ``metric`` there; None: not measured)
-    relative to the score at ``train_length``, as the comment above defines it."""
+    relative to the score at ``train_length``, as the comment above defines it; ``floor``: an
+    accuracy's best prompt-blind baseline at ``train_length`` (baseline_accuracy)."""
     reference = scores.get(train_length)
-    if reference is None:
+    if reference is None or (floor is not None and reference <= floor):
         return None
     effective = None
     for length in sorted(n for n in scores if n >= train_length):
@@ -309,14 +324,18 @@ def effective_context_lengths(
     (a run's eval records), with the score it is read from and the score at the training
     length."""
     series: dict[tuple, dict[int, float | None]] = defaultdict(dict)
+    floors: dict[tuple, float | None] = {}
     for record in records:
         metric, score = record_score(record)
-        series[(*eval_protocol(record), metric)][record["length"]] = score
+        key = (*eval_protocol(record), metric)
+        series[key][record["length"]] = score
+        if record["length"] == train_seq_len:
+            floors[key] = baseline_accuracy(record)
     return [
         {
             "metric": key[-1],
             "threshold": threshold,
-            "length": effective_length(scores, train_seq_len, threshold, key[-1]),
+            "length": effective_length(scores, train_seq_len, threshold, key[-1], floors.get(key)),
             "train_seq_len": train_seq_len,
             "score_at_train_seq_len": scores.get(train_seq_len),
             **dict(zip(PROTOCOL_FIELDS, key[:-1], strict=True)),

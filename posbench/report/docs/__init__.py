@@ -62,6 +62,7 @@ RUOSS2023_CPU = "results/ruoss2023_cpu/sweep.json"
 ALIBI_WT103_H200 = "results/alibi_wt103/h200.json"
 DROPE = "results/drope/synthetic.json"
 WIKITEXT2 = "results/extrapolation/wikitext2.json"
+SYNTHETIC_LONGPPL = "results/extrapolation/synthetic_longppl.json"
 RULER = "results/ruler/cpu.json"
 RETRIEVAL = "results/retrieval/cpu.json"
 # block name -> (summary or published table, what it shows)
@@ -79,6 +80,8 @@ BLOCKS: dict[str, tuple[str, Callable[[Any], str]]] = {
     "wikitext2/table": (WIKITEXT2, ratio_table),
     "wikitext2/long_context": (WIKITEXT2, long_context_table),
     "wikitext2/details": (WIKITEXT2, corpus_details),
+    "synthetic_longppl/provenance": (SYNTHETIC_LONGPPL, provenance_line),
+    "synthetic_longppl/long_context": (SYNTHETIC_LONGPPL, long_context_table),
     "ruler/table": (RULER, ruler_table),
     "ruler/details": (RULER, task_details),
     "retrieval/provenance": (RETRIEVAL, provenance_line),

@@ -84,19 +84,29 @@ def ruler_table(source: Source) -> str:
         for name in names
     }
     best = [best_shown(means[name][i] for name in names) for i in range(len(lengths))]
+    baselines = {
+        label: [mean_of([baseline_at(source, g, key, n) for g in groups.values()]) for n in lengths]
+        for label, key in BASELINES.items()
+    }
+    # the average at the training length no better than a baseline's says nothing of the context
+    floor = max(
+        (
+            b[lengths.index(train)]
+            for b in baselines.values()
+            if b[lengths.index(train)] is not None
+        ),
+        default=None,
+    )
     effective = f"effective length (× {train}, threshold {DEFAULT_EFFECTIVE_THRESHOLD:g})"
     lines = table_header(first, [effective])
     for name in names:
         scores = dict(zip(lengths, means[name], strict=True))
-        reach = effective_length(scores, train, DEFAULT_EFFECTIVE_THRESHOLD, "accuracy")
+        reach = effective_length(scores, train, DEFAULT_EFFECTIVE_THRESHOLD, "accuracy", floor)
         texts = [mean_text(m, b) for m, b in zip(means[name], best, strict=True)]
         texts.append("–" if reach is None else f"{reach / train:g}")
         lines.append(f"| {name} | " + " | ".join(texts) + " |")
-    for label, key in BASELINES.items():
-        texts = [
-            mean_text(mean_of([baseline_at(source, g, key, n) for g in groups.values()]), None)
-            for n in lengths
-        ]
+    for label, values in baselines.items():
+        texts = [mean_text(value, None) for value in values]
         lines.append(f"| *{label}* | " + " | ".join(texts) + " | – |")
     tasks = ", ".join(f"`{task}`" for task in groups)
     return "\n".join(
