@@ -490,6 +490,20 @@ def test_compiled_evaluation_computes_eagers_perplexity_where_the_last_batch_is_
         assert [b["nll"] for b in got["loss_by_position"]] == pytest.approx(by_position, rel=1e-6)
 
 
+def test_compiled_bf16_evaluation_computes_eager_bf16s_perplexity(monkeypatch):
+    """`posbench eval --compile --precision bf16`: the autocast is traced with the model (a
+    compiled graph that dropped it would compute fp32's numbers, or bf16's elsewhere)."""
+    compiled_with(monkeypatch, "aot_eager")
+    torch.manual_seed(0)
+    model = build_model({"n_layer": 2, "n_head": 2, "d_model": 16}, {"name": "rope"})
+    fp32 = evaluate(model, EVAL_TOKENS, **PARTIAL_BATCHES)
+    eager = evaluate(model, EVAL_TOKENS, **PARTIAL_BATCHES, precision="bf16")
+    compiled = evaluate(model, EVAL_TOKENS, **PARTIAL_BATCHES, precision="bf16", compiled=True)
+    for got, expected, full in zip(compiled, eager, fp32, strict=True):
+        assert got["ppl"] == pytest.approx(expected["ppl"], rel=1e-6)
+        assert got["ppl"] != full["ppl"] and got["ppl"] == pytest.approx(full["ppl"], rel=2e-2)
+
+
 def test_compiled_evaluation_compiles_once_per_length_whatever_dynamos_recompile_limit(
     monkeypatch,
 ):
