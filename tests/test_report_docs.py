@@ -367,13 +367,17 @@ def test_ropes_figure_draws_its_extensions_and_its_attention_variants_apart():
 
     figure = rope_variants_figure(load(ROOT, EXTRAPOLATION))
     panels = [axes for axes in figure.axes if axes.get_visible() and axes.get_title()]
-    labels = [{line.get_label() for line in axes.get_lines()} for axes in panels]
+    labels = [{line.get_label() for line in axes.get_lines()} - {"train length"} for axes in panels]
     assert [axes.get_title() for axes in panels] == [
         "RoPE's extensions and positions",
         "attention variants",
     ]
     assert {"none", "rope", "rope + yarn"} <= labels[0] and "rope (qk_norm=True)" not in labels[0]
     assert {"none", "rope", "rope (qk_norm=True)"} <= labels[1] and "rope + yarn" not in labels[1]
+    # each curve of a panel in a colour of its own: RoPE's rows are not told apart by dashes
+    for axes, rows in zip(panels, labels, strict=True):
+        colours = [line.get_color() for line in axes.get_lines() if line.get_label() in rows]
+        assert len(set(colours)) == len(colours), axes.get_title()
 
 
 @pytest.mark.parametrize("page", ["README.md", "docs/results.md"])

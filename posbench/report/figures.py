@@ -140,15 +140,16 @@ def rows_figure(
     more: int = 0,
     marker_size: float = 6.0,
     panels_of: Panels | None = None,
+    styles_of: Callable[[Sequence[Row]], list[dict[str, Any]]] = row_styles,
 ) -> Drawn:
     """One curve per row that has ``points``, ± one std shaded, in the row's style (row_styles
     over the group's rows: the same in each of the group's figures), rows in family_order:
     one axes on FIGURE_INCHES, or past PANEL_CURVES curves (``more``: those the caller adds)
     one panel per family (family_rows), or per ``panels_of``'s split, axes shared; titled by
-    the group."""
+    the group; ``styles_of``: the rows' styles (row_styles, or variant_colour_styles)."""
     curves = {id(row): p for row in group.rows if (p := points(row)) is not None}
     rows = family_order([row for row in group.rows if id(row) in curves])
-    styles = dict(zip(map(id, group.rows), row_styles(group.rows), strict=True))
+    styles = dict(zip(map(id, group.rows), styles_of(group.rows), strict=True))
     panels = family_rows(rows) if len(rows) + more > PANEL_CURVES else [("", rows)]
     if panels_of is not None and len(rows) + more > PANEL_CURVES:
         panels = panels_of(rows)
@@ -268,12 +269,17 @@ def cell_points(name: str) -> Callable[[Row], Points | None]:
     return points
 
 
-def value_figure(group: Group, metric: str = "ppl", panels_of: Panels | None = None) -> Figure:
+def value_figure(
+    group: Group,
+    metric: str = "ppl",
+    panels_of: Panels | None = None,
+    styles_of: Callable[[Sequence[Row]], list[dict[str, Any]]] = row_styles,
+) -> Figure:
     """The cells' mean ``metric`` (perplexity by default) against evaluation length (log x),
-    ± one std shaded, one line per row (in panels as rows_figure splits them); the y axis
-    linear or log (LOG_SCALE_RATIO), its labelled ticks covering every curve and its
+    ± one std shaded, one line per row (in panels and styles as rows_figure draws them); the y
+    axis linear or log (LOG_SCALE_RATIO), its labelled ticks covering every curve and its
     shading."""
-    drawn = rows_figure(group, cell_points("value"), panels_of=panels_of)
+    drawn = rows_figure(group, cell_points("value"), panels_of=panels_of, styles_of=styles_of)
     stats = [c.value for row in group.rows for c in row.cells if c.value.n]
     cover_values(drawn.axes[0], [value for stat in stats for value in shaded(stat)])
     return finish(drawn, length_axis(group, drawn.axes), METRIC_AXES[metric] + spread(stats))

@@ -60,6 +60,24 @@ FALLBACK_COLOURS = (
 )
 FALLBACK_MARKERS = ("h", "p", "*", "<", ">", "d", "8")
 
+# The colours of an encoding's variants where a figure draws one encoding's (variant_colour_styles):
+# distinct from each other and from black (NoPE) and tab:blue (RoPE).
+VARIANT_COLOURS = (
+    "tab:orange",
+    "tab:green",
+    "tab:red",
+    "tab:purple",
+    "tab:brown",
+    "tab:pink",
+    "tab:gray",
+    "tab:olive",
+    "tab:cyan",
+    "navy",
+    "gold",
+    "teal",
+    "magenta",
+)
+
 # The rows of one encoding, in turn: these line styles with filled markers, then again with
 # hollow ones, then ever longer dashes.
 LINE_STYLES = ("-", "--", "-.", ":")
@@ -106,6 +124,22 @@ def row_styles(rows: Sequence[Row]) -> list[dict[str, Any]]:
             marker = FALLBACK_MARKERS[k % len(FALLBACK_MARKERS)]
         styles[index] = {"color": colour, "marker": marker, **variant_style(variants[name])}
         variants[name] += 1
+    return styles
+
+
+def variant_colour_styles(rows: Sequence[Row]) -> list[dict[str, Any]]:
+    """row_styles for a figure of one encoding's variants (RoPE's extensions, options and
+    attention variants), where one colour would leave them told apart by line style alone:
+    each encoding's first row keeps its colour and the others take VARIANT_COLOURS in turn,
+    with their line styles and fills as row_styles gives them."""
+    styles = row_styles(rows)
+    seen: set[str] = set()
+    turn = 0
+    for row, style in zip(rows, styles, strict=True):
+        if row.name in seen:
+            style["color"] = VARIANT_COLOURS[turn % len(VARIANT_COLOURS)]
+            turn += 1
+        seen.add(row.name)
     return styles
 
 

@@ -14,6 +14,7 @@ from posbench.report.figures import position_figure, value_figure
 from posbench.report.groups import Row, report_of
 from posbench.report.long_context import effective_table, tokens_text
 from posbench.report.settings import ATTENTION_VARIANTS
+from posbench.report.styles import variant_colour_styles
 from posbench.report.summary import provenance_parts
 from posbench.report.tables import markdown_table, position_table, row_name
 from posbench.report.text import best_shown, stat_text
@@ -139,7 +140,7 @@ def rope_variants_figure(source: Source):  # -> matplotlib Figure
     """RoPE's rows of the group holding the experiment's runs beside NoPE's, as the report
     draws them: past PANEL_CURVES curves, one panel of RoPE's eval-time extensions and
     positions, one of the attention variants (ATTENTION_VARIANTS), plain RoPE and NoPE in
-    both."""
+    both; RoPE's rows each in a colour of its own (variant_colour_styles)."""
     group = source.main_group()
     config = {run.path: run.config for run in source.runs}
 
@@ -158,7 +159,9 @@ def rope_variants_figure(source: Source):  # -> matplotlib Figure
         ]
 
     rows = [r for r in group.rows if r.name in ("none", "rope")]
-    return value_figure(replace(group, rows=rows), panels_of=panels)
+    return value_figure(
+        replace(group, rows=rows), panels_of=panels, styles_of=variant_colour_styles
+    )
 
 
 def long_context_table(source: Source) -> str:
