@@ -1,8 +1,10 @@
 """posbench diagnose: exact attention statistics, checked against closed forms and the model."""
 
+import io
 import json
 
 import numpy as np
+import PIL.Image
 import pytest
 import torch
 from conftest import error_line, finished_run, posbench, terabyte_split
@@ -274,6 +276,10 @@ def test_diagnose_run_writes_json_figures_and_tensorboard_images(alibi_run):
     events.Reload()
     images = set(events.Tags()["images"])
     assert {"diagnostics/L64/entropy", "diagnostics/L64/mass_beyond_train_length"} <= images
+    (image,) = events.Images("diagnostics/L64/entropy")  # the file's drawing, not another
+    assert PIL.Image.open(io.BytesIO(image.encoded_image_string)).size == (
+        PIL.Image.open(out / "L64_entropy.png").size
+    )
 
 
 def test_diagnose_run_uses_the_windows_posbench_eval_scores(alibi_run, monkeypatch):

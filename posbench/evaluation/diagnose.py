@@ -41,12 +41,14 @@ Queries are processed in blocks (DIAGNOSE_SCORE_ELEMENTS), so 16,384 tokens fit 
 
 from __future__ import annotations
 
+import io
 from collections.abc import Sequence
 from itertools import islice
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+import PIL.Image
 import torch
 from torch import nn
 from torch.utils.tensorboard import SummaryWriter
@@ -74,7 +76,7 @@ from posbench.model import Transformer
 from posbench.model.attention import AttentionVariant, attention_probabilities
 from posbench.model.random_positions import PositionDraw
 from posbench.runs.directory import load_run
-from posbench.system.atomic import atomic_path, write_json
+from posbench.system.atomic import atomic_write, write_json
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -455,16 +457,24 @@ def write_diagnostics(run_dir: Path, result: dict[str, Any]) -> list[Path]:
     stem = f"L{result['length']}"
     written = [out / f"{stem}.json"]
     write_json(written[0], result)
-    named = figures(result)
-    for name, figure in named.items():
-        path = out / f"{stem}_{name}.png"
-        with atomic_path(path) as tmp:
-            figure.savefig(tmp, format="png", dpi=FIGURE_DPI)
-        written.append(path)
+    # Each figure drawn once, as a PNG, which the file and TensorBoard's image both hold
+    # (add_figure would draw it again: a tenth of a diagnosis at 2,048 tokens).
+    drawn = {name: png_bytes(figure) for name, figure in figures(result).items()}
+    for name, data in drawn.items():
+        written.append(out / f"{stem}_{name}.png")
+        atomic_write(written[-1], data)
     with SummaryWriter(log_dir=str(run_dir)) as writer:
-        for name, figure in named.items():
-            writer.add_figure(f"{DIAGNOSTICS_DIR}/{stem}/{name}", figure)
+        for name, data in drawn.items():
+            image = np.asarray(PIL.Image.open(io.BytesIO(data)).convert("RGB"))  # (H, W, 3)
+            writer.add_image(f"{DIAGNOSTICS_DIR}/{stem}/{name}", image, dataformats="HWC")
     return written
+
+
+def png_bytes(figure: Figure) -> bytes:
+    """``figure`` drawn as a PNG file's bytes, at FIGURE_DPI."""
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png", dpi=FIGURE_DPI)
+    return buffer.getvalue()
 
 
 def summary_table(result: dict[str, Any]) -> str:
