@@ -12,7 +12,7 @@ from test_report import make_run, sweep  # noqa: F401 (sweep: test_report's real
 
 from posbench.report.docs import EXTRAPOLATION, ROOT, load
 from posbench.report.docs.corpus import ratio_table
-from posbench.report.docs.source import Source, provenance_line
+from posbench.report.docs.source import Source, commands_text, provenance_line
 from posbench.report.read import find_runs
 from posbench.report.summary import read_summary, write_summary
 
@@ -396,3 +396,14 @@ def test_every_result_number_a_reading_states_is_in_a_rendered_block_of_its_sect
             if not re.search(rf"(?<![\w.]){re.escape(number)}(?![\w])", rendered):
                 typed.append(f"{section.splitlines()[0][:60]}: {number}")
     assert not typed, f"numbers typed in {page}'s readings, not rendered beside them: {typed}"
+
+
+def test_a_provenance_line_names_a_re_evaluation_of_many_runs_once():
+    """A sweep's 45 LongPPL evaluations differ only in their --run: one command, its count."""
+    train = "posbench train -m +experiment=extrapolation"
+    evals = [f"posbench eval --run S/{n}_rope_seed{n} --metric longppl" for n in range(3)]
+    text = commands_text([train, *evals, None, "posbench eval --run=S/x --length 64"])
+    assert text == (
+        f"`{train}` and `posbench eval --run <run> --metric longppl` (3 runs) and "
+        "`posbench eval --run=<run> --length 64`"
+    )

@@ -9,7 +9,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from posbench.report.cells import Stat
-from posbench.report.docs.source import Source, provenance_line
+from posbench.report.docs.source import Source, commands_text, provenance_line
 from posbench.report.figures import position_figure, value_figure
 from posbench.report.groups import Row, report_of
 from posbench.report.long_context import effective_table, tokens_text
@@ -75,7 +75,7 @@ def corpus_provenance(source: Source) -> str:
     line spells out each), then the data's best possible perplexity (its entropy floor, in
     the runs' records), which the ratios are read against."""
     first, *added = provenance_parts(source.provenance)
-    commands = " and ".join(f"`{command}`" for command in first["commands"])
+    commands = commands_text(first["commands"])
     commits = sorted({c[:7] for part in (first, *added) for c in part["posbench_commits"]})
     machines = "; ".join(dict.fromkeys(p["machine"] for p in (first, *added) if p["machine"]))
     days = ", ".join(dict.fromkeys(part["date"] for part in (first, *added)))

@@ -117,13 +117,31 @@ def provenance_line(source: Source, commands: str | None = None) -> str:
     return f"{first}{later}; summary: `{source.name}`."
 
 
+# A re-evaluation's run directory (``posbench eval --run DIR``): the part that differs from
+# one run of a sweep to the next.
+RUN_ARGUMENT = re.compile(r"(--run[ =])\S+")
+
+
+def commands_text(commands: list[str | None]) -> str:
+    """The recorded ``commands`` as code, joined by "and": a re-evaluation of many runs (the
+    same ``posbench eval`` but its ``--run``) once, with ``--run <run>`` and how many runs."""
+    counts: dict[str, int] = {}
+    for command in filter(None, commands):
+        if command.startswith("posbench eval"):
+            command = RUN_ARGUMENT.sub(r"\1<run>", command)
+        counts[command] = counts.get(command, 0) + 1
+    return " and ".join(
+        f"`{command}`" + (f" ({count} runs)" if count > 1 else "")
+        for command, count in counts.items()
+    )
+
+
 def part_text(part: dict[str, Any], commands: str | None = None) -> str:
     """One writing of a summary's runs (provenance_parts) in words; ``commands``: what they
     ran, in words, where the recorded commands are not all (provenance's are the last sweep's
     in a directory that held two)."""
     if commands is None:
-        commands = " and ".join(f"`{c}`" for c in part["commands"] if c)
-        commands = commands or "(command not recorded)"
+        commands = commands_text(part["commands"]) or "(command not recorded)"
     commits = [c[:7] for c in part["posbench_commits"] if c != "None"]
     at = f" at {', '.join(commits)}" if commits else ""
     minutes = (
