@@ -188,11 +188,21 @@ def test_attention_with_cope_gives_x_transformers_output_and_gradients_of_q_k_v_
     assert all(bool(g.abs().sum() > 0) for g in got[1:])
 
 
-def test_in_evaluation_the_far_keys_are_attended_unmasked_as_x_transformers_attends(monkeypatch):
+@pytest.mark.parametrize("content_block", [None, 8])
+def test_in_evaluation_the_far_keys_are_attended_unmasked_as_x_transformers_attends(
+    monkeypatch, content_block
+):
     """Without gradients a block's far keys, which all count to npos - 1, get no bias written:
     content_bias_parts gives q . e[npos - 1] per query, added to their log-sum-exp
-    (past_and_diagonal_attention). The output equals attention with x-transformers' bias."""
-    use_query_blocks(8, monkeypatch)  # the block from query 32 has far keys (the test above)
+    (past_and_diagonal_attention). The output equals attention with x-transformers' bias.
+    ``content_block``: CoPE's blocks there are at most CONTENT_QUERY_BLOCK queries, whatever
+    QUERY_BLOCK allows."""
+    # the block from query 32 has far keys (the test above)
+    if content_block is None:
+        use_query_blocks(8, monkeypatch)
+    else:
+        use_query_blocks(32, monkeypatch)
+        monkeypatch.setattr(posbench.model.attention.blocks, "CONTENT_QUERY_BLOCK", content_block)
     encoding = cope(npos=6)
     q, k = random_qk(40)
     v = torch.randn_like(q)

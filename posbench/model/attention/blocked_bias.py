@@ -70,6 +70,8 @@ def blocked_bias_attention(
     attended = (q, k, v) if explicit else tuple(t.to(dtype) for t in (q, k, v))
     # Past keys need no mask but the bias when every one of them is in view (no window).
     in_parts = window is None and merges_by_log_sum_exp(q, dropout)
+    if in_parts and content is not None and not explicit:
+        block = min(block, blocks.CONTENT_QUERY_BLOCK)
     # Each block's queries [start, end) and first key, the last block first.
     spans = [
         (start, min(start + block, T), 0 if window is None else max(0, start - window + 1))
