@@ -21,7 +21,7 @@ from posbench.runs import loggers
 from posbench.runs.directory import SWEEP_MARKER
 from posbench.runs.loggers import NoLogger, open_logger
 from posbench.runs.loggers.wandb import RUN_FILE
-from posbench.runs.tensorboard_log import TrainedLengths
+from posbench.runs.tensorboard_log import EVAL_EVENTS_FILE, HPARAMS_EVENTS_FILE, TrainedLengths
 from posbench.training.resume import changed_keys
 from posbench.training.train import train
 
@@ -377,8 +377,15 @@ def test_posbench_eval_of_a_wandb_run_logs_every_record_to_an_eval_run_of_its_ow
     assert [row["eval/length"] for row in rows if "eval/ppl" in row] == [16, 64]
 
 
-def test_posbench_eval_of_a_tensorboard_run_rewrites_only_the_eval_events(tiny, tmp_path, capsys):
+def test_posbench_eval_of_a_tensorboard_run_rewrites_its_eval_and_hparams_events_only(
+    tiny, tmp_path, capsys
+):
+    """The evaluation's file of its own, and the HParams columns its metrics update; the
+    training's scalars as they were, and no file added."""
     train(compose_config([*tiny, "train.steps=5", "eval.lengths=[16]"]), tmp_path)
-    before = sorted(tmp_path.glob("events.out.tfevents*"))
+    before = {path: path.read_bytes() for path in tmp_path.glob("events.out.tfevents*")}
     reevaluated(tmp_path, capsys)
-    assert sorted(tmp_path.glob("events.out.tfevents*")) == before
+    after = {path: path.read_bytes() for path in tmp_path.glob("events.out.tfevents*")}
+    assert sorted(after) == sorted(before)  # no event file added
+    changed = {path.name for path in before if after[path] != before[path]}
+    assert changed == {EVAL_EVENTS_FILE, HPARAMS_EVENTS_FILE}
