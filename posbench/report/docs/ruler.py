@@ -17,7 +17,12 @@ from posbench.report.groups import Group, Row
 from posbench.report.styles import ENCODING_STYLES
 from posbench.report.tables import length_headers
 from posbench.report.text import best_shown, stat_text
-from posbench.runs.results import DEFAULT_EFFECTIVE_THRESHOLD, effective_length, mean_of
+from posbench.runs.results import (
+    DEFAULT_EFFECTIVE_THRESHOLD,
+    baseline_accuracy,
+    effective_length,
+    mean_of,
+)
 
 BASELINES = {"chance": "chance_accuracy", "constant answer": "constant_answer_accuracy"}
 
@@ -84,19 +89,14 @@ def ruler_table(source: Source) -> str:
         for name in names
     }
     best = [best_shown(means[name][i] for name in names) for i in range(len(lengths))]
+    # each baseline's average over the tasks by length, by its record key
     baselines = {
-        label: [mean_of([baseline_at(source, g, key, n) for g in groups.values()]) for n in lengths]
-        for label, key in BASELINES.items()
+        key: [mean_of([baseline_at(source, g, key, n) for g in groups.values()]) for n in lengths]
+        for key in BASELINES.values()
     }
-    # the average at the training length no better than a baseline's says nothing of the context
-    floor = max(
-        (
-            b[lengths.index(train)]
-            for b in baselines.values()
-            if b[lengths.index(train)] is not None
-        ),
-        default=None,
-    )
+    # the average at the training length no better than the baselines' says nothing of the context
+    at_train = {key: values[lengths.index(train)] for key, values in baselines.items()}
+    floor = baseline_accuracy(at_train)
     effective = f"effective length (× {train}, threshold {DEFAULT_EFFECTIVE_THRESHOLD:g})"
     lines = table_header(first, [effective])
     for name in names:
@@ -105,8 +105,8 @@ def ruler_table(source: Source) -> str:
         texts = [mean_text(m, b) for m, b in zip(means[name], best, strict=True)]
         texts.append("–" if reach is None else f"{reach / train:g}")
         lines.append(f"| {name} | " + " | ".join(texts) + " |")
-    for label, values in baselines.items():
-        texts = [mean_text(value, None) for value in values]
+    for label, key in BASELINES.items():
+        texts = [mean_text(value, None) for value in baselines[key]]
         lines.append(f"| *{label}* | " + " | ".join(texts) + " | – |")
     tasks = ", ".join(f"`{task}`" for task in groups)
     return "\n".join(
