@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import statistics
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -125,11 +126,10 @@ RUN_ARGUMENT = re.compile(r"(--run[ =])\S+")
 def commands_text(commands: list[str | None]) -> str:
     """The recorded ``commands`` as code, joined by "and": a re-evaluation of many runs (the
     same ``posbench eval`` but its ``--run``) once, with ``--run <run>`` and how many runs."""
-    counts: dict[str, int] = {}
-    for command in filter(None, commands):
-        if command.startswith("posbench eval"):
-            command = RUN_ARGUMENT.sub(r"\1<run>", command)
-        counts[command] = counts.get(command, 0) + 1
+    counts = Counter(
+        RUN_ARGUMENT.sub(r"\1<run>", c) if c.startswith("posbench eval") else c
+        for c in filter(None, commands)
+    )  # in the order first met
     return " and ".join(
         f"`{command}`" + (f" ({count} runs)" if count > 1 else "")
         for command, count in counts.items()
