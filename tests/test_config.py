@@ -3,28 +3,44 @@
 import pytest
 from hydra.errors import ConfigCompositionException, MissingConfigException
 
-from posbench.config import compose_config, config_dir, eval_lengths, validate
+from posbench.commands.overrides import compose_group_options, group_options
+from posbench.config import (
+    compose_config,
+    config_dir,
+    eval_lengths,
+    flat_config,
+    validate,
+)
 from posbench.encodings import encoding_config, encoding_names
 from posbench.errors import PosbenchError
 from posbench.model.args import ModelArgs
 from posbench.model.config import ModelConfig
 
 
+def keys_under(cfg, group: str):
+    return flat_config(cfg[group], resolve=False).keys()
+
+
+# Each test below also checks that the option composed alone (compose_group_options, which a
+# mistyped key's hint reads) has the keys under its group that the whole config has with it.
+
+
 @pytest.mark.parametrize("encoding", encoding_names())
 def test_every_registered_encoding_has_a_config_file_that_composes(encoding):
     cfg = compose_config([f"encoding={encoding}"])
     assert cfg.encoding.name == encoding
+    alone = compose_group_options("encoding", [encoding])[encoding]
+    assert keys_under(alone, "encoding") == keys_under(cfg, "encoding")
 
 
 @pytest.mark.parametrize("group", ["model", "data", "logger"])
 def test_every_option_of_a_group_composes(group):
-    for path in sorted((config_dir() / group).glob("*.yaml")):
-        cfg = compose_config(
-            [f"{group}={path.stem}", "data.path=x"]
-            if path.stem == "text"
-            else [f"{group}={path.stem}"]
-        )
-        assert cfg[group] is not None
+    options = group_options(group)
+    alone = compose_group_options(group, options)
+    for option in options:
+        path = ["data.path=x"] if (group, option) == ("data", "text") else []
+        cfg = compose_config([f"{group}={option}", *path])
+        assert keys_under(alone[option], group) == keys_under(cfg, group), option
 
 
 def test_the_model_groups_schema_types_every_key_and_builds_the_models_args():

@@ -12,6 +12,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from hydra import compose, initialize_config_dir
 from hydra.core.hydra_config import HydraConfig
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import Override, OverrideType
@@ -26,6 +27,7 @@ from posbench.config import (
     compose_config,
     config_dir,
     flat_config,
+    register_schemas,
     validate,
 )
 from posbench.data import check_data
@@ -148,17 +150,26 @@ def chooses_an_option(override: Override) -> bool:
     return "." not in override.get_key_element()
 
 
+def compose_group_options(group: str, options: Sequence[str]) -> dict[str, DictConfig]:
+    """Each of ``options`` of config group ``group`` composed alone (its file and its
+    defaults, under ``group``'s package; interpolations unresolved), in one Hydra context: what
+    keys an option brings, at a third of composing the whole config for each. An option that
+    does not compose alone is left out."""
+    register_schemas()
+    configs = {}
+    with initialize_config_dir(str(config_dir()), version_base="1.3", job_name="posbench"):
+        for option in options:
+            try:
+                configs[option] = compose(f"{group}/{option}")
+            except (HydraException, OmegaConfBaseException):
+                continue
+    return configs
+
+
 def options_with_key(group: str, key: str) -> list[str]:
     """The options of config group ``group`` whose config has ``key``."""
-    having = []
-    for option in group_options(group):
-        try:
-            cfg = compose_config([f"{group}={option}"])
-        except (HydraException, OmegaConfBaseException):  # not a group the defaults choose from
-            continue
-        if key in flat_config(cfg):
-            having.append(option)
-    return having
+    configs = compose_group_options(group, group_options(group))
+    return [option for option, cfg in configs.items() if key in flat_config(cfg, resolve=False)]
 
 
 LEXER_ERROR = "LexerNoViableAltException: "
