@@ -16,8 +16,8 @@ What a fresh process would do differently, and how it is kept out:
 * an import reads some environment variables once (OpenMP's and torch's, Python's, Hugging
   Face's, matplotlib's): where the caller's values of those differ from the server's, the
   client runs the command as a process of its own instead;
-* a client killed with SIGKILL cannot pass it on, so tests that kill with it start their own
-  processes (tests/test_faults.py);
+* a client killed with SIGKILL cannot pass it on, so tests that kill with it kill the command's
+  own process (conftest.command_pid, tests/test_faults.py);
 * the child's parent is the server, not the caller: posbench never reads its parent.
 
     python tests/forkserver.py --serve NAME     # the server (conftest.py starts one per worker)
