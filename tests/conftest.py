@@ -200,7 +200,11 @@ def error_line(capsys, *args: str) -> str:
 
 
 FORKSERVER = Path(__file__).with_name("forkserver.py")
-_forkserver: subprocess.Popen | None = None
+# The fork servers started by this worker, by the variables read at import that they set over
+# the session's environment (forked_python): none for most commands, a rank's for torchrun's.
+_forkservers: dict[tuple[tuple[str, str], ...], subprocess.Popen] = {}
+# What torchrun sets for its ranks that an import reads: OMP_NUM_THREADS, to 1 where unset.
+RANK_ENV = {"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
 
 
 def forked_posbench() -> list[str]:
@@ -210,20 +214,23 @@ def forked_posbench() -> list[str]:
     return [*forked_python(), *POSBENCH]
 
 
-def forked_python() -> list[str]:
+def forked_python(env: dict[str, str] | None = None) -> list[str]:
     """The command that stands for ``python``: ``python ARGS`` forked likewise where ARGS run
-    posbench, ``-c`` code or a script (``SCRIPT.py ...``), else a process of its own."""
-    global _forkserver
-    name = f"{os.getpid()}"
-    if _forkserver is None:
-        _forkserver = subprocess.Popen(
+    posbench, ``-c`` code or a script (``SCRIPT.py ...``), else a process of its own. ``env``:
+    variables read at import that the commands' environment sets over the session's (a torchrun
+    rank's RANK_ENV), for a server started with them."""
+    key = tuple(sorted((env or {}).items()))
+    name = "-".join([f"{os.getpid()}", *(f"{k}={v}" for k, v in key)])
+    if key not in _forkservers:
+        server = subprocess.Popen(
             [sys.executable, str(FORKSERVER), "--serve", name],
             stdout=subprocess.PIPE,
             text=True,
-            env=SESSION_ENV,
+            env={**SESSION_ENV, **dict(key)},
         )
-        assert _forkserver.stdout.readline().strip() == "ready", "the fork server did not start"
-        atexit.register(_forkserver.terminate)
+        assert server.stdout.readline().strip() == "ready", "the fork server did not start"
+        atexit.register(server.terminate)
+        _forkservers[key] = server
     return [sys.executable, "-I", "-S", str(FORKSERVER), "--socket", name, "--"]
 
 
@@ -243,8 +250,8 @@ def command_pid(client: subprocess.Popen, cwd: Path) -> int | None:
     command in ``cwd``) stands for: the fork server's child in ``cwd``, or ``client`` itself
     once it runs the command as a process of its own; None until it is one or the other
     (Linux: read from /proc)."""
-    if _forkserver is not None:
-        for child in child_processes(_forkserver.pid):
+    for server in _forkservers.values():
+        for child in child_processes(server.pid):
             try:
                 if (child / "cwd").resolve(strict=True) == cwd.resolve():
                     return int(child.name)

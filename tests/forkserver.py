@@ -44,13 +44,21 @@ READ_AT_IMPORT = (
     "OMP_", "KMP_", "GOMP_", "MKL_", "OPENBLAS_", "TORCH", "PYTORCH_", "CUDA_", "PYTHON",
     "LD_", "MALLOC_", "HF_", "MPL", "TOKENIZERS_", "TQDM_",
 )  # fmt: skip
+# What torchrun sets for its ranks that matches READ_AT_IMPORT but is read at run time only (the
+# elastic agent's run id, restarts and error file; NCCL's error handling when a process group
+# starts): a rank forks from a server whose environment lacks them.
+READ_AT_RUN_TIME = ("TORCHELASTIC_", "TORCH_NCCL_ASYNC_ERROR_HANDLING")
 FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
 HEADER = struct.Struct("!I")  # the length of the request's JSON, sent with the three streams
 POSBENCH = ["-m", "posbench.cli"]  # the interpreter's arguments that run posbench
 
 
 def read_at_import(env: dict[str, str]) -> dict[str, str]:
-    return {key: value for key, value in env.items() if key.startswith(READ_AT_IMPORT)}
+    return {
+        key: value
+        for key, value in env.items()
+        if key.startswith(READ_AT_IMPORT) and not key.startswith(READ_AT_RUN_TIME)
+    }
 
 
 def address(name: str) -> str:

@@ -13,13 +13,16 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import (
+    RANK_ENV,
     TINY,
     TINY_REVERSE_STRING,
     TINY_RUN,
     TINY_SYNTHETIC,
     built_once,
     child_processes,
+    forked_python,
 )
+from forkserver import POSBENCH
 from safetensors.torch import load_file
 
 import posbench.training.checkpoint
@@ -223,19 +226,25 @@ def torchrun(
     nproc: int,
     *args: str,
     cwd: Path,
-    program: Sequence[str] = ("-m", "posbench"),
+    program: Sequence[str] = (),
     options: Sequence[str] = (),
+    forked: bool = True,
 ) -> subprocess.Popen:
-    """``torchrun --standalone --nproc_per_node=N [options] -m posbench ...`` with this
-    interpreter (or ``program``, a script, in place of ``-m posbench``)."""
+    """``torchrun --standalone --nproc_per_node=N [options] -m posbench ARGS`` with this
+    interpreter (or ``program``, a script, in place of ``-m posbench``). With ``forked``, each
+    rank is forked from a warm interpreter in a rank's environment (conftest.forked_python with
+    RANK_ENV, after ``--no-python``: without the 4.5 s of CPU a rank spends on its imports),
+    else a process of its own."""
+    python = ["--no-python", *forked_python(RANK_ENV)] if forked else []
+    program = list(program) or (POSBENCH if forked else ["-m", "posbench"])
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", *options]
     return subprocess.Popen(
-        [*command, f"--nproc_per_node={nproc}", *program, *args],
+        [*command, f"--nproc_per_node={nproc}", *python, *program, *args],
         cwd=cwd,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        env={**os.environ, **RANK_ENV},
     )
 
 
@@ -292,7 +301,7 @@ def assert_same_weights(a: Path, b: Path) -> None:
 # randomized positions drawn for the global batch.
 TASK_AT_RANDOM_POSITIONS = [*TINY_REVERSE_STRING, "train.steps=20", "train.random_positions=64"]
 # Long enough that SIGTERM, sent once the first checkpoint exists, arrives mid-run.
-CHECKPOINTED = [*SHORT, "train.steps=120", "train.checkpoint_every=5", "train.val_every=100"]
+CHECKPOINTED = [*SHORT, "train.steps=60", "train.checkpoint_every=5", "train.val_every=50"]
 # The two-rank runs that the tests compare with, trained through to the end: rope (the
 # default); fox: a bias from each layer's content, with a gate per layer; hybrid: each layer's
 # own encoding; a task; the run the SIGTERM test stops and resumes.
@@ -321,8 +330,8 @@ for name, args in json.loads(sys.argv[1]).items():
 @pytest.fixture
 def two_rank_runs(tmp_path_factory, cache_dir) -> Path:
     """TWO_RANK_RUNS, trained by two ranks in one torchrun launch for the whole session (a
-    launch starts three processes that each import torch, about 4 s of CPU each; a run in them
-    takes about a second): ``<dir>/<name>/`` holds each run's directory."""
+    launch's agent imports torch, about 2 s of CPU; a run in its forked ranks takes about 2 s):
+    ``<dir>/<name>/`` holds each run's directory."""
 
     def launch(root: Path) -> None:
         (root / "train_each.py").write_text(TRAIN_EACH)
@@ -381,10 +390,10 @@ finally:
 def test_a_two_rank_run_stopped_by_sigterm_exits_after_its_checkpoint_and_resumes_alike(
     tmp_path, cache_dir, two_rank_runs
 ):
-    """Over 20 s: two torchrun launches of two ranks (six processes, each importing torch):
-    the run stopped, its resumption; the run straight through is one of the session's
+    """Two torchrun launches of two ranks (each launch's agent imports torch, its ranks are
+    forked): the run stopped, its resumption; the run straight through is one of the session's
     ``two_rank_runs``. The stopped run must still be training when its first checkpoint is on
-    disk: its 120 steps, each checkpoint two seconds on its slow disk."""
+    disk: its 60 steps, each checkpoint two seconds on its slow disk."""
     checkpoint = tmp_path / "stopped" / CHECKPOINT_FILE
     (tmp_path / "slow_disk.py").write_text(SLOW_CHECKPOINT_DISK)
     program = ["slow_disk.py", str(checkpoint)]
@@ -397,7 +406,7 @@ def test_a_two_rank_run_stopped_by_sigterm_exits_after_its_checkpoint_and_resume
     assert code != 0
     assert stderr.count("interrupted: SIGTERM") == 1, stderr
     step = load_checkpoint(checkpoint)["progress"]["step"]
-    assert 5 <= step < 120
+    assert 5 <= step < 60
     # No rank left before the stop step's checkpoint was on disk.
     left = [json.loads((tmp_path / f"left_rank{rank}.json").read_text()) for rank in (0, 1)]
     assert left == [step, step]
@@ -450,7 +459,10 @@ def test_a_rank_killed_mid_training_stops_the_others_with_one_error_line(tmp_pat
     # torchrun's agent SIGTERMs the ranks left once it sees one die (every 0.1 s by default):
     # on a loaded machine that could reach rank 0 before its next all-reduce finds the peer
     # gone, and rank 0 would stop as "terminated". What is tested is rank 0 finding it out.
-    run = torchrun(2, "train", *endless, cwd=tmp_path, options=["--monitor-interval=5"])
+    # Ranks of their own: a SIGKILL cannot pass through a fork server's client.
+    run = torchrun(
+        2, "train", *endless, cwd=tmp_path, options=["--monitor-interval=5"], forked=False
+    )
     checkpoint = tmp_path / "run" / CHECKPOINT_FILE
     wait_for_file(checkpoint, run)
     os.kill(rank_process(run.pid, 1), signal.SIGKILL)

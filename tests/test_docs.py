@@ -11,13 +11,14 @@ Two things keep the blocks cheap without editing what users read:
 
 * ``posbench`` here is a small script that appends ``TRAIN_OVERRIDES`` (a one-layer model,
   40 steps, short lengths) to every ``posbench train``; the command line's last value of a
-  key wins in Hydra, so README's own overrides are still parsed and checked (``torchrun ...
-  -m posbench train`` gets them by substitution, as it runs ``python -m posbench``); it runs
-  each command forked from the worker's warm interpreter (tests/forkserver.py), as the
-  ``python`` blocks run;
+  key wins in Hydra, so README's own overrides are still parsed and checked; it runs each
+  command forked from the worker's warm interpreter (tests/forkserver.py), as the ``python``
+  blocks run, and so does ``torchrun ... -m posbench``'s each rank (``posbench-rank``, by
+  substitution);
 * ``SUBSTITUTIONS`` replaces README's placeholders with the directories they stand for.
 """
 
+import os
 import re
 import shlex
 import shutil
@@ -27,7 +28,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import TINY_RUN, built_once, forked_posbench, forked_python
+from conftest import RANK_ENV, TINY_RUN, built_once, forked_posbench, forked_python
+from forkserver import POSBENCH
 
 from posbench.commands.overrides import group_options
 from posbench.data import ALGORITHMIC_TASKS
@@ -64,14 +66,10 @@ SUBSTITUTIONS = [
         "a rope run's directory: the newest one",
     ),
     (
-        r"^torchrun ",
-        f"{shlex.quote(sys.executable)} -m torch.distributed.run ",
-        "torchrun, run by the interpreter that runs the tests",
-    ),
-    (
-        r"(-m posbench train\b[^#\n]*)",
-        r"\1 " + " ".join(shlex.quote(o) for o in TRAIN_OVERRIDES).replace("\\", "\\\\") + " ",
-        "the small-run overrides, which torchrun's `-m posbench` does not get from the shim",
+        r"^torchrun (.*?)-m posbench\b",
+        f"{shlex.quote(sys.executable)} -m torch.distributed.run \\1--no-python posbench-rank",
+        "torchrun, run by the interpreter that runs the tests; each rank runs `posbench-rank`, the"
+        " shim's `posbench` forked from a warm interpreter in a rank's environment",
     ),
     (
         r"\+experiment=extrapolation(?=\s)",
@@ -127,17 +125,20 @@ def run(command: list, cwd: Path, env: dict) -> subprocess.CompletedProcess:
     return result
 
 
+def with_shim(env: dict, bin_dir: Path, name: str, posbench: list[str]) -> dict:
+    """``env`` with ``name`` on its PATH first: SHIM running ``posbench`` (a command)."""
+    shim = bin_dir / name
+    command = " ".join(map(shlex.quote, posbench))
+    shim.write_text(SHIM.format(posbench=command, overrides=" ".join(TRAIN_OVERRIDES)))
+    shim.chmod(0o755)
+    return {**env, "PATH": f"{bin_dir}{os.pathsep}{env['PATH']}"}
+
+
 @pytest.fixture(scope="session")
 def readme_env(tmp_path_factory, cache_dir):
     """The environment README's commands run in: ``posbench`` is the shim."""
-    import os
-
-    bin_dir = tmp_path_factory.mktemp("readme-bin")
-    shim = bin_dir / "posbench"
-    command = " ".join(map(shlex.quote, forked_posbench()))
-    shim.write_text(SHIM.format(posbench=command, overrides=" ".join(TRAIN_OVERRIDES)))
-    shim.chmod(0o755)
-    return {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
+    bin_dir = tmp_path_factory.mktemp("bin")
+    return with_shim(dict(os.environ), bin_dir, "posbench", forked_posbench())
 
 
 @pytest.fixture(scope="session")
@@ -163,11 +164,14 @@ def test_every_block_that_is_not_run_says_why(page):
 @pytest.mark.parametrize(("lang", "code"), code_blocks())
 def test_code_block_runs(lang, code, trained_workdir, readme_env, tmp_path):
     """Over 20 s for some blocks: getting-started's and README's command lists run a dozen
-    posbench commands each, and scaling's two torchrun launches start processes that import
-    torch (about 2.5 s of CPU each; the shim's commands and the python blocks are forked from
-    a warm interpreter instead, conftest.forked_posbench and forked_python)."""
+    posbench commands each (the shim's commands, the python blocks and torchrun's ranks are
+    forked from a warm interpreter: conftest.forked_posbench and forked_python)."""
     workdir = tmp_path / "work"
     shutil.copytree(trained_workdir, workdir, symlinks=True)
+    if "torchrun" in code:  # its ranks' command (SUBSTITUTIONS)
+        (tmp_path / "bin").mkdir()
+        ranks = [*forked_python(RANK_ENV), *POSBENCH]
+        readme_env = with_shim(readme_env, tmp_path / "bin", "posbench-rank", ranks)
     if lang == "python":
         run([*forked_python(), "-c", code], workdir, readme_env)
     else:

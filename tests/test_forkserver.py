@@ -27,7 +27,7 @@ def test_the_server_runs_in_the_sessions_environment_whichever_test_starts_it(mo
     has TQDM_DISABLE=1 again) as a process of its own: 2.5 s of imports each."""
     monkeypatch.delenv("TQDM_DISABLE")
     forked_python()  # starts the server where no test of this worker has yet
-    server = Path(f"/proc/{conftest._forkserver.pid}/environ").read_bytes().split(b"\0")
+    server = Path(f"/proc/{conftest._forkservers[()].pid}/environ").read_bytes().split(b"\0")
     assert b"TQDM_DISABLE=1" in server
 
 
@@ -44,7 +44,8 @@ def test_a_forked_command_prints_and_exits_as_the_installed_command_does():
 
 def test_an_environment_read_at_import_gets_a_process_of_its_own():
     """OMP_NUM_THREADS is read when torch loads OpenMP, in the server long before: a command
-    with another value must start afresh, one with the same may fork."""
+    with another value must start afresh, one with the same may fork, and so may one with the
+    variables torchrun sets for a rank that are read at run time only."""
     command = forked_posbench()
     name = command[command.index("--socket") + 1]
     with open(os.devnull, "r+") as devnull:
@@ -52,9 +53,11 @@ def test_an_environment_read_at_import_gets_a_process_of_its_own():
         help = [*POSBENCH, "--help"]
         other = ask(name, help, {**os.environ, "OMP_NUM_THREADS": "3"}, streams)
         assert other.readline() == "own process\n"
-        same = ask(name, help, dict(os.environ), streams)
-        assert int(same.readline()) > 0  # the forked child's pid
-        assert int(same.readline()) == 0  # its wait status: exited 0
+        rank = {"TORCHELASTIC_RUN_ID": "run", "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1"}
+        for env in (dict(os.environ), {**os.environ, **rank}):
+            same = ask(name, help, env, streams)
+            assert int(same.readline()) > 0  # the forked child's pid
+            assert int(same.readline()) == 0  # its wait status: exited 0
 
 
 def test_forked_python_code_prints_and_exits_as_a_fresh_interpreter_does(tmp_path):
