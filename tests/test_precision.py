@@ -2,6 +2,7 @@
 hardware, that bf16 computes what fp32 does within bf16's accuracy, that compiled computes what
 eager does, and what results and resumes record."""
 
+import functools
 import json
 from types import SimpleNamespace
 
@@ -295,6 +296,29 @@ def test_checkpoints_from_before_train_precision_count_as_fp32(bf16_run, tiny, t
 
 
 # --- train.compile ----------------------------------------------------------------------------
+
+
+def test_a_run_compiles_its_model_whatever_the_runs_before_it_in_its_process_compiled(
+    monkeypatch,
+):
+    """A multirun's jobs train in one process: each job's model compiles, however many graphs
+    the jobs before it compiled for the same code (dynamo's recompile limit, lowered to 1 here,
+    counted them). Dynamo's own backend records the graphs, so that no kernel is built."""
+    graphs = []
+
+    def recording(graph, example_inputs):
+        graphs.append(graph)
+        return graph.forward
+
+    monkeypatch.setattr(torch, "compile", functools.partial(torch.compile, backend=recording))
+    tokens = torch.randint(0, 256, (2, 16))
+    per_function_limit = next(iter(raised_recompile_limits(1)))  # recompile_limit, by its name
+    with torch._dynamo.config.patch({per_function_limit: 1}):
+        for encoding in ("none", "learned", "alibi"):  # each a graph of Transformer.forward
+            model = build_model({"n_layer": 1, "n_head": 2, "d_model": 32}, {"name": encoding})
+            compiled_before = len(graphs)
+            compile_for_training(model, tokens, "fp32")
+            assert len(graphs) > compiled_before, encoding
 
 
 @pytest.mark.slow

@@ -91,7 +91,14 @@ def compile_for_training(
     steps; the gradients it leaves are cleared and the random state (dropout) is restored, so
     training draws the same numbers as without this warm-up. Evaluation keeps calling ``model``
     itself: its changing lengths and eval mode would each compile anew.
+
+    dynamo's caches are emptied first, as a fresh process has them: a multirun's jobs train in
+    one process (Hydra's basic launcher), and the graphs the earlier jobs' models compiled for
+    the same code (Transformer.forward, Block.forward) counted toward its recompile limit, past
+    which a later job trained uncompiled, saying so only in a warning (in a sweep over the
+    encodings, from the 13th on).
     """
+    torch._dynamo.reset()
     compiled = torch.compile(model)
     # Targets of the training batch's shape, and not ``tokens`` itself: dynamo guards on that
     # aliasing, and the steps' targets (never their inputs) would compile it again.
