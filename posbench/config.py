@@ -221,12 +221,15 @@ def config_dir() -> Path:
     raise PosbenchError(f"posbench's conf/ directory is missing next to {package}; reinstall")
 
 
-def compose_config(overrides: Sequence[str] = (), with_hydra: bool = False) -> DictConfig:
+def compose_config(
+    overrides: Sequence[str] = (), with_hydra: bool = False, name: str = "config"
+) -> DictConfig:
     """The config ``posbench train`` composes for ``overrides`` (Hydra's compose API);
-    ``with_hydra`` keeps the ``hydra`` node (launcher, sweeper, output directories)."""
+    ``with_hydra`` keeps the ``hydra`` node (launcher, sweeper, output directories). ``name``:
+    another config of conf/ to compose instead, e.g. a group's option alone (``data/text``)."""
     register_schemas()
     with initialize_config_dir(str(config_dir()), version_base="1.3", job_name="posbench"):
-        return compose("config", overrides=list(overrides), return_hydra_config=with_hydra)
+        return compose(name, overrides=list(overrides), return_hydra_config=with_hydra)
 
 
 def eval_lengths(cfg: DictConfig) -> list[int]:

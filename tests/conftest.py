@@ -207,19 +207,19 @@ _forkservers: dict[tuple[tuple[str, str], ...], subprocess.Popen] = {}
 RANK_ENV = {"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
 
 
-def forked_posbench() -> list[str]:
+def forked_posbench(env: dict[str, str] | None = None) -> list[str]:
     """The command that runs ``posbench ARGS`` forked from this worker's warm interpreter
     (tests/forkserver.py: the same program without 2.5 s of imports a command); the server
-    starts on first use and ends with the worker."""
-    return [*forked_python(), *POSBENCH]
+    starts on first use and ends with the worker. ``env``: as forked_python's."""
+    return [*forked_python(env), *POSBENCH]
 
 
 def forked_python(env: dict[str, str] | None = None) -> list[str]:
     """The command that stands for ``python``: ``python ARGS`` forked likewise where ARGS run
     posbench, ``-c`` code or a script (``SCRIPT.py ...``), else a process of its own. ``env``:
     variables read at import that the commands' environment sets over the session's (a torchrun
-    rank's RANK_ENV), for a server started with them."""
-    key = tuple(sorted((env or {}).items()))
+    rank's RANK_ENV): those that differ from the session's get a server started with them."""
+    key = tuple(sorted((k, v) for k, v in (env or {}).items() if SESSION_ENV.get(k) != v))
     name = "-".join([f"{os.getpid()}", *(f"{k}={v}" for k, v in key)])
     if key not in _forkservers:
         server = subprocess.Popen(

@@ -29,7 +29,6 @@ from pathlib import Path
 import pytest
 import yaml
 from conftest import RANK_ENV, TINY_RUN, built_once, forked_posbench, forked_python
-from forkserver import POSBENCH
 
 from posbench.commands.overrides import group_options
 from posbench.data import ALGORITHMIC_TASKS
@@ -170,7 +169,7 @@ def test_code_block_runs(lang, code, trained_workdir, readme_env, tmp_path):
     shutil.copytree(trained_workdir, workdir, symlinks=True)
     if "torchrun" in code:  # its ranks' command (SUBSTITUTIONS)
         (tmp_path / "bin").mkdir()
-        ranks = [*forked_python(RANK_ENV), *POSBENCH]
+        ranks = forked_posbench(RANK_ENV)
         readme_env = with_shim(readme_env, tmp_path / "bin", "posbench-rank", ranks)
     if lang == "python":
         run([*forked_python(), "-c", code], workdir, readme_env)

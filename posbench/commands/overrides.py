@@ -12,7 +12,6 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from hydra import compose, initialize_config_dir
 from hydra.core.hydra_config import HydraConfig
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import Override, OverrideType
@@ -27,7 +26,6 @@ from posbench.config import (
     compose_config,
     config_dir,
     flat_config,
-    register_schemas,
     validate,
 )
 from posbench.data import check_data
@@ -152,17 +150,15 @@ def chooses_an_option(override: Override) -> bool:
 
 def compose_group_options(group: str, options: Sequence[str]) -> dict[str, DictConfig]:
     """Each of ``options`` of config group ``group`` composed alone (its file and its
-    defaults, under ``group``'s package; interpolations unresolved), in one Hydra context: what
-    keys an option brings, at a third of composing the whole config for each. An option that
-    does not compose alone is left out."""
-    register_schemas()
+    defaults, under ``group``'s package; interpolations unresolved): what keys an option
+    brings, at a third of composing the whole config for each. An option that does not compose
+    alone is left out."""
     configs = {}
-    with initialize_config_dir(str(config_dir()), version_base="1.3", job_name="posbench"):
-        for option in options:
-            try:
-                configs[option] = compose(f"{group}/{option}")
-            except (HydraException, OmegaConfBaseException):
-                continue
+    for option in options:
+        try:
+            configs[option] = compose_config(name=f"{group}/{option}")
+        except (HydraException, OmegaConfBaseException):
+            continue
     return configs
 
 
