@@ -303,22 +303,19 @@ def test_a_run_compiles_its_model_whatever_the_runs_before_it_in_its_process_com
 ):
     """A multirun's jobs train in one process: each job's model compiles, however many graphs
     the jobs before it compiled for the same code (dynamo's recompile limit, lowered to 1 here,
-    counted them). Dynamo's own backend records the graphs, so that no kernel is built."""
-    graphs = []
+    counted them). Dynamo's counting backend takes the graphs, so that no kernel is built."""
+    import torch._dynamo.testing
 
-    def recording(graph, example_inputs):
-        graphs.append(graph)
-        return graph.forward
-
-    monkeypatch.setattr(torch, "compile", functools.partial(torch.compile, backend=recording))
+    counter = torch._dynamo.testing.CompileCounter()
+    monkeypatch.setattr(torch, "compile", functools.partial(torch.compile, backend=counter))
     tokens = torch.randint(0, 256, (2, 16))
     per_function_limit = next(iter(raised_recompile_limits(1)))  # recompile_limit, by its name
     with torch._dynamo.config.patch({per_function_limit: 1}):
         for encoding in ("none", "learned", "alibi"):  # each a graph of Transformer.forward
             model = build_model({"n_layer": 1, "n_head": 2, "d_model": 32}, {"name": encoding})
-            compiled_before = len(graphs)
+            compiled_before = counter.frame_count
             compile_for_training(model, tokens, "fp32")
-            assert len(graphs) > compiled_before, encoding
+            assert counter.frame_count > compiled_before, encoding
 
 
 @pytest.mark.slow
